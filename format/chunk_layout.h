@@ -1,0 +1,59 @@
+// Where everything sits inside one chunk, computed from the geometry and the
+// chunk's token count. Reader and writer both use this single definition.
+//
+//   [0, 64)                 chunk header
+//   [64, 64 + 8*L*S)        section checksums, u64, index layer*S + stream
+//   [.., + 4*T)             token ids, u32
+//   zero padding, then head checksum u64 in the last 8 bytes of the head;
+//                           the head is a multiple of 64 bytes
+//   sections, layer-major:  for layer l, stream s: rows [T][R][W] of the
+//                           stream's dtype, zero pad to 64, and for fp8
+//                           streams the scales f32[T][R], zero pad to 64.
+//   the last section's zero padding runs to the chunk's end, a multiple of 4096.
+// Section i spans [offset_i, offset_{i+1}) (the last one to chunk_bytes) and
+// its checksum covers all of it, padding included, so every byte of a chunk
+// is covered by exactly one checksum.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kvfile/format/geometry.h"
+#include "kvfile/status.h"
+
+namespace kvfile::format {
+
+struct SectionLayout {
+  uint64_t offset = 0;         // from the chunk's start, multiple of 64
+  uint64_t data_bytes = 0;     // T*R*W*element size
+  uint64_t scales_offset = 0;  // from the chunk's start; fp8 streams only
+  uint64_t scales_bytes = 0;   // T*R*4 for fp8 streams, else 0
+  uint64_t end = 0;            // next section's offset, or chunk_bytes
+};
+
+struct ChunkLayout {
+  uint32_t token_count = 0;
+  uint32_t layers = 0;
+  uint32_t streams = 0;
+  uint64_t section_checksums_offset = ch::kHeaderSize;
+  uint64_t tokens_offset = 0;
+  uint64_t head_checksum_offset = 0;  // = head_bytes - 8
+  uint64_t head_bytes = 0;
+  uint64_t chunk_bytes = 0;
+  std::vector<SectionLayout> sections;  // layers * streams
+
+  const SectionLayout& section(uint32_t layer, uint32_t stream) const {
+    return sections[static_cast<size_t>(layer) * streams + stream];
+  }
+};
+
+// Fails (kCorruption) if the chunk would exceed kMaxChunkBytes; all arithmetic
+// is checked, so any geometry that passed Geometry::Validate() is safe here.
+Status ComputeChunkLayout(const Geometry& g, uint32_t token_count, ChunkLayout* out);
+
+// The size of the head alone (header, checksums, tokens, head checksum).
+uint64_t HeadBytes(const Geometry& g, uint32_t token_count);
+
+inline constexpr uint64_t AlignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+}  // namespace kvfile::format

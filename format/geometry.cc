@@ -1,0 +1,98 @@
+// Geometry validation and the expected-vs-actual comparison.
+#include "kvfile/format/geometry.h"
+
+#include <set>
+
+namespace kvfile::format {
+
+bool IsValidStreamName(std::string_view name) {
+  if (name.empty() || name.size() >= sd::kNameCapacity) return false;
+  for (char c : name) {
+    bool ok = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '.' || c == '-';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+Status Geometry::Validate() const {
+  if (layers == 0 || layers > kMaxLayers)
+    return Status::InvalidArgument("layer count " + std::to_string(layers) + " outside 1.." +
+                                   std::to_string(kMaxLayers));
+  if (streams.empty() || streams.size() > hdr::kMaxStreams)
+    return Status::InvalidArgument("stream count " + std::to_string(streams.size()) +
+                                   " outside 1.." + std::to_string(hdr::kMaxStreams));
+  std::set<std::string_view> names;
+  for (const StreamSpec& s : streams) {
+    if (!IsValidStreamName(s.name))
+      return Status::InvalidArgument("stream name '" + s.name +
+                                     "' is not 1-31 characters of [a-z0-9_.-]");
+    if (!names.insert(s.name).second)
+      return Status::InvalidArgument("stream name '" + s.name + "' appears twice");
+    if (!IsValidDtype(static_cast<uint8_t>(s.dtype)))
+      return Status::InvalidArgument("stream '" + s.name + "' has an invalid dtype");
+    if (s.rows_per_token == 0 || s.rows_per_token > kMaxRowsPerToken)
+      return Status::InvalidArgument("stream '" + s.name + "': rows per token " +
+                                     std::to_string(s.rows_per_token) + " outside 1.." +
+                                     std::to_string(kMaxRowsPerToken));
+    if (s.row_width == 0 || s.row_width > kMaxRowWidth)
+      return Status::InvalidArgument("stream '" + s.name + "': row width " +
+                                     std::to_string(s.row_width) + " outside 1.." +
+                                     std::to_string(kMaxRowWidth));
+  }
+  return Status::OK();
+}
+
+std::optional<uint32_t> Geometry::FindStream(std::string_view name) const {
+  for (size_t i = 0; i < streams.size(); ++i)
+    if (streams[i].name == name) return static_cast<uint32_t>(i);
+  return std::nullopt;
+}
+
+uint64_t Geometry::PayloadBytesPerToken() const {
+  uint64_t total = 0;
+  for (const StreamSpec& s : streams) {
+    uint64_t row_bytes = uint64_t{s.row_width} * ElementSize(s.dtype) + (IsFp8(s.dtype) ? 4 : 0);
+    total += row_bytes * s.rows_per_token;
+  }
+  return total * layers;
+}
+
+namespace {
+std::string Quote(const std::string& s) { return "'" + s + "'"; }
+std::string Hex(uint64_t v) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+}  // namespace
+
+Status CheckExpected(const ModelIdentity& fid, const Geometry& fg, const ModelIdentity& eid,
+                     const Geometry& eg) {
+  auto differ = [](const std::string& what, const std::string& file, const std::string& want) {
+    return Status::Mismatch(what + ": file has " + file + ", expected " + want);
+  };
+  if (fid.model_id != eid.model_id) return differ("model id", Quote(fid.model_id), Quote(eid.model_id));
+  if (fid.fingerprint != eid.fingerprint)
+    return differ("model fingerprint", Hex(fid.fingerprint), Hex(eid.fingerprint));
+  if (fg.layers != eg.layers)
+    return differ("layer count", std::to_string(fg.layers), std::to_string(eg.layers));
+  if (fg.streams.size() != eg.streams.size())
+    return differ("stream count", std::to_string(fg.streams.size()),
+                  std::to_string(eg.streams.size()));
+  for (size_t i = 0; i < fg.streams.size(); ++i) {
+    const StreamSpec& f = fg.streams[i];
+    const StreamSpec& e = eg.streams[i];
+    std::string where = "stream " + std::to_string(i);
+    if (f.name != e.name) return differ(where + " name", Quote(f.name), Quote(e.name));
+    where = "stream '" + f.name + "'";
+    if (f.rows_per_token != e.rows_per_token)
+      return differ(where + " rows per token", std::to_string(f.rows_per_token),
+                    std::to_string(e.rows_per_token));
+    if (f.row_width != e.row_width)
+      return differ(where + " row width", std::to_string(f.row_width), std::to_string(e.row_width));
+    if (f.dtype != e.dtype) return differ(where + " dtype", DtypeName(f.dtype), DtypeName(e.dtype));
+  }
+  return Status::OK();
+}
+
+}  // namespace kvfile::format

@@ -1,0 +1,72 @@
+// Encoding and decoding of the fixed-size records of a .kv file: the file
+// header, the two commit slots and the 64-byte chunk header.
+//
+// Decoders check everything that can be checked without I/O (magic, checksum,
+// reserved bytes, limits) and return a Status naming the failing field; they
+// never trust a count or size before it is checked.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "kvfile/format/geometry.h"
+#include "kvfile/format/kv_format.h"
+#include "kvfile/status.h"
+
+namespace kvfile::format {
+
+// XXH3-64 with seed 0: the one checksum of the format.
+uint64_t Checksum(const void* data, size_t n);
+
+struct FileHeader {
+  uint16_t major = kMajorV2;
+  uint16_t minor = kMinorV2;
+  uint64_t required_flags = 0;
+  uint64_t optional_flags = 0;
+  uint64_t salt = 0;
+  uint32_t chunk_tokens = 0;
+  ModelIdentity identity;
+  Geometry geometry;
+};
+
+// Writes exactly kHeaderSize bytes. The header must already be valid
+// (ValidateFileHeader); encoding an invalid one is a programming error.
+void EncodeFileHeader(const FileHeader& h, std::span<uint8_t, kHeaderSize> out);
+// Checks magic, version, checksum, reserved bytes and limits.
+Status DecodeFileHeader(std::span<const uint8_t, kHeaderSize> in, FileHeader* out);
+Status ValidateFileHeader(const FileHeader& h);
+
+struct CommitRecord {
+  uint64_t sequence = 0;  // larger wins; slot index = sequence % 2
+  uint64_t salt = 0;
+  uint32_t epoch = 0;
+  uint64_t tokens = 0;    // committed token count
+  uint64_t end = kDataOffset;  // committed bytes end here (end of the last committed chunk)
+  uint64_t chunks = 0;    // committed chunk count
+
+  bool operator==(const CommitRecord&) const = default;
+};
+
+void EncodeCommitRecord(const CommitRecord& c, std::span<uint8_t, kCommitSlotSize> out);
+Status DecodeCommitRecord(std::span<const uint8_t, kCommitSlotSize> in, CommitRecord* out);
+
+struct ChunkHeader {
+  uint32_t token_count = 0;
+  uint64_t salt = 0;
+  uint64_t first_token = 0;
+  uint64_t chunk_offset = 0;
+  uint64_t chunk_bytes = 0;
+  uint32_t epoch = 0;
+};
+
+void EncodeChunkHeader(const ChunkHeader& c, std::span<uint8_t, ch::kHeaderSize> out);
+// Checks magic, reserved bytes and the plain limits of each field. The head
+// checksum, which also covers these 64 bytes, is checked by the caller once
+// the whole head is read (see ChunkLayout).
+Status DecodeChunkHeader(std::span<const uint8_t, ch::kHeaderSize> in, ChunkHeader* out);
+
+// True if every byte of `bytes` is zero.
+bool AllZero(std::span<const uint8_t> bytes);
+
+}  // namespace kvfile::format

@@ -1,0 +1,275 @@
+// The scan of a .kv file at open (see file_scan.h).
+#include "file_scan.h"
+
+#include <cstring>
+
+#include "kvfile/format/endian.h"
+
+namespace kvfile::internal {
+
+using namespace kvfile::format;
+
+std::string ChunkWhere(size_t index, uint64_t offset) {
+  return "chunk " + std::to_string(index) + " at offset " + std::to_string(offset);
+}
+
+Status LayoutCache::Get(uint32_t token_count, const ChunkLayout** out) {
+  auto it = layouts_.find(token_count);
+  if (it == layouts_.end()) {
+    ChunkLayout layout;
+    KVFILE_RETURN_IF_ERROR(ComputeChunkLayout(*geometry_, token_count, &layout));
+    it = layouts_.emplace(token_count, std::move(layout)).first;
+  }
+  *out = &it->second;
+  return Status::OK();
+}
+
+namespace {
+
+// Reads and checks one chunk head at `offset`. On success fills *chunk (its
+// info.live_tokens = stored tokens) and *tokens with its token ids.
+// `limit` is where the chunk must end at the latest.
+Status ReadChunkHead(File& file, const FileHeader& h, LayoutCache& layouts, uint64_t offset,
+                     uint64_t limit, ScannedChunk* chunk, std::vector<uint32_t>* tokens,
+                     std::vector<uint8_t>* buf) {
+  if (limit - offset < ch::kHeaderSize) return Status::Corruption("incomplete chunk header");
+  // One read covers the head of a chunk of the nominal size; a larger head
+  // needs a second read.
+  uint64_t guess = std::min<uint64_t>(HeadBytes(h.geometry, h.chunk_tokens), limit - offset);
+  buf->resize(guess);
+  KVFILE_RETURN_IF_ERROR(file.ReadAt(offset, buf->data(), guess));
+  ChunkHeader c;
+  KVFILE_RETURN_IF_ERROR(DecodeChunkHeader(std::span<const uint8_t, ch::kHeaderSize>(buf->data(), ch::kHeaderSize), &c));
+  if (c.salt != h.salt) return Status::Corruption("chunk belongs to another file (salt mismatch)");
+  if (c.chunk_offset != offset)
+    return Status::Corruption("chunk records offset " + std::to_string(c.chunk_offset) +
+                              " (moved or duplicated)");
+  if (c.chunk_bytes > limit - offset)
+    return Status::Corruption("incomplete chunk: needs " + std::to_string(c.chunk_bytes) +
+                              " bytes, " + std::to_string(limit - offset) + " present");
+  const ChunkLayout* layout;
+  KVFILE_RETURN_IF_ERROR(layouts.Get(c.token_count, &layout));
+  if (layout->chunk_bytes != c.chunk_bytes)
+    return Status::Corruption("chunk size " + std::to_string(c.chunk_bytes) + " does not match " +
+                              std::to_string(c.token_count) + " tokens of this geometry");
+  if (layout->head_bytes > guess) {
+    buf->resize(layout->head_bytes);
+    KVFILE_RETURN_IF_ERROR(
+        file.ReadAt(offset + guess, buf->data() + guess, layout->head_bytes - guess));
+  }
+  const uint8_t* p = buf->data();
+  if (LoadU64(p + layout->head_checksum_offset) != Checksum(p, layout->head_checksum_offset))
+    return Status::Corruption("chunk head checksum mismatch");
+  uint64_t tokens_end = layout->tokens_offset + 4ull * c.token_count;
+  if (!AllZero(std::span<const uint8_t>(p + tokens_end, layout->head_checksum_offset - tokens_end)))
+    return Status::Corruption("chunk head padding is not zero");
+  chunk->info = ChunkInfo{};
+  chunk->info.offset = offset;
+  chunk->info.bytes = c.chunk_bytes;
+  chunk->info.first_token = c.first_token;
+  chunk->info.stored_tokens = c.token_count;
+  chunk->info.live_tokens = c.token_count;
+  chunk->info.epoch = c.epoch;
+  chunk->info.head_checksum = LoadU64(p + layout->head_checksum_offset);
+  size_t n_sections = layout->sections.size();
+  chunk->section_checksums.resize(n_sections);
+  for (size_t i = 0; i < n_sections; ++i)
+    chunk->section_checksums[i] = LoadU64(p + layout->section_checksums_offset + 8 * i);
+  tokens->resize(c.token_count);
+  for (uint32_t i = 0; i < c.token_count; ++i)
+    (*tokens)[i] = LoadU32(p + layout->tokens_offset + 4ull * i);
+  return Status::OK();
+}
+
+// Links `next` after the chunks already in *r: checks the token sequence
+// rule and cuts the previous chunk's live tokens where a rewind left it.
+Status LinkChunk(ScanResult* r, ScannedChunk* next, bool committed) {
+  uint64_t count = r->tokens.size();  // live tokens so far (the new ones not yet added)
+  if (r->chunks.empty()) {
+    if (next->info.first_token != 0)
+      return Status::Corruption("first chunk starts at token " +
+                                std::to_string(next->info.first_token) + ", not 0");
+    return Status::OK();
+  }
+  ChunkInfo& prev = r->chunks.back().info;
+  uint64_t prev_end = prev.first_token + prev.live_tokens;
+  uint64_t first = next->info.first_token;
+  if (next->info.epoch < prev.epoch)
+    return Status::Corruption("chunk epoch " + std::to_string(next->info.epoch) +
+                              " is older than the chunk before it (" +
+                              std::to_string(prev.epoch) + ")");
+  if (first == prev_end) return Status::OK();
+  // Only a rewind (a newer epoch) may cut into the previous chunk, and only
+  // a committed chunk can follow a rewind inside the committed region.
+  if (first > prev.first_token && first < prev_end && next->info.epoch > prev.epoch && committed) {
+    uint64_t drop = prev_end - first;
+    prev.live_tokens = static_cast<uint32_t>(first - prev.first_token);
+    r->tokens.resize(count - drop);
+    return Status::OK();
+  }
+  return Status::Corruption("chunk starts at token " + std::to_string(first) + " but " +
+                            std::to_string(prev_end) + " tokens precede it");
+}
+
+// True if a valid chunk head of this file and epoch starts at some block
+// boundary in [from, size): then the damage at the tail is not a torn tail.
+bool ValidChunkFollows(File& file, const ScanResult& r, LayoutCache& layouts, uint64_t from,
+                       uint64_t size, uint64_t* found_at) {
+  std::vector<uint8_t> buf;
+  std::vector<uint32_t> scratch_tokens;
+  uint8_t head[ch::kHeaderSize];
+  for (uint64_t pos = AlignUp(from, kBlockSize); pos + ch::kHeaderSize <= size; pos += kBlockSize) {
+    if (!file.ReadAt(pos, head, sizeof head).ok()) return false;
+    if (std::memcmp(head, ch::kMagic, sizeof ch::kMagic) != 0) continue;
+    if (LoadU64(head + ch::kSalt) != r.header.salt) continue;
+    ScannedChunk c;
+    if (!ReadChunkHead(file, r.header, layouts, pos, size, &c, &scratch_tokens, &buf).ok()) continue;
+    if (c.info.epoch != r.commit.epoch) continue;  // stale chunks of an older epoch are expected
+    *found_at = pos;
+    return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+Status ReadAndCheckChunk(File& file, const Geometry& g, LayoutCache& layouts,
+                         const ScannedChunk& c, std::vector<uint8_t>* buf) {
+  const ChunkLayout* layout;
+  KVFILE_RETURN_IF_ERROR(layouts.Get(c.info.stored_tokens, &layout));
+  buf->resize(c.info.bytes);
+  KVFILE_RETURN_IF_ERROR(file.ReadAt(c.info.offset, buf->data(), c.info.bytes));
+  const uint8_t* p = buf->data();
+  if (LoadU64(p + layout->head_checksum_offset) != Checksum(p, layout->head_checksum_offset) ||
+      LoadU64(p + layout->head_checksum_offset) != c.info.head_checksum)
+    return Status::Corruption("chunk head checksum mismatch");
+  for (uint32_t l = 0; l < layout->layers; ++l) {
+    for (uint32_t s = 0; s < layout->streams; ++s) {
+      const SectionLayout& sec = layout->section(l, s);
+      if (Checksum(p + sec.offset, sec.end - sec.offset) !=
+          c.section_checksums[static_cast<size_t>(l) * layout->streams + s])
+        return Status::Corruption("payload checksum mismatch in layer " + std::to_string(l) +
+                                  " stream '" + g.streams[s].name + "' (section at offset " +
+                                  std::to_string(c.info.offset + sec.offset) + ")");
+    }
+  }
+  return Status::OK();
+}
+
+Status ScanFile(File& file, ScanResult* out) {
+  ScanResult r;
+  uint64_t size;
+  KVFILE_RETURN_IF_ERROR(file.Size(&size));
+  r.tail.file_size = size;
+  std::vector<uint8_t> fixed(kDataOffset);
+  if (size < sizeof kFileMagic) return Status::Corruption("not a kvfile: only " + std::to_string(size) + " bytes");
+  if (size < kDataOffset) {
+    KVFILE_RETURN_IF_ERROR(file.ReadAt(0, fixed.data(), sizeof kFileMagic));
+    if (std::memcmp(fixed.data(), kFileMagic, sizeof kFileMagic) != 0)
+      return Status::Corruption("not a kvfile: bad magic at offset 0");
+    return Status::Corruption("truncated: " + std::to_string(size) +
+                              " bytes, shorter than the 12288-byte header and commit slots");
+  }
+  KVFILE_RETURN_IF_ERROR(file.ReadAt(0, fixed.data(), kDataOffset));
+  KVFILE_RETURN_IF_ERROR(
+      DecodeFileHeader(std::span<const uint8_t, kHeaderSize>(fixed.data(), kHeaderSize), &r.header));
+  if (r.header.major != kMajorV2)
+    return Status::Unsupported("format v" + std::to_string(r.header.major) +
+                               " files are not supported by this build yet");
+
+  // The newest valid commit slot wins; a damaged one is remembered (verify
+  // reports it) but is not fatal: a crash while writing a slot tears it.
+  bool have = false;
+  for (int i = 0; i < 2; ++i) {
+    CommitRecord c;
+    Status st = DecodeCommitRecord(
+        std::span<const uint8_t, kCommitSlotSize>(fixed.data() + kCommitSlotOffset[i], kCommitSlotSize), &c);
+    if (st.ok() && c.salt != r.header.salt) st = Status::Corruption("commit slot salt mismatch");
+    if (st.ok() && c.sequence % 2 != static_cast<uint64_t>(i))
+      st = Status::Corruption("commit sequence " + std::to_string(c.sequence) + " in the wrong slot");
+    if (!st.ok()) {
+      r.slot_errors[i] = "commit slot " + std::to_string(i) + " at offset " +
+                         std::to_string(kCommitSlotOffset[i]) + ": " + st.message();
+      continue;
+    }
+    if (!have || c.sequence > r.commit.sequence) {
+      r.commit = c;
+      r.active_slot = i;
+      have = true;
+    }
+  }
+  if (!have) return Status::Corruption("both commit slots are damaged: " + r.slot_errors[0]);
+  if (size < r.commit.end)
+    return Status::Corruption("truncated: file is " + std::to_string(size) +
+                              " bytes but " + std::to_string(r.commit.end) + " are committed");
+
+  LayoutCache layouts(&r.header.geometry);
+  std::vector<uint8_t> buf;
+  std::vector<uint32_t> chunk_tokens;
+  uint64_t pos = kDataOffset;
+  // The committed region: every chunk must check out.
+  for (uint64_t i = 0; i < r.commit.chunks; ++i) {
+    ScannedChunk c;
+    Status st = ReadChunkHead(file, r.header, layouts, pos, r.commit.end, &c, &chunk_tokens, &buf);
+    if (st.ok() && c.info.epoch > r.commit.epoch)
+      st = Status::Corruption("chunk epoch " + std::to_string(c.info.epoch) +
+                              " is newer than the commit record's");
+    if (st.ok()) st = LinkChunk(&r, &c, true);
+    if (!st.ok()) return Status::Corruption(ChunkWhere(i, pos) + ": " + st.message());
+    c.info.committed = true;
+    r.tokens.insert(r.tokens.end(), chunk_tokens.begin(), chunk_tokens.end());
+    pos += c.info.bytes;
+    r.chunks.push_back(std::move(c));
+  }
+  if (pos != r.commit.end)
+    return Status::Corruption("committed chunks end at " + std::to_string(pos) +
+                              " but the commit record says " + std::to_string(r.commit.end));
+  // The commit record may cut the last committed chunk (a rewind).
+  if (r.chunks.empty()) {
+    if (r.commit.tokens != 0) return Status::Corruption("commit record counts tokens but no chunks");
+  } else {
+    ChunkInfo& last = r.chunks.back().info;
+    uint64_t last_end = last.first_token + last.live_tokens;
+    if (r.commit.tokens <= last.first_token || r.commit.tokens > last_end)
+      return Status::Corruption("commit record's token count " + std::to_string(r.commit.tokens) +
+                                " does not fall in the last committed chunk");
+    uint64_t drop = last_end - r.commit.tokens;
+    last.live_tokens -= static_cast<uint32_t>(drop);
+    r.tokens.resize(r.tokens.size() - drop);
+  }
+
+  // Past the committed region: accept whole, checked chunks of this epoch.
+  std::string torn_reason;
+  while (pos < size) {
+    ScannedChunk c;
+    size_t before = r.tokens.size();
+    Status st = ReadChunkHead(file, r.header, layouts, pos, size, &c, &chunk_tokens, &buf);
+    if (st.ok() && c.info.epoch != r.commit.epoch)
+      st = Status::Corruption("stale chunk of epoch " + std::to_string(c.info.epoch) +
+                              " (current epoch " + std::to_string(r.commit.epoch) + ")");
+    if (st.ok() && c.info.first_token != before)
+      st = Status::Corruption("chunk starts at token " + std::to_string(c.info.first_token) +
+                              " but " + std::to_string(before) + " tokens precede it");
+    if (st.ok()) st = ReadAndCheckChunk(file, r.header.geometry, layouts, c, &buf);
+    if (!st.ok()) {
+      torn_reason = ChunkWhere(r.chunks.size(), pos) + ": " + st.message();
+      break;
+    }
+    r.tokens.insert(r.tokens.end(), chunk_tokens.begin(), chunk_tokens.end());
+    pos += c.info.bytes;
+    r.chunks.push_back(std::move(c));
+  }
+  r.tail.valid_end = pos;
+  r.tail.torn_tail_bytes = size - pos;
+  r.tail.torn_reason = torn_reason;
+  if (pos < size) {
+    uint64_t found_at;
+    if (ValidChunkFollows(file, r, layouts, pos + 1, size, &found_at))
+      return Status::Corruption(torn_reason + "; valid data follows at offset " +
+                                std::to_string(found_at) + " (damage before the end)");
+  }
+  *out = std::move(r);
+  return Status::OK();
+}
+
+}  // namespace kvfile::internal

@@ -1,0 +1,64 @@
+// Scanning a .kv file: header, commit slots and the chain of chunk heads.
+//
+// Both the Reader and a writable open start here. The scan trusts nothing:
+// every chunk must carry the file's salt, its own offset, a head checksum
+// that matches, and continue the token sequence of the chunk before it
+// (spec/FORMAT.md, "Chunk chain"). Damage inside the committed region is an
+// error; past it, the first chunk that does not check out ends the valid
+// data (a torn tail) unless a valid chunk of the same file and epoch follows
+// it, which is damage before the end and an error again.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "kvfile/file.h"
+#include "kvfile/format/chunk_layout.h"
+#include "kvfile/format/header.h"
+#include "kvfile/reader.h"
+
+namespace kvfile::internal {
+
+struct ScannedChunk {
+  ChunkInfo info;
+  std::vector<uint64_t> section_checksums;  // layers * streams
+};
+
+struct ScanResult {
+  format::FileHeader header;
+  format::CommitRecord commit;       // the newest valid commit slot
+  int active_slot = 0;
+  std::array<std::string, 2> slot_errors;  // empty when the slot is valid
+  std::vector<ScannedChunk> chunks;
+  std::vector<uint32_t> tokens;      // live tokens, in order
+  TailInfo tail;
+};
+
+// Caches one ChunkLayout per distinct token count.
+class LayoutCache {
+ public:
+  explicit LayoutCache(const format::Geometry* g) : geometry_(g) {}
+  Status Get(uint32_t token_count, const format::ChunkLayout** out);
+
+ private:
+  const format::Geometry* geometry_;
+  std::map<uint32_t, format::ChunkLayout> layouts_;
+};
+
+// Reads and checks everything but the committed chunks' payloads. Chunks
+// past the committed region are accepted only after every byte of them has
+// been checked.
+Status ScanFile(File& file, ScanResult* out);
+
+// Reads chunk `c` whole into `buf` (resized) and checks its head checksum
+// and every section checksum. `what` prefixes error messages.
+Status ReadAndCheckChunk(File& file, const format::Geometry& g, LayoutCache& layouts,
+                         const ScannedChunk& c, std::vector<uint8_t>* buf);
+
+// "chunk 3 at offset 12288"
+std::string ChunkWhere(size_t index, uint64_t offset);
+
+}  // namespace kvfile::internal

@@ -1,0 +1,61 @@
+// The small file interface all kvfile I/O goes through.
+//
+// The library never calls the operating system directly: it asks a
+// FileSystem for Files. Tests substitute a FileSystem that records every
+// operation and injects faults (EIO, ENOSPC, short writes, lost syncs) into
+// the library's real code paths.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "kvfile/status.h"
+
+namespace kvfile {
+
+class File {
+ public:
+  virtual ~File() = default;
+  // Reads exactly n bytes at offset; reading past the end is kCorruption
+  // ("unexpected end of file"), since sizes come from the file itself.
+  virtual Status ReadAt(uint64_t offset, void* buf, size_t n) = 0;
+  // Writes all n bytes at offset (retrying short writes and EINTR).
+  virtual Status WriteAt(uint64_t offset, const void* buf, size_t n) = 0;
+  // Makes every completed write durable (fdatasync).
+  virtual Status Sync() = 0;
+  virtual Status Truncate(uint64_t size) = 0;
+  virtual Status Size(uint64_t* size) = 0;
+  // Takes an exclusive advisory lock without waiting; kBusy if another
+  // process (or another open file description) holds it.
+  virtual Status LockExclusive() = 0;
+  // Name of the I/O backend ("posix", "io_uring", "memory", ...).
+  virtual const char* backend() const = 0;
+  virtual const std::string& path() const = 0;
+};
+
+enum class OpenMode {
+  kRead,             // existing file, read only
+  kReadWrite,        // existing file, read and write
+  kCreateExclusive,  // new file (fails if it exists), read and write
+};
+
+class FileSystem {
+ public:
+  virtual ~FileSystem() = default;
+  virtual Status Open(const std::string& path, OpenMode mode, std::unique_ptr<File>* out) = 0;
+  // Atomically renames; with replace == false fails if `to` exists.
+  virtual Status Rename(const std::string& from, const std::string& to, bool replace) = 0;
+  virtual Status Remove(const std::string& path) = 0;
+  // Makes directory entries (creations, renames, removals) in dir durable.
+  virtual Status SyncDir(const std::string& dir) = 0;
+  virtual Status Exists(const std::string& path, bool* exists) = 0;
+
+  // The process-wide default: plain POSIX calls.
+  static FileSystem* Default();
+};
+
+// The directory part of a path ("." for a bare name).
+std::string DirName(const std::string& path);
+
+}  // namespace kvfile

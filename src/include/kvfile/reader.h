@@ -1,0 +1,93 @@
+// Reader: opens a .kv file, validates it, and reads rows back.
+//
+// Open reads the header, the commit slots and every chunk's head (header,
+// section checksums, token ids); row payloads are read and checked on demand.
+// Every read validates the chunks it needs (checksums, codes, scales) before
+// it touches the caller's buffer: a failed read leaves the destination as it
+// was.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kvfile/file.h"
+#include "kvfile/geometry.h"
+#include "kvfile/status.h"
+
+namespace kvfile {
+
+struct ReaderOptions {
+  FileSystem* fs = nullptr;  // nullptr: FileSystem::Default()
+  // When set, Open refuses a file of another model or geometry (kMismatch,
+  // naming the first difference).
+  std::optional<ModelIdentity> expect_identity;
+  std::optional<Geometry> expect_geometry;
+};
+
+struct ChunkInfo {
+  uint64_t offset = 0;       // file offset of the chunk
+  uint64_t bytes = 0;        // whole chunk, padding included
+  uint64_t first_token = 0;
+  uint32_t stored_tokens = 0;  // tokens the chunk holds
+  uint32_t live_tokens = 0;    // of those, the ones in the sequence (< stored after a rewind)
+  uint32_t epoch = 0;
+  bool committed = false;    // inside the region the commit record vouches for
+  uint64_t head_checksum = 0;
+};
+
+// What open found beyond the valid chunks.
+struct TailInfo {
+  uint64_t valid_end = 0;         // end of the last valid chunk
+  uint64_t file_size = 0;
+  uint64_t torn_tail_bytes = 0;   // file_size - valid_end
+  std::string torn_reason;        // why the first byte past valid_end was not a chunk
+};
+
+class Reader {
+ public:
+  static Status Open(const std::string& path, const ReaderOptions& options,
+                     std::unique_ptr<Reader>* out);
+  Reader(const Reader&) = delete;
+  Reader& operator=(const Reader&) = delete;
+  ~Reader();
+
+  uint16_t major_version() const;
+  uint16_t minor_version() const;
+  const Geometry& geometry() const;
+  const ModelIdentity& identity() const;
+  uint64_t salt() const;
+  uint32_t nominal_chunk_tokens() const;
+  uint32_t epoch() const;
+  uint64_t token_count() const;
+  std::span<const uint32_t> tokens() const;
+  const std::vector<ChunkInfo>& chunks() const;
+  const TailInfo& tail() const;
+  const char* io_backend() const;
+  const std::string& path() const;
+
+  // Number of leading tokens shared by the file and `prompt`.
+  uint64_t LongestCommonPrefix(std::span<const uint32_t> prompt) const;
+
+  // Rows of (layer, stream) for tokens [begin, end), decoded into `dst` as
+  // `out_dtype` (kBF16, kF16 or kF32), shaped [end-begin][rows][width].
+  Status ReadRows(uint32_t layer, uint32_t stream, uint64_t begin, uint64_t end, Dtype out_dtype,
+                  void* dst);
+  // Codes and scales of an fp8 stream, shaped [end-begin][rows][width] and
+  // [end-begin][rows].
+  Status ReadCodes(uint32_t layer, uint32_t stream, uint64_t begin, uint64_t end, uint8_t* codes,
+                   float* scales);
+  // Reads and checks every byte of chunk `index` (all sections, codes and
+  // scales); used by verify.
+  Status VerifyChunk(size_t index);
+
+ private:
+  struct Impl;
+  explicit Reader(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kvfile

@@ -1,0 +1,88 @@
+// Writer: creates a .kv v2 file and appends tokens to it.
+//
+// Appended tokens gather in a staging buffer laid out exactly as the chunk
+// will be on disk; a full buffer is written as one chunk. Nothing already on
+// disk is ever overwritten by an append. What is durable when is set by the
+// SyncMode (spec/RECOVERY.md states the guarantees).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kvfile/file.h"
+#include "kvfile/geometry.h"
+#include "kvfile/status.h"
+
+namespace kvfile {
+
+enum class SyncMode {
+  kNone,   // never fsync on its own; only an explicit Sync() makes data durable
+  kChunk,  // every chunk is durable (and committed) before the append returns
+  kClose,  // Close() makes everything durable (default)
+};
+
+struct WriterOptions {
+  uint32_t chunk_tokens = 256;  // tokens per chunk (1..65536)
+  SyncMode sync = SyncMode::kClose;
+  FileSystem* fs = nullptr;     // nullptr: FileSystem::Default()
+  uint64_t salt = 0;            // 0: random (tests pass a fixed salt for golden files)
+  bool overwrite = false;       // Create() replaces an existing file
+};
+
+// The rows of one (layer, stream) for the tokens of one append, row after
+// row: [tokens][rows_per_token][row_width].
+struct RowBlock {
+  // kBF16/kF16 (u16 bit patterns) or kF32 input rows, or codes already
+  // quantized with the stream's own fp8 dtype (then `scales` holds one f32
+  // per row and must be valid).
+  Dtype dtype = Dtype::kBF16;
+  const void* data = nullptr;
+  const float* scales = nullptr;
+};
+
+// One append: token ids and, for every layer and stream, a RowBlock.
+// blocks[layer * stream_count + stream].
+struct AppendBatch {
+  std::span<const uint32_t> tokens;
+  std::vector<RowBlock> blocks;
+};
+
+class Writer {
+ public:
+  // Creates `path` with the given geometry and identity. The header is
+  // written under a temporary name, synced and renamed into place, so a
+  // crash never leaves a half-created file under `path`.
+  static Status Create(const std::string& path, const Geometry& geometry,
+                       const ModelIdentity& identity, const WriterOptions& options,
+                       std::unique_ptr<Writer>* out);
+
+  Writer(const Writer&) = delete;
+  Writer& operator=(const Writer&) = delete;
+  ~Writer();  // closes (with Close()'s durability) if Close() was not called
+
+  // Appends tokens. Validates every block first: a non-finite row or a
+  // wrong dtype fails the whole append (nothing of it is written; the
+  // message names layer, stream, token and row).
+  Status Append(const AppendBatch& batch);
+  // Writes the staged tokens as a (possibly short) chunk; no fsync.
+  Status Flush();
+  // Flush, then make every appended token durable and committed.
+  Status Sync();
+  // Flush, and Sync() unless the mode is kNone. The writer is unusable after.
+  Status Close();
+
+  uint64_t token_count() const;     // appended so far (staged included)
+  uint64_t durable_tokens() const;  // acknowledged by the last successful sync
+  const Geometry& geometry() const;
+  const std::string& path() const;
+
+ private:
+  struct Impl;
+  explicit Writer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kvfile

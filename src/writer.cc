@@ -1,0 +1,392 @@
+// Writer: staging buffer -> whole chunks -> commit slots (see writer.h and
+// spec/RECOVERY.md for the order of writes that makes this crash safe).
+#include "kvfile/writer.h"
+
+#include <sys/random.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "kvfile/codec.h"
+#include "kvfile/format/chunk_layout.h"
+#include "kvfile/format/endian.h"
+#include "kvfile/format/header.h"
+
+namespace kvfile {
+
+using namespace kvfile::format;
+
+namespace {
+
+struct FreeDeleter {
+  void operator()(uint8_t* p) const { std::free(p); }
+};
+using AlignedBuffer = std::unique_ptr<uint8_t[], FreeDeleter>;
+
+AlignedBuffer AllocateAligned(size_t bytes) {
+  size_t rounded = AlignUp(bytes, kBlockSize);
+  auto* p = static_cast<uint8_t*>(std::aligned_alloc(kBlockSize, rounded));
+  if (p != nullptr) std::memset(p, 0, rounded);  // also pre-faults the pages
+  return AlignedBuffer(p);
+}
+
+Status RandomSalt(uint64_t* salt) {
+  do {
+    if (getrandom(salt, sizeof *salt, 0) != sizeof *salt)
+      return ErrnoStatus("getrandom", errno);
+  } while (*salt == 0);
+  return Status::OK();
+}
+
+codec::Fp8Kind KindOf(Dtype d) {
+  return d == Dtype::kE5M2 ? codec::Fp8Kind::kE5M2 : codec::Fp8Kind::kE4M3;
+}
+
+bool IsRawInput(Dtype d) { return d == Dtype::kBF16 || d == Dtype::kF16 || d == Dtype::kF32; }
+
+}  // namespace
+
+struct Writer::Impl {
+  std::string path;
+  FileSystem* fs = nullptr;
+  std::unique_ptr<File> file;
+  WriterOptions options;
+  FileHeader header;
+  ChunkLayout full_layout;   // layout of a chunk of options.chunk_tokens tokens
+  AlignedBuffer staging;     // one chunk, laid out as full_layout
+  uint32_t staged = 0;       // tokens in the staging buffer
+  uint64_t disk_tokens = 0;  // tokens in chunks written to the file
+  uint64_t end = kDataOffset;
+  uint64_t chunks = 0;
+  CommitRecord commit;       // the last durable commit record
+  Status failure;            // set once an I/O error makes the writer unusable
+  bool closed = false;
+
+  const Geometry& g() const { return header.geometry; }
+  uint32_t stream_count() const { return static_cast<uint32_t>(g().streams.size()); }
+
+  Status CheckUsable() const {
+    if (closed) return Status::Failed(path + ": writer is closed");
+    if (!failure.ok())
+      return Status::Failed(path + ": writer stopped after an earlier error (" +
+                            failure.message() + "); tokens after the last sync are lost");
+    return Status::OK();
+  }
+  Status Fail(Status st) {
+    failure = st;
+    return st;
+  }
+
+  std::string Where(uint32_t layer, uint32_t stream, uint64_t token, uint64_t row) const {
+    return "layer " + std::to_string(layer) + ", stream '" + g().streams[stream].name +
+           "', token " + std::to_string(token) + ", row " + std::to_string(row);
+  }
+
+  Status ValidateBatch(const AppendBatch& b, bool scan_values) const;
+  Status StageTokens(const AppendBatch& b, uint64_t from, uint32_t n);
+  Status WriteStagedChunk();
+  Status CommitDurably();
+};
+
+Status Writer::Impl::ValidateBatch(const AppendBatch& b, bool scan_values) const {
+  size_t expected = static_cast<size_t>(g().layers) * stream_count();
+  if (b.blocks.size() != expected)
+    return Status::InvalidArgument("append has " + std::to_string(b.blocks.size()) +
+                                   " row blocks; the geometry needs layers x streams = " +
+                                   std::to_string(expected));
+  uint64_t n = b.tokens.size();
+  for (uint32_t layer = 0; layer < g().layers; ++layer) {
+    for (uint32_t s = 0; s < stream_count(); ++s) {
+      const RowBlock& blk = b.blocks[static_cast<size_t>(layer) * stream_count() + s];
+      const StreamSpec& spec = g().streams[s];
+      std::string where = "layer " + std::to_string(layer) + ", stream '" + spec.name + "'";
+      if (blk.data == nullptr) return Status::InvalidArgument(where + ": no rows given");
+      bool prequantized = IsFp8(blk.dtype);
+      if (prequantized && blk.dtype != spec.dtype)
+        return Status::InvalidArgument(where + ": codes are " + DtypeName(blk.dtype) +
+                                       " but the stream stores " + DtypeName(spec.dtype));
+      if (prequantized && blk.scales == nullptr)
+        return Status::InvalidArgument(where + ": codes given without scales");
+      if (!prequantized && !IsRawInput(blk.dtype))
+        return Status::InvalidArgument(where + ": invalid input dtype");
+      if (!scan_values) continue;
+      uint64_t rows = n * spec.rows_per_token;
+      uint64_t elems = rows * spec.row_width;
+      if (prequantized) {
+        size_t bad = codec::FindInvalidCode(KindOf(spec.dtype), static_cast<const uint8_t*>(blk.data), elems);
+        if (bad < elems)
+          return Status::NonFinite("non-finite code in " +
+                                   Where(layer, s, disk_tokens + staged + bad / spec.ElementsPerToken(),
+                                         bad / spec.row_width % spec.rows_per_token));
+        size_t bad_scale = codec::FindInvalidScale(blk.scales, rows);
+        if (bad_scale < rows)
+          return Status::NonFinite("invalid scale in " +
+                                   Where(layer, s, disk_tokens + staged + bad_scale / spec.rows_per_token,
+                                         bad_scale % spec.rows_per_token));
+      } else {
+        size_t bad = codec::FindNonFinite(blk.dtype, blk.data, elems);
+        if (bad < elems)
+          return Status::NonFinite("non-finite value in " +
+                                   Where(layer, s, disk_tokens + staged + bad / spec.ElementsPerToken(),
+                                         bad / spec.row_width % spec.rows_per_token));
+      }
+    }
+  }
+  return Status::OK();
+}
+
+// Copies tokens [from, from + n) of the batch into the staging buffer after
+// the `staged` tokens already there. On a non-finite row nothing is counted
+// as staged, so the append leaves no trace.
+Status Writer::Impl::StageTokens(const AppendBatch& b, uint64_t from, uint32_t n) {
+  uint8_t* base = staging.get();
+  for (uint32_t layer = 0; layer < g().layers; ++layer) {
+    for (uint32_t s = 0; s < stream_count(); ++s) {
+      const RowBlock& blk = b.blocks[static_cast<size_t>(layer) * stream_count() + s];
+      const StreamSpec& spec = g().streams[s];
+      const SectionLayout& sec = full_layout.section(layer, s);
+      uint64_t rows_before = uint64_t{staged} * spec.rows_per_token;
+      uint64_t rows = uint64_t{n} * spec.rows_per_token;
+      uint64_t src_row = from * spec.rows_per_token;
+      size_t in_elem = blk.dtype == Dtype::kF32 ? 4 : IsFp8(blk.dtype) ? 1 : 2;
+      const uint8_t* src = static_cast<const uint8_t*>(blk.data) + src_row * spec.row_width * in_elem;
+      uint8_t* dst = base + sec.offset + rows_before * spec.row_width * ElementSize(spec.dtype);
+      if (IsFp8(spec.dtype)) {
+        float* scales = reinterpret_cast<float*>(base + sec.scales_offset) + rows_before;
+        if (IsFp8(blk.dtype)) {
+          std::memcpy(dst, src, rows * spec.row_width);
+          std::memcpy(scales, blk.scales + src_row, rows * 4);
+          continue;
+        }
+        size_t bad_row;
+        if (!codec::QuantizeRows(KindOf(spec.dtype), blk.dtype, src, rows, spec.row_width, dst,
+                                 scales, &bad_row))
+          return Status::NonFinite("non-finite value in " +
+                                   Where(layer, s, disk_tokens + staged + bad_row / spec.rows_per_token,
+                                         bad_row % spec.rows_per_token));
+      } else {
+        size_t elems = rows * spec.row_width;
+        size_t bad = codec::FindNonFinite(blk.dtype, src, elems);
+        if (bad < elems)
+          return Status::NonFinite("non-finite value in " +
+                                   Where(layer, s, disk_tokens + staged + bad / spec.ElementsPerToken(),
+                                         bad / spec.row_width % spec.rows_per_token));
+        codec::ConvertRaw(blk.dtype, src, elems, spec.dtype, dst);
+      }
+    }
+  }
+  for (uint32_t i = 0; i < n; ++i)
+    StoreU32(base + full_layout.tokens_offset + 4ull * (staged + i), b.tokens[from + i]);
+  staged += n;
+  return Status::OK();
+}
+
+// Seals the staged tokens into a chunk and writes it at the end of the file.
+Status Writer::Impl::WriteStagedChunk() {
+  if (staged == 0) return Status::OK();
+  uint8_t* base = staging.get();
+  ChunkLayout short_layout;
+  const ChunkLayout* layout = &full_layout;
+  if (staged < full_layout.token_count) {
+    // A short chunk has a smaller head and smaller sections: move every
+    // section down to its place in the short layout. Destinations never lie
+    // above their sources, so ascending order with memmove is safe.
+    KVFILE_RETURN_IF_ERROR(ComputeChunkLayout(g(), staged, &short_layout));
+    for (size_t i = 0; i < short_layout.sections.size(); ++i) {
+      const SectionLayout& from = full_layout.sections[i];
+      const SectionLayout& to = short_layout.sections[i];
+      std::memmove(base + to.offset, base + from.offset, to.data_bytes);
+      if (to.scales_bytes > 0)
+        std::memmove(base + to.scales_offset, base + from.scales_offset, to.scales_bytes);
+    }
+    layout = &short_layout;
+  }
+  // Zero every padding byte: the staging buffer is reused, and padding is
+  // part of what the checksums cover.
+  uint64_t tokens_end = layout->tokens_offset + 4ull * staged;
+  std::memset(base + tokens_end, 0, layout->head_checksum_offset - tokens_end);
+  for (const SectionLayout& sec : layout->sections) {
+    uint64_t data_end = sec.offset + sec.data_bytes;
+    if (sec.scales_bytes > 0) {
+      std::memset(base + data_end, 0, sec.scales_offset - data_end);
+      data_end = sec.scales_offset + sec.scales_bytes;
+    }
+    std::memset(base + data_end, 0, sec.end - data_end);
+  }
+  ChunkHeader ch;
+  ch.token_count = staged;
+  ch.salt = header.salt;
+  ch.first_token = disk_tokens;
+  ch.chunk_offset = end;
+  ch.chunk_bytes = layout->chunk_bytes;
+  ch.epoch = commit.epoch;
+  EncodeChunkHeader(ch, std::span<uint8_t, ch::kHeaderSize>(base, ch::kHeaderSize));
+  for (size_t i = 0; i < layout->sections.size(); ++i) {
+    const SectionLayout& sec = layout->sections[i];
+    StoreU64(base + layout->section_checksums_offset + 8 * i,
+             Checksum(base + sec.offset, sec.end - sec.offset));
+  }
+  StoreU64(base + layout->head_checksum_offset, Checksum(base, layout->head_checksum_offset));
+  Status st = file->WriteAt(end, base, layout->chunk_bytes);
+  if (!st.ok()) return Fail(st);
+  end += layout->chunk_bytes;
+  disk_tokens += staged;
+  chunks += 1;
+  if (layout != &full_layout) std::memset(base, 0, full_layout.chunk_bytes);
+  staged = 0;
+  if (options.sync == SyncMode::kChunk) return CommitDurably();
+  return Status::OK();
+}
+
+// Data first, then the commit record into the older slot, each made durable
+// before the next step: a commit record never vouches for bytes that are not
+// on disk, and a torn slot write leaves the other slot intact.
+Status Writer::Impl::CommitDurably() {
+  if (commit.tokens == disk_tokens && commit.end == end) return Status::OK();
+  Status st = file->Sync();
+  if (!st.ok()) return Fail(st);
+  CommitRecord next = commit;
+  next.sequence += 1;
+  next.tokens = disk_tokens;
+  next.end = end;
+  next.chunks = chunks;
+  std::vector<uint8_t> slot(kCommitSlotSize);
+  EncodeCommitRecord(next, std::span<uint8_t, kCommitSlotSize>(slot.data(), kCommitSlotSize));
+  st = file->WriteAt(kCommitSlotOffset[next.sequence % 2], slot.data(), slot.size());
+  if (st.ok()) st = file->Sync();
+  if (!st.ok()) return Fail(st);
+  commit = next;
+  return Status::OK();
+}
+
+Writer::Writer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Writer::~Writer() {
+  if (impl_ && !impl_->closed) (void)Close();
+}
+
+Status Writer::Create(const std::string& path, const Geometry& geometry,
+                      const ModelIdentity& identity, const WriterOptions& options,
+                      std::unique_ptr<Writer>* out) {
+  auto impl = std::make_unique<Impl>();
+  impl->path = path;
+  impl->fs = options.fs ? options.fs : FileSystem::Default();
+  impl->options = options;
+  FileHeader& h = impl->header;
+  h.identity = identity;
+  h.geometry = geometry;
+  h.chunk_tokens = options.chunk_tokens;
+  h.salt = options.salt;
+  if (h.salt == 0) KVFILE_RETURN_IF_ERROR(RandomSalt(&h.salt));
+  Status st = ValidateFileHeader(h);
+  if (!st.ok()) return st.WithContext(path);
+  st = ComputeChunkLayout(geometry, options.chunk_tokens, &impl->full_layout);
+  if (!st.ok()) return st.WithContext(path);
+  impl->staging = AllocateAligned(impl->full_layout.chunk_bytes);
+  if (!impl->staging)
+    return Status::IOError(path + ": cannot allocate a staging buffer of " +
+                           std::to_string(impl->full_layout.chunk_bytes) + " bytes");
+
+  // Header and both commit slots (sequence 1 and 2, the same empty state)
+  // go to a temporary file that is renamed into place once durable.
+  std::vector<uint8_t> fixed(kDataOffset);
+  EncodeFileHeader(h, std::span<uint8_t, kHeaderSize>(fixed.data(), kHeaderSize));
+  CommitRecord c;
+  c.salt = h.salt;
+  c.epoch = 1;
+  for (uint64_t seq = 1; seq <= 2; ++seq) {
+    c.sequence = seq;
+    EncodeCommitRecord(c, std::span<uint8_t, kCommitSlotSize>(
+                              fixed.data() + kCommitSlotOffset[seq % 2], kCommitSlotSize));
+  }
+  impl->commit = c;  // sequence 2 is the newest
+
+  FileSystem* fs = impl->fs;
+  if (options.overwrite) {
+    // Refuse to replace a file another writer is appending to.
+    std::unique_ptr<File> existing;
+    if (fs->Open(path, OpenMode::kReadWrite, &existing).ok())
+      KVFILE_RETURN_IF_ERROR(existing->LockExclusive());
+  } else {
+    bool exists = false;
+    KVFILE_RETURN_IF_ERROR(fs->Exists(path, &exists));
+    if (exists) return Status::InvalidArgument(path + ": file exists");
+  }
+  std::string tmp = path + ".kvnew";
+  std::unique_ptr<File> file;
+  st = fs->Open(tmp, OpenMode::kCreateExclusive, &file);
+  if (!st.ok()) {
+    // A leftover of a crashed create holds nothing acknowledged: remove it,
+    // unless a live creator still holds its lock.
+    std::unique_ptr<File> stale;
+    if (fs->Open(tmp, OpenMode::kReadWrite, &stale).ok()) {
+      KVFILE_RETURN_IF_ERROR(stale->LockExclusive());
+      stale.reset();
+      KVFILE_RETURN_IF_ERROR(fs->Remove(tmp));
+      st = fs->Open(tmp, OpenMode::kCreateExclusive, &file);
+    }
+    if (!st.ok()) return st;
+  }
+  auto cleanup = [&](Status err) {
+    file.reset();
+    (void)fs->Remove(tmp);
+    return err;
+  };
+  st = file->LockExclusive();
+  if (st.ok()) st = file->WriteAt(0, fixed.data(), fixed.size());
+  if (st.ok()) st = file->Sync();
+  if (st.ok()) st = fs->Rename(tmp, path, options.overwrite);
+  if (!st.ok()) return cleanup(st);
+  st = fs->SyncDir(DirName(path));
+  if (!st.ok()) return st;
+  impl->file = std::move(file);
+  out->reset(new Writer(std::move(impl)));
+  return Status::OK();
+}
+
+Status Writer::Append(const AppendBatch& batch) {
+  Impl& w = *impl_;
+  KVFILE_RETURN_IF_ERROR(w.CheckUsable());
+  uint64_t n = batch.tokens.size();
+  if (n == 0) return Status::OK();
+  uint32_t room = w.full_layout.token_count - w.staged;
+  // An append that fits the staging buffer is checked while it is staged; a
+  // longer one is checked whole first, since its first chunks go to disk
+  // before its last rows are read.
+  KVFILE_RETURN_IF_ERROR(w.ValidateBatch(batch, /*scan_values=*/n > room));
+  uint64_t done = 0;
+  while (done < n) {
+    uint32_t piece = static_cast<uint32_t>(std::min<uint64_t>(n - done, w.full_layout.token_count - w.staged));
+    KVFILE_RETURN_IF_ERROR(w.StageTokens(batch, done, piece));
+    done += piece;
+    if (w.staged == w.full_layout.token_count) KVFILE_RETURN_IF_ERROR(w.WriteStagedChunk());
+  }
+  return Status::OK();
+}
+
+Status Writer::Flush() {
+  KVFILE_RETURN_IF_ERROR(impl_->CheckUsable());
+  return impl_->WriteStagedChunk();
+}
+
+Status Writer::Sync() {
+  KVFILE_RETURN_IF_ERROR(Flush());
+  return impl_->CommitDurably();
+}
+
+Status Writer::Close() {
+  Impl& w = *impl_;
+  if (w.closed) return Status::OK();
+  Status st = w.CheckUsable();
+  if (st.ok()) st = w.WriteStagedChunk();
+  if (st.ok() && w.options.sync != SyncMode::kNone) st = w.CommitDurably();
+  w.closed = true;
+  w.file.reset();
+  return st;
+}
+
+uint64_t Writer::token_count() const { return impl_->disk_tokens + impl_->staged; }
+uint64_t Writer::durable_tokens() const { return impl_->commit.tokens; }
+const Geometry& Writer::geometry() const { return impl_->header.geometry; }
+const std::string& Writer::path() const { return impl_->path; }
+
+}  // namespace kvfile

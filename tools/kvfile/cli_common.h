@@ -1,0 +1,28 @@
+// What every kvfile subcommand shares: registration, exit codes and the one
+// line of error output.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <string>
+
+#include "kvfile/status.h"
+
+namespace kvfile::cli {
+
+// Exit status: 0 success; 1 the data is at fault; 2 usage or environment.
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitData = 1;
+inline constexpr int kExitUsage = 2;
+
+// Prints "kvfile: error: <message>" to stderr and returns the exit status
+// for the status's code.
+int ReportError(const Status& st);
+// For failures that carry no Status (for example a bad flag combination).
+int UsageError(const std::string& message);
+
+// Each subcommand registers itself; its callback stores the exit status.
+void RegisterSynth(CLI::App& app, int* exit_code);
+void RegisterInfo(CLI::App& app, int* exit_code);
+
+}  // namespace kvfile::cli

@@ -1,0 +1,97 @@
+// kvfile info: what a .kv file holds, as text or one JSON document.
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+
+#include "cli_common.h"
+#include "kvfile/reader.h"
+
+namespace kvfile::cli {
+
+namespace {
+
+struct InfoArgs {
+  std::string path;
+  bool json = false;
+};
+
+std::string Hex16(uint64_t v) {
+  char buf[20];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+// Bytes the same tokens would take stored raw as bf16 (no scales, no
+// headers): what an engine writes without kvfile.
+uint64_t Bf16Bytes(const Geometry& g, uint64_t tokens) {
+  uint64_t per_token = 0;
+  for (const StreamSpec& s : g.streams) per_token += s.ElementsPerToken() * 2;
+  return per_token * g.layers * tokens;
+}
+
+int RunInfo(const InfoArgs& a) {
+  std::unique_ptr<Reader> r;
+  Status st = Reader::Open(a.path, {}, &r);
+  if (!st.ok()) return ReportError(st);
+  const Geometry& g = r->geometry();
+  uint64_t bytes = r->tail().file_size;
+  uint64_t tokens = r->token_count();
+  double per_token = tokens ? static_cast<double>(bytes) / static_cast<double>(tokens) : 0.0;
+  uint64_t bf16 = Bf16Bytes(g, tokens);
+  std::string version = std::to_string(r->major_version()) + "." + std::to_string(r->minor_version());
+  if (a.json) {
+    nlohmann::ordered_json j;
+    j["path"] = a.path;
+    j["version"] = version;
+    j["model"] = r->identity().model_id;
+    j["fingerprint"] = Hex16(r->identity().fingerprint);
+    j["layers"] = g.layers;
+    j["streams"] = nlohmann::json::array();
+    for (const StreamSpec& s : g.streams)
+      j["streams"].push_back({{"name", s.name},
+                              {"rows_per_token", s.rows_per_token},
+                              {"row_width", s.row_width},
+                              {"dtype", format::DtypeName(s.dtype)}});
+    j["tokens"] = tokens;
+    j["chunks"] = r->chunks().size();
+    j["bytes"] = bytes;
+    j["bytes_per_token"] = per_token;
+    j["bf16_bytes"] = bf16;
+    j["torn_tail_bytes"] = r->tail().torn_tail_bytes;
+    j["io_backend"] = r->io_backend();
+    std::printf("%s\n", j.dump(2).c_str());
+    return kExitOk;
+  }
+  std::printf("file:            %s\n", a.path.c_str());
+  std::printf("format:          v%s\n", version.c_str());
+  std::printf("model:           %s (fingerprint %s)\n", r->identity().model_id.c_str(),
+              Hex16(r->identity().fingerprint).c_str());
+  std::printf("layers:          %u\n", g.layers);
+  std::printf("streams:\n");
+  for (const StreamSpec& s : g.streams)
+    std::printf("  %-14s %4u rows x %5u  %s\n", s.name.c_str(), s.rows_per_token, s.row_width,
+                format::DtypeName(s.dtype));
+  std::printf("tokens:          %llu\n", static_cast<unsigned long long>(tokens));
+  std::printf("chunks:          %zu (nominal %u tokens each)\n", r->chunks().size(), r->nominal_chunk_tokens());
+  std::printf("bytes:           %llu (%.1f per token)\n", static_cast<unsigned long long>(bytes), per_token);
+  if (bf16 > 0)
+    std::printf("as raw bf16:     %llu bytes; this file is %.3fx that size\n",
+                static_cast<unsigned long long>(bf16), static_cast<double>(bytes) / static_cast<double>(bf16));
+  std::printf("torn tail:       %llu bytes%s%s\n", static_cast<unsigned long long>(r->tail().torn_tail_bytes),
+              r->tail().torn_reason.empty() ? "" : " - ", r->tail().torn_reason.c_str());
+  std::printf("io backend:      %s\n", r->io_backend());
+  return kExitOk;
+}
+
+}  // namespace
+
+void RegisterInfo(CLI::App& app, int* exit_code) {
+  auto args = std::make_shared<InfoArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "info", "Show a .kv file's version, model, geometry and size.\nExample: kvfile info session.kv --json");
+  cmd->add_option("FILE", args->path, "the .kv file")->required();
+  cmd->add_flag("--json", args->json, "print one JSON document");
+  cmd->callback([args, exit_code] { *exit_code = RunInfo(*args); });
+}
+
+}  // namespace kvfile::cli

@@ -1,0 +1,167 @@
+// kvfile synth: write a deterministic synthetic session, or check one.
+#include <cstdio>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "cli_common.h"
+#include "kvfile/codec.h"
+#include "kvfile/presets.h"
+#include "kvfile/reader.h"
+#include "kvfile/writer.h"
+#include "synth_data.h"
+
+namespace kvfile::cli {
+
+namespace {
+
+struct SynthArgs {
+  std::string path;
+  std::string preset = "llama-3.1-8b";
+  uint64_t tokens = 1024;
+  uint64_t seed = 1;
+  std::string dtype = "e4m3";
+  uint32_t chunk_tokens = 256;
+  bool check = false;
+  bool force = false;
+};
+
+// Generates the bf16 rows of tokens [first, first + n) for every (layer,
+// stream) into blocks[layer * S + stream], on two threads.
+void GenerateAll(const Geometry& g, uint64_t seed, uint64_t first, uint64_t n,
+                 std::vector<std::vector<uint16_t>>& blocks) {
+  size_t S = g.streams.size();
+  auto work = [&](uint32_t parity) {
+    for (uint32_t l = parity; l < g.layers; l += 2)
+      for (uint32_t s = 0; s < S; ++s) {
+        auto& b = blocks[l * S + s];
+        b.resize(n * g.streams[s].ElementsPerToken());
+        synth::GenerateRows(g, seed, l, s, first, n, b.data());
+      }
+  };
+  std::thread other(work, 1u);
+  work(0u);
+  other.join();
+}
+
+int RunSynth(const SynthArgs& a) {
+  Dtype fp8 = a.dtype == "e5m2" ? Dtype::kE5M2 : Dtype::kE4M3;
+  Geometry g;
+  Status st = GetPreset(a.preset, fp8, &g);
+  if (!st.ok()) return ReportError(st);
+  WriterOptions opt;
+  opt.chunk_tokens = a.chunk_tokens;
+  opt.overwrite = a.force;
+  ModelIdentity id{"synthetic/" + a.preset, a.seed};
+  std::unique_ptr<Writer> w;
+  st = Writer::Create(a.path, g, id, opt, &w);
+  if (!st.ok()) return ReportError(st);
+  size_t S = g.streams.size();
+  std::vector<std::vector<uint16_t>> blocks(g.layers * S);
+  std::vector<uint32_t> tokens;
+  for (uint64_t first = 0; first < a.tokens; first += a.chunk_tokens) {
+    uint64_t n = std::min<uint64_t>(a.chunk_tokens, a.tokens - first);
+    GenerateAll(g, a.seed, first, n, blocks);
+    tokens.resize(n);
+    synth::GenerateTokens(a.seed, first, n, tokens.data());
+    AppendBatch batch;
+    batch.tokens = tokens;
+    for (auto& b : blocks) batch.blocks.push_back({Dtype::kBF16, b.data(), nullptr});
+    st = w->Append(batch);
+    if (!st.ok()) return ReportError(st.WithContext(a.path));
+  }
+  st = w->Close();
+  if (!st.ok()) return ReportError(st);
+  std::printf("wrote %s: %llu tokens of %s (%s), seed %llu\n", a.path.c_str(),
+              static_cast<unsigned long long>(a.tokens), a.preset.c_str(), a.dtype.c_str(),
+              static_cast<unsigned long long>(a.seed));
+  return kExitOk;
+}
+
+// Regenerates the data of an existing synthetic file and compares every
+// stored code and scale (raw streams: every stored element) with it.
+int RunCheck(const SynthArgs& a) {
+  std::unique_ptr<Reader> r;
+  Status st = Reader::Open(a.path, {}, &r);
+  if (!st.ok()) return ReportError(st);
+  const Geometry& g = r->geometry();
+  uint64_t seed = r->identity().fingerprint;  // synth stores its seed here
+  uint64_t total = r->token_count();
+  std::vector<uint32_t> want_tokens(total);
+  synth::GenerateTokens(seed, 0, total, want_tokens.data());
+  auto have_tokens = r->tokens();
+  for (uint64_t t = 0; t < total; ++t)
+    if (have_tokens[t] != want_tokens[t])
+      return ReportError(Status::Corruption(a.path + ": token " + std::to_string(t) + " id differs"));
+  size_t S = g.streams.size();
+  const uint64_t step = 1024;
+  std::vector<std::vector<uint16_t>> blocks(g.layers * S);
+  std::vector<uint8_t> want_codes, have_codes;
+  std::vector<float> want_scales, have_scales;
+  std::vector<uint16_t> have_raw, want_raw;
+  for (uint64_t first = 0; first < total; first += step) {
+    uint64_t n = std::min(step, total - first);
+    GenerateAll(g, seed, first, n, blocks);
+    for (uint32_t l = 0; l < g.layers; ++l) {
+      for (uint32_t s = 0; s < S; ++s) {
+        const StreamSpec& spec = g.streams[s];
+        uint64_t rows = n * spec.rows_per_token;
+        uint64_t elems = rows * spec.row_width;
+        const auto& in = blocks[l * S + s];
+        std::string where = a.path + ": layer " + std::to_string(l) + " stream '" + spec.name +
+                            "' tokens [" + std::to_string(first) + ", " + std::to_string(first + n) + ")";
+        if (format::IsFp8(spec.dtype)) {
+          auto kind = spec.dtype == Dtype::kE5M2 ? codec::Fp8Kind::kE5M2 : codec::Fp8Kind::kE4M3;
+          want_codes.resize(elems);
+          want_scales.resize(rows);
+          have_codes.resize(elems);
+          have_scales.resize(rows);
+          size_t bad;
+          codec::QuantizeRows(kind, Dtype::kBF16, in.data(), rows, spec.row_width,
+                              want_codes.data(), want_scales.data(), &bad);
+          st = r->ReadCodes(l, s, first, first + n, have_codes.data(), have_scales.data());
+          if (!st.ok()) return ReportError(st);
+          if (std::memcmp(want_codes.data(), have_codes.data(), elems) != 0)
+            return ReportError(Status::Corruption(where + ": stored codes differ from the regenerated data"));
+          if (std::memcmp(want_scales.data(), have_scales.data(), rows * 4) != 0)
+            return ReportError(Status::Corruption(where + ": stored scales differ from the regenerated data"));
+        } else {
+          want_raw.resize(elems * format::ElementSize(spec.dtype) / 2);
+          have_raw.resize(want_raw.size());
+          codec::ConvertRaw(Dtype::kBF16, in.data(), elems, spec.dtype, want_raw.data());
+          st = r->ReadRows(l, s, first, first + n, spec.dtype, have_raw.data());
+          if (!st.ok()) return ReportError(st);
+          if (want_raw != have_raw)
+            return ReportError(Status::Corruption(where + ": stored rows differ from the regenerated data"));
+        }
+      }
+    }
+  }
+  std::printf("%s: ok, all %llu tokens match the synthetic data of seed %llu\n", a.path.c_str(),
+              static_cast<unsigned long long>(total), static_cast<unsigned long long>(seed));
+  return kExitOk;
+}
+
+}  // namespace
+
+void RegisterSynth(CLI::App& app, int* exit_code) {
+  auto args = std::make_shared<SynthArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "synth",
+      "Write a deterministic synthetic KV session shaped like a real cache, or check one.\n"
+      "Example: kvfile synth session.kv --preset llama-3.1-8b --tokens 32768\n"
+      "         kvfile synth --check session.kv");
+  cmd->add_option("FILE", args->path, "the .kv file to write (or to check)")->required();
+  cmd->add_option("--preset", args->preset, "geometry preset")
+      ->check(CLI::IsMember({"llama-3.1-8b", "qwen2.5-7b", "deepseek-v3", "dsa-mixed", "tiny"}))
+      ->capture_default_str();
+  cmd->add_option("--tokens", args->tokens, "number of tokens")->check(CLI::Range(uint64_t{1}, uint64_t{1} << 32))->capture_default_str();
+  cmd->add_option("--seed", args->seed, "generator seed (stored as the model fingerprint)")->capture_default_str();
+  cmd->add_option("--dtype", args->dtype, "fp8 storage dtype")->check(CLI::IsMember({"e4m3", "e5m2"}))->capture_default_str();
+  cmd->add_option("--chunk-tokens", args->chunk_tokens, "tokens per chunk")->check(CLI::Range(1u, 65536u))->capture_default_str();
+  cmd->add_flag("--check", args->check, "regenerate the data and compare every stored code and scale");
+  cmd->add_flag("--force", args->force, "replace FILE if it exists");
+  cmd->callback([args, exit_code] { *exit_code = args->check ? RunCheck(*args) : RunSynth(*args); });
+}
+
+}  // namespace kvfile::cli

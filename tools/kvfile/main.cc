@@ -1,0 +1,46 @@
+// The kvfile command line: dispatches to one subcommand per file.
+#include <cstdio>
+#include <iostream>
+
+#include "cli_common.h"
+
+namespace kvfile::cli {
+
+int ReportError(const Status& st) {
+  std::fprintf(stderr, "kvfile: error: %s\n", st.message().c_str());
+  return st.IsDataError() ? kExitData : kExitUsage;
+}
+
+int UsageError(const std::string& message) {
+  std::fprintf(stderr, "kvfile: error: %s\n", message.c_str());
+  return kExitUsage;
+}
+
+}  // namespace kvfile::cli
+
+int main(int argc, char** argv) {
+  using namespace kvfile::cli;
+  CLI::App app{"kvfile: persist LLM KV caches as checksummed fp8 .kv files"};
+  app.set_version_flag("--version", std::string("kvfile ") + KVFILE_VERSION);
+  app.require_subcommand(1);
+  int exit_code = kExitOk;
+  RegisterSynth(app, &exit_code);
+  RegisterInfo(app, &exit_code);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "kvfile: error: %s (see kvfile --help)\n", e.what());
+    return kExitUsage;
+  } catch (const std::exception& e) {
+    // Nothing in the library throws; this catches allocation failures.
+    std::fprintf(stderr, "kvfile: error: %s\n", e.what());
+    return kExitUsage;
+  }
+  return exit_code;
+}
