@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Installs, with apt-get, the Debian 12 packages kvfile needs to build and
+# test, skipping those already installed. Sourced by demo.sh and test.sh.
+set -euo pipefail
+
+KVFILE_PACKAGES=(
+  build-essential cmake ninja-build pkg-config
+  liburing-dev zlib1g-dev libcli11-dev libgtest-dev libxxhash-dev nlohmann-json3-dev
+  libbenchmark-dev
+)
+
+kvfile_install_deps() {
+  local missing=()
+  for p in "${KVFILE_PACKAGES[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+      missing+=("$p")
+    fi
+  done
+  if [ ${#missing[@]} -eq 0 ]; then
+    return 0
+  fi
+  echo "kvfile: installing ${missing[*]}" >&2
+  local sudo=""
+  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+# Configures and builds into $1 with warnings as errors.
+kvfile_build() {
+  local build_dir=$1
+  shift
+  cmake -S "$KVFILE_ROOT" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DKVFILE_WERROR=ON -DKVFILE_BUILD_BENCH=ON "$@" >/dev/null
+  cmake --build "$build_dir" -j "$(nproc)"
+}

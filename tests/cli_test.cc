@@ -1,0 +1,160 @@
+// The kvfile binary, run as a user runs it: exit status, stdout, the one
+// stderr line, and files left as they were.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct CliRun {
+  int exit_code;
+  std::string out;
+  std::string err;
+};
+
+// Runs `kvfile ARGS` through the shell, capturing stdout and stderr.
+CliRun Kvfile(const std::string& args) {
+  static int counter = 0;
+  std::string err_path = testing::TempDir() + "kvfile_cli_err_" + std::to_string(++counter);
+  std::string cmd = std::string(KVFILE_BINARY) + " " + args + " 2>" + err_path;
+  CliRun r{};
+  FILE* p = popen(cmd.c_str(), "r");
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  std::ifstream e(err_path);
+  r.err.assign(std::istreambuf_iterator<char>(e), {});
+  fs::remove(err_path);
+  return r;
+}
+
+std::string ReadFile(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+class CliTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::path(testing::TempDir()) / ("kvfile_cli_" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string P(const std::string& name) const { return (dir_ / name).string(); }
+  fs::path dir_;
+};
+
+TEST_F(CliTest, SynthInfoAndCheck) {
+  CliRun w = Kvfile("synth " + P("a.kv") + " --preset tiny --tokens 300 --chunk-tokens 64 --seed 7");
+  ASSERT_EQ(w.exit_code, 0) << w.err;
+  EXPECT_EQ(w.err, "");
+  CliRun info = Kvfile("info --json " + P("a.kv"));
+  ASSERT_EQ(info.exit_code, 0) << info.err;
+  auto j = nlohmann::json::parse(info.out);
+  EXPECT_EQ(j["version"], "2.0");
+  EXPECT_EQ(j["model"], "synthetic/tiny");
+  EXPECT_EQ(j["fingerprint"], "0000000000000007");
+  EXPECT_EQ(j["layers"], 2);
+  ASSERT_EQ(j["streams"].size(), 2u);
+  EXPECT_EQ(j["streams"][0]["name"], "k");
+  EXPECT_EQ(j["streams"][0]["rows_per_token"], 2);
+  EXPECT_EQ(j["streams"][0]["row_width"], 16);
+  EXPECT_EQ(j["streams"][0]["dtype"], "e4m3");
+  EXPECT_EQ(j["tokens"], 300);
+  EXPECT_EQ(j["chunks"], 5);  // 4 x 64 + 44
+  EXPECT_EQ(j["bytes"], fs::file_size(P("a.kv")));
+  EXPECT_EQ(j["torn_tail_bytes"], 0);
+  EXPECT_EQ(j["io_backend"], "posix");
+  CliRun check = Kvfile("synth --check " + P("a.kv"));
+  EXPECT_EQ(check.exit_code, 0) << check.err;
+  EXPECT_NE(check.out.find("ok, all 300 tokens match"), std::string::npos) << check.out;
+  CliRun text = Kvfile("info " + P("a.kv"));
+  EXPECT_EQ(text.exit_code, 0);
+  EXPECT_NE(text.out.find("tokens:          300"), std::string::npos) << text.out;
+}
+
+TEST_F(CliTest, E5m2AndOtherPresets) {
+  for (const char* preset : {"dsa-mixed", "deepseek-v3", "qwen2.5-7b"}) {
+    std::string f = P(std::string(preset) + ".kv");
+    CliRun w = Kvfile("synth " + f + " --preset " + preset + " --tokens 20 --dtype e5m2 --chunk-tokens 8");
+    ASSERT_EQ(w.exit_code, 0) << w.err;
+    CliRun check = Kvfile("synth --check " + f);
+    EXPECT_EQ(check.exit_code, 0) << preset << ": " << check.err;
+  }
+}
+
+TEST_F(CliTest, CheckDetectsAlteredPayload) {
+  ASSERT_EQ(Kvfile("synth " + P("a.kv") + " --preset tiny --tokens 10").exit_code, 0);
+  // Flip one bit in the first section of the first chunk (chunk at 12288,
+  // head of 10 tokens: align(64 + 32 + 40 + 8, 64) = 192).
+  {
+    std::fstream f(P("a.kv"), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(12288 + 192 + 5);
+    char c;
+    f.get(c);
+    f.seekp(12288 + 192 + 5);
+    f.put(static_cast<char>(c ^ 0x10));
+  }
+  CliRun check = Kvfile("synth --check " + P("a.kv"));
+  EXPECT_EQ(check.exit_code, 1);
+  EXPECT_EQ(check.err.rfind("kvfile: error: " + P("a.kv") + ": chunk 0 at offset 12288", 0), 0u) << check.err;
+  EXPECT_NE(check.err.find("checksum mismatch"), std::string::npos) << check.err;
+  EXPECT_EQ(std::count(check.err.begin(), check.err.end(), '\n'), 1) << check.err;
+}
+
+TEST_F(CliTest, UsageAndEnvironmentErrorsExit2) {
+  CliRun missing = Kvfile("info " + P("nope.kv"));
+  EXPECT_EQ(missing.exit_code, 2);
+  EXPECT_EQ(missing.err, "kvfile: error: " + P("nope.kv") + ": No such file or directory\n");
+  CliRun bad_flag = Kvfile("synth " + P("x.kv") + " --tokens 0");
+  EXPECT_EQ(bad_flag.exit_code, 2);
+  EXPECT_EQ(bad_flag.err.rfind("kvfile: error: ", 0), 0u) << bad_flag.err;
+  EXPECT_FALSE(fs::exists(P("x.kv")));
+  CliRun bad_preset = Kvfile("synth " + P("x.kv") + " --preset gpt-9");
+  EXPECT_EQ(bad_preset.exit_code, 2);
+  CliRun no_verb = Kvfile("");
+  EXPECT_EQ(no_verb.exit_code, 2);
+}
+
+TEST_F(CliTest, ExistingOutputNeedsForce) {
+  ASSERT_EQ(Kvfile("synth " + P("a.kv") + " --preset tiny --tokens 5 --seed 1").exit_code, 0);
+  std::string before = ReadFile(P("a.kv"));
+  CliRun again = Kvfile("synth " + P("a.kv") + " --preset tiny --tokens 9 --seed 2");
+  EXPECT_EQ(again.exit_code, 2);
+  EXPECT_EQ(again.err, "kvfile: error: " + P("a.kv") + ": file exists\n");
+  EXPECT_EQ(ReadFile(P("a.kv")), before);
+  CliRun forced = Kvfile("synth " + P("a.kv") + " --preset tiny --tokens 9 --seed 2 --force");
+  EXPECT_EQ(forced.exit_code, 0) << forced.err;
+  EXPECT_NE(ReadFile(P("a.kv")), before);
+  EXPECT_FALSE(fs::exists(P("a.kv") + ".kvnew"));
+}
+
+TEST_F(CliTest, NotAKvfileIsDataError) {
+  std::ofstream(P("junk.kv")) << std::string(20000, 'x');
+  CliRun info = Kvfile("info " + P("junk.kv"));
+  EXPECT_EQ(info.exit_code, 1);
+  EXPECT_EQ(info.err, "kvfile: error: " + P("junk.kv") + ": not a kvfile: bad magic at offset 0\n");
+}
+
+TEST_F(CliTest, VersionAndHelp) {
+  CliRun v = Kvfile("--version");
+  EXPECT_EQ(v.exit_code, 0);
+  EXPECT_EQ(v.out.rfind("kvfile ", 0), 0u);
+  CliRun h = Kvfile("synth --help");
+  EXPECT_EQ(h.exit_code, 0);
+  EXPECT_NE(h.out.find("Example: kvfile synth"), std::string::npos);
+}
+
+}  // namespace
