@@ -2,8 +2,9 @@
 #include "synth_data.h"
 
 #include <cmath>
+#include <cstring>
+#include <vector>
 
-#include "kvfile/codec.h"
 
 namespace kvfile::synth {
 
@@ -28,6 +29,14 @@ float Normal(uint64_t bits) {
 
 }  // namespace
 
+// Round to nearest even into bf16 (inputs here are always finite and far
+// from the bf16 range limits).
+inline uint16_t ToBf16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
 void GenerateRows(const Geometry& g, uint64_t seed, uint32_t layer, uint32_t stream,
                   uint64_t first, uint64_t count, uint16_t* out) {
   const StreamSpec& s = g.streams[stream];
@@ -36,24 +45,29 @@ void GenerateRows(const Geometry& g, uint64_t seed, uint32_t layer, uint32_t str
   // Per-layer magnitude between 0.05 and 3, varying smoothly with depth.
   float sigma = 0.05f + 2.95f * (0.5f + 0.5f * std::sin(0.7f * static_cast<float>(layer) + static_cast<float>(stream)));
   size_t w = s.row_width;
+  // Per-channel gain of each row-in-token: 1, or 8-40 for the few outlier
+  // channels (about one in 16), fixed for the (layer, stream, row).
+  std::vector<float> gain(static_cast<size_t>(s.rows_per_token) * w, sigma);
+  if (key_like) {
+    for (uint32_t r = 0; r < s.rows_per_token; ++r) {
+      uint64_t key = Mix(base ^ (uint64_t{r} << 20));
+      for (size_t i = 0; i < w; ++i) {
+        uint64_t h = Mix(key ^ i);
+        if ((h & 15) == 0) gain[r * w + i] = sigma * (8.0f + 32.0f * static_cast<float>((h >> 8) & 0xFF) / 255.0f);
+      }
+    }
+  }
   for (uint64_t t = 0; t < count; ++t) {
     for (uint32_t r = 0; r < s.rows_per_token; ++r) {
       uint64_t state = Mix(base ^ ((first + t) * 0x100000001B3ull) ^ r);
       uint16_t* row = out + (t * s.rows_per_token + r) * w;
-      // Outlier channels are fixed per (layer, stream, row-in-token) and a
-      // few per row; their size drifts slowly with the token.
-      uint64_t outlier_key = Mix(base ^ (uint64_t{r} << 20));
+      const float* row_gain = gain.data() + r * w;
       for (size_t i = 0; i < w; ++i) {
         // A 64-bit LCG step per element (one multiply) with its high bits
         // folded down: plenty for test data, and cheap enough to generate
         // gigabytes.
         state = state * 6364136223846793005ull + 1442695040888963407ull;
-        float x = sigma * Normal(state ^ (state >> 29));
-        if (key_like) {
-          bool outlier = ((outlier_key >> ((i * 7) % 61)) & 0x1F) == 0 && (i % 16) == (outlier_key % 16);
-          if (outlier) x *= 8.0f + 32.0f * static_cast<float>((outlier_key >> 8) & 0xFF) / 255.0f;
-        }
-        row[i] = codec::F32ToBf16(x);
+        row[i] = ToBf16(row_gain[i] * Normal(state ^ (state >> 29)));
       }
     }
   }
