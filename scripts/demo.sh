@@ -6,7 +6,7 @@ set -euo pipefail
 KVFILE_ROOT=$(cd "$(dirname "$0")/.." && pwd)
 source "$KVFILE_ROOT/scripts/deps.sh"
 kvfile_install_deps
-kvfile_build "$KVFILE_ROOT/build" >/dev/null
+kvfile_build "$KVFILE_ROOT/build" kvfile_cli
 kv="$KVFILE_ROOT/build/kvfile"
 out="$KVFILE_ROOT/build/demo"
 mkdir -p "$out"

@@ -26,11 +26,20 @@ kvfile_install_deps() {
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
 
-# Configures and builds into $1 with warnings as errors.
+# Configures and builds into $1 with warnings as errors; further arguments
+# name the targets (all when none). The build log goes to $1/build.log and
+# is printed only if the build fails.
 kvfile_build() {
   local build_dir=$1
   shift
-  cmake -S "$KVFILE_ROOT" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DKVFILE_WERROR=ON -DKVFILE_BUILD_BENCH=ON "$@" >/dev/null
-  cmake --build "$build_dir" -j "$(nproc)"
+  local targets=()
+  for t in "$@"; do targets+=(--target "$t"); done
+  mkdir -p "$build_dir"
+  if ! { cmake -S "$KVFILE_ROOT" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+           -DKVFILE_WERROR=ON -DKVFILE_BUILD_BENCH=ON &&
+         cmake --build "$build_dir" -j "$(nproc)" "${targets[@]}"; } >"$build_dir/build.log" 2>&1; then
+    cat "$build_dir/build.log" >&2
+    echo "kvfile: build failed (log: $build_dir/build.log)" >&2
+    return 1
+  fi
 }
