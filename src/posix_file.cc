@@ -7,7 +7,7 @@
 #include <cerrno>
 #include <cstdio>
 
-#include "kvfile/file.h"
+#include "file_backends.h"
 
 namespace kvfile {
 
@@ -17,6 +17,14 @@ std::string DirName(const std::string& path) {
   if (slash == 0) return "/";
   return path.substr(0, slash);
 }
+
+Status File::SubmitWrite(uint64_t offset, const void* buf, size_t n, bool sync_after) {
+  KVFILE_RETURN_IF_ERROR(WriteAt(offset, buf, n));
+  if (sync_after) return Sync();
+  return Status::OK();
+}
+
+Status File::WaitWrites() { return Status::OK(); }
 
 namespace {
 
@@ -154,9 +162,11 @@ class PosixFileSystem final : public FileSystem {
 
 }  // namespace
 
-FileSystem* FileSystem::Default() {
+namespace internal {
+FileSystem* PosixFileSystemInstance() {
   static PosixFileSystem* fs = new PosixFileSystem();
   return fs;
 }
+}  // namespace internal
 
 }  // namespace kvfile

@@ -29,6 +29,15 @@ class File {
   // Takes an exclusive advisory lock without waiting; kBusy if another
   // process (or another open file description) holds it.
   virtual Status LockExclusive() = 0;
+  // Asynchronous writes, for overlapping I/O with quantization. Queues a
+  // write of n bytes at offset (the buffer must stay untouched until
+  // WaitWrites returns); with sync_after, a fdatasync ordered after it (and
+  // after every write queued before it). The default runs both at once.
+  virtual Status SubmitWrite(uint64_t offset, const void* buf, size_t n, bool sync_after);
+  // Waits for every queued write and sync; returns the first failure among
+  // them (the file's state after a failed queued write is unknown).
+  virtual Status WaitWrites();
+
   // Name of the I/O backend ("posix", "io_uring", "memory", ...).
   virtual const char* backend() const = 0;
   virtual const std::string& path() const = 0;
@@ -51,7 +60,8 @@ class FileSystem {
   virtual Status SyncDir(const std::string& dir) = 0;
   virtual Status Exists(const std::string& path, bool* exists) = 0;
 
-  // The process-wide default: plain POSIX calls.
+  // The process-wide default: io_uring where the kernel allows it, else
+  // pread/pwrite; KVFILE_IO=uring or KVFILE_IO=posix forces one.
   static FileSystem* Default();
 };
 
