@@ -4,6 +4,7 @@
 
 #include <sys/random.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -11,6 +12,7 @@
 #include "kvfile/format/chunk_layout.h"
 #include "kvfile/format/endian.h"
 #include "kvfile/format/header.h"
+#include "file_scan.h"
 
 namespace kvfile {
 
@@ -52,15 +54,24 @@ struct Writer::Impl {
   std::unique_ptr<File> file;
   WriterOptions options;
   FileHeader header;
-  ChunkLayout full_layout;   // layout of a chunk of options.chunk_tokens tokens
-  AlignedBuffer staging;     // one chunk, laid out as full_layout
-  uint32_t staged = 0;       // tokens in the staging buffer
-  uint64_t disk_tokens = 0;  // tokens in chunks written to the file
+  ChunkLayout full_layout;   // layout of a chunk of header.chunk_tokens tokens
+  // Two staging buffers: tokens gather in staging[current] while the chunk
+  // sealed from the other one may still be in flight (File::SubmitWrite).
+  AlignedBuffer staging[2];
+  int current = 0;
+  bool write_in_flight = false;
+  uint32_t staged = 0;       // tokens in staging[current]
+  uint64_t disk_tokens = 0;  // live tokens in chunks written to the file
   uint64_t end = kDataOffset;
-  uint64_t chunks = 0;
+  struct WrittenChunk {
+    uint64_t offset, bytes, first_token;
+  };
+  std::vector<WrittenChunk> chunks;  // every chunk of the sequence, in order
+  std::vector<uint32_t> tokens;      // every token id, staged ones included
   CommitRecord commit;       // the last durable commit record
   Status failure;            // set once an I/O error makes the writer unusable
   bool closed = false;
+  RecoveryReport recovery;
 
   const Geometry& g() const { return header.geometry; }
   uint32_t stream_count() const { return static_cast<uint32_t>(g().streams.size()); }
@@ -84,9 +95,30 @@ struct Writer::Impl {
 
   Status ValidateBatch(const AppendBatch& b, bool scan_values) const;
   Status StageTokens(const AppendBatch& b, uint64_t from, uint32_t n);
+  Status Init(const std::string& p, const WriterOptions& o, FileHeader h);
   Status WriteStagedChunk();
-  Status CommitDurably();
+  Status WaitInFlight();
+  Status CommitDurably(bool force = false);
+  Status Recover(const internal::ScanResult& scan);
+  Status RewindTo(uint64_t n);
 };
+
+// Allocates the staging buffers for the header's geometry.
+Status Writer::Impl::Init(const std::string& p, const WriterOptions& o, FileHeader h) {
+  path = p;
+  fs = o.fs ? o.fs : FileSystem::Default();
+  options = o;
+  header = std::move(h);
+  Status st = ComputeChunkLayout(header.geometry, header.chunk_tokens, &full_layout);
+  if (!st.ok()) return st.WithContext(path);
+  for (AlignedBuffer& b : staging) {
+    b = AllocateAligned(full_layout.chunk_bytes);
+    if (!b)
+      return Status::IOError(path + ": cannot allocate a staging buffer of " +
+                             std::to_string(full_layout.chunk_bytes) + " bytes");
+  }
+  return Status::OK();
+}
 
 Status Writer::Impl::ValidateBatch(const AppendBatch& b, bool scan_values) const {
   size_t expected = static_cast<size_t>(g().layers) * stream_count();
@@ -139,7 +171,7 @@ Status Writer::Impl::ValidateBatch(const AppendBatch& b, bool scan_values) const
 // the `staged` tokens already there. On a non-finite row nothing is counted
 // as staged, so the append leaves no trace.
 Status Writer::Impl::StageTokens(const AppendBatch& b, uint64_t from, uint32_t n) {
-  uint8_t* base = staging.get();
+  uint8_t* base = staging[current].get();
   for (uint32_t layer = 0; layer < g().layers; ++layer) {
     for (uint32_t s = 0; s < stream_count(); ++s) {
       const RowBlock& blk = b.blocks[static_cast<size_t>(layer) * stream_count() + s];
@@ -177,6 +209,8 @@ Status Writer::Impl::StageTokens(const AppendBatch& b, uint64_t from, uint32_t n
   }
   for (uint32_t i = 0; i < n; ++i)
     StoreU32(base + full_layout.tokens_offset + 4ull * (staged + i), b.tokens[from + i]);
+  tokens.insert(tokens.end(), b.tokens.begin() + static_cast<ptrdiff_t>(from),
+                b.tokens.begin() + static_cast<ptrdiff_t>(from + n));
   staged += n;
   return Status::OK();
 }
@@ -184,7 +218,7 @@ Status Writer::Impl::StageTokens(const AppendBatch& b, uint64_t from, uint32_t n
 // Seals the staged tokens into a chunk and writes it at the end of the file.
 Status Writer::Impl::WriteStagedChunk() {
   if (staged == 0) return Status::OK();
-  uint8_t* base = staging.get();
+  uint8_t* base = staging[current].get();
   ChunkLayout short_layout;
   const ChunkLayout* layout = &full_layout;
   if (staged < full_layout.token_count) {
@@ -227,35 +261,124 @@ Status Writer::Impl::WriteStagedChunk() {
              Checksum(base + sec.offset, sec.end - sec.offset));
   }
   StoreU64(base + layout->head_checksum_offset, Checksum(base, layout->head_checksum_offset));
-  Status st = file->WriteAt(end, base, layout->chunk_bytes);
+  // The other buffer's write must be complete before this one is queued:
+  // that buffer is filled next. One chunk in flight overlaps the write with
+  // staging (quantizing) the next chunk.
+  KVFILE_RETURN_IF_ERROR(WaitInFlight());
+  Status st = file->SubmitWrite(end, base, layout->chunk_bytes, /*sync_after=*/false);
   if (!st.ok()) return Fail(st);
+  write_in_flight = true;
+  chunks.push_back({end, layout->chunk_bytes, disk_tokens});
   end += layout->chunk_bytes;
   disk_tokens += staged;
-  chunks += 1;
-  if (layout != &full_layout) std::memset(base, 0, full_layout.chunk_bytes);
+  if (layout != &full_layout) {
+    // Restore the full layout's zero padding: compaction moved data into it.
+    KVFILE_RETURN_IF_ERROR(WaitInFlight());
+    std::memset(base, 0, full_layout.chunk_bytes);
+  }
   staged = 0;
-  if (options.sync == SyncMode::kChunk) return CommitDurably();
+  current ^= 1;
+  return Status::OK();
+}
+
+Status Writer::Impl::WaitInFlight() {
+  if (!write_in_flight) return Status::OK();
+  write_in_flight = false;
+  Status st = file->WaitWrites();
+  if (!st.ok()) return Fail(st);
   return Status::OK();
 }
 
 // Data first, then the commit record into the older slot, each made durable
 // before the next step: a commit record never vouches for bytes that are not
 // on disk, and a torn slot write leaves the other slot intact.
-Status Writer::Impl::CommitDurably() {
-  if (commit.tokens == disk_tokens && commit.end == end) return Status::OK();
+Status Writer::Impl::CommitDurably(bool force) {
+  KVFILE_RETURN_IF_ERROR(WaitInFlight());
+  if (!force && commit.tokens == disk_tokens && commit.end == end) return Status::OK();
   Status st = file->Sync();
   if (!st.ok()) return Fail(st);
   CommitRecord next = commit;
   next.sequence += 1;
   next.tokens = disk_tokens;
   next.end = end;
-  next.chunks = chunks;
+  next.chunks = chunks.size();
   std::vector<uint8_t> slot(kCommitSlotSize);
   EncodeCommitRecord(next, std::span<uint8_t, kCommitSlotSize>(slot.data(), kCommitSlotSize));
   st = file->WriteAt(kCommitSlotOffset[next.sequence % 2], slot.data(), slot.size());
   if (st.ok()) st = file->Sync();
   if (!st.ok()) return Fail(st);
   commit = next;
+  return Status::OK();
+}
+
+// Recovery at a writable open (spec/RECOVERY.md, "Opening for append").
+Status Writer::Impl::Recover(const internal::ScanResult& scan) {
+  commit = scan.commit;
+  tokens = scan.tokens;
+  disk_tokens = scan.tokens.size();
+  for (const auto& c : scan.chunks) chunks.push_back({c.info.offset, c.info.bytes, c.info.first_token});
+  end = scan.tail.valid_end;
+  if (scan.tail.torn_tail_bytes > 0) {
+    // Nothing in the tail was acknowledged: the commit record does not
+    // cover it. Cut it off, durably, before anything is appended after it.
+    recovery.truncated_bytes = scan.tail.torn_tail_bytes;
+    recovery.torn_reason = scan.tail.torn_reason;
+    Status st = file->Truncate(end);
+    if (st.ok()) st = file->Sync();
+    if (!st.ok()) return Fail(st);
+  }
+  recovery.recommitted_chunks = chunks.size() - scan.commit.chunks;
+  recovery.slot_rewritten = !scan.slot_errors[0].empty() || !scan.slot_errors[1].empty();
+  if (recovery.recommitted_chunks > 0 || recovery.slot_rewritten) {
+    // The next commit goes to the slot that is not active: the damaged one
+    // if there is one.
+    KVFILE_RETURN_IF_ERROR(CommitDurably(/*force=*/true));
+  }
+  return Status::OK();
+}
+
+// Rewind (spec/RECOVERY.md, "Rewind"): the new commit record, with a new
+// epoch, is the single write that switches from the old sequence to the
+// rewound one; the truncation after it only reclaims space.
+Status Writer::Impl::RewindTo(uint64_t n) {
+  if (n > tokens.size())
+    return Status::InvalidArgument(path + ": cannot rewind to " + std::to_string(n) +
+                                   " tokens; the file has " + std::to_string(tokens.size()));
+  if (n >= disk_tokens) {
+    // Only staged tokens go: nothing on disk changes.
+    staged = static_cast<uint32_t>(n - disk_tokens);
+    tokens.resize(n);
+    return Status::OK();
+  }
+  KVFILE_RETURN_IF_ERROR(WaitInFlight());
+  // Keep the chunks holding tokens [0, n); the last kept one may be cut.
+  size_t keep = 0;
+  while (keep < chunks.size() && chunks[keep].first_token < n) ++keep;
+  uint64_t new_end = keep == 0 ? kDataOffset : chunks[keep - 1].offset + chunks[keep - 1].bytes;
+  // The kept chunks may not be durable yet (sync mode none): they must be
+  // before a commit record vouches for them.
+  Status st = file->Sync();
+  if (!st.ok()) return Fail(st);
+  CommitRecord next = commit;
+  next.sequence += 1;
+  next.epoch += 1;
+  next.tokens = n;
+  next.end = new_end;
+  next.chunks = keep;
+  std::vector<uint8_t> slot(kCommitSlotSize);
+  EncodeCommitRecord(next, std::span<uint8_t, kCommitSlotSize>(slot.data(), kCommitSlotSize));
+  st = file->WriteAt(kCommitSlotOffset[next.sequence % 2], slot.data(), slot.size());
+  if (st.ok()) st = file->Sync();
+  if (!st.ok()) return Fail(st);
+  commit = next;
+  chunks.resize(keep);
+  tokens.resize(n);
+  disk_tokens = n;
+  end = new_end;
+  staged = 0;
+  st = file->Truncate(new_end);
+  if (st.ok()) st = file->Sync();
+  if (!st.ok()) return Fail(st);
   return Status::OK();
 }
 
@@ -267,11 +390,7 @@ Writer::~Writer() {
 Status Writer::Create(const std::string& path, const Geometry& geometry,
                       const ModelIdentity& identity, const WriterOptions& options,
                       std::unique_ptr<Writer>* out) {
-  auto impl = std::make_unique<Impl>();
-  impl->path = path;
-  impl->fs = options.fs ? options.fs : FileSystem::Default();
-  impl->options = options;
-  FileHeader& h = impl->header;
+  FileHeader h;
   h.identity = identity;
   h.geometry = geometry;
   h.chunk_tokens = options.chunk_tokens;
@@ -279,12 +398,8 @@ Status Writer::Create(const std::string& path, const Geometry& geometry,
   if (h.salt == 0) KVFILE_RETURN_IF_ERROR(RandomSalt(&h.salt));
   Status st = ValidateFileHeader(h);
   if (!st.ok()) return st.WithContext(path);
-  st = ComputeChunkLayout(geometry, options.chunk_tokens, &impl->full_layout);
-  if (!st.ok()) return st.WithContext(path);
-  impl->staging = AllocateAligned(impl->full_layout.chunk_bytes);
-  if (!impl->staging)
-    return Status::IOError(path + ": cannot allocate a staging buffer of " +
-                           std::to_string(impl->full_layout.chunk_bytes) + " bytes");
+  auto impl = std::make_unique<Impl>();
+  KVFILE_RETURN_IF_ERROR(impl->Init(path, options, h));
 
   // Header and both commit slots (sequence 1 and 2, the same empty state)
   // go to a temporary file that is renamed into place once durable.
@@ -343,6 +458,23 @@ Status Writer::Create(const std::string& path, const Geometry& geometry,
   return Status::OK();
 }
 
+Status Writer::Open(const std::string& path, const WriterOptions& options,
+                    std::unique_ptr<Writer>* out) {
+  FileSystem* fs = options.fs ? options.fs : FileSystem::Default();
+  std::unique_ptr<File> file;
+  KVFILE_RETURN_IF_ERROR(fs->Open(path, OpenMode::kReadWrite, &file));
+  KVFILE_RETURN_IF_ERROR(file->LockExclusive());
+  internal::ScanResult scan;
+  Status st = internal::ScanFile(*file, &scan);
+  if (!st.ok()) return st.WithContext(path);
+  auto impl = std::make_unique<Impl>();
+  KVFILE_RETURN_IF_ERROR(impl->Init(path, options, scan.header));
+  impl->file = std::move(file);
+  KVFILE_RETURN_IF_ERROR(impl->Recover(scan));
+  out->reset(new Writer(std::move(impl)));
+  return Status::OK();
+}
+
 Status Writer::Append(const AppendBatch& batch) {
   Impl& w = *impl_;
   KVFILE_RETURN_IF_ERROR(w.CheckUsable());
@@ -354,18 +486,26 @@ Status Writer::Append(const AppendBatch& batch) {
   // before its last rows are read.
   KVFILE_RETURN_IF_ERROR(w.ValidateBatch(batch, /*scan_values=*/n > room));
   uint64_t done = 0;
+  bool wrote_chunk = false;
   while (done < n) {
     uint32_t piece = static_cast<uint32_t>(std::min<uint64_t>(n - done, w.full_layout.token_count - w.staged));
     KVFILE_RETURN_IF_ERROR(w.StageTokens(batch, done, piece));
     done += piece;
-    if (w.staged == w.full_layout.token_count) KVFILE_RETURN_IF_ERROR(w.WriteStagedChunk());
+    if (w.staged == w.full_layout.token_count) {
+      KVFILE_RETURN_IF_ERROR(w.WriteStagedChunk());
+      wrote_chunk = true;
+    }
   }
+  // Sync mode chunk: every chunk this append completed is durable and
+  // committed before the append is acknowledged.
+  if (wrote_chunk && w.options.sync == SyncMode::kChunk) return w.CommitDurably();
   return Status::OK();
 }
 
 Status Writer::Flush() {
   KVFILE_RETURN_IF_ERROR(impl_->CheckUsable());
-  return impl_->WriteStagedChunk();
+  KVFILE_RETURN_IF_ERROR(impl_->WriteStagedChunk());
+  return impl_->WaitInFlight();
 }
 
 Status Writer::Sync() {
@@ -378,15 +518,28 @@ Status Writer::Close() {
   if (w.closed) return Status::OK();
   Status st = w.CheckUsable();
   if (st.ok()) st = w.WriteStagedChunk();
+  if (st.ok()) st = w.WaitInFlight();
   if (st.ok() && w.options.sync != SyncMode::kNone) st = w.CommitDurably();
   w.closed = true;
   w.file.reset();
   return st;
 }
 
-uint64_t Writer::token_count() const { return impl_->disk_tokens + impl_->staged; }
+Status Writer::Rewind(uint64_t n) {
+  KVFILE_RETURN_IF_ERROR(impl_->CheckUsable());
+  return impl_->RewindTo(n);
+}
+
+uint64_t Writer::token_count() const { return impl_->tokens.size(); }
 uint64_t Writer::durable_tokens() const { return impl_->commit.tokens; }
 const Geometry& Writer::geometry() const { return impl_->header.geometry; }
 const std::string& Writer::path() const { return impl_->path; }
+const Writer::RecoveryReport& Writer::recovery() const { return impl_->recovery; }
+std::span<const uint32_t> Writer::tokens() const { return impl_->tokens; }
+uint64_t Writer::LongestCommonPrefix(std::span<const uint32_t> prompt) const {
+  const auto& t = impl_->tokens;
+  auto [a, b] = std::mismatch(t.begin(), t.end(), prompt.begin(), prompt.end());
+  return static_cast<uint64_t>(a - t.begin());
+}
 
 }  // namespace kvfile

@@ -59,6 +59,15 @@ class Writer {
                        const ModelIdentity& identity, const WriterOptions& options,
                        std::unique_ptr<Writer>* out);
 
+  // Opens an existing v2 file to append to it, after recovery: takes the
+  // writer lock (kBusy if another writer holds it), removes a torn tail and
+  // makes that durable, commits valid chunks found past the commit record,
+  // and rewrites a damaged commit slot. Damage before the end is an error
+  // (kCorruption) and the file is left as it was. options.chunk_tokens and
+  // options.salt are ignored: the file's own values are used.
+  static Status Open(const std::string& path, const WriterOptions& options,
+                     std::unique_ptr<Writer>* out);
+
   Writer(const Writer&) = delete;
   Writer& operator=(const Writer&) = delete;
   ~Writer();  // closes (with Close()'s durability) if Close() was not called
@@ -73,6 +82,22 @@ class Writer {
   Status Sync();
   // Flush, and Sync() unless the mode is kNone. The writer is unusable after.
   Status Close();
+  // Keeps the first n tokens and drops the rest, durably: when it returns OK
+  // the file holds exactly those n tokens (plus what is appended later). A
+  // crash during it leaves either the old sequence or the rewound one.
+  Status Rewind(uint64_t n);
+
+  // What Open() found and repaired.
+  struct RecoveryReport {
+    uint64_t truncated_bytes = 0;     // torn tail removed
+    std::string torn_reason;          // why those bytes were not a valid chunk
+    uint64_t recommitted_chunks = 0;  // valid chunks past the old commit record
+    bool slot_rewritten = false;      // a damaged commit slot was rewritten
+  };
+  const RecoveryReport& recovery() const;
+
+  std::span<const uint32_t> tokens() const;  // every appended token id
+  uint64_t LongestCommonPrefix(std::span<const uint32_t> prompt) const;
 
   uint64_t token_count() const;     // appended so far (staged included)
   uint64_t durable_tokens() const;  // acknowledged by the last successful sync
