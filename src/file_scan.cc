@@ -263,10 +263,15 @@ Status ScanFile(File& file, ScanResult* out) {
   r.tail.torn_tail_bytes = size - pos;
   r.tail.torn_reason = torn_reason;
   if (pos < size) {
+    // Past the commit record a crash can leave a damaged chunk before a
+    // whole one (writes reach the disk in any order until a sync), so this
+    // is not an open error: nothing acknowledged is lost. It is recorded,
+    // and verify reports it, because a bit flip looks the same.
     uint64_t found_at;
-    if (ValidChunkFollows(file, r, layouts, pos + 1, size, &found_at))
-      return Status::Corruption(torn_reason + "; valid data follows at offset " +
-                                std::to_string(found_at) + " (damage before the end)");
+    if (ValidChunkFollows(file, r, layouts, pos + 1, size, &found_at)) {
+      r.tail.valid_data_follows = true;
+      r.tail.valid_data_offset = found_at;
+    }
   }
   *out = std::move(r);
   return Status::OK();

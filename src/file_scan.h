@@ -5,8 +5,8 @@
 // that matches, and continue the token sequence of the chunk before it
 // (spec/FORMAT.md, "Chunk chain"). Damage inside the committed region is an
 // error; past it, the first chunk that does not check out ends the valid
-// data (a torn tail) unless a valid chunk of the same file and epoch follows
-// it, which is damage before the end and an error again.
+// data. Whether a valid chunk of the same file and epoch follows it is
+// recorded in TailInfo (torn tail, or damage before the end).
 #pragma once
 
 #include <array>

@@ -45,6 +45,12 @@ struct TailInfo {
   uint64_t file_size = 0;
   uint64_t torn_tail_bytes = 0;   // file_size - valid_end
   std::string torn_reason;        // why the first byte past valid_end was not a chunk
+  // A valid, uncommitted chunk of this file and epoch starts after the
+  // damage (at valid_data_offset): either a crash with writes reaching the
+  // disk out of order, or damage. The reader returns the tokens before
+  // valid_end either way; verify reports it.
+  bool valid_data_follows = false;
+  uint64_t valid_data_offset = 0;
 };
 
 class Reader {

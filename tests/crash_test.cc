@@ -1,0 +1,301 @@
+// Simulated power loss: every workload runs against FaultFs, which records
+// each write, sync, truncate, rename and directory sync the library makes.
+// After every prefix of those operations, every crash state FaultFs can build
+// (unsynced writes kept, dropped, zeroed, garbage, torn at 512-byte
+// boundaries; directory changes lost) must open, hold every acknowledged
+// token bit for bit, return nothing damaged, and form a prefix of what was
+// appended (or of the rewound sequence). Recovery by a writable open must
+// then keep exactly those tokens and accept new appends.
+#include <gtest/gtest.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+
+#include "kvfile/codec.h"
+#include "kvfile/presets.h"
+#include "kvfile/reader.h"
+#include "kvfile/writer.h"
+#include "support/fault_fs.h"
+
+namespace kvfile {
+namespace {
+
+using testing::CrashState;
+using testing::FaultFs;
+using testing::FsOp;
+
+const char* kPath = "/db/session.kv";
+
+Geometry Tiny() {
+  Geometry g;
+  EXPECT_TRUE(GetPreset("tiny", Dtype::kE4M3, &g).ok());
+  return g;
+}
+
+// The f32 rows of token `id` for (layer, stream): a pure function of them.
+std::vector<float> RowsOf(const Geometry& g, uint32_t id, uint32_t layer, uint32_t stream) {
+  const StreamSpec& s = g.streams[stream];
+  std::vector<float> rows(s.ElementsPerToken());
+  uint64_t x = (uint64_t{id} * 0x9E3779B97F4A7C15ull) ^ (layer * 131 + stream * 7 + 1);
+  for (float& v : rows) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    v = static_cast<float>(static_cast<int64_t>(x >> 40) - (1 << 23)) / 65536.0f;
+  }
+  return rows;
+}
+
+// Drives a Writer and records, after each call, how far the operation log
+// had got, which token sequence was current and how much of it was
+// acknowledged durable.
+class Workload {
+ public:
+  explicit Workload(SyncMode mode, uint32_t chunk_tokens) : g_(Tiny()) {
+    options_.fs = &fs_;
+    options_.sync = mode;
+    options_.chunk_tokens = chunk_tokens;
+    options_.salt = 0xABCDEF;
+    versions_.push_back({{}, 0});
+  }
+
+  void Create() {
+    ASSERT_TRUE(Writer::Create(kPath, g_, {"m", 1}, options_, &w_).ok());
+    created_ops_ = fs_.log().size();
+    Checkpoint();
+  }
+  void Reopen() {
+    w_.reset();
+    Status st = Writer::Open(kPath, options_, &w_);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    Checkpoint();
+  }
+  void Append(uint32_t n) {
+    std::vector<uint32_t> ids;
+    for (uint32_t i = 0; i < n; ++i) ids.push_back(next_id_++);
+    std::vector<std::vector<float>> data;
+    AppendBatch b;
+    b.tokens = ids;
+    for (uint32_t l = 0; l < g_.layers; ++l)
+      for (uint32_t s = 0; s < g_.streams.size(); ++s) {
+        std::vector<float> block;
+        for (uint32_t id : ids) {
+          auto r = RowsOf(g_, id, l, s);
+          block.insert(block.end(), r.begin(), r.end());
+        }
+        data.push_back(std::move(block));
+      }
+    for (auto& d : data) b.blocks.push_back({Dtype::kF32, d.data(), nullptr});
+    ASSERT_TRUE(w_->Append(b).ok());
+    auto& cur = versions_.back().tokens;
+    cur.insert(cur.end(), ids.begin(), ids.end());
+    Checkpoint();
+  }
+  void Sync() {
+    ASSERT_TRUE(w_->Sync().ok());
+    Checkpoint();
+  }
+  void Rewind(uint64_t n) {
+    // The rewound sequence becomes a new version before the call: during
+    // the call a crash may leave either.
+    Version next{std::vector<uint32_t>(versions_.back().tokens.begin(),
+                                       versions_.back().tokens.begin() + static_cast<ptrdiff_t>(n)),
+                 n};
+    versions_.push_back(std::move(next));
+    ASSERT_TRUE(w_->Rewind(n).ok());
+    Checkpoint();
+  }
+  void Close() {
+    ASSERT_TRUE(w_->Close().ok());
+    Checkpoint();
+  }
+
+  // Checks every crash state after every operation prefix; returns how many.
+  size_t CheckAllCrashStates() {
+    size_t states = 0;
+    const auto& log = fs_.log();
+    for (size_t k = 0; k <= log.size(); ++k) {
+      states += testing::EnumerateCrashStates(log, k, [&](const CrashState& s) { CheckState(k, s); });
+      if (::testing::Test::HasFailure()) break;
+    }
+    return states;
+  }
+
+ private:
+  struct Version {
+    std::vector<uint32_t> tokens;
+    uint64_t rewound_to;  // tokens every crash state of this version keeps
+  };
+  struct Point {
+    size_t ops;
+    size_t version;
+    uint64_t acked;
+  };
+
+  void Checkpoint() {
+    points_.push_back({fs_.log().size(), versions_.size() - 1, w_ ? w_->durable_tokens() : 0});
+  }
+
+  void CheckState(size_t k, const CrashState& s) {
+    SCOPED_TRACE("after " + std::to_string(k) + " operations: " + s.description);
+    // The last call that had returned by then.
+    const Point* last = nullptr;
+    for (const Point& p : points_)
+      if (p.ops <= k) last = &p;
+    if (!s.image.count(kPath)) {
+      ASSERT_TRUE(k < created_ops_) << "the file vanished after Create returned";
+      return;
+    }
+    FaultFs disk(s.image);
+    ReaderOptions ro;
+    ro.fs = &disk;
+    std::unique_ptr<Reader> r;
+    Status st = Reader::Open(kPath, ro, &r);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    std::vector<uint32_t> got(r->tokens().begin(), r->tokens().end());
+    // Which versions may it be? The one current at the last returned call,
+    // or any started after it (a call in progress).
+    size_t first_version = last ? last->version : 0;
+    size_t last_version = first_version;
+    for (const Point& p : points_)
+      if (p.ops > k) {
+        last_version = p.version;
+        break;
+      }
+    if (last_version < first_version || (last && last == &points_.back())) last_version = versions_.size() - 1;
+    bool matched = false;
+    for (size_t v = first_version; v <= last_version && !matched; ++v) {
+      const auto& want = versions_[v].tokens;
+      uint64_t need = v == first_version && last ? last->acked : versions_[v].rewound_to;
+      if (v == first_version && last && versions_[v].rewound_to > need) need = versions_[v].rewound_to;
+      if (got.size() < need || got.size() > want.size()) continue;
+      matched = std::equal(got.begin(), got.end(), want.begin());
+    }
+    ASSERT_TRUE(matched) << "file holds " << got.size() << " tokens, not a prefix of an allowed sequence with "
+                         << (last ? last->acked : 0) << " acknowledged";
+    CheckRows(*r, got);
+    // Recovery: a writable open keeps exactly these tokens and appends after them.
+    std::unique_ptr<Writer> w;
+    WriterOptions wo;
+    wo.fs = &disk;
+    st = Writer::Open(kPath, wo, &w);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    ASSERT_EQ(w->token_count(), got.size());
+    ASSERT_TRUE(w->Close().ok());
+    r.reset();
+    ASSERT_TRUE(Reader::Open(kPath, ro, &r).ok());
+    ASSERT_EQ(r->token_count(), got.size());
+    EXPECT_EQ(r->tail().torn_tail_bytes, 0u) << "recovery left a torn tail";
+  }
+
+  void CheckRows(Reader& r, const std::vector<uint32_t>& ids) {
+    if (ids.empty()) return;
+    for (uint32_t l = 0; l < g_.layers; ++l)
+      for (uint32_t s = 0; s < g_.streams.size(); ++s) {
+        const StreamSpec& spec = g_.streams[s];
+        size_t rows = ids.size() * spec.rows_per_token;
+        std::vector<uint8_t> codes(rows * spec.row_width), want_codes(codes.size());
+        std::vector<float> scales(rows), want_scales(rows);
+        Status st = r.ReadCodes(l, s, 0, ids.size(), codes.data(), scales.data());
+        ASSERT_TRUE(st.ok()) << st.ToString();
+        std::vector<float> in;
+        for (uint32_t id : ids) {
+          auto x = RowsOf(g_, id, l, s);
+          in.insert(in.end(), x.begin(), x.end());
+        }
+        size_t bad;
+        ASSERT_TRUE(codec::QuantizeRows(codec::Fp8Kind::kE4M3, Dtype::kF32, in.data(), rows,
+                                        spec.row_width, want_codes.data(), want_scales.data(), &bad));
+        ASSERT_EQ(codes, want_codes) << "layer " << l << " stream " << s;
+        ASSERT_EQ(0, std::memcmp(scales.data(), want_scales.data(), rows * 4));
+      }
+  }
+
+  Geometry g_;
+  FaultFs fs_;
+  WriterOptions options_;
+  std::unique_ptr<Writer> w_;
+  size_t created_ops_ = 0;
+  uint32_t next_id_ = 1000;
+  std::vector<Version> versions_;
+  std::vector<Point> points_;
+};
+
+size_t g_total_states = 0;
+
+class CrashTest : public ::testing::Test {
+ protected:
+  static void TearDownTestSuite() {
+    std::printf("[ crash states checked in this suite: %zu ]\n", g_total_states);
+  }
+  void Check(Workload& w) {
+    size_t n = w.CheckAllCrashStates();
+    g_total_states += n;
+    RecordProperty("crash_states", static_cast<int>(n));
+    std::printf("[ %zu crash states ]\n", n);
+  }
+};
+
+TEST_F(CrashTest, SyncModeChunkAppendsOfVariedSizes) {
+  for (uint32_t chunk : {3u, 4u, 8u}) {
+    Workload w(SyncMode::kChunk, chunk);
+    w.Create();
+    for (uint32_t n : {1u, 3u, 5u, 2u, 7u, 4u}) w.Append(n);
+    w.Close();
+    Check(w);
+  }
+}
+
+TEST_F(CrashTest, SyncModeCloseWithChunksThatDoNotDivide) {
+  for (uint32_t chunk : {5u, 7u}) {
+    Workload w(SyncMode::kClose, chunk);
+    w.Create();
+    for (uint32_t n : {2u, 9u, 1u, 6u}) w.Append(n);
+    w.Close();
+    Check(w);
+  }
+}
+
+TEST_F(CrashTest, SyncModeNoneWithExplicitSyncs) {
+  Workload w(SyncMode::kNone, 4);
+  w.Create();
+  w.Append(6);
+  w.Sync();
+  w.Append(5);
+  w.Append(3);
+  w.Sync();
+  w.Append(4);
+  w.Close();
+  Check(w);
+}
+
+TEST_F(CrashTest, RewindMidChunkAndAtBoundary) {
+  Workload w(SyncMode::kChunk, 4);
+  w.Create();
+  w.Append(14);
+  w.Sync();
+  w.Rewind(6);  // inside the second chunk
+  w.Append(5);
+  w.Sync();
+  w.Rewind(8);  // a chunk boundary
+  w.Append(3);
+  w.Rewind(2);
+  w.Append(1);
+  w.Close();
+  Check(w);
+}
+
+TEST_F(CrashTest, ReopenAndAppend) {
+  Workload w(SyncMode::kClose, 4);
+  w.Create();
+  w.Append(10);
+  w.Close();
+  w.Reopen();
+  w.Append(6);
+  w.Rewind(12);
+  w.Append(2);
+  w.Close();
+  Check(w);
+}
+
+}  // namespace
+}  // namespace kvfile
