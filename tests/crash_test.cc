@@ -50,7 +50,7 @@ std::vector<float> RowsOf(const Geometry& g, uint32_t id, uint32_t layer, uint32
 // acknowledged durable.
 class Workload {
  public:
-  explicit Workload(SyncMode mode, uint32_t chunk_tokens) : g_(Tiny()) {
+  explicit Workload(SyncMode mode, uint32_t chunk_tokens, Geometry g = Tiny()) : g_(std::move(g)) {
     options_.fs = &fs_;
     options_.sync = mode;
     options_.chunk_tokens = chunk_tokens;
@@ -193,18 +193,30 @@ class Workload {
       for (uint32_t s = 0; s < g_.streams.size(); ++s) {
         const StreamSpec& spec = g_.streams[s];
         size_t rows = ids.size() * spec.rows_per_token;
-        std::vector<uint8_t> codes(rows * spec.row_width), want_codes(codes.size());
-        std::vector<float> scales(rows), want_scales(rows);
-        Status st = r.ReadCodes(l, s, 0, ids.size(), codes.data(), scales.data());
-        ASSERT_TRUE(st.ok()) << st.ToString();
+        size_t elems = rows * spec.row_width;
         std::vector<float> in;
         for (uint32_t id : ids) {
           auto x = RowsOf(g_, id, l, s);
           in.insert(in.end(), x.begin(), x.end());
         }
+        if (!format::IsFp8(spec.dtype)) {
+          // Raw streams store the input converted to their dtype, exactly.
+          size_t bytes = elems * format::ElementSize(spec.dtype);
+          std::vector<uint8_t> got(bytes), want(bytes);
+          Status st = r.ReadRows(l, s, 0, ids.size(), spec.dtype, got.data());
+          ASSERT_TRUE(st.ok()) << st.ToString();
+          codec::ConvertRaw(Dtype::kF32, in.data(), elems, spec.dtype, want.data());
+          ASSERT_EQ(got, want) << "layer " << l << " stream " << s;
+          continue;
+        }
+        std::vector<uint8_t> codes(elems), want_codes(elems);
+        std::vector<float> scales(rows), want_scales(rows);
+        Status st = r.ReadCodes(l, s, 0, ids.size(), codes.data(), scales.data());
+        ASSERT_TRUE(st.ok()) << st.ToString();
         size_t bad;
-        ASSERT_TRUE(codec::QuantizeRows(codec::Fp8Kind::kE4M3, Dtype::kF32, in.data(), rows,
-                                        spec.row_width, want_codes.data(), want_scales.data(), &bad));
+        auto kind = spec.dtype == Dtype::kE5M2 ? codec::Fp8Kind::kE5M2 : codec::Fp8Kind::kE4M3;
+        ASSERT_TRUE(codec::QuantizeRows(kind, Dtype::kF32, in.data(), rows, spec.row_width,
+                                        want_codes.data(), want_scales.data(), &bad));
         ASSERT_EQ(codes, want_codes) << "layer " << l << " stream " << s;
         ASSERT_EQ(0, std::memcmp(scales.data(), want_scales.data(), rows * 4));
       }
@@ -282,6 +294,41 @@ TEST_F(CrashTest, RewindMidChunkAndAtBoundary) {
   w.Append(1);
   w.Close();
   Check(w);
+}
+
+// Chunks of several 4096-byte blocks, streams of three dtypes (the torn
+// write lands inside sections, scales and padding).
+TEST_F(CrashTest, MixedDtypesAndMultiBlockChunks) {
+  Geometry g;
+  g.layers = 3;
+  g.streams = {{"k", 2, 24, Dtype::kE4M3}, {"v", 2, 40, Dtype::kE5M2}, {"indexer", 1, 8, Dtype::kBF16}};
+  for (SyncMode mode : {SyncMode::kChunk, SyncMode::kNone}) {
+    Workload w(mode, 13, g);
+    w.Create();
+    w.Append(5);
+    w.Append(17);
+    w.Sync();
+    w.Append(9);
+    w.Rewind(20);
+    w.Append(11);
+    w.Close();
+    Check(w);
+  }
+}
+
+TEST_F(CrashTest, ManySmallAppendsAcrossChunkSizes) {
+  for (uint32_t chunk : {1u, 2u, 6u, 16u}) {
+    for (SyncMode mode : {SyncMode::kChunk, SyncMode::kClose}) {
+      Workload w(mode, chunk);
+      w.Create();
+      for (int i = 0; i < 12; ++i) w.Append(1 + (i * 5) % 4);
+      if (mode == SyncMode::kClose) w.Sync();
+      w.Rewind(7);
+      w.Append(3);
+      w.Close();
+      Check(w);
+    }
+  }
 }
 
 TEST_F(CrashTest, ReopenAndAppend) {
