@@ -3,6 +3,7 @@
 #include "kvfile/writer.h"
 
 #include <sys/random.h>
+#include <time.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -38,6 +39,21 @@ Status RandomSalt(uint64_t* salt) {
       return ErrnoStatus("getrandom", errno);
   } while (*salt == 0);
   return Status::OK();
+}
+
+// Takes the writer lock, waiting up to a second for it. A writer killed
+// with io_uring requests in flight keeps its lock until the kernel has torn
+// down its ring, which it does asynchronously shortly after the process
+// dies; a restarted engine must not fail on that. A live writer keeps the
+// lock, and the caller gets kBusy after the wait.
+Status LockWithGrace(File& file) {
+  Status st = file.LockExclusive();
+  for (int waited_ms = 0; st.code() == Status::Code::kBusy && waited_ms < 1000; waited_ms += 2) {
+    struct timespec ts = {0, 2'000'000};
+    nanosleep(&ts, nullptr);
+    st = file.LockExclusive();
+  }
+  return st;
 }
 
 codec::Fp8Kind KindOf(Dtype d) {
@@ -463,7 +479,7 @@ Status Writer::Open(const std::string& path, const WriterOptions& options,
   FileSystem* fs = options.fs ? options.fs : FileSystem::Default();
   std::unique_ptr<File> file;
   KVFILE_RETURN_IF_ERROR(fs->Open(path, OpenMode::kReadWrite, &file));
-  KVFILE_RETURN_IF_ERROR(file->LockExclusive());
+  KVFILE_RETURN_IF_ERROR(LockWithGrace(*file));
   internal::ScanResult scan;
   Status st = internal::ScanFile(*file, &scan);
   if (!st.ok()) return st.WithContext(path);
