@@ -4,6 +4,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 
 #include "kvfile/format/endian.h"
@@ -102,8 +103,12 @@ Status DecodeFileHeader(std::span<const uint8_t, kHeaderSize> in, FileHeader* ou
   h.required_flags = LoadU64(p + hdr::kRequiredFlags);
   h.optional_flags = LoadU64(p + hdr::kOptionalFlags);
   if (h.required_flags != 0)
-    return Status::Unsupported("unknown required flags 0x" + std::to_string(h.required_flags) +
+  {
+    char hex[24];
+    std::snprintf(hex, sizeof hex, "0x%llx", static_cast<unsigned long long>(h.required_flags));
+    return Status::Unsupported(std::string("unknown required flags ") + hex +
                                " (written by a newer kvfile?)");
+  }
   h.salt = LoadU64(p + hdr::kSalt);
   if (h.salt == 0) return Status::Corruption("salt is zero" + At(hdr::kSalt));
   h.identity.fingerprint = LoadU64(p + hdr::kFingerprint);

@@ -1,11 +1,40 @@
 // The file-system backends behind FileSystem::Default().
 #pragma once
 
+#include <cstdint>
+#include <memory>
+
 #include "kvfile/file.h"
 
 namespace kvfile::internal {
 
 // pread/pwrite/fdatasync; always available.
 FileSystem* PosixFileSystemInstance();
+
+// io_uring (liburing): reads, writes and fdatasync go through one ring per
+// open File; directory operations are the POSIX ones. Fails (kIOError or
+// kUnsupported, saying why) when this process cannot use io_uring: ENOSYS
+// (old kernel, gVisor), EPERM (seccomp, kernel.io_uring_disabled), ENOMEM
+// (locked-memory limit), or a kernel without IORING_OP_READ/WRITE/FSYNC.
+Status NewUringFileSystem(std::unique_ptr<FileSystem>* out);
+
+// The process-wide io_uring file system, probed once (thread-safe); on
+// failure *out is nullptr and the probe's failure is returned every time.
+Status UringFileSystemInstance(FileSystem** out);
+
+// How many times, process-wide, queued io_uring writes/fsyncs were
+// resubmitted (short write, link cancelled, -EINTR/-EAGAIN); for tests.
+uint64_t UringChainResubmissions();
+
+// The choice FileSystem::Default() makes for a KVFILE_IO value:
+//   "posix"            -> the POSIX file system; OK.
+//   "uring"/"io_uring" -> io_uring; if it cannot be initialised, *out is the
+//                         POSIX file system and the io_uring failure is
+//                         returned (Default() ignores it and falls back
+//                         silently; `kvfile info --json` shows "io_backend").
+//   nullptr, "", other -> io_uring when it can be initialised, else POSIX;
+//                         OK either way.
+// *out is never nullptr afterwards.
+Status MakeFileSystemFromEnv(const char* value, FileSystem** out);
 
 }  // namespace kvfile::internal

@@ -3,6 +3,7 @@
 
 #include <cstring>
 
+#include "kvfile/codec.h"
 #include "kvfile/format/endian.h"
 
 namespace kvfile::internal {
@@ -156,7 +157,32 @@ Status ReadAndCheckChunk(File& file, const Geometry& g, LayoutCache& layouts,
   return Status::OK();
 }
 
-Status ScanFile(File& file, ScanResult* out) {
+Status CheckChunkValues(const Geometry& g, const ChunkLayout& layout, const ChunkInfo& info,
+                        const uint8_t* p) {
+  for (uint32_t l = 0; l < layout.layers; ++l) {
+    for (uint32_t s = 0; s < layout.streams; ++s) {
+      const StreamSpec& spec = g.streams[s];
+      if (!IsFp8(spec.dtype)) continue;
+      const SectionLayout& sec = layout.section(l, s);
+      auto kind = spec.dtype == Dtype::kE5M2 ? codec::Fp8Kind::kE5M2 : codec::Fp8Kind::kE4M3;
+      uint64_t rows = uint64_t{info.stored_tokens} * spec.rows_per_token;
+      std::string where = "layer " + std::to_string(l) + " stream '" + spec.name + "'";
+      size_t bad = codec::FindInvalidCode(kind, p + sec.offset, rows * spec.row_width);
+      if (bad < rows * spec.row_width)
+        return Status::Corruption(where + ": non-finite code at token " +
+                                  std::to_string(info.first_token + bad / spec.ElementsPerToken()));
+      size_t bad_scale = codec::FindInvalidScale(reinterpret_cast<const float*>(p + sec.scales_offset), rows);
+      if (bad_scale < rows)
+        return Status::Corruption(where + ": invalid scale at token " +
+                                  std::to_string(info.first_token + bad_scale / spec.rows_per_token));
+    }
+  }
+  return Status::OK();
+}
+
+Status ScanFile(File& file, ScanResult* out, DamageLocation* where) {
+  DamageLocation unused;
+  if (where == nullptr) where = &unused;
   ScanResult r;
   uint64_t size;
   KVFILE_RETURN_IF_ERROR(file.Size(&size));
@@ -171,6 +197,7 @@ Status ScanFile(File& file, ScanResult* out) {
                               " bytes, shorter than the 12288-byte header and commit slots");
   }
   KVFILE_RETURN_IF_ERROR(file.ReadAt(0, fixed.data(), kDataOffset));
+  where->offset = 0;
   KVFILE_RETURN_IF_ERROR(
       DecodeFileHeader(std::span<const uint8_t, kHeaderSize>(fixed.data(), kHeaderSize), &r.header));
   if (r.header.major != kMajorV2)
@@ -198,6 +225,7 @@ Status ScanFile(File& file, ScanResult* out) {
       have = true;
     }
   }
+  where->offset = static_cast<int64_t>(kCommitSlotOffset[0]);
   if (!have) return Status::Corruption("both commit slots are damaged: " + r.slot_errors[0]);
   if (size < r.commit.end)
     return Status::Corruption("truncated: file is " + std::to_string(size) +
@@ -215,12 +243,16 @@ Status ScanFile(File& file, ScanResult* out) {
       st = Status::Corruption("chunk epoch " + std::to_string(c.info.epoch) +
                               " is newer than the commit record's");
     if (st.ok()) st = LinkChunk(&r, &c, true);
-    if (!st.ok()) return Status::Corruption(ChunkWhere(i, pos) + ": " + st.message());
+    if (!st.ok()) {
+      *where = {static_cast<int64_t>(i), static_cast<int64_t>(pos)};
+      return Status::Corruption(ChunkWhere(i, pos) + ": " + st.message());
+    }
     c.info.committed = true;
     r.tokens.insert(r.tokens.end(), chunk_tokens.begin(), chunk_tokens.end());
     pos += c.info.bytes;
     r.chunks.push_back(std::move(c));
   }
+  *where = {-1, static_cast<int64_t>(pos)};
   if (pos != r.commit.end)
     return Status::Corruption("committed chunks end at " + std::to_string(pos) +
                               " but the commit record says " + std::to_string(r.commit.end));

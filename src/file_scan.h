@@ -48,10 +48,21 @@ class LayoutCache {
   std::map<uint32_t, format::ChunkLayout> layouts_;
 };
 
+// Where a failed scan found the damage (for verify's report).
+struct DamageLocation {
+  int64_t chunk = -1;   // chunk index, or -1 outside chunks
+  int64_t offset = -1;  // file offset, or -1 if unknown
+};
+
 // Reads and checks everything but the committed chunks' payloads. Chunks
 // past the committed region are accepted only after every byte of them has
-// been checked.
-Status ScanFile(File& file, ScanResult* out);
+// been checked. On failure, *where (if given) says where the damage is.
+Status ScanFile(File& file, ScanResult* out, DamageLocation* where = nullptr);
+
+// Checks what checksums cannot: no non-finite code and every scale valid,
+// in every fp8 section of a chunk already read whole into `chunk_bytes`.
+Status CheckChunkValues(const format::Geometry& g, const format::ChunkLayout& layout,
+                        const ChunkInfo& info, const uint8_t* chunk_bytes);
 
 // Reads chunk `c` whole into `buf` (resized) and checks its head checksum
 // and every section checksum. `what` prefixes error messages.

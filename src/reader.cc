@@ -207,29 +207,10 @@ Status Reader::VerifyChunk(size_t index) {
   const auto& c = r.scan.chunks[index];
   std::string where = r.path + ": " + internal::ChunkWhere(index, c.info.offset);
   Status st = internal::ReadAndCheckChunk(*r.file, r.g(), *r.layouts, c, &r.scratch);
-  if (!st.ok()) return st.WithContext(where);
-  const ChunkLayout* layout;
-  KVFILE_RETURN_IF_ERROR(r.layouts->Get(c.info.stored_tokens, &layout));
-  for (uint32_t l = 0; l < r.g().layers; ++l) {
-    for (uint32_t s = 0; s < r.g().streams.size(); ++s) {
-      const StreamSpec& spec = r.g().streams[s];
-      if (!IsFp8(spec.dtype)) continue;
-      const SectionLayout& sec = layout->section(l, s);
-      codec::Fp8Kind kind = spec.dtype == Dtype::kE5M2 ? codec::Fp8Kind::kE5M2 : codec::Fp8Kind::kE4M3;
-      uint64_t rows = uint64_t{c.info.stored_tokens} * spec.rows_per_token;
-      std::string sw = where + ", layer " + std::to_string(l) + " stream '" + spec.name + "'";
-      size_t bad = codec::FindInvalidCode(kind, r.scratch.data() + sec.offset, rows * spec.row_width);
-      if (bad < rows * spec.row_width)
-        return Status::Corruption(sw + ": non-finite code at token " +
-                                  std::to_string(c.info.first_token + bad / spec.ElementsPerToken()));
-      size_t bad_scale = codec::FindInvalidScale(
-          reinterpret_cast<const float*>(r.scratch.data() + sec.scales_offset), rows);
-      if (bad_scale < rows)
-        return Status::Corruption(sw + ": invalid scale at token " +
-                                  std::to_string(c.info.first_token + bad_scale / spec.rows_per_token));
-    }
-  }
-  return Status::OK();
+  const ChunkLayout* layout = nullptr;
+  if (st.ok()) st = r.layouts->Get(c.info.stored_tokens, &layout);
+  if (st.ok()) st = internal::CheckChunkValues(r.g(), *layout, c.info, r.scratch.data());
+  return st.WithContext(where);
 }
 
 }  // namespace kvfile

@@ -202,7 +202,19 @@ Status Writer::Impl::StageTokens(const AppendBatch& b, uint64_t from, uint32_t n
       if (IsFp8(spec.dtype)) {
         float* scales = reinterpret_cast<float*>(base + sec.scales_offset) + rows_before;
         if (IsFp8(blk.dtype)) {
-          std::memcpy(dst, src, rows * spec.row_width);
+          // Codes from the caller get the checks a reader would make.
+          size_t elems = rows * spec.row_width;
+          size_t bad = codec::FindInvalidCode(KindOf(spec.dtype), src, elems);
+          if (bad < elems)
+            return Status::NonFinite("non-finite code in " +
+                                     Where(layer, s, disk_tokens + staged + bad / spec.ElementsPerToken(),
+                                           bad / spec.row_width % spec.rows_per_token));
+          size_t bad_scale = codec::FindInvalidScale(blk.scales + src_row, rows);
+          if (bad_scale < rows)
+            return Status::NonFinite("invalid scale in " +
+                                     Where(layer, s, disk_tokens + staged + bad_scale / spec.rows_per_token,
+                                           bad_scale % spec.rows_per_token));
+          std::memcpy(dst, src, elems);
           std::memcpy(scales, blk.scales + src_row, rows * 4);
           continue;
         }

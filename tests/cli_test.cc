@@ -76,7 +76,13 @@ TEST_F(CliTest, SynthInfoAndCheck) {
   EXPECT_EQ(j["chunks"], 5);  // 4 x 64 + 44
   EXPECT_EQ(j["bytes"], fs::file_size(P("a.kv")));
   EXPECT_EQ(j["torn_tail_bytes"], 0);
-  EXPECT_EQ(j["io_backend"], "posix");
+  // io_uring where the kernel allows it, else posix; KVFILE_IO forces one.
+  EXPECT_TRUE(j["io_backend"] == "io_uring" || j["io_backend"] == "posix") << j["io_backend"];
+  CliRun posix = Kvfile("info --json " + P("a.kv"));
+  setenv("KVFILE_IO", "posix", 1);
+  posix = Kvfile("info --json " + P("a.kv"));
+  unsetenv("KVFILE_IO");
+  EXPECT_EQ(nlohmann::json::parse(posix.out)["io_backend"], "posix");
   CliRun check = Kvfile("synth --check " + P("a.kv"));
   EXPECT_EQ(check.exit_code, 0) << check.err;
   EXPECT_NE(check.out.find("ok, all 300 tokens match"), std::string::npos) << check.out;
