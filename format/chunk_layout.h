@@ -47,7 +47,7 @@ struct ChunkLayout {
   }
 };
 
-// Fails (kCorruption) if the chunk would exceed kMaxChunkBytes; all arithmetic
+// Fails (kInvalidArgument) if the chunk would exceed kMaxChunkBytes; all arithmetic
 // is checked, so any geometry that passed Geometry::Validate() is safe here.
 Status ComputeChunkLayout(const Geometry& g, uint32_t token_count, ChunkLayout* out);
 

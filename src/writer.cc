@@ -444,9 +444,10 @@ Status Writer::Create(const std::string& path, const Geometry& geometry,
   impl->commit = c;  // sequence 2 is the newest
 
   FileSystem* fs = impl->fs;
+  // With overwrite, the existing file stays locked until it has been
+  // replaced, so no writer can start appending to it in between.
+  std::unique_ptr<File> existing;
   if (options.overwrite) {
-    // Refuse to replace a file another writer is appending to.
-    std::unique_ptr<File> existing;
     if (fs->Open(path, OpenMode::kReadWrite, &existing).ok())
       KVFILE_RETURN_IF_ERROR(existing->LockExclusive());
   } else {

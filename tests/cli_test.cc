@@ -154,6 +154,111 @@ TEST_F(CliTest, NotAKvfileIsDataError) {
   EXPECT_EQ(info.err, "kvfile: error: " + P("junk.kv") + ": not a kvfile: bad magic at offset 0\n");
 }
 
+// Appends `n` bytes of garbage: what a crash leaves after the last chunk.
+void AppendGarbage(const std::string& path, size_t n) {
+  std::ofstream f(path, std::ios::binary | std::ios::app);
+  for (size_t i = 0; i < n; ++i) f.put(static_cast<char>(i * 37 + 11));
+}
+
+void FlipByte(const std::string& path, std::streamoff offset) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(offset);
+  char c;
+  f.get(c);
+  f.seekp(offset);
+  f.put(static_cast<char>(c ^ 0x01));
+}
+
+TEST_F(CliTest, VerifyTellsTornTailFromDamage) {
+  ASSERT_EQ(Kvfile("synth " + P("a.kv") + " --preset tiny --tokens 100 --chunk-tokens 16").exit_code, 0);
+  CliRun ok = Kvfile("verify " + P("a.kv"));
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+  EXPECT_EQ(ok.out, P("a.kv") + ": ok: 100 tokens in 7 chunks, 40960 bytes\n");
+  AppendGarbage(P("a.kv"), 5000);
+  std::string torn = ReadFile(P("a.kv"));
+  CliRun warn = Kvfile("verify " + P("a.kv"));
+  EXPECT_EQ(warn.exit_code, 0);
+  EXPECT_EQ(warn.err, "");
+  EXPECT_NE(warn.out.find("warning: torn tail: 5000 bytes after the last valid chunk"), std::string::npos) << warn.out;
+  CliRun strict = Kvfile("verify --strict " + P("a.kv"));
+  EXPECT_EQ(strict.exit_code, 1);
+  EXPECT_EQ(strict.err.rfind("kvfile: error: " + P("a.kv") + ": torn tail", 0), 0u) << strict.err;
+  auto j = nlohmann::json::parse(Kvfile("verify --json " + P("a.kv")).out);
+  ASSERT_EQ(j.size(), 1u);
+  EXPECT_EQ(j[0]["ok"], true);
+  EXPECT_EQ(j[0]["torn_tail_bytes"], 5000);
+  EXPECT_EQ(j[0]["warnings"][0]["offset"], 40960);
+  EXPECT_EQ(j[0]["warnings"][0]["chunk"], 7);
+  auto info = nlohmann::json::parse(Kvfile("info --json " + P("a.kv")).out);
+  EXPECT_EQ(info["torn_tail_bytes"], 5000);
+  EXPECT_EQ(info["tokens"], 100);
+  EXPECT_EQ(ReadFile(P("a.kv")), torn) << "verify and info must not modify the file";
+
+  // Damage before the end: one flipped bit in a committed chunk's payload.
+  ASSERT_EQ(Kvfile("synth " + P("b.kv") + " --preset tiny --tokens 100 --chunk-tokens 16").exit_code, 0);
+  FlipByte(P("b.kv"), 12288 + 4096 + 300);
+  CliRun bad = Kvfile("verify " + P("b.kv"));
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_EQ(bad.err, "kvfile: error: " + P("b.kv") +
+                         ": chunk 1 at offset 16384: payload checksum mismatch in layer 0 stream 'k' "
+                         "(section at offset 16576)\n");
+  auto jb = nlohmann::json::parse(Kvfile("verify --json " + P("b.kv")).out);
+  EXPECT_EQ(jb[0]["ok"], false);
+  EXPECT_EQ(jb[0]["errors"][0]["chunk"], 1);
+  EXPECT_EQ(jb[0]["errors"][0]["offset"], 16384);
+}
+
+TEST_F(CliTest, RepairCutsTornTailAndRefusesDamage) {
+  ASSERT_EQ(Kvfile("synth " + P("a.kv") + " --preset tiny --tokens 50 --chunk-tokens 16").exit_code, 0);
+  std::string healthy = ReadFile(P("a.kv"));
+  CliRun noop = Kvfile("repair " + P("a.kv"));
+  EXPECT_EQ(noop.exit_code, 0) << noop.err;
+  EXPECT_EQ(noop.out, P("a.kv") + ": healthy, nothing to repair (50 tokens)\n");
+  EXPECT_EQ(ReadFile(P("a.kv")), healthy);
+  AppendGarbage(P("a.kv"), 3000);
+  std::string torn = ReadFile(P("a.kv"));
+  CliRun dry = Kvfile("repair --dry-run " + P("a.kv"));
+  EXPECT_EQ(dry.exit_code, 0);
+  EXPECT_NE(dry.out.find("would cut 3000 bytes at offset " + std::to_string(healthy.size())), std::string::npos) << dry.out;
+  EXPECT_EQ(ReadFile(P("a.kv")), torn);
+  CliRun fix = Kvfile("repair " + P("a.kv"));
+  EXPECT_EQ(fix.exit_code, 0) << fix.err;
+  EXPECT_NE(fix.out.find("cut a torn tail of 3000 bytes"), std::string::npos) << fix.out;
+  EXPECT_EQ(ReadFile(P("a.kv")), healthy) << "repair must leave exactly the valid file";
+  EXPECT_EQ(Kvfile("synth --check " + P("a.kv")).exit_code, 0);
+  // Damage in committed data: refused, file untouched.
+  FlipByte(P("a.kv"), 12288 + 200);
+  std::string damaged = ReadFile(P("a.kv"));
+  CliRun refuse = Kvfile("repair " + P("a.kv"));
+  EXPECT_EQ(refuse.exit_code, 1);
+  EXPECT_NE(refuse.err.find("not repaired"), std::string::npos) << refuse.err;
+  EXPECT_EQ(ReadFile(P("a.kv")), damaged);
+}
+
+TEST_F(CliTest, VerifySnapshotDirectoryReportsExactlyTheDamagedFile) {
+  fs::create_directories(P("snap/sub"));
+  for (int i = 0; i < 12; ++i) {
+    std::string f = P("snap/" + std::string(i % 2 ? "sub/" : "") + "doc" + std::to_string(i) + ".kv");
+    ASSERT_EQ(Kvfile("synth " + f + " --preset tiny --tokens " + std::to_string(5 + i) + " --seed " + std::to_string(i)).exit_code, 0);
+  }
+  std::ofstream(P("snap/readme.txt")) << "not a kv file";
+  FlipByte(P("snap/sub/doc7.kv"), 12288 + 130);
+  CliRun r = Kvfile("verify --jobs 2 " + P("snap"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_NE(r.err.find("doc7.kv"), std::string::npos) << r.err;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 11) << r.out;
+  auto j = nlohmann::json::parse(Kvfile("verify --json --jobs 2 " + P("snap")).out);
+  ASSERT_EQ(j.size(), 12u);
+  int bad = 0;
+  for (const auto& e : j)
+    if (!e["ok"].get<bool>()) {
+      ++bad;
+      EXPECT_NE(e["path"].get<std::string>().find("doc7.kv"), std::string::npos);
+    }
+  EXPECT_EQ(bad, 1);
+}
+
 TEST_F(CliTest, VersionAndHelp) {
   CliRun v = Kvfile("--version");
   EXPECT_EQ(v.exit_code, 0);

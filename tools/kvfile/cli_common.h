@@ -24,5 +24,7 @@ int UsageError(const std::string& message);
 // Each subcommand registers itself; its callback stores the exit status.
 void RegisterSynth(CLI::App& app, int* exit_code);
 void RegisterInfo(CLI::App& app, int* exit_code);
+void RegisterVerify(CLI::App& app, int* exit_code);
+void RegisterRepair(CLI::App& app, int* exit_code);
 
 }  // namespace kvfile::cli

@@ -58,6 +58,7 @@ int RunInfo(const InfoArgs& a) {
     j["bytes_per_token"] = per_token;
     j["bf16_bytes"] = bf16;
     j["torn_tail_bytes"] = r->tail().torn_tail_bytes;
+    j["damage_before_end"] = r->tail().valid_data_follows;
     j["io_backend"] = r->io_backend();
     std::printf("%s\n", j.dump(2).c_str());
     return kExitOk;
@@ -79,6 +80,10 @@ int RunInfo(const InfoArgs& a) {
                 static_cast<unsigned long long>(bf16), static_cast<double>(bytes) / static_cast<double>(bf16));
   std::printf("torn tail:       %llu bytes%s%s\n", static_cast<unsigned long long>(r->tail().torn_tail_bytes),
               r->tail().torn_reason.empty() ? "" : " - ", r->tail().torn_reason.c_str());
+  if (r->tail().valid_data_follows)
+    std::printf("damage:          a valid chunk follows the tail at offset %llu: damage before the end "
+                "(run kvfile verify)\n",
+                static_cast<unsigned long long>(r->tail().valid_data_offset));
   std::printf("io backend:      %s\n", r->io_backend());
   return kExitOk;
 }

@@ -26,6 +26,8 @@ int main(int argc, char** argv) {
   int exit_code = kExitOk;
   RegisterSynth(app, &exit_code);
   RegisterInfo(app, &exit_code);
+  RegisterVerify(app, &exit_code);
+  RegisterRepair(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

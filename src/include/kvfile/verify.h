@@ -1,0 +1,46 @@
+// Verification of a whole .kv file, for `kvfile verify` and `repair`.
+//
+// Read-only: it never modifies the file. Every finding is reported with the
+// chunk and byte offset it concerns; a torn tail (what a crash leaves) is a
+// warning, everything else that is wrong is an error.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kvfile/file.h"
+#include "kvfile/status.h"
+
+namespace kvfile {
+
+struct VerifyOptions {
+  FileSystem* fs = nullptr;  // nullptr: FileSystem::Default()
+  bool quick = false;        // headers and structure only, no payload reads
+};
+
+struct VerifyFinding {
+  bool error = true;    // false: a warning (a torn tail)
+  int64_t chunk = -1;   // chunk index, or -1
+  int64_t offset = -1;  // file offset, or -1
+  std::string message;
+};
+
+struct VerifyReport {
+  bool opened = false;  // the header was readable
+  uint16_t major = 0, minor = 0;
+  uint64_t tokens = 0, chunks = 0, bytes = 0;
+  uint64_t torn_tail_bytes = 0;
+  uint64_t valid_end = 0;
+  std::vector<VerifyFinding> findings;
+
+  bool HasErrors() const;
+  bool HasWarnings() const;
+};
+
+// Fills *report. Returns non-OK only when the file cannot be examined at all
+// for a reason that is not its content (missing, permission, I/O error);
+// damage is reported in the findings.
+Status VerifyFile(const std::string& path, const VerifyOptions& options, VerifyReport* report);
+
+}  // namespace kvfile

@@ -1,0 +1,87 @@
+// kvfile repair: finish what a crash interrupted (cut a torn tail, commit
+// whole chunks past the commit record, rewrite a damaged commit slot), and
+// refuse anything that is damage rather than a crash's leftovers.
+#include <cstdio>
+
+#include "cli_common.h"
+#include "kvfile/verify.h"
+#include "kvfile/writer.h"
+
+namespace kvfile::cli {
+
+namespace {
+
+struct RepairArgs {
+  std::string path;
+  bool dry_run = false;
+  bool force = false;
+};
+
+int RunRepair(const RepairArgs& a) {
+  VerifyReport rep;
+  Status st = VerifyFile(a.path, {}, &rep);
+  if (!st.ok()) return ReportError(st);
+  // Damage inside the committed data cannot be repaired without losing
+  // acknowledged tokens: refuse, and leave the file as it is.
+  const VerifyFinding* tail = nullptr;
+  for (const VerifyFinding& f : rep.findings) {
+    bool is_tail = f.offset >= 0 && static_cast<uint64_t>(f.offset) == rep.valid_end && rep.torn_tail_bytes > 0;
+    bool is_slot = f.chunk < 0 && (f.offset == 4096 || f.offset == 8192) && rep.opened;
+    if (is_tail) {
+      tail = &f;
+      if (f.error && !a.force)
+        return ReportError(Status::Corruption(
+            a.path + ": " + f.message + "; not repaired (cutting the file at offset " +
+            std::to_string(rep.valid_end) + " drops the valid chunks after it; use --force to do it)"));
+      continue;
+    }
+    if (is_slot) continue;
+    return ReportError(Status::Corruption(a.path + ": " + f.message + "; not repaired (this is damage, not a crash's leftovers)"));
+  }
+  if (rep.findings.empty()) {
+    std::printf("%s: healthy, nothing to repair (%llu tokens)\n", a.path.c_str(),
+                static_cast<unsigned long long>(rep.tokens));
+    return kExitOk;
+  }
+  if (a.dry_run) {
+    if (tail)
+      std::printf("%s: would cut %llu bytes at offset %llu (%s)\n", a.path.c_str(),
+                  static_cast<unsigned long long>(rep.torn_tail_bytes),
+                  static_cast<unsigned long long>(rep.valid_end), tail->message.c_str());
+    for (const VerifyFinding& f : rep.findings)
+      if (&f != tail) std::printf("%s: would rewrite: %s\n", a.path.c_str(), f.message.c_str());
+    return kExitOk;
+  }
+  std::unique_ptr<Writer> w;
+  st = Writer::Open(a.path, {}, &w);
+  if (!st.ok()) return ReportError(st);
+  const Writer::RecoveryReport& r = w->recovery();
+  st = w->Close();
+  if (!st.ok()) return ReportError(st);
+  if (r.truncated_bytes > 0)
+    std::printf("%s: cut a torn tail of %llu bytes at offset %llu\n", a.path.c_str(),
+                static_cast<unsigned long long>(r.truncated_bytes), static_cast<unsigned long long>(rep.valid_end));
+  if (r.slot_rewritten) std::printf("%s: rewrote the damaged commit slot\n", a.path.c_str());
+  if (r.recommitted_chunks > 0)
+    std::printf("%s: committed %llu whole chunks found past the commit record\n", a.path.c_str(),
+                static_cast<unsigned long long>(r.recommitted_chunks));
+  std::printf("%s: repaired, %llu tokens\n", a.path.c_str(), static_cast<unsigned long long>(w->token_count()));
+  return kExitOk;
+}
+
+}  // namespace
+
+void RegisterRepair(CLI::App& app, int* exit_code) {
+  auto args = std::make_shared<RepairArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "repair",
+      "Finish recovery after a crash: cut a torn tail, rewrite a damaged commit slot.\n"
+      "Refuses (exit 1, file untouched) where the damage is not a crash's leftovers.\n"
+      "Example: kvfile repair session.kv --dry-run");
+  cmd->add_option("FILE", args->path, "the .kv file")->required();
+  cmd->add_flag("--dry-run", args->dry_run, "report what would be done, change nothing");
+  cmd->add_flag("--force", args->force, "also cut damage that valid (uncommitted) chunks follow");
+  cmd->callback([args, exit_code] { *exit_code = RunRepair(*args); });
+}
+
+}  // namespace kvfile::cli

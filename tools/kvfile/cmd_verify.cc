@@ -1,0 +1,142 @@
+// kvfile verify: check every byte of files or of corpus directories.
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <filesystem>
+#include <thread>
+
+#include "cli_common.h"
+#include "kvfile/verify.h"
+
+namespace kvfile::cli {
+
+namespace {
+
+struct VerifyArgs {
+  std::vector<std::string> paths;
+  bool json = false;
+  bool quick = false;
+  bool strict = false;
+  unsigned jobs = 1;
+};
+
+struct FileResult {
+  std::string path;
+  Status status;  // environment failure (file missing, I/O error)
+  VerifyReport report;
+};
+
+// Expands directories into the *.kv files under them, in sorted order.
+Status Expand(const std::vector<std::string>& paths, std::vector<std::string>* files) {
+  namespace fs = std::filesystem;
+  for (const std::string& p : paths) {
+    std::error_code ec;
+    if (fs::is_directory(p, ec)) {
+      std::vector<std::string> found;
+      for (auto it = fs::recursive_directory_iterator(p, ec); !ec && it != fs::recursive_directory_iterator();
+           it.increment(ec))
+        if (it->is_regular_file(ec) && it->path().extension() == ".kv") found.push_back(it->path().string());
+      if (ec) return Status::IOError(p + ": " + ec.message());
+      std::sort(found.begin(), found.end());
+      files->insert(files->end(), found.begin(), found.end());
+    } else {
+      files->push_back(p);
+    }
+  }
+  return Status::OK();
+}
+
+int RunVerify(const VerifyArgs& a) {
+  std::vector<std::string> files;
+  Status st = Expand(a.paths, &files);
+  if (!st.ok()) return ReportError(st);
+  std::vector<FileResult> results(files.size());
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i; (i = next.fetch_add(1)) < files.size();) {
+      results[i].path = files[i];
+      VerifyOptions opt;
+      opt.quick = a.quick;
+      results[i].status = VerifyFile(files[i], opt, &results[i].report);
+    }
+  };
+  std::vector<std::thread> pool;
+  unsigned jobs = std::max(1u, std::min<unsigned>(a.jobs, static_cast<unsigned>(files.size())));
+  for (unsigned j = 1; j < jobs; ++j) pool.emplace_back(work);
+  work();
+  for (auto& t : pool) t.join();
+
+  int exit_code = kExitOk;
+  nlohmann::ordered_json out = nlohmann::json::array();
+  for (const FileResult& r : results) {
+    const VerifyReport& rep = r.report;
+    bool bad = !r.status.ok() || rep.HasErrors() || (a.strict && rep.HasWarnings());
+    if (!r.status.ok()) exit_code = kExitUsage;
+    else if (bad && exit_code == kExitOk) exit_code = kExitData;
+    if (a.json) {
+      nlohmann::ordered_json j;
+      j["path"] = r.path;
+      j["ok"] = !bad;
+      j["version"] = rep.opened ? std::to_string(rep.major) + "." + std::to_string(rep.minor) : "";
+      j["tokens"] = rep.tokens;
+      j["chunks"] = rep.chunks;
+      j["bytes"] = rep.bytes;
+      j["torn_tail_bytes"] = rep.torn_tail_bytes;
+      j["errors"] = nlohmann::json::array();
+      j["warnings"] = nlohmann::json::array();
+      if (!r.status.ok()) j["errors"].push_back({{"offset", nullptr}, {"chunk", nullptr}, {"message", r.status.message()}});
+      for (const VerifyFinding& f : rep.findings) {
+        nlohmann::ordered_json e;
+        e["offset"] = f.offset >= 0 ? nlohmann::json(f.offset) : nlohmann::json(nullptr);
+        e["chunk"] = f.chunk >= 0 ? nlohmann::json(f.chunk) : nlohmann::json(nullptr);
+        e["message"] = f.message;
+        (f.error || a.strict ? j["errors"] : j["warnings"]).push_back(e);
+      }
+      out.push_back(j);
+      continue;
+    }
+    if (!r.status.ok()) {
+      ReportError(r.status);
+      continue;
+    }
+    bool any_error = false;
+    for (const VerifyFinding& f : rep.findings) {
+      if (f.error || a.strict) {
+        std::fprintf(stderr, "kvfile: error: %s: %s\n", r.path.c_str(), f.message.c_str());
+        any_error = true;
+      }
+    }
+    if (any_error) continue;
+    std::printf("%s: ok: %llu tokens in %llu chunks, %llu bytes", r.path.c_str(),
+                static_cast<unsigned long long>(rep.tokens), static_cast<unsigned long long>(rep.chunks),
+                static_cast<unsigned long long>(rep.bytes));
+    for (const VerifyFinding& f : rep.findings) std::printf("; warning: %s", f.message.c_str());
+    std::printf("\n");
+  }
+  // --json output stays one valid document whatever the input: JSON strings
+  // are escaped by the library, and invalid UTF-8 is replaced.
+  if (a.json) std::printf("%s\n", out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+  return exit_code;
+}
+
+}  // namespace
+
+void RegisterVerify(CLI::App& app, int* exit_code) {
+  auto args = std::make_shared<VerifyArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "verify",
+      "Check every checksum, the structure, the codes and the scales of .kv files (read-only).\n"
+      "A torn tail left by a crash is a warning (exit 0) unless --strict.\n"
+      "Example: kvfile verify session.kv\n"
+      "         kvfile verify snapshots/ --jobs 2 --json");
+  cmd->add_option("PATH", args->paths, "files, or directories searched for *.kv")->required();
+  cmd->add_flag("--json", args->json, "print one JSON array, one object per file");
+  cmd->add_flag("--quick", args->quick, "headers and structure only, without reading payloads");
+  cmd->add_flag("--strict", args->strict, "treat a torn tail as an error");
+  cmd->add_option("--jobs", args->jobs, "files checked in parallel")->check(CLI::Range(1u, 256u))->capture_default_str();
+  cmd->callback([args, exit_code] { *exit_code = RunVerify(*args); });
+}
+
+}  // namespace kvfile::cli
