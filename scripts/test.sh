@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds with warnings as errors, and runs every
-# test (the unit tests and the long exhaustive codec checks).
+# test: the unit tests and the long exhaustive codec checks with the default
+# I/O backend (io_uring where the kernel allows it), then the unit tests
+# again with the POSIX backend forced, so both backends run the whole suite.
 set -euo pipefail
 KVFILE_ROOT=$(cd "$(dirname "$0")/.." && pwd)
 source "$KVFILE_ROOT/scripts/deps.sh"
 kvfile_install_deps
 kvfile_build "$KVFILE_ROOT/build"
 cd "$KVFILE_ROOT/build"
+echo "== every test, default I/O backend"
 ctest --output-on-failure -j "$(nproc)" --timeout 1500
+echo "== unit tests, KVFILE_IO=posix"
+KVFILE_IO=posix ctest --output-on-failure -j "$(nproc)" --timeout 600 -L unit
