@@ -463,7 +463,7 @@ Status Writer::Create(const std::string& path, const Geometry& geometry,
     // unless a live creator still holds its lock.
     std::unique_ptr<File> stale;
     if (fs->Open(tmp, OpenMode::kReadWrite, &stale).ok()) {
-      KVFILE_RETURN_IF_ERROR(stale->LockExclusive());
+      KVFILE_RETURN_IF_ERROR(LockWithGrace(*stale));
       stale.reset();
       KVFILE_RETURN_IF_ERROR(fs->Remove(tmp));
       st = fs->Open(tmp, OpenMode::kCreateExclusive, &file);
