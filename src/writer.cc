@@ -115,6 +115,7 @@ struct Writer::Impl {
   Status WriteStagedChunk();
   Status WaitInFlight();
   Status CommitDurably(bool force = false);
+  Status WriteCommit(CommitRecord next);
   Status Recover(const internal::ScanResult& scan);
   Status RewindTo(uint64_t n);
 };
@@ -323,13 +324,19 @@ Status Writer::Impl::WaitInFlight() {
 Status Writer::Impl::CommitDurably(bool force) {
   KVFILE_RETURN_IF_ERROR(WaitInFlight());
   if (!force && commit.tokens == disk_tokens && commit.end == end) return Status::OK();
-  Status st = file->Sync();
-  if (!st.ok()) return Fail(st);
   CommitRecord next = commit;
-  next.sequence += 1;
   next.tokens = disk_tokens;
   next.end = end;
   next.chunks = chunks.size();
+  return WriteCommit(next);
+}
+
+// Syncs the data, then writes `next` (with the next sequence number) into
+// the slot holding the older record and syncs again.
+Status Writer::Impl::WriteCommit(CommitRecord next) {
+  Status st = file->Sync();
+  if (!st.ok()) return Fail(st);
+  next.sequence = commit.sequence + 1;
   std::vector<uint8_t> slot(kCommitSlotSize);
   EncodeCommitRecord(next, std::span<uint8_t, kCommitSlotSize>(slot.data(), kCommitSlotSize));
   st = file->WriteAt(kCommitSlotOffset[next.sequence % 2], slot.data(), slot.size());
@@ -383,28 +390,20 @@ Status Writer::Impl::RewindTo(uint64_t n) {
   size_t keep = 0;
   while (keep < chunks.size() && chunks[keep].first_token < n) ++keep;
   uint64_t new_end = keep == 0 ? kDataOffset : chunks[keep - 1].offset + chunks[keep - 1].bytes;
-  // The kept chunks may not be durable yet (sync mode none): they must be
-  // before a commit record vouches for them.
-  Status st = file->Sync();
-  if (!st.ok()) return Fail(st);
+  // The kept chunks may not be durable yet (sync mode none): WriteCommit
+  // syncs them before the record that vouches for them.
   CommitRecord next = commit;
-  next.sequence += 1;
   next.epoch += 1;
   next.tokens = n;
   next.end = new_end;
   next.chunks = keep;
-  std::vector<uint8_t> slot(kCommitSlotSize);
-  EncodeCommitRecord(next, std::span<uint8_t, kCommitSlotSize>(slot.data(), kCommitSlotSize));
-  st = file->WriteAt(kCommitSlotOffset[next.sequence % 2], slot.data(), slot.size());
-  if (st.ok()) st = file->Sync();
-  if (!st.ok()) return Fail(st);
-  commit = next;
+  KVFILE_RETURN_IF_ERROR(WriteCommit(next));
   chunks.resize(keep);
   tokens.resize(n);
   disk_tokens = n;
   end = new_end;
   staged = 0;
-  st = file->Truncate(new_end);
+  Status st = file->Truncate(new_end);
   if (st.ok()) st = file->Sync();
   if (!st.ok()) return Fail(st);
   return Status::OK();
