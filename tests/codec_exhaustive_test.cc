@@ -175,13 +175,17 @@ constexpr size_t kWidths[] = {1,  3,  7,   8,   15,  16,  17,  31,   32,
 
 struct RandomResult {
   uint64_t elements = 0;
+  uint64_t rows = 0;
   uint64_t failures = 0;
   std::string first_failure;
 };
 
 // Quantizes `total` random elements of `dt` with every supported vector ISA
 // and the scalar reference; counts rows whose codes or scale differ.
-void RandomSweep(Fp8Kind kind, Dtype dt, uint64_t total, uint64_t seed, RandomResult* res) {
+// With `short_rows`, widths are 1..8 and `total` counts rows, not elements:
+// per-row work (amax, the scale division, the zero-row rule) dominates.
+void RandomSweep(Fp8Kind kind, Dtype dt, uint64_t total, uint64_t seed, RandomResult* res,
+                 bool short_rows = false) {
   Rng rng{seed * 0x9E3779B97F4A7C15ULL + 1};
   const size_t block = 1 << 20;  // elements per batch
   std::vector<uint32_t> src32(dt == Dtype::kF32 ? block : 0);
@@ -190,8 +194,8 @@ void RandomSweep(Fp8Kind kind, Dtype dt, uint64_t total, uint64_t seed, RandomRe
   std::vector<uint8_t> ref_codes(block), codes(block);
   std::vector<float> ref_scales(block), scales(block);
   size_t wi = static_cast<size_t>(seed);
-  while (res->elements < total) {
-    const size_t width = kWidths[wi++ % std::size(kWidths)];
+  while ((short_rows ? res->rows : res->elements) < total) {
+    const size_t width = short_rows ? 1 + wi++ % 8 : kWidths[wi++ % std::size(kWidths)];
     const size_t rows = block / width;
     for (size_t r = 0; r < rows; ++r) {
       if (dt == Dtype::kF32) {
@@ -221,6 +225,7 @@ void RandomSweep(Fp8Kind kind, Dtype dt, uint64_t total, uint64_t seed, RandomRe
       }
     }
     res->elements += rows * width;
+    res->rows += rows;
   }
 }
 
@@ -234,6 +239,19 @@ void CheckRandom(Fp8Kind kind, Dtype dt, uint64_t total) {
   std::printf("%s from dtype %d: %" PRIu64 " random elements, %.1f s\n", KindName(kind),
               static_cast<int>(dt), a.elements + b.elements, Seconds(t0));
   EXPECT_GE(a.elements + b.elements, total);
+  EXPECT_EQ(a.failures + b.failures, 0u) << a.first_failure << b.first_failure;
+}
+
+// 10^8 random f32 rows (widths 1-8), both kinds together, on two threads.
+TEST(RandomRows, HundredMillionShortF32Rows) {
+  const auto t0 = std::chrono::steady_clock::now();
+  RandomResult a, b;
+  std::thread t([&] { RandomSweep(Fp8Kind::kE4M3, Dtype::kF32, 50'000'000, 7, &a, true); });
+  RandomSweep(Fp8Kind::kE5M2, Dtype::kF32, 50'000'000, 8, &b, true);
+  t.join();
+  std::printf("%" PRIu64 " random short f32 rows (%" PRIu64 " elements), %.1f s\n", a.rows + b.rows,
+              a.elements + b.elements, Seconds(t0));
+  EXPECT_GE(a.rows + b.rows, 100'000'000u);
   EXPECT_EQ(a.failures + b.failures, 0u) << a.first_failure << b.first_failure;
 }
 
