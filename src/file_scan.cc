@@ -200,9 +200,6 @@ Status ScanFile(File& file, ScanResult* out, DamageLocation* where) {
   where->offset = 0;
   KVFILE_RETURN_IF_ERROR(
       DecodeFileHeader(std::span<const uint8_t, kHeaderSize>(fixed.data(), kHeaderSize), &r.header));
-  if (r.header.major != kMajorV2)
-    return Status::Unsupported("format v" + std::to_string(r.header.major) +
-                               " files are not supported by this build yet");
 
   // The newest valid commit slot wins; a damaged one is remembered (verify
   // reports it) but is not fatal: a crash while writing a slot tears it.

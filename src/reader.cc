@@ -87,6 +87,15 @@ Status Reader::Impl::LoadSections(uint32_t layer, uint32_t stream, uint64_t begi
     if (Checksum(buf, sec.end - sec.offset) != scan.chunks[p.chunk].section_checksums[idx])
       return Status::Corruption(where + ": payload checksum mismatch (section at offset " +
                                 std::to_string(c.offset + sec.offset) + ")");
+    if (!IsFp8(spec.dtype)) {
+      // The writer never stores a non-finite raw value; one in a file is damage.
+      uint64_t elems = uint64_t{p.count} * spec.ElementsPerToken();
+      const uint8_t* rows = buf + uint64_t{p.first} * spec.ElementsPerToken() * ElementSize(spec.dtype);
+      size_t bad = codec::FindNonFinite(spec.dtype, rows, elems);
+      if (bad < elems)
+        return Status::Corruption(where + ": non-finite value at token " +
+                                  std::to_string(c.first_token + p.first + bad / spec.ElementsPerToken()));
+    }
     if (IsFp8(spec.dtype)) {
       codec::Fp8Kind kind = spec.dtype == Dtype::kE5M2 ? codec::Fp8Kind::kE5M2 : codec::Fp8Kind::kE4M3;
       uint64_t row0 = uint64_t{p.first} * spec.rows_per_token;
@@ -179,11 +188,14 @@ Status Reader::ReadRows(uint32_t layer, uint32_t stream, uint64_t begin, uint64_
 }
 
 Status Reader::ReadCodes(uint32_t layer, uint32_t stream, uint64_t begin, uint64_t end,
-                         uint8_t* codes, float* scales) {
+                         uint8_t* codes, float* scales, Dtype v1_quantize_as) {
   Impl& r = *impl_;
   KVFILE_RETURN_IF_ERROR(r.CheckRange(layer, stream, begin, end));
   const StreamSpec& spec = r.g().streams[stream];
-  if (!IsFp8(spec.dtype))
+  bool quantize = r.scan.header.major == kMajorV1;
+  if (quantize && !IsFp8(v1_quantize_as))
+    return Status::InvalidArgument(r.path + ": codes are e4m3 or e5m2, not " + DtypeName(v1_quantize_as));
+  if (!quantize && !IsFp8(spec.dtype))
     return Status::InvalidArgument(r.path + ": stream '" + spec.name + "' is stored raw (" +
                                    DtypeName(spec.dtype) + "); read it with ReadRows");
   std::vector<Impl::Piece> pieces;
@@ -192,8 +204,21 @@ Status Reader::ReadCodes(uint32_t layer, uint32_t stream, uint64_t begin, uint64
     const uint8_t* buf = r.scratch.data() + p.scratch_offset;
     uint64_t row0 = uint64_t{p.first} * spec.rows_per_token;
     uint64_t rows = uint64_t{p.count} * spec.rows_per_token;
-    std::memcpy(codes, buf + row0 * spec.row_width, rows * spec.row_width);
-    std::memcpy(scales, buf + (p.section->scales_offset - p.section->offset) + row0 * 4, rows * 4);
+    if (quantize) {
+      // v1 rows were finite when written (the writer refuses non-finite
+      // rows), but a file is input: a non-finite row is reported.
+      size_t bad_row;
+      auto kind = v1_quantize_as == Dtype::kE5M2 ? codec::Fp8Kind::kE5M2 : codec::Fp8Kind::kE4M3;
+      if (!codec::QuantizeRows(kind, spec.dtype, buf + row0 * spec.row_width * ElementSize(spec.dtype),
+                               rows, spec.row_width, codes, scales, &bad_row))
+        return Status::Corruption(r.path + ": layer " + std::to_string(layer) + " stream '" + spec.name +
+                                  "': non-finite value at token " +
+                                  std::to_string(r.chunk_infos[p.chunk].first_token + p.first +
+                                                 bad_row / spec.rows_per_token));
+    } else {
+      std::memcpy(codes, buf + row0 * spec.row_width, rows * spec.row_width);
+      std::memcpy(scales, buf + (p.section->scales_offset - p.section->offset) + row0 * 4, rows * 4);
+    }
     codes += rows * spec.row_width;
     scales += rows;
   }

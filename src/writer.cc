@@ -3,6 +3,7 @@
 #include "kvfile/writer.h"
 
 #include <sys/random.h>
+#include <xxhash.h>
 #include <time.h>
 
 #include <algorithm>
@@ -116,6 +117,9 @@ struct Writer::Impl {
   Status WaitInFlight();
   Status CommitDurably(bool force = false);
   Status WriteCommit(CommitRecord next);
+  Status CreateFile(const std::string& write_path, uint32_t epoch);
+  Status UpgradeFrom(File& v1, const internal::ScanResult& scan);
+  Status AppendTokens(const AppendBatch& batch, bool* wrote_chunk = nullptr);
   Status Recover(const internal::ScanResult& scan);
   Status RewindTo(uint64_t n);
 };
@@ -414,34 +418,73 @@ Writer::~Writer() {
   if (impl_ && !impl_->closed) (void)Close();
 }
 
+// Writes the header and both commit slots (sequence 1 and 2, the same empty
+// state at `epoch`) to `write_path`, created exclusively and locked, and
+// syncs it. The caller renames it into place (create) or fills it first
+// (upgrade).
+Status Writer::Impl::CreateFile(const std::string& write_path, uint32_t epoch) {
+  std::vector<uint8_t> fixed(kDataOffset);
+  EncodeFileHeader(header, std::span<uint8_t, kHeaderSize>(fixed.data(), kHeaderSize));
+  CommitRecord c;
+  c.salt = header.salt;
+  c.epoch = epoch;
+  for (uint64_t seq = 1; seq <= 2; ++seq) {
+    c.sequence = seq;
+    EncodeCommitRecord(c, std::span<uint8_t, kCommitSlotSize>(
+                              fixed.data() + kCommitSlotOffset[seq % 2], kCommitSlotSize));
+  }
+  commit = c;  // sequence 2 is the newest
+  Status st = fs->Open(write_path, OpenMode::kCreateExclusive, &file);
+  if (!st.ok()) {
+    // A leftover of a crashed create or upgrade holds nothing acknowledged:
+    // remove it, unless a live writer still holds its lock.
+    std::unique_ptr<File> stale;
+    if (fs->Open(write_path, OpenMode::kReadWrite, &stale).ok()) {
+      KVFILE_RETURN_IF_ERROR(LockWithGrace(*stale));
+      stale.reset();
+      KVFILE_RETURN_IF_ERROR(fs->Remove(write_path));
+      st = fs->Open(write_path, OpenMode::kCreateExclusive, &file);
+    }
+    if (!st.ok()) return st;
+  }
+  st = file->LockExclusive();
+  if (st.ok()) st = file->WriteAt(0, fixed.data(), fixed.size());
+  if (st.ok()) st = file->Sync();
+  if (!st.ok()) {
+    file.reset();
+    (void)fs->Remove(write_path);
+  }
+  return st;
+}
+
+namespace {
+
+FileHeader NewHeader(const Geometry& geometry, const ModelIdentity& identity, uint32_t chunk_tokens,
+                     uint16_t major) {
+  FileHeader h;
+  h.major = major;
+  h.minor = major == kMajorV2 ? kMinorV2 : 0;
+  h.identity = identity;
+  h.geometry = geometry;
+  h.chunk_tokens = chunk_tokens;
+  return h;
+}
+
+}  // namespace
+
 Status Writer::Create(const std::string& path, const Geometry& geometry,
                       const ModelIdentity& identity, const WriterOptions& options,
                       std::unique_ptr<Writer>* out) {
-  FileHeader h;
-  h.identity = identity;
-  h.geometry = geometry;
-  h.chunk_tokens = options.chunk_tokens;
+  if (options.format_major != kMajorV1 && options.format_major != kMajorV2)
+    return Status::InvalidArgument(path + ": format must be 1 or 2, not " +
+                                   std::to_string(options.format_major));
+  FileHeader h = NewHeader(geometry, identity, options.chunk_tokens, options.format_major);
   h.salt = options.salt;
   if (h.salt == 0) KVFILE_RETURN_IF_ERROR(RandomSalt(&h.salt));
   Status st = ValidateFileHeader(h);
   if (!st.ok()) return st.WithContext(path);
   auto impl = std::make_unique<Impl>();
   KVFILE_RETURN_IF_ERROR(impl->Init(path, options, h));
-
-  // Header and both commit slots (sequence 1 and 2, the same empty state)
-  // go to a temporary file that is renamed into place once durable.
-  std::vector<uint8_t> fixed(kDataOffset);
-  EncodeFileHeader(h, std::span<uint8_t, kHeaderSize>(fixed.data(), kHeaderSize));
-  CommitRecord c;
-  c.salt = h.salt;
-  c.epoch = 1;
-  for (uint64_t seq = 1; seq <= 2; ++seq) {
-    c.sequence = seq;
-    EncodeCommitRecord(c, std::span<uint8_t, kCommitSlotSize>(
-                              fixed.data() + kCommitSlotOffset[seq % 2], kCommitSlotSize));
-  }
-  impl->commit = c;  // sequence 2 is the newest
-
   FileSystem* fs = impl->fs;
   // With overwrite, the existing file stays locked until it has been
   // replaced, so no writer can start appending to it in between.
@@ -455,35 +498,90 @@ Status Writer::Create(const std::string& path, const Geometry& geometry,
     if (exists) return Status::InvalidArgument(path + ": file exists");
   }
   std::string tmp = path + ".kvnew";
-  std::unique_ptr<File> file;
-  st = fs->Open(tmp, OpenMode::kCreateExclusive, &file);
+  KVFILE_RETURN_IF_ERROR(impl->CreateFile(tmp, /*epoch=*/1));
+  st = fs->Rename(tmp, path, options.overwrite);
   if (!st.ok()) {
-    // A leftover of a crashed create holds nothing acknowledged: remove it,
-    // unless a live creator still holds its lock.
-    std::unique_ptr<File> stale;
-    if (fs->Open(tmp, OpenMode::kReadWrite, &stale).ok()) {
-      KVFILE_RETURN_IF_ERROR(LockWithGrace(*stale));
-      stale.reset();
-      KVFILE_RETURN_IF_ERROR(fs->Remove(tmp));
-      st = fs->Open(tmp, OpenMode::kCreateExclusive, &file);
-    }
-    if (!st.ok()) return st;
-  }
-  auto cleanup = [&](Status err) {
-    file.reset();
+    impl->file.reset();
     (void)fs->Remove(tmp);
-    return err;
-  };
-  st = file->LockExclusive();
-  if (st.ok()) st = file->WriteAt(0, fixed.data(), fixed.size());
-  if (st.ok()) st = file->Sync();
-  if (st.ok()) st = fs->Rename(tmp, path, options.overwrite);
-  if (!st.ok()) return cleanup(st);
-  st = fs->SyncDir(DirName(path));
-  if (!st.ok()) return st;
-  impl->file = std::move(file);
+    return st;
+  }
+  KVFILE_RETURN_IF_ERROR(fs->SyncDir(DirName(path)));
   out->reset(new Writer(std::move(impl)));
   return Status::OK();
+}
+
+// The v1 -> v2 upgrade (spec/RECOVERY.md, "Upgrade"): stream every live
+// token of the v1 file into a new v2 file at <path>.kvupgrade, checking
+// every v1 section checksum on the way; make it durable; rename it over
+// the original; sync the directory. Until the rename the original is only
+// read; on any failure the temporary file is removed.
+Status Writer::Impl::UpgradeFrom(File& v1, const internal::ScanResult& scan) {
+  const Geometry& g1 = scan.header.geometry;
+  internal::LayoutCache layouts(&scan.header.geometry);
+  // Tokens are read in slices of at most 8 MiB of rows, so memory stays
+  // bounded whatever the v1 chunk size: the slice buffer plus the two
+  // staging buffers of the new file.
+  uint64_t bytes_per_token = 0;
+  for (const StreamSpec& s : g1.streams) bytes_per_token += s.ElementsPerToken() * ElementSize(s.dtype);
+  bytes_per_token *= g1.layers;
+  uint64_t slice_tokens = std::max<uint64_t>(1, (8u << 20) / bytes_per_token);
+  std::vector<uint8_t> slice;
+  struct StateFree {
+    void operator()(XXH3_state_t* st) const { XXH3_freeState(st); }
+  };
+  std::vector<std::unique_ptr<XXH3_state_t, StateFree>> hashes;
+  for (size_t i = 0; i < static_cast<size_t>(g1.layers) * g1.streams.size(); ++i) {
+    hashes.emplace_back(XXH3_createState());
+    if (!hashes.back()) return Status::IOError(path + ": out of memory for checksum state");
+  }
+  AppendBatch batch;
+  for (size_t ci = 0; ci < scan.chunks.size(); ++ci) {
+    const internal::ScannedChunk& c = scan.chunks[ci];
+    const ChunkLayout* layout;
+    KVFILE_RETURN_IF_ERROR(layouts.Get(c.info.stored_tokens, &layout));
+    for (auto& h : hashes) XXH3_64bits_reset(h.get());
+    uint32_t stored = c.info.stored_tokens;
+    for (uint32_t t0 = 0; t0 < stored; t0 += static_cast<uint32_t>(slice_tokens)) {
+      uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(slice_tokens, stored - t0));
+      bool last_slice = t0 + n == stored;
+      slice.resize(n * bytes_per_token);
+      batch.blocks.clear();
+      uint8_t* dst = slice.data();
+      for (size_t i = 0; i < layout->sections.size(); ++i) {
+        const SectionLayout& sec = layout->sections[i];
+        const StreamSpec& spec = g1.streams[i % g1.streams.size()];
+        uint64_t token_bytes = spec.ElementsPerToken() * ElementSize(spec.dtype);
+        uint64_t off = c.info.offset + sec.offset + t0 * token_bytes;
+        Status st = v1.ReadAt(off, dst, n * token_bytes);
+        if (!st.ok()) return st.WithContext("v1 " + internal::ChunkWhere(ci, c.info.offset));
+        XXH3_64bits_update(hashes[i].get(), dst, n * token_bytes);
+        if (last_slice) {
+          // The section's padding is under its checksum too.
+          uint64_t pad_from = sec.offset + sec.data_bytes;
+          std::vector<uint8_t> pad(sec.end - pad_from);
+          st = v1.ReadAt(c.info.offset + pad_from, pad.data(), pad.size());
+          if (!st.ok()) return st.WithContext("v1 " + internal::ChunkWhere(ci, c.info.offset));
+          XXH3_64bits_update(hashes[i].get(), pad.data(), pad.size());
+        }
+        batch.blocks.push_back({spec.dtype, dst, nullptr});
+        dst += n * token_bytes;
+      }
+      // Only live tokens go on; tokens a rewind left dead are dropped.
+      uint64_t live_end = c.info.live_tokens;
+      if (t0 < live_end) {
+        uint64_t take = std::min<uint64_t>(n, live_end - t0);
+        batch.tokens = std::span<const uint32_t>(scan.tokens).subspan(c.info.first_token + t0, take);
+        KVFILE_RETURN_IF_ERROR(AppendTokens(batch));
+      }
+    }
+    for (size_t i = 0; i < hashes.size(); ++i)
+      if (XXH3_64bits_digest(hashes[i].get()) != c.section_checksums[i])
+        return Status::Corruption("v1 " + internal::ChunkWhere(ci, c.info.offset) + ": payload checksum mismatch in layer " +
+                                  std::to_string(i / g1.streams.size()) + " stream '" +
+                                  g1.streams[i % g1.streams.size()].name + "'; not upgraded");
+  }
+  KVFILE_RETURN_IF_ERROR(WriteStagedChunk());
+  return CommitDurably(/*force=*/true);
 }
 
 Status Writer::Open(const std::string& path, const WriterOptions& options,
@@ -492,41 +590,86 @@ Status Writer::Open(const std::string& path, const WriterOptions& options,
   std::unique_ptr<File> file;
   KVFILE_RETURN_IF_ERROR(fs->Open(path, OpenMode::kReadWrite, &file));
   KVFILE_RETURN_IF_ERROR(LockWithGrace(*file));
+  // Self-healing: a leftover upgrade file is from a crash (we hold the
+  // file's lock, so no upgrade of it is running). The original is whole.
+  std::string tmp = path + ".kvupgrade";
+  bool removed_stale = false;
+  bool tmp_exists = false;
+  KVFILE_RETURN_IF_ERROR(fs->Exists(tmp, &tmp_exists));
+  if (tmp_exists) {
+    KVFILE_RETURN_IF_ERROR(fs->Remove(tmp));
+    KVFILE_RETURN_IF_ERROR(fs->SyncDir(DirName(path)));
+    removed_stale = true;
+  }
   internal::ScanResult scan;
   Status st = internal::ScanFile(*file, &scan);
   if (!st.ok()) return st.WithContext(path);
   auto impl = std::make_unique<Impl>();
+  if (scan.header.major == kMajorV1) {
+    if (!IsFp8(options.upgrade_dtype))
+      return Status::InvalidArgument(path + ": the upgrade dtype must be e4m3 or e5m2");
+    FileHeader h = NewHeader(scan.header.geometry, scan.header.identity, scan.header.chunk_tokens, kMajorV2);
+    for (StreamSpec& s : h.geometry.streams)
+      if (std::find(options.keep_raw.begin(), options.keep_raw.end(), s.name) == options.keep_raw.end())
+        s.dtype = options.upgrade_dtype;
+    for (const std::string& name : options.keep_raw)
+      if (!h.geometry.FindStream(name))
+        return Status::InvalidArgument(path + ": --keep-raw names stream '" + name + "', which the file does not have");
+    KVFILE_RETURN_IF_ERROR(RandomSalt(&h.salt));
+    KVFILE_RETURN_IF_ERROR(impl->Init(path, options, h));
+    st = impl->CreateFile(tmp, scan.commit.epoch + 1);
+    if (!st.ok()) return st.WithContext(path + ": upgrade to v2 failed, the v1 file is unchanged");
+    st = impl->UpgradeFrom(*file, scan);
+    if (st.ok()) st = fs->Rename(tmp, path, /*replace=*/true);
+    if (!st.ok()) {
+      impl->file.reset();
+      (void)fs->Remove(tmp);
+      return st.WithContext(path + ": upgrade to v2 failed, the v1 file is unchanged");
+    }
+    KVFILE_RETURN_IF_ERROR(fs->SyncDir(DirName(path)));
+    impl->recovery.upgraded_from_v1 = true;
+    impl->recovery.removed_stale_upgrade = removed_stale;
+    out->reset(new Writer(std::move(impl)));
+    return Status::OK();
+  }
   KVFILE_RETURN_IF_ERROR(impl->Init(path, options, scan.header));
   impl->file = std::move(file);
   KVFILE_RETURN_IF_ERROR(impl->Recover(scan));
+  impl->recovery.removed_stale_upgrade = removed_stale;
   out->reset(new Writer(std::move(impl)));
   return Status::OK();
 }
 
-Status Writer::Append(const AppendBatch& batch) {
-  Impl& w = *impl_;
-  KVFILE_RETURN_IF_ERROR(w.CheckUsable());
+// Stages the batch and writes every chunk it completes. Returns whether it
+// wrote a chunk.
+Status Writer::Impl::AppendTokens(const AppendBatch& batch, bool* wrote_chunk) {
+  KVFILE_RETURN_IF_ERROR(CheckUsable());
   uint64_t n = batch.tokens.size();
   if (n == 0) return Status::OK();
-  uint32_t room = w.full_layout.token_count - w.staged;
+  uint32_t room = full_layout.token_count - staged;
   // An append that fits the staging buffer is checked while it is staged; a
   // longer one is checked whole first, since its first chunks go to disk
   // before its last rows are read.
-  KVFILE_RETURN_IF_ERROR(w.ValidateBatch(batch, /*scan_values=*/n > room));
+  KVFILE_RETURN_IF_ERROR(ValidateBatch(batch, /*scan_values=*/n > room));
   uint64_t done = 0;
-  bool wrote_chunk = false;
   while (done < n) {
-    uint32_t piece = static_cast<uint32_t>(std::min<uint64_t>(n - done, w.full_layout.token_count - w.staged));
-    KVFILE_RETURN_IF_ERROR(w.StageTokens(batch, done, piece));
+    uint32_t piece = static_cast<uint32_t>(std::min<uint64_t>(n - done, full_layout.token_count - staged));
+    KVFILE_RETURN_IF_ERROR(StageTokens(batch, done, piece));
     done += piece;
-    if (w.staged == w.full_layout.token_count) {
-      KVFILE_RETURN_IF_ERROR(w.WriteStagedChunk());
-      wrote_chunk = true;
+    if (staged == full_layout.token_count) {
+      KVFILE_RETURN_IF_ERROR(WriteStagedChunk());
+      if (wrote_chunk) *wrote_chunk = true;
     }
   }
+  return Status::OK();
+}
+
+Status Writer::Append(const AppendBatch& batch) {
+  bool wrote_chunk = false;
+  KVFILE_RETURN_IF_ERROR(impl_->AppendTokens(batch, &wrote_chunk));
   // Sync mode chunk: every chunk this append completed is durable and
   // committed before the append is acknowledged.
-  if (wrote_chunk && w.options.sync == SyncMode::kChunk) return w.CommitDurably();
+  if (wrote_chunk && impl_->options.sync == SyncMode::kChunk) return impl_->CommitDurably();
   return Status::OK();
 }
 

@@ -83,9 +83,11 @@ class Reader {
   Status ReadRows(uint32_t layer, uint32_t stream, uint64_t begin, uint64_t end, Dtype out_dtype,
                   void* dst);
   // Codes and scales of an fp8 stream, shaped [end-begin][rows][width] and
-  // [end-begin][rows].
+  // [end-begin][rows]. In a v1 file (raw rows only) the rows are quantized on
+  // the fly with the codec, as `v1_quantize_as` (kE4M3 or kE5M2): exactly the
+  // codes an upgrade to v2 stores.
   Status ReadCodes(uint32_t layer, uint32_t stream, uint64_t begin, uint64_t end, uint8_t* codes,
-                   float* scales);
+                   float* scales, Dtype v1_quantize_as = Dtype::kE4M3);
   // Reads and checks every byte of chunk `index` (all sections, codes and
   // scales); used by verify.
   Status VerifyChunk(size_t index);

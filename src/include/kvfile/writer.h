@@ -30,6 +30,14 @@ struct WriterOptions {
   FileSystem* fs = nullptr;     // nullptr: FileSystem::Default()
   uint64_t salt = 0;            // 0: random (tests pass a fixed salt for golden files)
   bool overwrite = false;       // Create() replaces an existing file
+  // Create(): the format to write: 2, or 1 (raw streams only, for engines
+  // that must stay raw and for tests of the upgrade).
+  uint16_t format_major = 2;
+  // Open() of a v1 file upgrades it to v2 first (spec/RECOVERY.md,
+  // "Upgrade"): its raw streams become `upgrade_dtype` (kE4M3 or kE5M2)
+  // except those named in `keep_raw`, which stay as they are.
+  Dtype upgrade_dtype = Dtype::kE4M3;
+  std::vector<std::string> keep_raw;
 };
 
 // The rows of one (layer, stream) for the tokens of one append, row after
@@ -59,7 +67,9 @@ class Writer {
                        const ModelIdentity& identity, const WriterOptions& options,
                        std::unique_ptr<Writer>* out);
 
-  // Opens an existing v2 file to append to it, after recovery: takes the
+  // Opens an existing file to append to it, after recovery; a v1 file is
+  // upgraded to v2 first (the v1 bytes are untouched until the finished,
+  // synced v2 file is renamed over them). Takes the
   // writer lock (kBusy if another writer holds it), removes a torn tail and
   // makes that durable, commits valid chunks found past the commit record,
   // and rewrites a damaged commit slot. Damage before the end is an error
@@ -93,6 +103,8 @@ class Writer {
     std::string torn_reason;          // why those bytes were not a valid chunk
     uint64_t recommitted_chunks = 0;  // valid chunks past the old commit record
     bool slot_rewritten = false;      // a damaged commit slot was rewritten
+    bool upgraded_from_v1 = false;    // the file was a v1 file, now v2
+    bool removed_stale_upgrade = false;  // a leftover <path>.kvupgrade was removed
   };
   const RecoveryReport& recovery() const;
 
