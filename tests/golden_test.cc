@@ -7,6 +7,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iterator>
 #include <vector>
@@ -22,21 +23,23 @@ std::vector<uint8_t> ReadAll(const std::string& path) {
   return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});
 }
 
-Geometry ExampleGeometry() {
+Geometry ExampleGeometry(uint16_t major = 2) {
   Geometry g;
   g.layers = 1;
-  g.streams = {{"k", 1, 4, Dtype::kE4M3}, {"idx", 1, 2, Dtype::kBF16}};
+  g.streams = {{"k", 1, 4, major == 2 ? Dtype::kE4M3 : Dtype::kF32}, {"idx", 1, 2, Dtype::kBF16}};
   return g;
 }
 
-// Writes the example of spec/FORMAT.md, "Worked example".
-void WriteExample(const std::string& path) {
+// Writes the example of spec/FORMAT.md, "Worked example" (v2), or of its
+// v1 section (the same data, "k" stored raw as f32).
+void WriteExample(const std::string& path, uint16_t major = 2) {
   WriterOptions opt;
+  opt.format_major = major;
   opt.chunk_tokens = 2;
   opt.salt = 0x1122334455667788ull;
   opt.overwrite = true;
   std::unique_ptr<Writer> w;
-  ASSERT_TRUE(Writer::Create(path, ExampleGeometry(), {"example/tiny", 0x0123456789ABCDEFull}, opt, &w).ok());
+  ASSERT_TRUE(Writer::Create(path, ExampleGeometry(major), {"example/tiny", 0x0123456789ABCDEFull}, opt, &w).ok());
   const float k[8] = {1.0f, -2.0f, 0.5f, 448.0f, 0.0f, 0.0f, 0.0f, -0.0f};
   const uint16_t idx[4] = {0x3FC0, 0xC040, 0x3E80, 0x42C8};  // bf16 1.5, -3, 0.25, 100
   const uint32_t tokens[2] = {101, 202};
@@ -47,22 +50,45 @@ void WriteExample(const std::string& path) {
   ASSERT_TRUE(w->Close().ok());
 }
 
-TEST(Golden, ExampleFileIsByteIdentical) {
-  std::string fixture = std::string(KVFILE_TEST_DATA) + "/fixtures/example_v2.kv";
-  std::string out = testing::TempDir() + "kvfile_golden_example.kv";
-  WriteExample(out);
+void CheckGolden(const std::string& name, uint16_t major, size_t size) {
+  std::string fixture = std::string(KVFILE_TEST_DATA) + "/fixtures/" + name;
+  std::string out = testing::TempDir() + "kvfile_golden_" + name;
+  WriteExample(out, major);
   std::vector<uint8_t> written = ReadAll(out);
+  std::remove(out.c_str());
   if (std::getenv("KVFILE_REGENERATE_GOLDEN") != nullptr) {
     std::ofstream(fixture, std::ios::binary).write(reinterpret_cast<const char*>(written.data()),
                                                    static_cast<std::streamsize>(written.size()));
     GTEST_SKIP() << "regenerated " << fixture;
   }
   std::vector<uint8_t> golden = ReadAll(fixture);
-  ASSERT_EQ(golden.size(), 16384u) << "fixture missing or wrong size: " << fixture;
+  ASSERT_EQ(golden.size(), size) << "fixture missing or wrong size: " << fixture;
   ASSERT_EQ(written.size(), golden.size());
   for (size_t i = 0; i < golden.size(); ++i)
     ASSERT_EQ(written[i], golden[i]) << "first difference at byte offset " << i;
-  std::remove(out.c_str());
+}
+
+TEST(Golden, ExampleFileIsByteIdentical) { CheckGolden("example_v2.kv", 2, 16384); }
+TEST(Golden, ExampleV1FileIsByteIdentical) { CheckGolden("example_v1.kv", 1, 16384); }
+
+TEST(Golden, ExampleV1ReadsBackAndQuantizesLikeV2) {
+  std::string fixture = std::string(KVFILE_TEST_DATA) + "/fixtures/example_v1.kv";
+  std::unique_ptr<Reader> r;
+  Status st = Reader::Open(fixture, {}, &r);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(r->major_version(), 1);
+  EXPECT_EQ(r->geometry(), ExampleGeometry(1));
+  float k[8];
+  ASSERT_TRUE(r->ReadRows(0, 0, 0, 2, Dtype::kF32, k).ok());
+  const float want[8] = {1.0f, -2.0f, 0.5f, 448.0f, 0.0f, 0.0f, 0.0f, -0.0f};
+  EXPECT_EQ(0, std::memcmp(k, want, sizeof k));
+  uint8_t codes[8];
+  float scales[2];
+  ASSERT_TRUE(r->ReadCodes(0, 0, 0, 2, codes, scales).ok());
+  const uint8_t want_codes[8] = {0x38, 0xC0, 0x30, 0x7E, 0x00, 0x00, 0x00, 0x80};
+  EXPECT_EQ(0, std::memcmp(codes, want_codes, 8));
+  EXPECT_EQ(scales[0], 1.0f);
+  EXPECT_EQ(scales[1], 1.0f);
 }
 
 TEST(Golden, ExampleFileReadsBack) {
