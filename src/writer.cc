@@ -584,23 +584,41 @@ Status Writer::Impl::UpgradeFrom(File& v1, const internal::ScanResult& scan) {
   return CommitDurably(/*force=*/true);
 }
 
+namespace {
+
+// Self-healing: with the file's lock held no upgrade of it can be running,
+// so a <path>.kvupgrade is a crash's leftover; the original is whole.
+Status RemoveLeftoverUpgrade(FileSystem& fs, const std::string& path, bool* removed) {
+  std::string tmp = path + ".kvupgrade";
+  bool exists = false;
+  KVFILE_RETURN_IF_ERROR(fs.Exists(tmp, &exists));
+  *removed = false;
+  if (!exists) return Status::OK();
+  KVFILE_RETURN_IF_ERROR(fs.Remove(tmp));
+  KVFILE_RETURN_IF_ERROR(fs.SyncDir(DirName(path)));
+  *removed = true;
+  return Status::OK();
+}
+
+}  // namespace
+
+Status RemoveLeftoverUpgradeFile(const std::string& path, FileSystem* fs, bool* removed) {
+  if (fs == nullptr) fs = FileSystem::Default();
+  std::unique_ptr<File> file;
+  KVFILE_RETURN_IF_ERROR(fs->Open(path, OpenMode::kReadWrite, &file));
+  KVFILE_RETURN_IF_ERROR(LockWithGrace(*file));
+  return RemoveLeftoverUpgrade(*fs, path, removed);
+}
+
 Status Writer::Open(const std::string& path, const WriterOptions& options,
                     std::unique_ptr<Writer>* out) {
   FileSystem* fs = options.fs ? options.fs : FileSystem::Default();
   std::unique_ptr<File> file;
   KVFILE_RETURN_IF_ERROR(fs->Open(path, OpenMode::kReadWrite, &file));
   KVFILE_RETURN_IF_ERROR(LockWithGrace(*file));
-  // Self-healing: a leftover upgrade file is from a crash (we hold the
-  // file's lock, so no upgrade of it is running). The original is whole.
   std::string tmp = path + ".kvupgrade";
   bool removed_stale = false;
-  bool tmp_exists = false;
-  KVFILE_RETURN_IF_ERROR(fs->Exists(tmp, &tmp_exists));
-  if (tmp_exists) {
-    KVFILE_RETURN_IF_ERROR(fs->Remove(tmp));
-    KVFILE_RETURN_IF_ERROR(fs->SyncDir(DirName(path)));
-    removed_stale = true;
-  }
+  KVFILE_RETURN_IF_ERROR(RemoveLeftoverUpgrade(*fs, path, &removed_stale));
   internal::ScanResult scan;
   Status st = internal::ScanFile(*file, &scan);
   if (!st.ok()) return st.WithContext(path);

@@ -213,6 +213,14 @@ TEST_F(UpgradeTest, LeftoverTemporaryFileIsRemoved) {
   std::unique_ptr<Reader> r;
   ASSERT_TRUE(Reader::Open(P("y.kv"), {}, &r).ok());
   EXPECT_TRUE(std::filesystem::exists(P("y.kv.kvupgrade"))) << "a read-only open changes nothing";
+  // What `kvfile repair` does: remove it without upgrading.
+  std::vector<uint8_t> v1 = ReadAll(P("y.kv"));
+  bool removed = false;
+  ASSERT_TRUE(RemoveLeftoverUpgradeFile(P("y.kv"), nullptr, &removed).ok());
+  EXPECT_TRUE(removed);
+  EXPECT_FALSE(std::filesystem::exists(P("y.kv.kvupgrade")));
+  EXPECT_EQ(ReadAll(P("y.kv")), v1);
+  std::ofstream(P("y.kv.kvupgrade")) << "half an upgrade";
   std::unique_ptr<Writer> w;
   ASSERT_TRUE(Writer::Open(P("y.kv"), {}, &w).ok());
   EXPECT_TRUE(w->recovery().removed_stale_upgrade);

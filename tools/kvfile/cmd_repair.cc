@@ -2,6 +2,7 @@
 // whole chunks past the commit record, rewrite a damaged commit slot), and
 // refuse anything that is damage rather than a crash's leftovers.
 #include <cstdio>
+#include <filesystem>
 
 #include "cli_common.h"
 #include "kvfile/verify.h"
@@ -21,6 +22,19 @@ int RunRepair(const RepairArgs& a) {
   VerifyReport rep;
   Status st = VerifyFile(a.path, {}, &rep);
   if (!st.ok()) return ReportError(st);
+  // A leftover of an interrupted v1 -> v2 upgrade: the original is whole.
+  std::error_code ec;
+  if (std::filesystem::exists(a.path + ".kvupgrade", ec)) {
+    if (a.dry_run) {
+      std::printf("%s: would remove %s.kvupgrade, left by an interrupted upgrade\n", a.path.c_str(), a.path.c_str());
+    } else {
+      bool removed = false;
+      st = RemoveLeftoverUpgradeFile(a.path, nullptr, &removed);
+      if (!st.ok()) return ReportError(st);
+      if (removed)
+        std::printf("%s: removed %s.kvupgrade, left by an interrupted upgrade\n", a.path.c_str(), a.path.c_str());
+    }
+  }
   // Damage inside the committed data cannot be repaired without losing
   // acknowledged tokens: refuse, and leave the file as it is.
   const VerifyFinding* tail = nullptr;

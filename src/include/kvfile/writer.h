@@ -122,4 +122,9 @@ class Writer {
   std::unique_ptr<Impl> impl_;
 };
 
+// Removes a leftover "<path>.kvupgrade" of an interrupted upgrade, under
+// the file's writer lock, without opening the file for writing (what
+// `kvfile repair` does for a v1 file). *removed says whether there was one.
+Status RemoveLeftoverUpgradeFile(const std::string& path, FileSystem* fs, bool* removed);
+
 }  // namespace kvfile
