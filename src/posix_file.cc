@@ -1,4 +1,15 @@
 // The POSIX backend of the file interface: pread/pwrite/fdatasync, flock.
+//
+// pread/pwrite loop until every byte is transferred (a short count is
+// followed by the rest); EINTR, and EAGAIN (which a regular file opened
+// without O_NONBLOCK should never return, but some file systems do), are
+// retried, up to kMaxRetries times in a row without progress, then returned
+// as the error: a persistent interruption fails instead of hanging. A
+// fdatasync failing with EINTR or EAGAIN is retried the same way (it
+// reported no write-back error, so the retry loses nothing); any other
+// fdatasync error is returned at once and never retried. Each of these
+// system calls first asks the fault hook (io_fault_hook.h), which tests use
+// to fake errors and short counts.
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -8,6 +19,7 @@
 #include <cstdio>
 
 #include "file_backends.h"
+#include "io_fault_hook.h"
 
 namespace kvfile {
 
@@ -28,6 +40,49 @@ Status File::WaitWrites() { return Status::OK(); }
 
 namespace {
 
+using internal::IoFault;
+
+// EINTR/EAGAIN in a row, without a byte transferred, before giving up.
+constexpr int kMaxRetries = 1000;
+
+bool Retryable(int err) { return err == EINTR || err == EAGAIN; }
+
+// One pwrite/pread/fdatasync as the fault hook lets it run: the system
+// call's return value and errno, faked or real. A faked short count is a
+// real transfer of fewer bytes.
+ssize_t PwriteOnce(int fd, const void* p, size_t n, uint64_t offset) {
+  ssize_t fake = 0;
+  if (internal::TakeIoFault(IoFault::kWrite, n, &fake)) {
+    if (fake < 0) {
+      errno = static_cast<int>(-fake);
+      return -1;
+    }
+    n = static_cast<size_t>(fake);
+  }
+  return ::pwrite(fd, p, n, static_cast<off_t>(offset));
+}
+
+ssize_t PreadOnce(int fd, void* p, size_t n, uint64_t offset) {
+  ssize_t fake = 0;
+  if (internal::TakeIoFault(IoFault::kRead, n, &fake)) {
+    if (fake < 0) {
+      errno = static_cast<int>(-fake);
+      return -1;
+    }
+    n = static_cast<size_t>(fake);
+  }
+  return ::pread(fd, p, n, static_cast<off_t>(offset));
+}
+
+int FdatasyncOnce(int fd) {
+  ssize_t fake = 0;
+  if (internal::TakeIoFault(IoFault::kSync, 0, &fake) && fake < 0) {
+    errno = static_cast<int>(-fake);
+    return -1;
+  }
+  return ::fdatasync(fd);
+}
+
 class PosixFile final : public File {
  public:
   PosixFile(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
@@ -35,15 +90,18 @@ class PosixFile final : public File {
 
   Status ReadAt(uint64_t offset, void* buf, size_t n) override {
     auto* p = static_cast<uint8_t*>(buf);
+    int retries = 0;
     while (n > 0) {
-      ssize_t r = ::pread(fd_, p, n, static_cast<off_t>(offset));
+      ssize_t r = PreadOnce(fd_, p, n, offset);
       if (r < 0) {
-        if (errno == EINTR) continue;
-        return ErrnoStatus(path_ + ": read at offset " + std::to_string(offset), errno);
+        const int err = errno;
+        if (Retryable(err) && ++retries < kMaxRetries) continue;
+        return ErrnoStatus(path_ + ": read at offset " + std::to_string(offset), err);
       }
       if (r == 0)
         return Status::Corruption(path_ + ": unexpected end of file at offset " +
                                   std::to_string(offset));
+      retries = 0;
       p += r;
       n -= static_cast<size_t>(r);
       offset += static_cast<uint64_t>(r);
@@ -53,12 +111,19 @@ class PosixFile final : public File {
 
   Status WriteAt(uint64_t offset, const void* buf, size_t n) override {
     const auto* p = static_cast<const uint8_t*>(buf);
+    int retries = 0;
     while (n > 0) {
-      ssize_t w = ::pwrite(fd_, p, n, static_cast<off_t>(offset));
+      ssize_t w = PwriteOnce(fd_, p, n, offset);
       if (w < 0) {
-        if (errno == EINTR) continue;
-        return ErrnoStatus(path_ + ": write at offset " + std::to_string(offset), errno);
+        const int err = errno;
+        if (Retryable(err) && ++retries < kMaxRetries) continue;
+        return ErrnoStatus(path_ + ": write at offset " + std::to_string(offset), err);
       }
+      // Would loop forever: say so instead (the io_uring backend does too).
+      if (w == 0)
+        return Status::IOError(path_ + ": write at offset " + std::to_string(offset) +
+                               ": no bytes written");
+      retries = 0;
       p += w;
       n -= static_cast<size_t>(w);
       offset += static_cast<uint64_t>(w);
@@ -67,8 +132,12 @@ class PosixFile final : public File {
   }
 
   Status Sync() override {
-    if (::fdatasync(fd_) != 0) return ErrnoStatus(path_ + ": fdatasync", errno);
-    return Status::OK();
+    for (int retries = 0;;) {
+      if (FdatasyncOnce(fd_) == 0) return Status::OK();
+      const int err = errno;
+      if (Retryable(err) && ++retries < kMaxRetries) continue;
+      return ErrnoStatus(path_ + ": fdatasync", err);
+    }
   }
 
   Status Truncate(uint64_t size) override {

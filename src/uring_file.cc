@@ -42,6 +42,17 @@
 // counts as that when the thread reaping is not the one that submitted).
 // Resubmission without progress gives up after kMaxStalls rounds.
 //
+// Fault injection (io_fault_hook.h, for tests): the hook is asked before
+// each read, write and fsync SQE is prepared (so its count is of SQEs, each
+// resubmission included), and its fault shows in that SQE's completion. A
+// faked short count prepares the SQE with fewer bytes, so the kernel
+// transfers exactly what the completion reports, and the SQEs linked after
+// it in the chain are cancelled (-ECANCELED), as after a real short write. A
+// faked error prepares the SQE on fd -1: it fails for real (-EBADF) without
+// touching the file and the kernel cancels what is linked after it; its
+// -EBADF is reported as the faked errno. Nothing else changes, and with no
+// fault armed the hook costs one relaxed atomic load per SQE.
+//
 // SubmitWrite fails only when the ring itself does (then WaitWrites must
 // still be called before the buffers are reused); a queued write's failure
 // is returned by the next WaitWrites, once, and does not stop later writes.
@@ -64,6 +75,7 @@
 #include <vector>
 
 #include "file_backends.h"
+#include "io_fault_hook.h"
 
 namespace kvfile {
 namespace {
@@ -315,21 +327,32 @@ class UringFile final : public File {
     const bool drain = has_fsync && !ops_.empty();
     c.submitter = ThisThread();
     size_t k = 0;
+    bool cancel_rest = false;  // a faked short write: the link breaks after it
     for (size_t i = 0; i < c.parts.size(); ++i) {
       Part& part = c.parts[i];
       if (part.done) continue;
       io_uring_sqe* sqe = nullptr;
       KVFILE_RETURN_IF_ERROR(GetSqe(&sqe));
-      if (part.fsync) {
-        io_uring_prep_fsync(sqe, fd_, IORING_FSYNC_DATASYNC);
+      const uint64_t ud = next_user_data_++;
+      auto len = static_cast<unsigned>(part.len);
+      int fd = -1;
+      if (cancel_rest) {
+        // Not run, as behind a real short write: the first of the rest
+        // fails on fd -1 (reported as cancelled), the kernel cancels the others.
+        injected_[ud] = -ECANCELED;
       } else {
-        io_uring_prep_write(sqe, fd_, part.data, static_cast<unsigned>(part.len), part.offset);
+        fd = FaultedFd(part.fsync ? Kind::kFsync : Kind::kWrite, ud, &len);
+        cancel_rest = !part.fsync && len < part.len;
+      }
+      if (part.fsync) {
+        io_uring_prep_fsync(sqe, fd, IORING_FSYNC_DATASYNC);
+      } else {
+        io_uring_prep_write(sqe, fd, part.data, len, part.offset);
       }
       unsigned flags = 0;
       if (++k < count) flags |= IOSQE_IO_LINK;
       if (k == 1 && drain) flags |= IOSQE_IO_DRAIN;
       io_uring_sqe_set_flags(sqe, flags);
-      const uint64_t ud = next_user_data_++;
       io_uring_sqe_set_data64(sqe, ud);
       ops_.emplace(ud, std::make_pair(seq, i));
       part.in_flight = true;
@@ -379,10 +402,39 @@ class UringFile final : public File {
     io_uring_cqe* cqe = nullptr;
     while (io_uring_peek_cqe(&ring_, &cqe) == 0 && cqe != nullptr) {
       const uint64_t ud = cqe->user_data;
-      const int res = cqe->res;
+      int res = cqe->res;
       io_uring_cqe_seen(&ring_, cqe);
+      if (!injected_.empty()) res = InjectedResult(ud, res);
       Complete(ud, res);
     }
+  }
+
+  // The fault hook's say on an SQE about to be prepared for `kind` with
+  // *len bytes (see the top of this file): the fd to prepare it with, and
+  // *len shortened for a faked short count.
+  int FaultedFd(Kind kind, uint64_t ud, unsigned* len) {
+    const auto op = kind == Kind::kRead    ? internal::IoFault::kRead
+                    : kind == Kind::kWrite ? internal::IoFault::kWrite
+                                           : internal::IoFault::kSync;
+    ssize_t fake = 0;
+    if (!internal::TakeIoFault(op, kind == Kind::kFsync ? 0 : *len, &fake)) return fd_;
+    if (fake > 0) {
+      *len = static_cast<unsigned>(fake);
+      return fd_;
+    }
+    injected_[ud] = static_cast<int>(fake);
+    return -1;
+  }
+
+  // The result to report for a completion the fault hook had a say in: the
+  // faked errno for the -EBADF of an SQE prepared on fd -1. Any other result
+  // (-ECANCELED: cancelled by an earlier failure in its link) is real.
+  int InjectedResult(uint64_t ud, int res) {
+    auto it = injected_.find(ud);
+    if (it == injected_.end()) return res;
+    if (res == -EBADF) res = it->second;
+    injected_.erase(it);
+    return res;
   }
 
   void Complete(uint64_t ud, int res) {
@@ -496,6 +548,7 @@ class UringFile final : public File {
     ops_.clear();
     chains_.clear();
     retry_.clear();
+    injected_.clear();
     return ring_error_;
   }
 
@@ -516,10 +569,11 @@ class UringFile final : public File {
   Status RunOne(Kind kind, uint64_t offset, uint8_t* p, unsigned len, int* res) {
     io_uring_sqe* sqe = nullptr;
     KVFILE_RETURN_IF_ERROR(GetSqe(&sqe));
+    const int fd = FaultedFd(kind, kSyncUserData, &len);
     switch (kind) {
-      case Kind::kRead: io_uring_prep_read(sqe, fd_, p, len, offset); break;
-      case Kind::kWrite: io_uring_prep_write(sqe, fd_, p, len, offset); break;
-      case Kind::kFsync: io_uring_prep_fsync(sqe, fd_, IORING_FSYNC_DATASYNC); break;
+      case Kind::kRead: io_uring_prep_read(sqe, fd, p, len, offset); break;
+      case Kind::kWrite: io_uring_prep_write(sqe, fd, p, len, offset); break;
+      case Kind::kFsync: io_uring_prep_fsync(sqe, fd, IORING_FSYNC_DATASYNC); break;
     }
     io_uring_sqe_set_data64(sqe, kSyncUserData);
     sync_done_ = false;
@@ -537,6 +591,7 @@ class UringFile final : public File {
   std::map<uint64_t, Chain> chains_;  // unfinished chains, by submission order
   std::unordered_map<uint64_t, std::pair<uint64_t, size_t>> ops_;  // in flight: user_data -> (chain, part)
   std::deque<uint64_t> retry_;        // chains waiting to be resubmitted
+  std::unordered_map<uint64_t, int> injected_;  // user_data -> faked result (tests)
   uint64_t next_seq_ = 1;
   uint64_t next_user_data_ = 1;
   Status first_error_;  // for WaitWrites

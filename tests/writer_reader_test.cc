@@ -1090,7 +1090,15 @@ TEST_F(KvFileTest, OpenTellsUnsupportedFromDamaged) {
   v1.major = 1;
   for (auto& s : v1.geometry.streams) s.dtype = Dtype::kBF16;
   WriteBareFile(Path("v1.kv"), v1);
-  EXPECT_TRUE(HasCode(Reader::Open(Path("v1.kv"), {}, &r), Code::kUnsupported, {"v1"}));
+  ASSERT_OK(Reader::Open(Path("v1.kv"), {}, &r));  // v1 is read through the same Reader
+  EXPECT_EQ(r->major_version(), 1);
+  format::FileHeader v1_fp8 = h;
+  v1_fp8.major = 1;  // a v1 header with an fp8 stream is invalid
+  std::vector<uint8_t> raw_header(4096);
+  format::EncodeFileHeader(v1_fp8, std::span<uint8_t, 4096>(raw_header.data(), 4096));
+  format::FileHeader decoded;
+  EXPECT_TRUE(HasCode(format::DecodeFileHeader(std::span<const uint8_t, 4096>(raw_header.data(), 4096), &decoded),
+                      Code::kCorruption, {"v1 files store raw rows only"}));
 
   // Not kvfiles at all.
   r.reset();
