@@ -66,6 +66,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstring>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -265,6 +266,7 @@ class UringFile final : public File {
     bool progress = false;   // since the chain was last (re)submitted
     int stalls = 0;          // resubmissions in a row without progress
     pid_t submitter = 0;     // thread that last submitted the chain
+    int last_errno = 0;      // the last retryable error seen (not -ECANCELED)
   };
 
   Status NoProgress(uint64_t offset) const {
@@ -459,6 +461,7 @@ class UringFile final : public File {
     // really bad buffer fails again when resubmitted from this thread).
     const bool retry = Retryable(res) || res == -ECANCELED ||
                        (res == -EFAULT && c.submitter != ThisThread());
+    if (retry && res < 0 && res != -ECANCELED) c.last_errno = -res;
     if (part.fsync) {
       if (res == 0) {
         c.progress = true;
@@ -510,14 +513,15 @@ class UringFile final : public File {
     if (c.progress) {
       c.stalls = 0;
     } else if (++c.stalls >= kMaxStalls) {
-      uint64_t at = 0;
+      // Name the operation that made no progress, and why.
+      std::string what = path_;
       for (const Part& part : c.parts)
         if (!part.done) {
-          at = part.offset;
+          what = part.fsync ? FsyncWhat(part) : path_ + ": write at offset " + std::to_string(part.offset);
           break;
         }
-      Record(Status::IOError(path_ + ": write at offset " + std::to_string(at) +
-                             ": io_uring kept interrupting or cancelling it"));
+      std::string why = c.last_errno ? std::string(": ") + std::strerror(c.last_errno) : "";
+      Record(Status::IOError(what + why + " (io_uring kept interrupting or cancelling it)"));
       chains_.erase(it);
       return;
     }

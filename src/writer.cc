@@ -77,6 +77,8 @@ struct Writer::Impl {
   AlignedBuffer staging[2];
   int current = 0;
   bool write_in_flight = false;
+  bool in_flight_syncs = false;  // the write in flight has a linked fdatasync
+  bool data_unsynced = false;    // a completed write may not be durable yet
   uint32_t staged = 0;       // tokens in staging[current]
   uint64_t disk_tokens = 0;  // live tokens in chunks written to the file
   uint64_t end = kDataOffset;
@@ -298,9 +300,15 @@ Status Writer::Impl::WriteStagedChunk() {
   // that buffer is filled next. One chunk in flight overlaps the write with
   // staging (quantizing) the next chunk.
   KVFILE_RETURN_IF_ERROR(WaitInFlight());
-  Status st = file->SubmitWrite(end, base, layout->chunk_bytes, /*sync_after=*/false);
+  // In sync mode chunk the chunk's fdatasync is queued linked behind its
+  // write (io_uring: IOSQE_IO_LINK), so the commit that follows needs no
+  // separate sync of the data.
+  bool link_sync = options.sync == SyncMode::kChunk;
+  Status st = file->SubmitWrite(end, base, layout->chunk_bytes, link_sync);
   if (!st.ok()) return Fail(st);
   write_in_flight = true;
+  in_flight_syncs = link_sync;
+  if (!link_sync) data_unsynced = true;
   chunks.push_back({end, layout->chunk_bytes, disk_tokens});
   end += layout->chunk_bytes;
   disk_tokens += staged;
@@ -319,6 +327,8 @@ Status Writer::Impl::WaitInFlight() {
   write_in_flight = false;
   Status st = file->WaitWrites();
   if (!st.ok()) return Fail(st);
+  // A linked fdatasync that completed covers every write before it.
+  if (in_flight_syncs) data_unsynced = false;
   return Status::OK();
 }
 
@@ -338,8 +348,13 @@ Status Writer::Impl::CommitDurably(bool force) {
 // Syncs the data, then writes `next` (with the next sequence number) into
 // the slot holding the older record and syncs again.
 Status Writer::Impl::WriteCommit(CommitRecord next) {
-  Status st = file->Sync();
-  if (!st.ok()) return Fail(st);
+  KVFILE_RETURN_IF_ERROR(WaitInFlight());
+  Status st;
+  if (data_unsynced) {
+    st = file->Sync();
+    if (!st.ok()) return Fail(st);
+    data_unsynced = false;
+  }
   next.sequence = commit.sequence + 1;
   std::vector<uint8_t> slot(kCommitSlotSize);
   EncodeCommitRecord(next, std::span<uint8_t, kCommitSlotSize>(slot.data(), kCommitSlotSize));
