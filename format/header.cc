@@ -192,6 +192,7 @@ Status DecodeCommitRecord(std::span<const uint8_t, kCommitSlotSize> in, CommitRe
   c.end = LoadU64(p + cs::kCommittedEnd);
   c.chunks = LoadU64(p + cs::kCommittedChunks);
   if (c.sequence == 0) return Status::Corruption("commit sequence is zero");
+  if (c.epoch == 0) return Status::Corruption("commit epoch is zero");
   if (c.end < kDataOffset || c.end % kBlockSize != 0)
     return Status::Corruption("committed end " + std::to_string(c.end) +
                               " is not a block boundary at or after 12288");

@@ -11,6 +11,11 @@ namespace kvfile::internal {
 // pread/pwrite/fdatasync; always available.
 FileSystem* PosixFileSystemInstance();
 
+// What both backends do the same way on a file descriptor.
+Status OpenFd(const std::string& path, OpenMode mode, int* fd);
+Status LockFd(int fd, const std::string& path);
+Status FdId(int fd, const std::string& path, FileId* id);
+
 // io_uring (liburing): reads, writes and fdatasync go through one ring per
 // open File; directory operations are the POSIX ones. Fails (kIOError or
 // kUnsupported, saying why) when this process cannot use io_uring: ENOSYS

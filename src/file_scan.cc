@@ -17,6 +17,9 @@ std::string ChunkWhere(size_t index, uint64_t offset) {
 Status LayoutCache::Get(uint32_t token_count, const ChunkLayout** out) {
   auto it = layouts_.find(token_count);
   if (it == layouts_.end()) {
+    // Files hold a nominal chunk size and a few short chunks; a file with
+    // many distinct sizes must not grow the cache without bound.
+    if (layouts_.size() >= kMaxCachedLayouts) layouts_.clear();
     ChunkLayout layout;
     KVFILE_RETURN_IF_ERROR(ComputeChunkLayout(*geometry_, token_count, &layout));
     it = layouts_.emplace(token_count, std::move(layout)).first;
@@ -48,19 +51,25 @@ Status ReadChunkHead(File& file, const FileHeader& h, LayoutCache& layouts, uint
   if (c.chunk_bytes > limit - offset)
     return Status::Corruption("incomplete chunk: needs " + std::to_string(c.chunk_bytes) +
                               " bytes, " + std::to_string(limit - offset) + " present");
+  // The head is checked before the full layout is computed: a hostile file
+  // must not make the scan build layouts (memory) for heads that are junk.
+  uint64_t head_bytes = HeadBytes(h.geometry, c.token_count);
+  if (head_bytes > c.chunk_bytes)
+    return Status::Corruption("chunk size " + std::to_string(c.chunk_bytes) + " is too small for " +
+                              std::to_string(c.token_count) + " tokens of this geometry");
+  if (head_bytes > guess) {
+    buf->resize(head_bytes);
+    KVFILE_RETURN_IF_ERROR(file.ReadAt(offset + guess, buf->data() + guess, head_bytes - guess));
+  }
+  const uint8_t* p = buf->data();
+  uint64_t head_checksum_offset = head_bytes - 8;
+  if (LoadU64(p + head_checksum_offset) != Checksum(p, head_checksum_offset))
+    return Status::Corruption("chunk head checksum mismatch");
   const ChunkLayout* layout;
   KVFILE_RETURN_IF_ERROR(layouts.Get(c.token_count, &layout));
   if (layout->chunk_bytes != c.chunk_bytes)
     return Status::Corruption("chunk size " + std::to_string(c.chunk_bytes) + " does not match " +
                               std::to_string(c.token_count) + " tokens of this geometry");
-  if (layout->head_bytes > guess) {
-    buf->resize(layout->head_bytes);
-    KVFILE_RETURN_IF_ERROR(
-        file.ReadAt(offset + guess, buf->data() + guess, layout->head_bytes - guess));
-  }
-  const uint8_t* p = buf->data();
-  if (LoadU64(p + layout->head_checksum_offset) != Checksum(p, layout->head_checksum_offset))
-    return Status::Corruption("chunk head checksum mismatch");
   uint64_t tokens_end = layout->tokens_offset + 4ull * c.token_count;
   if (!AllZero(std::span<const uint8_t>(p + tokens_end, layout->head_checksum_offset - tokens_end)))
     return Status::Corruption("chunk head padding is not zero");
@@ -162,8 +171,16 @@ Status CheckChunkValues(const Geometry& g, const ChunkLayout& layout, const Chun
   for (uint32_t l = 0; l < layout.layers; ++l) {
     for (uint32_t s = 0; s < layout.streams; ++s) {
       const StreamSpec& spec = g.streams[s];
-      if (!IsFp8(spec.dtype)) continue;
       const SectionLayout& sec = layout.section(l, s);
+      if (!IsFp8(spec.dtype)) {
+        uint64_t elems = uint64_t{info.stored_tokens} * spec.ElementsPerToken();
+        size_t bad = codec::FindNonFinite(spec.dtype, p + sec.offset, elems);
+        if (bad < elems)
+          return Status::Corruption("layer " + std::to_string(l) + " stream '" + spec.name +
+                                    "': non-finite value at token " +
+                                    std::to_string(info.first_token + bad / spec.ElementsPerToken()));
+        continue;
+      }
       auto kind = spec.dtype == Dtype::kE5M2 ? codec::Fp8Kind::kE5M2 : codec::Fp8Kind::kE4M3;
       uint64_t rows = uint64_t{info.stored_tokens} * spec.rows_per_token;
       std::string where = "layer " + std::to_string(l) + " stream '" + spec.name + "'";

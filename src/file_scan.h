@@ -44,6 +44,8 @@ class LayoutCache {
   Status Get(uint32_t token_count, const format::ChunkLayout** out);
 
  private:
+  // A layout is a few dozen bytes per section; the cache stays small.
+  static constexpr size_t kMaxCachedLayouts = 8;
   const format::Geometry* geometry_;
   std::map<uint32_t, format::ChunkLayout> layouts_;
 };
@@ -59,8 +61,9 @@ struct DamageLocation {
 // been checked. On failure, *where (if given) says where the damage is.
 Status ScanFile(File& file, ScanResult* out, DamageLocation* where = nullptr);
 
-// Checks what checksums cannot: no non-finite code and every scale valid,
-// in every fp8 section of a chunk already read whole into `chunk_bytes`.
+// Checks what checksums cannot: no non-finite code and every scale valid in
+// fp8 sections, no non-finite value in raw sections, of a chunk already
+// read whole into `chunk_bytes`.
 Status CheckChunkValues(const format::Geometry& g, const format::ChunkLayout& layout,
                         const ChunkInfo& info, const uint8_t* chunk_bytes);
 

@@ -153,14 +153,8 @@ class PosixFile final : public File {
     return Status::OK();
   }
 
-  Status LockExclusive() override {
-    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
-      if (errno == EWOULDBLOCK)
-        return Status::Busy(path_ + ": another writer has the file open");
-      return ErrnoStatus(path_ + ": lock", errno);
-    }
-    return Status::OK();
-  }
+  Status LockExclusive() override { return internal::LockFd(fd_, path_); }
+  Status Id(FileId* id) override { return internal::FdId(fd_, path_, id); }
 
   const char* backend() const override { return "posix"; }
   const std::string& path() const override { return path_; }
@@ -173,22 +167,8 @@ class PosixFile final : public File {
 class PosixFileSystem final : public FileSystem {
  public:
   Status Open(const std::string& path, OpenMode mode, std::unique_ptr<File>* out) override {
-    int flags = O_CLOEXEC;
-    switch (mode) {
-      case OpenMode::kRead: flags |= O_RDONLY; break;
-      case OpenMode::kReadWrite: flags |= O_RDWR; break;
-      case OpenMode::kCreateExclusive: flags |= O_RDWR | O_CREAT | O_EXCL; break;
-    }
     int fd;
-    do {
-      fd = ::open(path.c_str(), flags, 0644);
-    } while (fd < 0 && errno == EINTR);
-    if (fd < 0) return ErrnoStatus(path, errno);
-    struct stat st;
-    if (::fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
-      ::close(fd);
-      return Status::InvalidArgument(path + ": is a directory");
-    }
+    KVFILE_RETURN_IF_ERROR(internal::OpenFd(path, mode, &fd));
     *out = std::make_unique<PosixFile>(path, fd);
     return Status::OK();
   }
@@ -215,6 +195,13 @@ class PosixFileSystem final : public FileSystem {
     return Status::OK();
   }
 
+  Status PathId(const std::string& path, FileId* id) override {
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0) return ErrnoStatus(path, errno);
+    *id = {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)};
+    return Status::OK();
+  }
+
   Status Exists(const std::string& path, bool* exists) override {
     struct stat st;
     if (::stat(path.c_str(), &st) == 0) {
@@ -232,6 +219,43 @@ class PosixFileSystem final : public FileSystem {
 }  // namespace
 
 namespace internal {
+
+Status OpenFd(const std::string& path, OpenMode mode, int* out) {
+  int flags = O_CLOEXEC;
+  switch (mode) {
+    case OpenMode::kRead: flags |= O_RDONLY; break;
+    case OpenMode::kReadWrite: flags |= O_RDWR; break;
+    case OpenMode::kCreateExclusive: flags |= O_RDWR | O_CREAT | O_EXCL; break;
+  }
+  int fd;
+  do {
+    fd = ::open(path.c_str(), flags, 0644);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0) return ErrnoStatus(path, errno);
+  struct stat st;
+  if (::fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
+    ::close(fd);
+    return Status::InvalidArgument(path + ": is a directory");
+  }
+  *out = fd;
+  return Status::OK();
+}
+
+Status LockFd(int fd, const std::string& path) {
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    if (errno == EWOULDBLOCK) return Status::Busy(path + ": another writer has the file open");
+    return ErrnoStatus(path + ": lock", errno);
+  }
+  return Status::OK();
+}
+
+Status FdId(int fd, const std::string& path, FileId* id) {
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return ErrnoStatus(path + ": stat", errno);
+  *id = {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)};
+  return Status::OK();
+}
+
 FileSystem* PosixFileSystemInstance() {
   static PosixFileSystem* fs = new PosixFileSystem();
   return fs;

@@ -30,7 +30,7 @@ struct Reader::Impl {
     size_t chunk;
     uint32_t first;  // first token within the chunk
     uint32_t count;
-    const SectionLayout* section;
+    SectionLayout section;  // a copy: the layout cache may drop layouts
     size_t scratch_offset;
   };
   Status CheckRange(uint32_t layer, uint32_t stream, uint64_t begin, uint64_t end) const;
@@ -68,17 +68,17 @@ Status Reader::Impl::LoadSections(uint32_t layer, uint32_t stream, uint64_t begi
     if (c.first_token >= end) break;
     const ChunkLayout* layout;
     KVFILE_RETURN_IF_ERROR(layouts->Get(c.stored_tokens, &layout));
-    const SectionLayout& sec = layout->sections[idx];
+    SectionLayout sec = layout->sections[idx];
     uint64_t from = std::max(begin, c.first_token);
     uint64_t to = std::min(end, c.first_token + c.live_tokens);
     pieces->push_back({ci, static_cast<uint32_t>(from - c.first_token),
-                       static_cast<uint32_t>(to - from), &sec, total});
+                       static_cast<uint32_t>(to - from), sec, total});
     total += sec.end - sec.offset;
   }
   if (scratch.size() < total) scratch.resize(total);
   for (const Piece& p : *pieces) {
     const ChunkInfo& c = chunk_infos[p.chunk];
-    const SectionLayout& sec = *p.section;
+    const SectionLayout& sec = p.section;
     uint8_t* buf = scratch.data() + p.scratch_offset;
     std::string where = path + ": " + internal::ChunkWhere(p.chunk, c.offset) + ", layer " +
                         std::to_string(layer) + " stream '" + spec.name + "'";
@@ -163,6 +163,7 @@ Status Reader::ReadRows(uint32_t layer, uint32_t stream, uint64_t begin, uint64_
                         Dtype out_dtype, void* dst) {
   Impl& r = *impl_;
   KVFILE_RETURN_IF_ERROR(r.CheckRange(layer, stream, begin, end));
+  if (begin == end) return Status::OK();
   if (IsFp8(out_dtype))
     return Status::InvalidArgument(r.path + ": decoded reads produce bf16, f16 or f32; use ReadCodes for codes");
   std::vector<Impl::Piece> pieces;
@@ -175,7 +176,7 @@ Status Reader::ReadRows(uint32_t layer, uint32_t stream, uint64_t begin, uint64_
     uint64_t row0 = uint64_t{p.first} * spec.rows_per_token;
     uint64_t rows = uint64_t{p.count} * spec.rows_per_token;
     if (IsFp8(spec.dtype)) {
-      const float* scales = reinterpret_cast<const float*>(buf + (p.section->scales_offset - p.section->offset)) + row0;
+      const float* scales = reinterpret_cast<const float*>(buf + (p.section.scales_offset - p.section.offset)) + row0;
       codec::DequantizeRows(spec.dtype == Dtype::kE5M2 ? codec::Fp8Kind::kE5M2 : codec::Fp8Kind::kE4M3,
                             buf + row0 * spec.row_width, scales, rows, spec.row_width, out_dtype, out);
     } else {
@@ -217,7 +218,7 @@ Status Reader::ReadCodes(uint32_t layer, uint32_t stream, uint64_t begin, uint64
                                                  bad_row / spec.rows_per_token));
     } else {
       std::memcpy(codes, buf + row0 * spec.row_width, rows * spec.row_width);
-      std::memcpy(scales, buf + (p.section->scales_offset - p.section->offset) + row0 * 4, rows * 4);
+      std::memcpy(scales, buf + (p.section.scales_offset - p.section.offset) + row0 * 4, rows * 4);
     }
     codes += rows * spec.row_width;
     scales += rows;

@@ -191,14 +191,8 @@ class UringFile final : public File {
     return Status::OK();
   }
 
-  Status LockExclusive() override {
-    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
-      if (errno == EWOULDBLOCK)
-        return Status::Busy(path_ + ": another writer has the file open");
-      return ErrnoStatus(path_ + ": lock", errno);
-    }
-    return Status::OK();
-  }
+  Status LockExclusive() override { return internal::LockFd(fd_, path_); }
+  Status Id(FileId* id) override { return internal::FdId(fd_, path_, id); }
 
   Status SubmitWrite(uint64_t offset, const void* buf, size_t n, bool sync_after) override {
     if (!ring_error_.ok()) return ring_error_;
@@ -607,22 +601,8 @@ class UringFile final : public File {
 class UringFileSystem final : public FileSystem {
  public:
   Status Open(const std::string& path, OpenMode mode, std::unique_ptr<File>* out) override {
-    int flags = O_CLOEXEC;
-    switch (mode) {
-      case OpenMode::kRead: flags |= O_RDONLY; break;
-      case OpenMode::kReadWrite: flags |= O_RDWR; break;
-      case OpenMode::kCreateExclusive: flags |= O_RDWR | O_CREAT | O_EXCL; break;
-    }
     int fd;
-    do {
-      fd = ::open(path.c_str(), flags, 0644);
-    } while (fd < 0 && errno == EINTR);
-    if (fd < 0) return ErrnoStatus(path, errno);
-    struct stat st;
-    if (::fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
-      ::close(fd);
-      return Status::InvalidArgument(path + ": is a directory");
-    }
+    KVFILE_RETURN_IF_ERROR(internal::OpenFd(path, mode, &fd));
     auto file = std::make_unique<UringFile>(path, fd);  // owns fd from here
     KVFILE_RETURN_IF_ERROR(file->Init());
     *out = std::move(file);
@@ -641,6 +621,9 @@ class UringFileSystem final : public FileSystem {
   }
   Status Exists(const std::string& path, bool* exists) override {
     return internal::PosixFileSystemInstance()->Exists(path, exists);
+  }
+  Status PathId(const std::string& path, FileId* id) override {
+    return internal::PosixFileSystemInstance()->PathId(path, id);
   }
 };
 

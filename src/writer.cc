@@ -57,6 +57,31 @@ Status LockWithGrace(File& file) {
   return st;
 }
 
+// Staging buffers of a writer that opens an existing file hold at most this
+// much each, whatever nominal chunk size the file's header names.
+constexpr uint64_t kOpenMaxChunkBytes = uint64_t{64} << 20;
+
+// Opens `path` for writing and takes its writer lock, making sure the file
+// locked is still the one the path names: another process may have renamed
+// a new file over it (an upgrade, a create with overwrite) while this one
+// waited for the lock.
+Status OpenLocked(FileSystem& fs, const std::string& path, std::unique_ptr<File>* out) {
+  for (int attempt = 0; attempt < 20; ++attempt) {
+    std::unique_ptr<File> file;
+    KVFILE_RETURN_IF_ERROR(fs.Open(path, OpenMode::kReadWrite, &file));
+    KVFILE_RETURN_IF_ERROR(LockWithGrace(*file));
+    FileId locked, named;
+    KVFILE_RETURN_IF_ERROR(file->Id(&locked));
+    Status st = fs.PathId(path, &named);
+    if (st.ok() && locked == named) {
+      *out = std::move(file);
+      return Status::OK();
+    }
+    if (!st.ok() && st.code() != Status::Code::kNotFound) return st;
+  }
+  return Status::Busy(path + ": the file keeps being replaced while opening it");
+}
+
 codec::Fp8Kind KindOf(Dtype d) {
   return d == Dtype::kE5M2 ? codec::Fp8Kind::kE5M2 : codec::Fp8Kind::kE4M3;
 }
@@ -114,7 +139,8 @@ struct Writer::Impl {
 
   Status ValidateBatch(const AppendBatch& b, bool scan_values) const;
   Status StageTokens(const AppendBatch& b, uint64_t from, uint32_t n);
-  Status Init(const std::string& p, const WriterOptions& o, FileHeader h);
+  Status Init(const std::string& p, const WriterOptions& o, FileHeader h,
+              uint64_t max_chunk_bytes = kMaxChunkBytes);
   Status WriteStagedChunk();
   Status WaitInFlight();
   Status CommitDurably(bool force = false);
@@ -127,12 +153,23 @@ struct Writer::Impl {
 };
 
 // Allocates the staging buffers for the header's geometry.
-Status Writer::Impl::Init(const std::string& p, const WriterOptions& o, FileHeader h) {
+Status Writer::Impl::Init(const std::string& p, const WriterOptions& o, FileHeader h,
+                          uint64_t max_chunk_bytes) {
   path = p;
   fs = o.fs ? o.fs : FileSystem::Default();
   options = o;
   header = std::move(h);
-  Status st = ComputeChunkLayout(header.geometry, header.chunk_tokens, &full_layout);
+  // Chunks say their own token count, so a writer may stage fewer tokens
+  // than the header's nominal count (FORMAT.md, "Limits").
+  uint32_t chunk_tokens = header.chunk_tokens;
+  Status st = ComputeChunkLayout(header.geometry, chunk_tokens, &full_layout);
+  // Create() takes the caller's chunk size or refuses it (the message says
+  // to use fewer tokens per chunk); Open() lowers the file's hint to fit.
+  while (max_chunk_bytes < kMaxChunkBytes && (!st.ok() || full_layout.chunk_bytes > max_chunk_bytes) &&
+         chunk_tokens > 1) {
+    chunk_tokens = chunk_tokens / 2;
+    st = ComputeChunkLayout(header.geometry, chunk_tokens, &full_layout);
+  }
   if (!st.ok()) return st.WithContext(path);
   for (AlignedBuffer& b : staging) {
     b = AllocateAligned(full_layout.chunk_bytes);
@@ -383,6 +420,23 @@ Status Writer::Impl::Recover(const internal::ScanResult& scan) {
   }
   recovery.recommitted_chunks = chunks.size() - scan.commit.chunks;
   recovery.slot_rewritten = !scan.slot_errors[0].empty() || !scan.slot_errors[1].empty();
+  recovery.dropped_after_damage = scan.tail.valid_data_follows;
+  // A last chunk cut by the commit record must be followed by chunks of a
+  // newer epoch (FORMAT.md 5.3). The library's rewinds always bump the
+  // epoch, but a file from elsewhere may cut without: bump it now.
+  if (!scan.chunks.empty()) {
+    const ChunkInfo& last = scan.chunks.back().info;
+    if (last.live_tokens < last.stored_tokens && last.epoch == commit.epoch) {
+      if (commit.epoch == UINT32_MAX)
+        return Status::Unsupported(path + ": the epoch counter is exhausted; rewrite the file with kvfile convert");
+      CommitRecord next = commit;
+      next.epoch += 1;
+      next.tokens = disk_tokens;
+      next.end = end;
+      next.chunks = chunks.size();
+      return WriteCommit(next);
+    }
+  }
   if (recovery.recommitted_chunks > 0 || recovery.slot_rewritten) {
     // The next commit goes to the slot that is not active: the damaged one
     // if there is one.
@@ -411,6 +465,8 @@ Status Writer::Impl::RewindTo(uint64_t n) {
   uint64_t new_end = keep == 0 ? kDataOffset : chunks[keep - 1].offset + chunks[keep - 1].bytes;
   // The kept chunks may not be durable yet (sync mode none): WriteCommit
   // syncs them before the record that vouches for them.
+  if (commit.epoch == UINT32_MAX)
+    return Status::Unsupported(path + ": the epoch counter is exhausted; rewrite the file with kvfile convert");
   CommitRecord next = commit;
   next.epoch += 1;
   next.tokens = n;
@@ -452,17 +508,26 @@ Status Writer::Impl::CreateFile(const std::string& write_path, uint32_t epoch) {
   Status st = fs->Open(write_path, OpenMode::kCreateExclusive, &file);
   if (!st.ok()) {
     // A leftover of a crashed create or upgrade holds nothing acknowledged:
-    // remove it, unless a live writer still holds its lock.
+    // remove it, unless a live writer holds its lock. It is removed while
+    // locked, and only if the name still refers to the file locked.
     std::unique_ptr<File> stale;
     if (fs->Open(write_path, OpenMode::kReadWrite, &stale).ok()) {
       KVFILE_RETURN_IF_ERROR(LockWithGrace(*stale));
+      FileId locked, named;
+      KVFILE_RETURN_IF_ERROR(stale->Id(&locked));
+      if (fs->PathId(write_path, &named).ok() && named == locked) KVFILE_RETURN_IF_ERROR(fs->Remove(write_path));
       stale.reset();
-      KVFILE_RETURN_IF_ERROR(fs->Remove(write_path));
       st = fs->Open(write_path, OpenMode::kCreateExclusive, &file);
     }
     if (!st.ok()) return st;
   }
+  // Between the exclusive create and the lock, another creator may have
+  // taken this name for its own file: then this one gives up.
   st = file->LockExclusive();
+  FileId mine, named;
+  if (st.ok()) st = file->Id(&mine);
+  if (st.ok() && (!fs->PathId(write_path, &named).ok() || !(named == mine)))
+    return Status::Busy(write_path + ": another process is creating the same file");
   if (st.ok()) st = file->WriteAt(0, fixed.data(), fixed.size());
   if (st.ok()) st = file->Sync();
   if (!st.ok()) {
@@ -620,8 +685,7 @@ Status RemoveLeftoverUpgrade(FileSystem& fs, const std::string& path, bool* remo
 Status RemoveLeftoverUpgradeFile(const std::string& path, FileSystem* fs, bool* removed) {
   if (fs == nullptr) fs = FileSystem::Default();
   std::unique_ptr<File> file;
-  KVFILE_RETURN_IF_ERROR(fs->Open(path, OpenMode::kReadWrite, &file));
-  KVFILE_RETURN_IF_ERROR(LockWithGrace(*file));
+  KVFILE_RETURN_IF_ERROR(OpenLocked(*fs, path, &file));
   return RemoveLeftoverUpgrade(*fs, path, removed);
 }
 
@@ -629,8 +693,7 @@ Status Writer::Open(const std::string& path, const WriterOptions& options,
                     std::unique_ptr<Writer>* out) {
   FileSystem* fs = options.fs ? options.fs : FileSystem::Default();
   std::unique_ptr<File> file;
-  KVFILE_RETURN_IF_ERROR(fs->Open(path, OpenMode::kReadWrite, &file));
-  KVFILE_RETURN_IF_ERROR(LockWithGrace(*file));
+  KVFILE_RETURN_IF_ERROR(OpenLocked(*fs, path, &file));
   std::string tmp = path + ".kvupgrade";
   bool removed_stale = false;
   KVFILE_RETURN_IF_ERROR(RemoveLeftoverUpgrade(*fs, path, &removed_stale));
@@ -649,7 +712,9 @@ Status Writer::Open(const std::string& path, const WriterOptions& options,
       if (!h.geometry.FindStream(name))
         return Status::InvalidArgument(path + ": --keep-raw names stream '" + name + "', which the file does not have");
     KVFILE_RETURN_IF_ERROR(RandomSalt(&h.salt));
-    KVFILE_RETURN_IF_ERROR(impl->Init(path, options, h));
+    KVFILE_RETURN_IF_ERROR(impl->Init(path, options, h, kOpenMaxChunkBytes));
+    if (scan.commit.epoch == UINT32_MAX)
+      return Status::Unsupported(path + ": the epoch counter is exhausted; convert the file instead");
     st = impl->CreateFile(tmp, scan.commit.epoch + 1);
     if (!st.ok()) return st.WithContext(path + ": upgrade to v2 failed, the v1 file is unchanged");
     st = impl->UpgradeFrom(*file, scan);
@@ -665,7 +730,9 @@ Status Writer::Open(const std::string& path, const WriterOptions& options,
     out->reset(new Writer(std::move(impl)));
     return Status::OK();
   }
-  KVFILE_RETURN_IF_ERROR(impl->Init(path, options, scan.header));
+  // The header's nominal chunk size is only a hint, and it comes from the
+  // file: staging buffers for an existing file are capped.
+  KVFILE_RETURN_IF_ERROR(impl->Init(path, options, scan.header, kOpenMaxChunkBytes));
   impl->file = std::move(file);
   KVFILE_RETURN_IF_ERROR(impl->Recover(scan));
   impl->recovery.removed_stale_upgrade = removed_stale;

@@ -25,7 +25,7 @@ struct CliRun {
 // Runs `kvfile ARGS` through the shell, capturing stdout and stderr.
 CliRun Kvfile(const std::string& args) {
   static int counter = 0;
-  std::string err_path = testing::TempDir() + "kvfile_cli_err_" + std::to_string(++counter);
+  std::string err_path = testing::TempDir() + "kvfile_cli_err_" + std::to_string(getpid()) + "_" + std::to_string(++counter);
   std::string cmd = std::string(KVFILE_BINARY) + " " + args + " 2>" + err_path;
   CliRun r{};
   FILE* p = popen(cmd.c_str(), "r");

@@ -54,6 +54,10 @@ class FaultFile final : public File {
     node_->lock_owner = this;
     return Status::OK();
   }
+  Status Id(FileId* id) override {
+    *id = {1, node_->id};
+    return Status::OK();
+  }
   const char* backend() const override { return "memory"; }
   const std::string& path() const override { return path_; }
 
@@ -131,6 +135,13 @@ Status FaultFs::SyncDir(const std::string& dir) {
 
 Status FaultFs::Exists(const std::string& path, bool* exists) {
   *exists = names_.count(path) > 0;
+  return Status::OK();
+}
+
+Status FaultFs::PathId(const std::string& path, FileId* id) {
+  auto it = names_.find(path);
+  if (it == names_.end()) return ErrnoStatus(path, ENOENT);
+  *id = {1, it->second->id};
   return Status::OK();
 }
 

@@ -41,6 +41,7 @@ class FaultFs : public FileSystem {
   Status Remove(const std::string& path) override;
   Status SyncDir(const std::string& dir) override;
   Status Exists(const std::string& path, bool* exists) override;
+  Status PathId(const std::string& path, FileId* id) override;
 
   // The operations so far, in order (reads are not recorded).
   const std::vector<FsOp>& log() const { return log_; }

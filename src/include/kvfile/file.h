@@ -14,6 +14,14 @@
 
 namespace kvfile {
 
+// Which file an open file or a path refers to (device and inode), to tell
+// whether a path still names the file a writer locked.
+struct FileId {
+  uint64_t device = 0;
+  uint64_t inode = 0;
+  bool operator==(const FileId&) const = default;
+};
+
 class File {
  public:
   virtual ~File() = default;
@@ -29,6 +37,7 @@ class File {
   // Takes an exclusive advisory lock without waiting; kBusy if another
   // process (or another open file description) holds it.
   virtual Status LockExclusive() = 0;
+  virtual Status Id(FileId* id) = 0;
   // Asynchronous writes, for overlapping I/O with quantization. Queues a
   // write of n bytes at offset (the buffer must stay untouched until
   // WaitWrites returns); with sync_after, a fdatasync ordered after it (and
@@ -59,6 +68,7 @@ class FileSystem {
   // Makes directory entries (creations, renames, removals) in dir durable.
   virtual Status SyncDir(const std::string& dir) = 0;
   virtual Status Exists(const std::string& path, bool* exists) = 0;
+  virtual Status PathId(const std::string& path, FileId* id) = 0;
 
   // The process-wide default: io_uring where the kernel allows it, else
   // pread/pwrite; KVFILE_IO=uring or KVFILE_IO=posix forces one.

@@ -72,9 +72,12 @@ class Writer {
   // synced v2 file is renamed over them). Takes the
   // writer lock (kBusy if another writer holds it), removes a torn tail and
   // makes that durable, commits valid chunks found past the commit record,
-  // and rewrites a damaged commit slot. Damage before the end is an error
-  // (kCorruption) and the file is left as it was. options.chunk_tokens and
-  // options.salt are ignored: the file's own values are used.
+  // and rewrites a damaged commit slot. Damage in the committed region is
+  // an error (kCorruption) and the file is left as it was. A damaged
+  // uncommitted chunk is cut with the rest of the tail, even when whole
+  // chunks follow it (nothing there was acknowledged; see recovery()).
+  // options.salt is ignored; options.chunk_tokens too: chunks hold the
+  // file's nominal count, capped so that a staging buffer stays <= 64 MiB.
   static Status Open(const std::string& path, const WriterOptions& options,
                      std::unique_ptr<Writer>* out);
 
@@ -103,6 +106,10 @@ class Writer {
     std::string torn_reason;          // why those bytes were not a valid chunk
     uint64_t recommitted_chunks = 0;  // valid chunks past the old commit record
     bool slot_rewritten = false;      // a damaged commit slot was rewritten
+    // The tail that was cut began with a damaged uncommitted chunk followed
+    // by whole ones (they were dropped too: nothing there was acknowledged;
+    // a crash with writes reaching the disk out of order leaves this).
+    bool dropped_after_damage = false;
     bool upgraded_from_v1 = false;    // the file was a v1 file, now v2
     bool removed_stale_upgrade = false;  // a leftover <path>.kvupgrade was removed
   };
