@@ -2,6 +2,8 @@
 // stderr line, and files left as they were.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+
+#include "support/cli_run.h"
 #include <sys/wait.h>
 
 #include <algorithm>
@@ -16,34 +18,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct CliRun {
-  int exit_code;
-  std::string out;
-  std::string err;
-};
-
-// Runs `kvfile ARGS` through the shell, capturing stdout and stderr.
-CliRun Kvfile(const std::string& args) {
-  static int counter = 0;
-  std::string err_path = testing::TempDir() + "kvfile_cli_err_" + std::to_string(getpid()) + "_" + std::to_string(++counter);
-  std::string cmd = std::string(KVFILE_BINARY) + " " + args + " 2>" + err_path;
-  CliRun r{};
-  FILE* p = popen(cmd.c_str(), "r");
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  std::ifstream e(err_path);
-  r.err.assign(std::istreambuf_iterator<char>(e), {});
-  fs::remove(err_path);
-  return r;
-}
-
-std::string ReadFile(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
+using kvfile::testing::CliRun;
+using kvfile::testing::Kvfile;
+using kvfile::testing::ReadFile;
 
 class CliTest : public testing::Test {
  protected:
@@ -257,6 +234,21 @@ TEST_F(CliTest, VerifySnapshotDirectoryReportsExactlyTheDamagedFile) {
       EXPECT_NE(e["path"].get<std::string>().find("doc7.kv"), std::string::npos);
     }
   EXPECT_EQ(bad, 1);
+}
+
+// On a terminal (a pseudo-terminal from script(1)) work over a second draws
+// a progress bar on stderr, erased before the result; --quiet turns it off.
+TEST_F(CliTest, ProgressBarOnlyOnATerminal) {
+  if (std::system("command -v script >/dev/null 2>&1") != 0) GTEST_SKIP() << "script(1) is not installed";
+  std::string cmd = std::string(KVFILE_BINARY) + " synth " + P("p.kv") + " --tokens 12000 --force";
+  std::string log = P("typescript");
+  ASSERT_EQ(std::system(("script -qec '" + cmd + "' " + log + " >/dev/null 2>&1").c_str()), 0);
+  std::string shown = ReadFile(log);
+  EXPECT_NE(shown.find("\rsynth " + P("p.kv") + " ["), std::string::npos) << shown;
+  EXPECT_NE(shown.find("\r\033[Kwrote "), std::string::npos) << "the bar is erased before the result";
+  ASSERT_EQ(std::system(("script -qec '" + std::string(KVFILE_BINARY) + " -q synth " + P("p.kv") +
+                         " --tokens 12000 --force' " + log + " >/dev/null 2>&1").c_str()), 0);
+  EXPECT_EQ(ReadFile(log).find("\rsynth "), std::string::npos) << "--quiet draws nothing";
 }
 
 TEST_F(CliTest, VersionAndHelp) {

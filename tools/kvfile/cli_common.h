@@ -26,5 +26,9 @@ void RegisterSynth(CLI::App& app, int* exit_code);
 void RegisterInfo(CLI::App& app, int* exit_code);
 void RegisterVerify(CLI::App& app, int* exit_code);
 void RegisterRepair(CLI::App& app, int* exit_code);
+void RegisterDump(CLI::App& app, int* exit_code);
+void RegisterRewind(CLI::App& app, int* exit_code);
+void RegisterAppend(CLI::App& app, int* exit_code);
+void RegisterConvert(CLI::App& app, int* exit_code);
 
 }  // namespace kvfile::cli

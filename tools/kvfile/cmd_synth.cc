@@ -9,6 +9,7 @@
 #include "kvfile/presets.h"
 #include "kvfile/reader.h"
 #include "kvfile/writer.h"
+#include "progress.h"
 #include "synth_data.h"
 
 namespace kvfile::cli {
@@ -59,6 +60,7 @@ int RunSynth(const SynthArgs& a) {
   size_t S = g.streams.size();
   std::vector<std::vector<uint16_t>> blocks(g.layers * S);
   std::vector<uint32_t> tokens;
+  Progress progress("synth " + a.path, a.tokens);
   for (uint64_t first = 0; first < a.tokens; first += a.chunk_tokens) {
     uint64_t n = std::min<uint64_t>(a.chunk_tokens, a.tokens - first);
     GenerateAll(g, a.seed, first, n, blocks);
@@ -69,8 +71,10 @@ int RunSynth(const SynthArgs& a) {
     for (auto& b : blocks) batch.blocks.push_back({Dtype::kBF16, b.data(), nullptr});
     st = w->Append(batch);
     if (!st.ok()) return ReportError(st.WithContext(a.path));
+    progress.Add(n);
   }
   st = w->Close();
+  progress.Finish();
   if (!st.ok()) return ReportError(st);
   std::printf("wrote %s: %llu tokens of %s (%s), seed %llu\n", a.path.c_str(),
               static_cast<unsigned long long>(a.tokens), a.preset.c_str(), a.dtype.c_str(),
@@ -99,8 +103,10 @@ int RunCheck(const SynthArgs& a) {
   std::vector<uint8_t> want_codes, have_codes;
   std::vector<float> want_scales, have_scales;
   std::vector<uint16_t> have_raw, want_raw;
+  Progress progress("check " + a.path, total);
   for (uint64_t first = 0; first < total; first += step) {
     uint64_t n = std::min(step, total - first);
+    progress.Add(n);
     GenerateAll(g, seed, first, n, blocks);
     for (uint32_t l = 0; l < g.layers; ++l) {
       for (uint32_t s = 0; s < S; ++s) {
@@ -137,6 +143,7 @@ int RunCheck(const SynthArgs& a) {
       }
     }
   }
+  progress.Finish();
   std::printf("%s: ok, all %llu tokens match the synthetic data of seed %llu\n", a.path.c_str(),
               static_cast<unsigned long long>(total), static_cast<unsigned long long>(seed));
   return kExitOk;

@@ -9,6 +9,7 @@
 
 #include "cli_common.h"
 #include "kvfile/verify.h"
+#include "progress.h"
 
 namespace kvfile::cli {
 
@@ -54,12 +55,20 @@ int RunVerify(const VerifyArgs& a) {
   if (!st.ok()) return ReportError(st);
   std::vector<FileResult> results(files.size());
   std::atomic<size_t> next{0};
+  uint64_t total_bytes = 0;
+  for (const std::string& f : files) {
+    std::error_code size_ec;
+    uint64_t n = std::filesystem::file_size(f, size_ec);
+    if (!size_ec) total_bytes += n;
+  }
+  Progress progress("verify", total_bytes);
   auto work = [&] {
     for (size_t i; (i = next.fetch_add(1)) < files.size();) {
       results[i].path = files[i];
       VerifyOptions opt;
       opt.quick = a.quick;
       results[i].status = VerifyFile(files[i], opt, &results[i].report);
+      progress.Add(results[i].report.bytes);
     }
   };
   std::vector<std::thread> pool;
@@ -67,6 +76,7 @@ int RunVerify(const VerifyArgs& a) {
   for (unsigned j = 1; j < jobs; ++j) pool.emplace_back(work);
   work();
   for (auto& t : pool) t.join();
+  progress.Finish();
 
   int exit_code = kExitOk;
   nlohmann::ordered_json out = nlohmann::json::array();

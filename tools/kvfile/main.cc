@@ -2,7 +2,10 @@
 #include <cstdio>
 #include <iostream>
 
+#include <string_view>
+
 #include "cli_common.h"
+#include "progress.h"
 
 namespace kvfile::cli {
 
@@ -23,11 +26,21 @@ int main(int argc, char** argv) {
   CLI::App app{"kvfile: persist LLM KV caches as checksummed fp8 .kv files"};
   app.set_version_flag("--version", std::string("kvfile ") + KVFILE_VERSION);
   app.require_subcommand(1);
+  // --quiet is global; it is read before parsing so that it holds for every
+  // verb whatever its position on the command line.
+  bool quiet = false;
+  app.add_flag("--quiet,-q", quiet, "no progress bar (one is drawn on stderr only when it is a terminal)");
+  for (int i = 1; i < argc; ++i)
+    if (std::string_view(argv[i]) == "--quiet" || std::string_view(argv[i]) == "-q") SetQuiet(true);
   int exit_code = kExitOk;
   RegisterSynth(app, &exit_code);
   RegisterInfo(app, &exit_code);
   RegisterVerify(app, &exit_code);
   RegisterRepair(app, &exit_code);
+  RegisterDump(app, &exit_code);
+  RegisterRewind(app, &exit_code);
+  RegisterAppend(app, &exit_code);
+  RegisterConvert(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -1,0 +1,627 @@
+// The safetensors reader and writer, and the kvfile convention on top of them
+// (see safetensors.h).
+#include "kvfile/safetensors.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <bit>
+#include <cstdio>
+#include <cstring>
+#include <optional>
+#include <set>
+
+#include "kvfile/codec.h"
+#include "kvfile/format/endian.h"
+#include "kvfile/writer.h"
+
+namespace kvfile::safetensors {
+
+// Tensor data is little-endian; rows are handed to the codec as they are read.
+static_assert(std::endian::native == std::endian::little,
+              "the safetensors reader hands tensor bytes to the codec as they are");
+
+namespace {
+
+struct DTypeEntry {
+  DType dtype;
+  const char* name;
+  size_t size;
+};
+
+constexpr DTypeEntry kDTypes[] = {
+    {DType::kBool, "BOOL", 1},     {DType::kU8, "U8", 1},           {DType::kI8, "I8", 1},
+    {DType::kF8E5M2, "F8_E5M2", 1}, {DType::kF8E4M3, "F8_E4M3", 1}, {DType::kF8E8M0, "F8_E8M0", 1},
+    {DType::kI16, "I16", 2},       {DType::kU16, "U16", 2},         {DType::kF16, "F16", 2},
+    {DType::kBF16, "BF16", 2},     {DType::kI32, "I32", 4},         {DType::kU32, "U32", 4},
+    {DType::kF32, "F32", 4},       {DType::kC64, "C64", 8},         {DType::kF64, "F64", 8},
+    {DType::kI64, "I64", 8},       {DType::kU64, "U64", 8},
+};
+
+// Newer versions of the format define packed sub-byte types; a byte-level
+// tensor layout cannot describe them, so they are refused as unsupported.
+constexpr int kMaxJsonDepth = 128;
+
+bool IsSubByteDType(std::string_view name) {
+  return name == "F4" || name == "F6_E2M3" || name == "F6_E3M2";
+}
+
+std::string Quote(std::string_view s) { return "'" + std::string(s) + "'"; }
+
+bool MulOverflows(uint64_t a, uint64_t b, uint64_t* out) { return __builtin_mul_overflow(a, b, out); }
+
+// nlohmann's messages start with "[json.exception.parse_error.101] ".
+std::string CleanJsonError(const char* what) {
+  std::string s = what;
+  if (!s.empty() && s[0] == '[') {
+    size_t close = s.find("] ");
+    if (close != std::string::npos) s = s.substr(close + 2);
+  }
+  return s;
+}
+
+// Reads a JSON unsigned integer, refusing negatives, fractions and
+// numbers beyond u64 (which the JSON library reads as floating point).
+bool GetUnsigned(const nlohmann::json& v, uint64_t* out) {
+  if (!v.is_number_unsigned()) return false;
+  *out = v.get<uint64_t>();
+  return true;
+}
+
+std::string JsonText(const nlohmann::json& v) {
+  std::string s = v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  if (s.size() > 40) s = s.substr(0, 37) + "...";
+  return s;
+}
+
+Status ParseTensor(const std::string& name, const nlohmann::json& v, uint64_t data_bytes, TensorInfo* t) {
+  std::string where = "tensor " + Quote(name);
+  if (!v.is_object()) return Status::Corruption(where + ": entry is not a JSON object");
+  auto dtype_it = v.find("dtype");
+  auto shape_it = v.find("shape");
+  auto offsets_it = v.find("data_offsets");
+  if (dtype_it == v.end()) return Status::Corruption(where + ": no \"dtype\"");
+  if (shape_it == v.end()) return Status::Corruption(where + ": no \"shape\"");
+  if (offsets_it == v.end()) return Status::Corruption(where + ": no \"data_offsets\"");
+  if (!dtype_it->is_string()) return Status::Corruption(where + ": \"dtype\" is not a string");
+  const std::string& dtype = dtype_it->get_ref<const std::string&>();
+  t->name = name;
+  if (!ParseDType(dtype, &t->dtype)) {
+    if (IsSubByteDType(dtype))
+      return Status::Unsupported(where + ": sub-byte dtype " + Quote(dtype) + " is not supported");
+    return Status::Corruption(where + ": unknown dtype " + Quote(dtype));
+  }
+  if (!shape_it->is_array()) return Status::Corruption(where + ": \"shape\" is not an array");
+  t->shape.clear();
+  uint64_t elements = 1;
+  for (const auto& d : *shape_it) {
+    uint64_t dim;
+    if (!GetUnsigned(d, &dim))
+      return Status::Corruption(where + ": shape dimension " + JsonText(d) + " is not an unsigned integer");
+    t->shape.push_back(dim);
+    if (MulOverflows(elements, dim, &elements))
+      return Status::Corruption(where + ": shape " + JsonText(*shape_it) + " overflows 64 bits");
+  }
+  t->elements = elements;
+  uint64_t bytes;
+  if (MulOverflows(elements, DTypeSize(t->dtype), &bytes))
+    return Status::Corruption(where + ": shape " + JsonText(*shape_it) + " of " + dtype +
+                              " overflows 64 bits of bytes");
+  if (!offsets_it->is_array() || offsets_it->size() != 2 || !GetUnsigned((*offsets_it)[0], &t->begin) ||
+      !GetUnsigned((*offsets_it)[1], &t->end))
+    return Status::Corruption(where + ": \"data_offsets\" " + JsonText(*offsets_it) +
+                              " is not two unsigned integers");
+  std::string range = "data_offsets [" + std::to_string(t->begin) + ", " + std::to_string(t->end) + ")";
+  if (t->begin > t->end) return Status::Corruption(where + ": " + range + " ends before it begins");
+  if (t->end > data_bytes)
+    return Status::Corruption(where + ": " + range + " outside the data region of " +
+                              std::to_string(data_bytes) + " bytes");
+  if (t->end - t->begin != bytes)
+    return Status::Corruption(where + ": " + range + " holds " + std::to_string(t->end - t->begin) +
+                              " bytes; shape " + JsonText(*shape_it) + " of " + dtype + " needs " +
+                              std::to_string(bytes));
+  return Status::OK();
+}
+
+}  // namespace
+
+const char* DTypeName(DType d) {
+  for (const DTypeEntry& e : kDTypes)
+    if (e.dtype == d) return e.name;
+  return "?";
+}
+
+size_t DTypeSize(DType d) {
+  for (const DTypeEntry& e : kDTypes)
+    if (e.dtype == d) return e.size;
+  return 1;
+}
+
+bool ParseDType(std::string_view name, DType* out) {
+  for (const DTypeEntry& e : kDTypes)
+    if (name == e.name) {
+      *out = e.dtype;
+      return true;
+    }
+  return false;
+}
+
+const TensorInfo* Header::Find(std::string_view name) const {
+  for (const TensorInfo& t : tensors)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+Status ParseHeader(std::string_view json, uint64_t data_bytes, Header* out) {
+  if (json.empty()) return Status::Corruption("header is empty");
+  if (json[0] != '{') {
+    char first[8];
+    std::snprintf(first, sizeof first, "0x%02x", static_cast<unsigned char>(json[0]));
+    return Status::Corruption(std::string("header does not start with '{' (first byte ") + first + ")");
+  }
+  // Duplicate keys: the JSON library keeps the last one silently, the
+  // format forbids them. One set of keys per open object.
+  std::vector<std::set<std::string>> open_objects;
+  std::optional<std::pair<int, std::string>> duplicate;
+  // Nesting is bounded as in the format's reference parser (128 levels; a
+  // header needs 3), so a deep header fails early instead of growing a DOM.
+  struct TooDeep {};
+  auto callback = [&](int depth, nlohmann::json::parse_event_t ev, nlohmann::json& parsed) {
+    using E = nlohmann::json::parse_event_t;
+    if ((ev == E::object_start || ev == E::array_start) && depth >= kMaxJsonDepth) throw TooDeep{};
+    if (ev == E::object_start) {
+      open_objects.emplace_back();
+    } else if (ev == E::object_end) {
+      if (!open_objects.empty()) open_objects.pop_back();
+    } else if (ev == E::key && !open_objects.empty() && parsed.is_string()) {
+      if (!open_objects.back().insert(parsed.get<std::string>()).second && !duplicate)
+        duplicate.emplace(depth, parsed.get<std::string>());
+    }
+    return true;
+  };
+  nlohmann::json root;
+  try {
+    root = nlohmann::json::parse(json.begin(), json.end(), callback);
+  } catch (const TooDeep&) {
+    return Status::Corruption("header nests JSON deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+  } catch (const nlohmann::json::exception& e) {
+    return Status::Corruption("header is not valid JSON: " + CleanJsonError(e.what()));
+  } catch (const std::bad_alloc&) {
+    return Status::IOError("out of memory parsing a header of " + std::to_string(json.size()) + " bytes");
+  }
+  if (!root.is_object()) return Status::Corruption("header is not a JSON object");
+  if (duplicate) {
+    if (duplicate->first == 1)
+      return Status::Corruption("tensor " + Quote(duplicate->second) + " appears twice in the header");
+    return Status::Corruption("duplicate key " + Quote(duplicate->second) + " in the header");
+  }
+  Header h;
+  for (const auto& [key, value] : root.items()) {
+    if (key == "__metadata__") {
+      if (!value.is_object()) return Status::Corruption("__metadata__ is not a JSON object");
+      for (const auto& [mk, mv] : value.items()) {
+        if (!mv.is_string())
+          return Status::Corruption("__metadata__ value of " + Quote(mk) + " is not a string");
+        h.metadata[mk] = mv.get<std::string>();
+      }
+      continue;
+    }
+    TensorInfo t;
+    KVFILE_RETURN_IF_ERROR(ParseTensor(key, value, data_bytes, &t));
+    h.tensors.push_back(std::move(t));
+  }
+  std::stable_sort(h.tensors.begin(), h.tensors.end(), [](const TensorInfo& a, const TensorInfo& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  uint64_t expected = 0;
+  for (const TensorInfo& t : h.tensors) {
+    if (t.begin != expected) {
+      std::string range = "data_offsets [" + std::to_string(t.begin) + ", " + std::to_string(t.end) + ")";
+      if (t.begin > expected)
+        return Status::Corruption("tensor " + Quote(t.name) + ": " + range + " leaves a gap: bytes [" +
+                                  std::to_string(expected) + ", " + std::to_string(t.begin) +
+                                  ") of the data region belong to no tensor");
+      return Status::Corruption("tensor " + Quote(t.name) + ": " + range +
+                                " overlaps the tensor before it, which ends at " + std::to_string(expected));
+    }
+    expected = t.end;
+  }
+  if (expected != data_bytes)
+    return Status::Corruption("the tensors cover " + std::to_string(expected) + " bytes of the " +
+                              std::to_string(data_bytes) + "-byte data region");
+  *out = std::move(h);
+  return Status::OK();
+}
+
+Status BuildHeader(std::vector<TensorInfo>* tensors, const std::map<std::string, std::string>& metadata,
+                   std::string* json) {
+  nlohmann::ordered_json j = nlohmann::ordered_json::object();
+  if (!metadata.empty()) j["__metadata__"] = metadata;
+  std::set<std::string> names;
+  uint64_t offset = 0;
+  for (TensorInfo& t : *tensors) {
+    if (t.name == "__metadata__" || !names.insert(t.name).second)
+      return Status::InvalidArgument("tensor name " + Quote(t.name) + " used twice or reserved");
+    uint64_t elements = 1, bytes;
+    for (uint64_t d : t.shape)
+      if (MulOverflows(elements, d, &elements))
+        return Status::InvalidArgument("tensor " + Quote(t.name) + ": shape overflows 64 bits");
+    if (MulOverflows(elements, DTypeSize(t.dtype), &bytes) || offset + bytes < offset)
+      return Status::InvalidArgument("tensor " + Quote(t.name) + ": size overflows 64 bits");
+    t.elements = elements;
+    t.begin = offset;
+    t.end = offset + bytes;
+    offset = t.end;
+    j[t.name] = {{"dtype", DTypeName(t.dtype)}, {"shape", t.shape}, {"data_offsets", {t.begin, t.end}}};
+  }
+  std::string s = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  s.append((8 - s.size() % 8) % 8, ' ');
+  if (s.size() > kMaxHeaderBytes)
+    return Status::InvalidArgument("header of " + std::to_string(s.size()) + " bytes exceeds the format's limit");
+  *json = std::move(s);
+  return Status::OK();
+}
+
+// ---- Reading ----------------------------------------------------------------------
+
+Status SafetensorsFile::Open(const std::string& path, FileSystem* fs, std::unique_ptr<SafetensorsFile>* out) {
+  if (fs == nullptr) fs = FileSystem::Default();
+  auto f = std::unique_ptr<SafetensorsFile>(new SafetensorsFile());
+  f->path_ = path;
+  KVFILE_RETURN_IF_ERROR(fs->Open(path, OpenMode::kRead, &f->file_));
+  uint64_t size = 0;
+  KVFILE_RETURN_IF_ERROR(f->file_->Size(&size));
+  if (size < 8)
+    return Status::Corruption(path + ": file is " + std::to_string(size) +
+                              " bytes, shorter than the 8-byte header length");
+  uint8_t len_bytes[8];
+  KVFILE_RETURN_IF_ERROR(f->file_->ReadAt(0, len_bytes, 8));
+  uint64_t n = format::LoadU64(len_bytes);
+  // Both limits are checked before anything is allocated for the header.
+  if (n > kMaxHeaderBytes)
+    return Status::Corruption(path + ": header length " + std::to_string(n) + " exceeds the limit of " +
+                              std::to_string(kMaxHeaderBytes) + " bytes");
+  if (n > size - 8)
+    return Status::Corruption(path + ": header length " + std::to_string(n) + " runs past the end of the " +
+                              std::to_string(size) + "-byte file");
+  std::string json(n, '\0');
+  KVFILE_RETURN_IF_ERROR(f->file_->ReadAt(8, json.data(), n));
+  Status st = ParseHeader(json, size - 8 - n, &f->header_);
+  if (!st.ok()) return st.WithContext(path);
+  f->data_offset_ = 8 + n;
+  *out = std::move(f);
+  return Status::OK();
+}
+
+Status SafetensorsFile::Read(const TensorInfo& t, uint64_t offset, void* dst, size_t n) {
+  if (offset > t.bytes() || n > t.bytes() - offset)
+    return Status::InvalidArgument(path_ + ": read of " + std::to_string(n) + " bytes at " +
+                                   std::to_string(offset) + " outside tensor " + Quote(t.name));
+  if (n == 0) return Status::OK();
+  return file_->ReadAt(data_offset_ + t.begin + offset, dst, n);
+}
+
+// ---- Writing ----------------------------------------------------------------------
+
+Status SafetensorsWriter::Create(const std::string& path, std::vector<TensorInfo> tensors,
+                                 const std::map<std::string, std::string>& metadata, FileSystem* fs,
+                                 std::unique_ptr<SafetensorsWriter>* out) {
+  if (fs == nullptr) fs = FileSystem::Default();
+  std::string json;
+  Status st = BuildHeader(&tensors, metadata, &json);
+  if (!st.ok()) return st.WithContext(path);
+  auto w = std::unique_ptr<SafetensorsWriter>(new SafetensorsWriter());
+  w->path_ = path;
+  KVFILE_RETURN_IF_ERROR(fs->Open(path, OpenMode::kCreateExclusive, &w->file_));
+  std::string head(8, '\0');
+  format::StoreU64(reinterpret_cast<uint8_t*>(head.data()), json.size());
+  head += json;
+  KVFILE_RETURN_IF_ERROR(w->file_->WriteAt(0, head.data(), head.size()));
+  w->data_offset_ = head.size();
+  w->written_.assign(tensors.size(), 0);
+  w->tensors_ = std::move(tensors);
+  *out = std::move(w);
+  return Status::OK();
+}
+
+Status SafetensorsWriter::Write(size_t index, uint64_t offset, const void* data, size_t n) {
+  if (!file_) return Status::Failed(path_ + ": writer is closed");
+  if (index >= tensors_.size()) return Status::InvalidArgument(path_ + ": no tensor " + std::to_string(index));
+  const TensorInfo& t = tensors_[index];
+  if (offset > t.bytes() || n > t.bytes() - offset)
+    return Status::InvalidArgument(path_ + ": write of " + std::to_string(n) + " bytes at " +
+                                   std::to_string(offset) + " outside tensor " + Quote(t.name));
+  KVFILE_RETURN_IF_ERROR(file_->WriteAt(data_offset_ + t.begin + offset, data, n));
+  written_[index] += n;
+  return Status::OK();
+}
+
+Status SafetensorsWriter::Close() {
+  if (!file_) return Status::Failed(path_ + ": writer is closed");
+  for (size_t i = 0; i < tensors_.size(); ++i)
+    if (written_[i] != tensors_[i].bytes())
+      return Status::InvalidArgument(path_ + ": tensor " + Quote(tensors_[i].name) + " has " +
+                                     std::to_string(written_[i]) + " of its " +
+                                     std::to_string(tensors_[i].bytes()) + " bytes written");
+  Status st = file_->Sync();
+  file_.reset();
+  return st;
+}
+
+// ---- The kvfile convention --------------------------------------------------------------
+
+Dtype KvStream::source_dtype() const {
+  const TensorInfo* t = codes ? codes : values;
+  switch (t->dtype) {
+    case DType::kF8E4M3: return Dtype::kE4M3;
+    case DType::kF8E5M2: return Dtype::kE5M2;
+    case DType::kF16: return Dtype::kF16;
+    case DType::kF32: return Dtype::kF32;
+    default: return Dtype::kBF16;
+  }
+}
+
+uint64_t BlockTokens(uint64_t bytes_per_token, uint64_t budget) {
+  if (bytes_per_token == 0) return 65536;
+  return std::clamp<uint64_t>(budget / bytes_per_token, 1, 65536);
+}
+
+std::string FingerprintHex(uint64_t v) {
+  char buf[20];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+bool ParseFingerprint(std::string_view s, uint64_t* out) {
+  if (s.size() != 16) return false;
+  uint64_t v = 0;
+  for (char c : s) {
+    int d;
+    if (c >= '0' && c <= '9') d = c - '0';
+    else if (c >= 'a' && c <= 'f') d = c - 'a' + 10;
+    else if (c >= 'A' && c <= 'F') d = c - 'A' + 10;
+    else return false;
+    v = v << 4 | static_cast<uint64_t>(d);
+  }
+  *out = v;
+  return true;
+}
+
+namespace {
+
+std::string ShapeText(const std::vector<uint64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+bool EndsWith(std::string_view s, std::string_view suffix) {
+  return s.size() > suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
+
+codec::Fp8Kind KindOf(Dtype d) { return d == Dtype::kE5M2 ? codec::Fp8Kind::kE5M2 : codec::Fp8Kind::kE4M3; }
+
+}  // namespace
+
+Status DescribeKv(const Header& h, KvTensors* out) {
+  KvTensors kv;
+  auto stream_named = [&](const std::string& name) -> KvStream& {
+    for (KvStream& s : kv.streams)
+      if (s.name == name) return s;
+    kv.streams.push_back({});
+    kv.streams.back().name = name;
+    return kv.streams.back();
+  };
+  for (const TensorInfo& t : h.tensors) {
+    if (t.name == "tokens") {
+      if (t.dtype != DType::kI32 && t.dtype != DType::kI64 && t.dtype != DType::kU32)
+        return Status::InvalidArgument("tensor 'tokens' is " + std::string(DTypeName(t.dtype)) +
+                                       "; token ids must be I32, I64 or U32");
+      if (t.shape.size() != 1)
+        return Status::InvalidArgument("tensor 'tokens' has shape " + ShapeText(t.shape) + "; expected [tokens]");
+      kv.token_ids = &t;
+      continue;
+    }
+    std::string base = t.name;
+    int kind = 0;  // 0 values, 1 codes, 2 scales
+    if (EndsWith(t.name, ".codes")) base = t.name.substr(0, t.name.size() - 6), kind = 1;
+    else if (EndsWith(t.name, ".scales")) base = t.name.substr(0, t.name.size() - 7), kind = 2;
+    if (!format::IsValidStreamName(base))
+      return Status::InvalidArgument("tensor " + Quote(t.name) + ": " + Quote(base) +
+                                     " is not a stream name (1-31 characters of [a-z0-9_.-])");
+    KvStream& s = stream_named(base);
+    (kind == 0 ? s.values : kind == 1 ? s.codes : s.scales) = &t;
+  }
+  if (kv.token_ids == nullptr) return Status::InvalidArgument("no 'tokens' tensor");
+  if (kv.streams.empty()) return Status::InvalidArgument("no stream tensors");
+  kv.tokens = kv.token_ids->shape[0];
+  bool first = true;
+  for (KvStream& s : kv.streams) {
+    std::string where = "stream " + Quote(s.name);
+    if (s.values && (s.codes || s.scales))
+      return Status::InvalidArgument(where + ": both " + Quote(s.name) + " and " +
+                                     Quote(s.name + (s.codes ? ".codes" : ".scales")) + " are present");
+    if (!s.values && !s.codes)
+      return Status::InvalidArgument(where + ": " + Quote(s.name + ".scales") + " without " +
+                                     Quote(s.name + ".codes"));
+    if (s.codes && !s.scales)
+      return Status::InvalidArgument(where + ": " + Quote(s.name + ".codes") + " without " +
+                                     Quote(s.name + ".scales"));
+    const TensorInfo& t = s.values ? *s.values : *s.codes;
+    if (s.values && t.dtype != DType::kBF16 && t.dtype != DType::kF16 && t.dtype != DType::kF32)
+      return Status::InvalidArgument("tensor " + Quote(t.name) + " is " + DTypeName(t.dtype) +
+                                     "; stream values must be BF16, F16 or F32");
+    if (s.codes && t.dtype != DType::kF8E4M3 && t.dtype != DType::kF8E5M2)
+      return Status::InvalidArgument("tensor " + Quote(t.name) + " is " + DTypeName(t.dtype) +
+                                     "; codes must be F8_E4M3 or F8_E5M2");
+    if (t.shape.size() != 4)
+      return Status::InvalidArgument("tensor " + Quote(t.name) + " has shape " + ShapeText(t.shape) +
+                                     "; expected [layers, tokens, rows_per_token, row_width]");
+    if (t.shape[0] == 0 || t.shape[0] > format::kMaxLayers)
+      return Status::InvalidArgument("tensor " + Quote(t.name) + ": " + std::to_string(t.shape[0]) +
+                                     " layers, outside 1.." + std::to_string(format::kMaxLayers));
+    if (t.shape[2] == 0 || t.shape[2] > format::kMaxRowsPerToken)
+      return Status::InvalidArgument("tensor " + Quote(t.name) + ": " + std::to_string(t.shape[2]) +
+                                     " rows per token, outside 1.." + std::to_string(format::kMaxRowsPerToken));
+    if (t.shape[3] == 0 || t.shape[3] > format::kMaxRowWidth)
+      return Status::InvalidArgument("tensor " + Quote(t.name) + ": row width " + std::to_string(t.shape[3]) +
+                                     " outside 1.." + std::to_string(format::kMaxRowWidth));
+    if (first) kv.layers = static_cast<uint32_t>(t.shape[0]);
+    first = false;
+    if (t.shape[0] != kv.layers)
+      return Status::InvalidArgument("tensor " + Quote(t.name) + " has " + std::to_string(t.shape[0]) +
+                                     " layers; the other streams have " + std::to_string(kv.layers));
+    if (t.shape[1] != kv.tokens)
+      return Status::InvalidArgument("tensor " + Quote(t.name) + " has " + std::to_string(t.shape[1]) +
+                                     " tokens; 'tokens' has " + std::to_string(kv.tokens));
+    s.rows_per_token = static_cast<uint32_t>(t.shape[2]);
+    s.row_width = static_cast<uint32_t>(t.shape[3]);
+    if (s.scales) {
+      if (s.scales->dtype != DType::kF32)
+        return Status::InvalidArgument("tensor " + Quote(s.scales->name) + " is " + DTypeName(s.scales->dtype) +
+                                       "; scales must be F32");
+      std::vector<uint64_t> want = {t.shape[0], t.shape[1], t.shape[2]};
+      if (s.scales->shape != want)
+        return Status::InvalidArgument("tensor " + Quote(s.scales->name) + " has shape " +
+                                       ShapeText(s.scales->shape) + "; expected " + ShapeText(want));
+    }
+  }
+  if (auto it = h.metadata.find("kvfile.model"); it != h.metadata.end()) {
+    if (it->second.size() > format::hdr::kModelIdCapacity - 1)
+      return Status::InvalidArgument("__metadata__ 'kvfile.model' is " + std::to_string(it->second.size()) +
+                                     " bytes; a model id has at most 255");
+    kv.model_id = it->second;
+  }
+  if (auto it = h.metadata.find("kvfile.fingerprint"); it != h.metadata.end()) {
+    uint64_t fp;
+    if (!ParseFingerprint(it->second, &fp))
+      return Status::InvalidArgument("__metadata__ 'kvfile.fingerprint' is " + Quote(it->second) +
+                                     "; expected 16 hex digits");
+    kv.fingerprint = fp;
+  }
+  *out = std::move(kv);
+  return Status::OK();
+}
+
+Status ReadTokenIds(SafetensorsFile& f, const KvTensors& kv, std::vector<uint32_t>* out) {
+  const TensorInfo& t = *kv.token_ids;
+  std::vector<uint8_t> raw(t.bytes());
+  KVFILE_RETURN_IF_ERROR(f.Read(t, 0, raw.data(), raw.size()));
+  std::vector<uint32_t> ids(kv.tokens);
+  for (uint64_t i = 0; i < kv.tokens; ++i) {
+    int64_t v;
+    if (t.dtype == DType::kI64) v = static_cast<int64_t>(format::LoadU64(&raw[i * 8]));
+    else if (t.dtype == DType::kI32) v = static_cast<int32_t>(format::LoadU32(&raw[i * 4]));
+    else v = format::LoadU32(&raw[i * 4]);
+    if (v < 0 || static_cast<uint64_t>(v) > format::kMaxTokenId)
+      return Status::InvalidArgument(f.path() + ": tensor 'tokens': token " + std::to_string(i) + " has id " +
+                                     std::to_string(v) + "; token ids are 0.." + std::to_string(format::kMaxTokenId));
+    ids[i] = static_cast<uint32_t>(v);
+  }
+  *out = std::move(ids);
+  return Status::OK();
+}
+
+Status ReadStreamSlab(SafetensorsFile& f, const KvTensors& kv, const KvStream& s, uint32_t layer,
+                      uint64_t t0, uint64_t n, std::vector<uint8_t>* data, std::vector<float>* scales) {
+  const TensorInfo& t = s.codes ? *s.codes : *s.values;
+  uint64_t per_token = uint64_t{s.rows_per_token} * s.row_width * DTypeSize(t.dtype);
+  uint64_t first = uint64_t{layer} * kv.tokens + t0;
+  data->resize(n * per_token);
+  KVFILE_RETURN_IF_ERROR(f.Read(t, first * per_token, data->data(), data->size()));
+  if (s.codes) {
+    uint64_t rows = n * s.rows_per_token;
+    scales->resize(rows);
+    KVFILE_RETURN_IF_ERROR(f.Read(*s.scales, first * s.rows_per_token * 4, scales->data(), rows * 4));
+  }
+  return Status::OK();
+}
+
+Status CheckValues(SafetensorsFile& f, const KvTensors& kv) {
+  std::vector<uint8_t> data;
+  std::vector<float> scales;
+  for (const KvStream& s : kv.streams) {
+    const TensorInfo& t = s.codes ? *s.codes : *s.values;
+    uint64_t elems_per_token = uint64_t{s.rows_per_token} * s.row_width;
+    uint64_t block = std::max<uint64_t>(1, (uint64_t{64} << 20) / (elems_per_token * DTypeSize(t.dtype)));
+    Dtype dt = s.source_dtype();
+    for (uint32_t l = 0; l < kv.layers; ++l) {
+      for (uint64_t t0 = 0; t0 < kv.tokens; t0 += block) {
+        uint64_t n = std::min(block, kv.tokens - t0);
+        KVFILE_RETURN_IF_ERROR(ReadStreamSlab(f, kv, s, l, t0, n, &data, &scales));
+        uint64_t elems = n * elems_per_token;
+        auto where = [&](uint64_t row, const std::string& tensor) {
+          return f.path() + ": tensor " + Quote(tensor) + ": layer " + std::to_string(l) + ", token " +
+                 std::to_string(t0 + row / s.rows_per_token) + ", row " + std::to_string(row % s.rows_per_token);
+        };
+        if (s.codes) {
+          size_t bad = codec::FindInvalidCode(KindOf(dt), data.data(), elems);
+          if (bad < elems) return Status::NonFinite(where(bad / s.row_width, t.name) + ": non-finite code");
+          size_t bad_scale = codec::FindInvalidScale(scales.data(), n * s.rows_per_token);
+          if (bad_scale < n * s.rows_per_token)
+            return Status::NonFinite(where(bad_scale, s.scales->name) +
+                                     ": invalid scale (scales must be finite and > 0)");
+        } else {
+          size_t bad = codec::FindNonFinite(dt, data.data(), elems);
+          if (bad < elems) return Status::NonFinite(where(bad / s.row_width, t.name) + ": non-finite value");
+        }
+      }
+    }
+  }
+  return Status::OK();
+}
+
+Status AppendAll(SafetensorsFile& f, const KvTensors& kv, std::span<const uint32_t> token_ids,
+                 const std::vector<size_t>& stream_of, Writer& w, uint64_t block_tokens) {
+  const Geometry& g = w.geometry();
+  size_t S = g.streams.size();
+  if (stream_of.size() != S || g.layers != kv.layers || token_ids.size() != kv.tokens)
+    return Status::InvalidArgument(f.path() + ": the input does not match the writer's geometry");
+  size_t blocks = static_cast<size_t>(g.layers) * S;
+  std::vector<std::vector<uint8_t>> data(blocks);
+  std::vector<std::vector<float>> scales(blocks);
+  std::vector<std::vector<float>> decoded(blocks);
+  block_tokens = std::max<uint64_t>(block_tokens, 1);
+  for (uint64_t t0 = 0; t0 < kv.tokens; t0 += block_tokens) {
+    uint64_t n = std::min(block_tokens, kv.tokens - t0);
+    AppendBatch batch;
+    batch.tokens = token_ids.subspan(t0, n);
+    for (uint32_t l = 0; l < g.layers; ++l) {
+      for (size_t s = 0; s < S; ++s) {
+        const KvStream& src = kv.streams[stream_of[s]];
+        const StreamSpec& spec = g.streams[s];
+        size_t i = l * S + s;
+        KVFILE_RETURN_IF_ERROR(ReadStreamSlab(f, kv, src, l, t0, n, &data[i], &scales[i]));
+        Dtype from = src.source_dtype();
+        if (!src.is_codes()) {
+          batch.blocks.push_back({from, data[i].data(), nullptr});
+        } else if (from == spec.dtype) {
+          batch.blocks.push_back({from, data[i].data(), scales[i].data()});
+        } else {
+          // Codes of the other fp8 dtype (or into a raw stream): decode to
+          // f32 and let the writer quantize or convert. The decoder wants
+          // valid codes and scales.
+          uint64_t rows = n * spec.rows_per_token;
+          uint64_t elems = rows * spec.row_width;
+          size_t bad = codec::FindInvalidCode(KindOf(from), data[i].data(), elems);
+          size_t bad_scale = codec::FindInvalidScale(scales[i].data(), rows);
+          if (bad < elems || bad_scale < rows)
+            return Status::NonFinite(f.path() + ": stream " + Quote(src.name) + ": layer " + std::to_string(l) +
+                                     ", token " +
+                                     std::to_string(t0 + (bad < elems ? bad / (spec.ElementsPerToken())
+                                                                      : bad_scale / spec.rows_per_token)) +
+                                     (bad < elems ? ": non-finite code" : ": invalid scale"));
+          decoded[i].resize(elems);
+          codec::DequantizeRows(KindOf(from), data[i].data(), scales[i].data(), rows, spec.row_width,
+                                Dtype::kF32, decoded[i].data());
+          batch.blocks.push_back({Dtype::kF32, decoded[i].data(), nullptr});
+        }
+      }
+    }
+    Status st = w.Append(batch);
+    if (!st.ok()) return st.WithContext(f.path());
+  }
+  return Status::OK();
+}
+
+}  // namespace kvfile::safetensors

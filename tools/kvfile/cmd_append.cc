@@ -1,0 +1,167 @@
+// kvfile append: append the tokens of a safetensors file (the kvfile
+// convention, see src/safetensors.h) to a .kv file, creating it with the
+// input's geometry if it does not exist.
+//
+// Everything is checked before the first byte is appended: the input's
+// structure and token ids, its model and geometry against the existing
+// file, and every value (finite; codes and scales valid). A refusal leaves
+// FILE exactly as it was (or absent).
+#include <algorithm>
+#include <cstdio>
+#include <optional>
+
+#include "kvfile/safetensors.h"
+#include "cli_common.h"
+#include "kvfile/reader.h"
+#include "kvfile/writer.h"
+
+namespace kvfile::cli {
+
+namespace {
+
+using safetensors::KvStream;
+using safetensors::KvTensors;
+using safetensors::SafetensorsFile;
+
+struct AppendArgs {
+  std::string path;
+  std::string input;
+  std::string sync = "close";
+  std::optional<std::string> model;
+  std::optional<std::string> dtype;
+  uint32_t chunk_tokens = 256;
+};
+
+SyncMode ParseSync(const std::string& s) {
+  if (s == "none") return SyncMode::kNone;
+  if (s == "chunk") return SyncMode::kChunk;
+  return SyncMode::kClose;
+}
+
+// The geometry the input asks for, in `order` (indexes into kv.streams).
+// A stream's dtype: --dtype for fp8 streams if given; else the codes'
+// dtype for codes; else the existing file's dtype for that stream (`file`,
+// may be null), else e4m3.
+Geometry WantedGeometry(const KvTensors& kv, const std::vector<size_t>& order, std::optional<Dtype> dtype,
+                        const Geometry* file) {
+  Geometry g;
+  g.layers = kv.layers;
+  for (size_t i : order) {
+    const KvStream& s = kv.streams[i];
+    StreamSpec spec{s.name, s.rows_per_token, s.row_width, Dtype::kE4M3};
+    std::optional<uint32_t> in_file = file ? file->FindStream(s.name) : std::nullopt;
+    if (s.is_codes()) spec.dtype = dtype.value_or(s.source_dtype());
+    else if (in_file && !format::IsFp8(file->streams[*in_file].dtype)) spec.dtype = file->streams[*in_file].dtype;
+    else if (dtype) spec.dtype = *dtype;
+    else if (in_file) spec.dtype = file->streams[*in_file].dtype;
+    g.streams.push_back(spec);
+  }
+  return g;
+}
+
+int RunAppend(const AppendArgs& a) {
+  std::optional<Dtype> dtype;
+  if (a.dtype) dtype = *a.dtype == "e5m2" ? Dtype::kE5M2 : Dtype::kE4M3;
+  std::unique_ptr<SafetensorsFile> in;
+  Status st = SafetensorsFile::Open(a.input, nullptr, &in);
+  if (!st.ok()) return ReportError(st);
+  KvTensors kv;
+  st = safetensors::DescribeKv(in->header(), &kv);
+  if (!st.ok()) return ReportError(st.WithContext(a.input));
+  std::vector<uint32_t> ids;
+  st = safetensors::ReadTokenIds(*in, kv, &ids);
+  if (!st.ok()) return ReportError(st);
+
+  bool exists = false;
+  st = FileSystem::Default()->Exists(a.path, &exists);
+  if (!st.ok()) return ReportError(st);
+  Geometry file_geometry;
+  ModelIdentity id;
+  std::vector<size_t> stream_of;  // writer stream -> kv.streams index
+  if (exists) {
+    std::unique_ptr<Reader> r;
+    st = Reader::Open(a.path, {}, &r);
+    if (!st.ok()) return ReportError(st);
+    file_geometry = r->geometry();
+    // A v1 file is upgraded by the writable open below: its streams become
+    // fp8 (--dtype, e4m3 by default), and appends are checked against that.
+    if (r->major_version() == 1)
+      for (StreamSpec& s : file_geometry.streams) s.dtype = dtype.value_or(Dtype::kE4M3);
+    // Streams are matched by name: the file's order first, then any the
+    // file lacks (which CheckExpected then reports).
+    std::vector<size_t> order;
+    for (const StreamSpec& fs : file_geometry.streams)
+      for (size_t i = 0; i < kv.streams.size(); ++i)
+        if (kv.streams[i].name == fs.name) order.push_back(i);
+    for (size_t i = 0; i < kv.streams.size(); ++i)
+      if (std::find(order.begin(), order.end(), i) == order.end()) order.push_back(i);
+    Geometry want = WantedGeometry(kv, order, dtype, &file_geometry);
+    id = r->identity();
+    ModelIdentity want_id{a.model ? *a.model : kv.model_id.value_or(id.model_id), kv.fingerprint.value_or(id.fingerprint)};
+    st = CheckExpected(id, file_geometry, want_id, want);
+    if (!st.ok()) return ReportError(Status::Mismatch(a.path + ": " + st.message() + " (from " + a.input + ")"));
+    stream_of = order;
+  } else {
+    for (size_t i = 0; i < kv.streams.size(); ++i) stream_of.push_back(i);
+    file_geometry = WantedGeometry(kv, stream_of, dtype, nullptr);
+    id = {a.model ? *a.model : kv.model_id.value_or(""), kv.fingerprint.value_or(0)};
+    st = file_geometry.Validate();
+    if (!st.ok()) return ReportError(st.WithContext(a.input));
+  }
+  st = safetensors::CheckValues(*in, kv);
+  if (!st.ok()) return ReportError(st);
+
+  WriterOptions opt;
+  opt.sync = ParseSync(a.sync);
+  opt.chunk_tokens = a.chunk_tokens;
+  opt.upgrade_dtype = dtype.value_or(Dtype::kE4M3);
+  std::unique_ptr<Writer> w;
+  st = exists ? Writer::Open(a.path, opt, &w) : Writer::Create(a.path, file_geometry, id, opt, &w);
+  if (!st.ok()) return ReportError(st);
+  if (w->geometry() != file_geometry) {  // replaced between the check and the open
+    (void)w->Close();
+    return ReportError(Status::Mismatch(a.path + ": the file changed while appending was being prepared"));
+  }
+  uint64_t before = w->token_count();
+  uint64_t per_token = 0;
+  for (const StreamSpec& s : file_geometry.streams) per_token += s.ElementsPerToken() * 12;  // input + f32 + codes
+  per_token *= file_geometry.layers;
+  st = safetensors::AppendAll(*in, kv, ids, stream_of, *w, safetensors::BlockTokens(per_token, uint64_t{256} << 20));
+  Status close = w->Close();
+  if (st.ok()) st = close;
+  if (!st.ok()) return ReportError(st);
+  std::printf("%s: %sappended %llu tokens from %s (%llu in total)\n", a.path.c_str(), exists ? "" : "created; ",
+              static_cast<unsigned long long>(kv.tokens), a.input.c_str(),
+              static_cast<unsigned long long>(before + kv.tokens));
+  return kExitOk;
+}
+
+}  // namespace
+
+void RegisterAppend(CLI::App& app, int* exit_code) {
+  auto args = std::make_shared<AppendArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "append",
+      "Append the tokens of a safetensors file to a .kv file, creating FILE with the input's geometry\n"
+      "if it does not exist. Input: one tensor per stream [layers, tokens, rows, width] (BF16, F16, F32),\n"
+      "or <stream>.codes + <stream>.scales; a 'tokens' tensor; __metadata__ kvfile.model and\n"
+      "kvfile.fingerprint. Streams are matched by name. A model or geometry mismatch, or a non-finite\n"
+      "value, is refused before anything is written (exit 1, FILE untouched).\n"
+      "Example: kvfile append session.kv turn2.safetensors --sync chunk");
+  cmd->add_option("FILE", args->path, "the .kv file to append to (created if missing)")->required();
+  cmd->add_option("INPUT", args->input, "the .safetensors file with the new tokens")->required();
+  cmd->add_option("--sync", args->sync, "sync mode: none, chunk or close")
+      ->check(CLI::IsMember({"none", "chunk", "close"}))
+      ->capture_default_str();
+  cmd->add_option("--model", args->model, "model id (default: the input's kvfile.model)");
+  cmd->add_option("--dtype", args->dtype,
+                  "fp8 dtype of a new FILE's streams (default e4m3; codes keep theirs); "
+                  "for an existing FILE it must match")
+      ->check(CLI::IsMember({"e4m3", "e5m2"}));
+  cmd->add_option("--chunk-tokens", args->chunk_tokens, "tokens per chunk of a new FILE")
+      ->check(CLI::Range(1u, 65536u))
+      ->capture_default_str();
+  cmd->callback([args, exit_code] { *exit_code = RunAppend(*args); });
+}
+
+}  // namespace kvfile::cli

@@ -1,0 +1,539 @@
+// kvfile convert: .kv -> .kv (re-encode, re-chunk, compact), .safetensors ->
+// .kv (import), .kv -> .safetensors (export), and directory trees of .kv
+// files.
+//
+// The output is written under a temporary name next to OUT, synced, and
+// renamed into place only when complete (then the directory is synced): OUT
+// is either its old self (or absent) or the whole conversion. IN is opened
+// read-only. An existing OUT is replaced only with --force.
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <filesystem>
+#include <optional>
+#include <set>
+#include <thread>
+
+#include "kvfile/safetensors.h"
+#include "cli_common.h"
+#include "progress.h"
+#include "kvfile/format/endian.h"
+#include "kvfile/reader.h"
+#include "kvfile/writer.h"
+
+namespace kvfile::cli {
+
+namespace {
+
+namespace fs = std::filesystem;
+using safetensors::DType;
+using safetensors::KvStream;
+using safetensors::KvTensors;
+using safetensors::SafetensorsFile;
+using safetensors::SafetensorsWriter;
+using safetensors::TensorInfo;
+
+struct ConvertArgs {
+  std::string in;
+  std::string out;
+  std::optional<std::string> dtype;
+  std::vector<std::string> keep_raw;
+  bool codes = false;
+  std::optional<uint32_t> chunk_tokens;
+  bool force = false;
+  unsigned jobs = 1;
+  std::string format = "v2";
+};
+
+// What to do with each stream, resolved from the flags.
+struct Plan {
+  uint16_t major = 2;  // the format of a .kv output
+  std::optional<Dtype> dtype;
+  std::set<std::string> keep_raw;
+  bool codes = false;
+  std::optional<uint32_t> chunk_tokens;
+};
+
+constexpr uint64_t kBufferBudget = uint64_t{128} << 20;
+
+enum class Kind { kKv, kSafetensors, kDirectory, kOther };
+
+Kind KindOf(const std::string& path) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) return Kind::kDirectory;
+  std::string ext = fs::path(path).extension().string();
+  if (ext == ".kv") return Kind::kKv;
+  if (ext == ".safetensors") return Kind::kSafetensors;
+  return Kind::kOther;
+}
+
+Dtype ParseDtype(const std::string& s) {
+  if (s == "e5m2") return Dtype::kE5M2;
+  if (s == "bf16") return Dtype::kBF16;
+  if (s == "f16") return Dtype::kF16;
+  if (s == "f32") return Dtype::kF32;
+  return Dtype::kE4M3;
+}
+
+DType SafetensorsDType(Dtype d) {
+  switch (d) {
+    case Dtype::kE4M3: return DType::kF8E4M3;
+    case Dtype::kE5M2: return DType::kF8E5M2;
+    case Dtype::kF16: return DType::kF16;
+    case Dtype::kF32: return DType::kF32;
+    default: return DType::kBF16;
+  }
+}
+
+// The stored dtype of a stream whose values are stored as `have` (a raw
+// stream, or an fp8 stream's codes):
+// - --keep-raw: a raw --dtype, else a raw stream's own dtype, else bf16;
+// - --dtype e4m3/e5m2: fp8 streams take it, raw streams stay as they are;
+// - --dtype bf16/f16/f32: every stream takes it;
+// - no --dtype: unchanged.
+Dtype TargetDtype(const std::string& name, Dtype have, const Plan& p) {
+  bool raw_dtype = p.dtype && !format::IsFp8(*p.dtype);
+  if (p.keep_raw.count(name)) return raw_dtype ? *p.dtype : format::IsFp8(have) ? Dtype::kBF16 : have;
+  if (!p.dtype) return have;
+  if (format::IsFp8(*p.dtype)) return format::IsFp8(have) ? *p.dtype : have;
+  return *p.dtype;
+}
+
+std::string StreamList(const Geometry& g) {
+  std::string s;
+  for (const StreamSpec& spec : g.streams)
+    s += (s.empty() ? "" : ", ") + spec.name + " " + format::DtypeName(spec.dtype);
+  return s;
+}
+
+Status CheckKeepRaw(const Plan& p, const std::vector<std::string>& names, const std::string& path) {
+  for (const std::string& k : p.keep_raw)
+    if (std::find(names.begin(), names.end(), k) == names.end()) {
+      std::string all;
+      for (const std::string& n : names) all += (all.empty() ? "" : ", ") + n;
+      return Status::InvalidArgument(path + ": --keep-raw: no stream '" + k + "' (streams: " + all + ")");
+    }
+  return Status::OK();
+}
+
+uint64_t FileSize(const std::string& path) {
+  std::error_code ec;
+  uint64_t n = fs::file_size(path, ec);
+  return ec ? 0 : n;
+}
+
+// ---- .kv -> .kv ------------------------------------------------------------------------
+
+Status KvToKv(const std::string& in, const std::string& tmp, const Plan& p, std::string* summary) {
+  std::unique_ptr<Reader> r;
+  KVFILE_RETURN_IF_ERROR(Reader::Open(in, {}, &r));
+  const Geometry& gi = r->geometry();
+  std::vector<std::string> names;
+  for (const StreamSpec& s : gi.streams) names.push_back(s.name);
+  KVFILE_RETURN_IF_ERROR(CheckKeepRaw(p, names, in));
+  Geometry go = gi;
+  for (StreamSpec& s : go.streams) {
+    if (p.major == 1) {
+      // v1 stores raw rows only: fp8 streams are decoded (bf16 unless a raw
+      // --dtype is given), raw streams keep their dtype.
+      s.dtype = p.dtype ? *p.dtype : format::IsFp8(s.dtype) ? Dtype::kBF16 : s.dtype;
+    } else if (r->major_version() == 1 && !p.keep_raw.count(s.name) && (!p.dtype || format::IsFp8(*p.dtype))) {
+      // v1 -> v2 quantizes, as the upgrade does (e4m3 unless --dtype).
+      s.dtype = p.dtype.value_or(Dtype::kE4M3);
+    } else {
+      s.dtype = TargetDtype(s.name, s.dtype, p);
+    }
+  }
+  WriterOptions wo;
+  wo.format_major = p.major;
+  wo.chunk_tokens = p.chunk_tokens.value_or(r->nominal_chunk_tokens());
+  std::unique_ptr<Writer> w;
+  KVFILE_RETURN_IF_ERROR(Writer::Create(tmp, go, r->identity(), wo, &w));
+  size_t S = gi.streams.size();
+  uint64_t per_token = 0;
+  for (const StreamSpec& s : gi.streams) per_token += s.ElementsPerToken() * 5;  // f32 or codes + scales
+  uint64_t block = safetensors::BlockTokens(per_token * gi.layers, kBufferBudget);
+  std::vector<std::vector<uint8_t>> data(gi.layers * S);
+  std::vector<std::vector<float>> scales(gi.layers * S);
+  uint64_t total = r->token_count();
+  auto ids = r->tokens();
+  Progress progress("convert " + in, total);
+  for (uint64_t t0 = 0; t0 < total; t0 += block) {
+    uint64_t n = std::min(block, total - t0);
+    progress.Add(n);
+    AppendBatch batch;
+    batch.tokens = ids.subspan(t0, n);
+    for (uint32_t l = 0; l < gi.layers; ++l) {
+      for (uint32_t s = 0; s < S; ++s) {
+        const StreamSpec& si = gi.streams[s];
+        Dtype to = go.streams[s].dtype;
+        size_t i = l * S + s;
+        uint64_t rows = n * si.rows_per_token;
+        uint64_t elems = rows * si.row_width;
+        if (format::IsFp8(si.dtype) && si.dtype == to) {
+          // Same fp8 dtype: the codes and scales are copied exactly.
+          data[i].resize(elems);
+          scales[i].resize(rows);
+          KVFILE_RETURN_IF_ERROR(r->ReadCodes(l, s, t0, t0 + n, data[i].data(), scales[i].data()));
+          batch.blocks.push_back({to, data[i].data(), scales[i].data()});
+        } else {
+          // Decoded (fp8 targets: to f32, then quantized by the writer).
+          Dtype read_as = format::IsFp8(to) ? Dtype::kF32 : to;
+          data[i].resize(elems * format::ElementSize(read_as));
+          KVFILE_RETURN_IF_ERROR(r->ReadRows(l, s, t0, t0 + n, read_as, data[i].data()));
+          batch.blocks.push_back({read_as, data[i].data(), nullptr});
+        }
+      }
+    }
+    Status st = w->Append(batch);
+    if (!st.ok()) return st.WithContext(in);
+  }
+  KVFILE_RETURN_IF_ERROR(w->Close());
+  *summary = std::to_string(total) + " tokens; " + StreamList(go) + "; " + std::to_string(wo.chunk_tokens) +
+             " tokens per chunk; " + std::to_string(FileSize(tmp)) + " bytes";
+  return Status::OK();
+}
+
+// ---- .safetensors -> .kv -------------------------------------------------------------------
+
+Status Import(const std::string& in, const std::string& tmp, const Plan& p, std::string* summary) {
+  std::unique_ptr<SafetensorsFile> f;
+  KVFILE_RETURN_IF_ERROR(SafetensorsFile::Open(in, nullptr, &f));
+  KvTensors kv;
+  Status st = safetensors::DescribeKv(f->header(), &kv);
+  if (!st.ok()) return st.WithContext(in);
+  std::vector<std::string> names;
+  for (const KvStream& s : kv.streams) names.push_back(s.name);
+  KVFILE_RETURN_IF_ERROR(CheckKeepRaw(p, names, in));
+  std::vector<uint32_t> ids;
+  KVFILE_RETURN_IF_ERROR(safetensors::ReadTokenIds(*f, kv, &ids));
+  Geometry g;
+  g.layers = kv.layers;
+  std::vector<size_t> stream_of;
+  for (size_t i = 0; i < kv.streams.size(); ++i) {
+    const KvStream& s = kv.streams[i];
+    // Codes are an fp8 stream as stored; values are a raw stream as stored
+    // with --codes, else decoded values to quantize (e4m3 by default).
+    Dtype have = s.source_dtype();
+    Dtype to;
+    if (p.major == 1) {
+      if (s.is_codes())
+        return Status::InvalidArgument(in + ": stream '" + s.name +
+                                       "' holds fp8 codes; a v1 output stores raw rows (import it as v2, "
+                                       "then convert that with --format v1)");
+      to = p.dtype.value_or(have);
+    } else if (s.is_codes() || p.codes) to = TargetDtype(s.name, have, p);
+    else if (p.keep_raw.count(s.name)) to = p.dtype && !format::IsFp8(*p.dtype) ? *p.dtype : Dtype::kBF16;
+    else to = p.dtype.value_or(Dtype::kE4M3);
+    g.streams.push_back({s.name, s.rows_per_token, s.row_width, to});
+    stream_of.push_back(i);
+  }
+  st = g.Validate();
+  if (!st.ok()) return st.WithContext(in);
+  ModelIdentity id{kv.model_id.value_or(""), kv.fingerprint.value_or(0)};
+  WriterOptions wo;
+  wo.format_major = p.major;
+  wo.chunk_tokens = p.chunk_tokens.value_or(256);
+  std::unique_ptr<Writer> w;
+  KVFILE_RETURN_IF_ERROR(Writer::Create(tmp, g, id, wo, &w));
+  uint64_t per_token = 0;
+  for (const StreamSpec& s : g.streams) per_token += s.ElementsPerToken() * 12;
+  KVFILE_RETURN_IF_ERROR(safetensors::AppendAll(*f, kv, ids, stream_of, *w,
+                                                safetensors::BlockTokens(per_token * g.layers, kBufferBudget)));
+  KVFILE_RETURN_IF_ERROR(w->Close());
+  *summary = std::to_string(kv.tokens) + " tokens; " + StreamList(g) + "; " + std::to_string(wo.chunk_tokens) +
+             " tokens per chunk; " + std::to_string(FileSize(tmp)) + " bytes";
+  return Status::OK();
+}
+
+// ---- .kv -> .safetensors --------------------------------------------------------------------
+
+Status Export(const std::string& in, const std::string& tmp, const Plan& p, std::string* summary) {
+  std::unique_ptr<Reader> r;
+  KVFILE_RETURN_IF_ERROR(Reader::Open(in, {}, &r));
+  const Geometry& g = r->geometry();
+  uint64_t T = r->token_count();
+  Dtype out_dtype = p.dtype.value_or(Dtype::kBF16);
+  // One entry per tensor to write: which stream, and what of it.
+  enum class Part { kValues, kCodes, kScales };
+  struct Item {
+    uint32_t stream;
+    Part part;
+    Dtype dtype;  // kvfile dtype of the tensor's elements (values/codes)
+  };
+  std::vector<TensorInfo> tensors;
+  std::vector<Item> items;
+  tensors.push_back({"tokens", DType::kI64, {T}, 0, 0, 0});
+  for (uint32_t s = 0; s < g.streams.size(); ++s) {
+    const StreamSpec& spec = g.streams[s];
+    if (spec.name == "tokens" || spec.name.ends_with(".codes") || spec.name.ends_with(".scales"))
+      return Status::InvalidArgument(in + ": stream '" + spec.name +
+                                     "' cannot be exported: the name is reserved by the safetensors convention");
+    std::vector<uint64_t> shape = {g.layers, T, spec.rows_per_token, spec.row_width};
+    if (p.codes && format::IsFp8(spec.dtype)) {
+      tensors.push_back({spec.name + ".codes", SafetensorsDType(spec.dtype), shape, 0, 0, 0});
+      items.push_back({s, Part::kCodes, spec.dtype});
+      tensors.push_back({spec.name + ".scales", DType::kF32, {g.layers, T, spec.rows_per_token}, 0, 0, 0});
+      items.push_back({s, Part::kScales, Dtype::kF32});
+    } else {
+      Dtype d = p.codes ? spec.dtype : out_dtype;
+      tensors.push_back({spec.name, SafetensorsDType(d), shape, 0, 0, 0});
+      items.push_back({s, Part::kValues, d});
+    }
+  }
+  std::map<std::string, std::string> metadata = {{"kvfile.model", r->identity().model_id},
+                                                 {"kvfile.fingerprint", safetensors::FingerprintHex(r->identity().fingerprint)}};
+  std::unique_ptr<SafetensorsWriter> w;
+  KVFILE_RETURN_IF_ERROR(SafetensorsWriter::Create(tmp, std::move(tensors), metadata, nullptr, &w));
+  {
+    std::vector<uint8_t> buf;
+    auto ids = r->tokens();
+    for (uint64_t t0 = 0; t0 < T; t0 += 65536) {
+      uint64_t n = std::min<uint64_t>(65536, T - t0);
+      buf.resize(n * 8);
+      for (uint64_t i = 0; i < n; ++i) format::StoreU64(&buf[i * 8], ids[t0 + i]);
+      KVFILE_RETURN_IF_ERROR(w->Write(0, t0 * 8, buf.data(), buf.size()));
+    }
+  }
+  std::vector<uint8_t> data;
+  std::vector<float> scales;
+  for (size_t k = 0; k < items.size(); ++k) {
+    const Item& it = items[k];
+    const StreamSpec& spec = g.streams[it.stream];
+    uint64_t elem = it.part == Part::kScales ? 0 : format::ElementSize(it.dtype);
+    uint64_t per_token = spec.ElementsPerToken() * std::max<uint64_t>(elem, 1) + spec.rows_per_token * 4;
+    uint64_t block = safetensors::BlockTokens(per_token, uint64_t{64} << 20);
+    for (uint32_t l = 0; l < g.layers; ++l) {
+      for (uint64_t t0 = 0; t0 < T; t0 += block) {
+        uint64_t n = std::min(block, T - t0);
+        uint64_t rows = n * spec.rows_per_token;
+        uint64_t first_row = (uint64_t{l} * T + t0) * spec.rows_per_token;
+        if (it.part == Part::kValues) {
+          data.resize(rows * spec.row_width * elem);
+          KVFILE_RETURN_IF_ERROR(r->ReadRows(l, it.stream, t0, t0 + n, it.dtype, data.data()));
+          KVFILE_RETURN_IF_ERROR(w->Write(k + 1, first_row * spec.row_width * elem, data.data(), data.size()));
+        } else {
+          data.resize(rows * spec.row_width);
+          scales.resize(rows);
+          KVFILE_RETURN_IF_ERROR(r->ReadCodes(l, it.stream, t0, t0 + n, data.data(), scales.data()));
+          if (it.part == Part::kCodes)
+            KVFILE_RETURN_IF_ERROR(w->Write(k + 1, first_row * spec.row_width, data.data(), data.size()));
+          else
+            KVFILE_RETURN_IF_ERROR(w->Write(k + 1, first_row * 4, scales.data(), rows * 4));
+        }
+      }
+    }
+  }
+  std::string list;
+  for (const TensorInfo& t : w->tensors())
+    list += (list.empty() ? "" : ", ") + t.name + " " + safetensors::DTypeName(t.dtype);
+  KVFILE_RETURN_IF_ERROR(w->Close());
+  *summary = std::to_string(T) + " tokens; " + list + "; " + std::to_string(FileSize(tmp)) + " bytes";
+  return Status::OK();
+}
+
+// ---- One conversion, written atomically ----------------------------------------------------
+
+struct Outcome {
+  Status status;
+  std::string line;  // stdout line on success
+};
+
+std::string TempPath(const std::string& out) { return out + ".kvtmp-" + std::to_string(::getpid()); }
+
+void RemoveQuietly(const std::string& path) {
+  std::error_code ec;
+  fs::remove(path, ec);
+}
+
+Status ExistsError(const std::string& out) {
+  return Status::InvalidArgument(out + ": file exists; use --force to replace it");
+}
+
+Outcome ConvertOne(const std::string& in, const std::string& out, Kind in_kind, Kind out_kind, const Plan& p,
+                   bool force) {
+  FileSystem* fsys = FileSystem::Default();
+  bool exists = false;
+  Status st = fsys->Exists(out, &exists);
+  if (!st.ok()) return {st, ""};
+  if (exists && !force) return {ExistsError(out), ""};
+  std::string tmp = TempPath(out);
+  RemoveQuietly(tmp);  // a leftover of this pid number from an earlier crash
+  std::string summary;
+  if (in_kind == Kind::kKv && out_kind == Kind::kKv) st = KvToKv(in, tmp, p, &summary);
+  else if (in_kind == Kind::kSafetensors) st = Import(in, tmp, p, &summary);
+  else st = Export(in, tmp, p, &summary);
+  if (st.ok()) {
+    st = fsys->Rename(tmp, out, force);
+    if (!st.ok()) {
+      bool now = false;
+      if (!force && fsys->Exists(out, &now).ok() && now) st = ExistsError(out);
+    } else {
+      st = fsys->SyncDir(DirName(out));
+      if (!st.ok()) return {st, ""};
+    }
+  }
+  if (!st.ok()) {
+    RemoveQuietly(tmp);
+    RemoveQuietly(tmp + ".kvnew");
+    return {st, ""};
+  }
+  return {st, in + " -> " + out + ": " + summary};
+}
+
+int Report(const std::vector<Outcome>& outcomes) {
+  int code = kExitOk;
+  for (const Outcome& o : outcomes) {
+    if (o.status.ok()) {
+      std::printf("%s\n", o.line.c_str());
+      continue;
+    }
+    int c = ReportError(o.status);
+    if (c == kExitUsage || code == kExitOk) code = c;
+  }
+  return code;
+}
+
+// ---- Directories ----------------------------------------------------------------------------
+
+int ConvertTree(const ConvertArgs& a, const Plan& p) {
+  std::error_code ec;
+  fs::path in_root = fs::path(a.in);
+  fs::path out_root = fs::path(a.out);
+  if (fs::exists(out_root, ec) && !fs::is_directory(out_root, ec))
+    return UsageError(a.out + ": IN is a directory, so OUT must be one too");
+  auto dir_prefix = [&ec](const fs::path& dir) {
+    std::string s = fs::weakly_canonical(dir, ec).lexically_normal().string();
+    if (s.empty() || s.back() != '/') s += '/';
+    return s;
+  };
+  if (dir_prefix(out_root).starts_with(dir_prefix(in_root)))
+    return UsageError(a.out + ": OUT must not be IN or inside it");
+  std::vector<std::string> files;
+  for (auto it = fs::recursive_directory_iterator(in_root, ec); !ec && it != fs::recursive_directory_iterator();
+       it.increment(ec))
+    if (it->is_regular_file(ec) && it->path().extension() == ".kv") files.push_back(it->path().string());
+  if (ec) return ReportError(Status::IOError(a.in + ": " + ec.message()));
+  std::sort(files.begin(), files.end());
+  std::vector<std::string> outs;
+  for (const std::string& f : files) outs.push_back((out_root / fs::path(f).lexically_relative(in_root)).string());
+  // Refuse before writing anything if an output exists.
+  if (!a.force)
+    for (const std::string& o : outs)
+      if (fs::exists(o, ec)) return ReportError(ExistsError(o));
+  // Create the tree, and make the new directory entries durable.
+  std::set<std::string> dirs;
+  for (const std::string& o : outs) dirs.insert(fs::path(o).parent_path().string());
+  dirs.insert(out_root.string());
+  for (const std::string& d : dirs) {
+    std::vector<fs::path> created;
+    for (fs::path q = d; !q.empty() && !fs::exists(q, ec); q = q.parent_path()) created.push_back(q);
+    fs::create_directories(d, ec);
+    if (ec) return ReportError(Status::IOError(d + ": " + ec.message()));
+    for (const fs::path& c : created) {
+      std::string parent = c.has_parent_path() ? c.parent_path().string() : ".";
+      Status st = FileSystem::Default()->SyncDir(parent);
+      if (!st.ok()) return ReportError(st);
+    }
+  }
+  std::vector<Outcome> outcomes(files.size());
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i; (i = next.fetch_add(1)) < files.size();)
+      outcomes[i] = ConvertOne(files[i], outs[i], Kind::kKv, Kind::kKv, p, a.force);
+  };
+  unsigned jobs = std::max(1u, std::min<unsigned>(a.jobs, static_cast<unsigned>(files.size())));
+  std::vector<std::thread> pool;
+  for (unsigned j = 1; j < jobs; ++j) pool.emplace_back(work);
+  work();
+  for (auto& t : pool) t.join();
+  int code = Report(outcomes);
+  size_t ok = std::count_if(outcomes.begin(), outcomes.end(), [](const Outcome& o) { return o.status.ok(); });
+  std::printf("converted %zu of %zu files from %s to %s\n", ok, files.size(), a.in.c_str(), a.out.c_str());
+  return code;
+}
+
+int RunConvert(const ConvertArgs& a) {
+  Plan p;
+  p.major = a.format == "v1" ? 1 : 2;
+  if (a.dtype) p.dtype = ParseDtype(*a.dtype);
+  if (p.major == 1 && p.dtype && format::IsFp8(*p.dtype))
+    return UsageError("--format v1 stores raw rows: --dtype must be bf16, f16 or f32");
+  if (p.major == 1 && !a.keep_raw.empty()) return UsageError("--keep-raw applies to v2 output (v1 is all raw)");
+  p.keep_raw.insert(a.keep_raw.begin(), a.keep_raw.end());
+  p.codes = a.codes;
+  p.chunk_tokens = a.chunk_tokens;
+  std::error_code ec;
+  if (!fs::exists(a.in, ec)) return ReportError(Status::NotFound(a.in + ": No such file or directory"));
+  Kind in_kind = KindOf(a.in);
+  if (in_kind == Kind::kDirectory) {
+    if (a.codes) return UsageError("--codes applies to .safetensors input or output, not to a directory");
+    return ConvertTree(a, p);
+  }
+  Kind out_kind = KindOf(a.out);
+  auto kind_error = [](const std::string& path) {
+    return UsageError(path + ": cannot tell the format: the name must end in .kv or .safetensors");
+  };
+  if (in_kind == Kind::kOther) return kind_error(a.in);
+  if (out_kind == Kind::kDirectory) return UsageError(a.out + ": is a directory (IN is a file)");
+  if (out_kind == Kind::kOther) return kind_error(a.out);
+  if (in_kind == Kind::kSafetensors && out_kind == Kind::kSafetensors)
+    return UsageError("convert reads or writes a .kv file; both IN and OUT are .safetensors");
+  if (fs::exists(a.out, ec) && fs::equivalent(a.in, a.out, ec))
+    return UsageError(a.out + ": IN and OUT are the same file");
+  if (in_kind == Kind::kKv && out_kind == Kind::kKv && a.codes)
+    return UsageError("--codes applies to .safetensors input or output");
+  if (out_kind == Kind::kSafetensors) {
+    if (!a.keep_raw.empty()) return UsageError("--keep-raw applies to .kv output");
+    if (a.chunk_tokens) return UsageError("--chunk-tokens applies to .kv output");
+    if (a.codes && a.dtype)
+      return UsageError("--codes exports fp8 streams as stored and raw streams as stored; drop --dtype");
+    if (p.dtype && format::IsFp8(*p.dtype))
+      return UsageError("--dtype " + *a.dtype + ": export decodes to bf16, f16 or f32; use --codes for fp8 codes");
+  }
+  return Report({ConvertOne(a.in, a.out, in_kind, out_kind, p, a.force)});
+}
+
+}  // namespace
+
+void RegisterConvert(CLI::App& app, int* exit_code) {
+  auto args = std::make_shared<ConvertArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "convert",
+      "Convert between .kv files (re-encode, re-chunk, compact) and to or from .safetensors.\n"
+      "  .kv -> .kv: fp8 streams re-encoded to an fp8 --dtype (raw streams stay raw), or every stream\n"
+      "      converted to a raw --dtype; --keep-raw streams stored raw; re-chunked with --chunk-tokens.\n"
+      "  .safetensors -> .kv: one tensor per stream [layers, tokens, rows, width] (BF16/F16/F32),\n"
+      "      quantized to --dtype (default e4m3), or <stream>.codes + <stream>.scales imported exactly;\n"
+      "      a 'tokens' tensor (I32/I64/U32); __metadata__ kvfile.model, kvfile.fingerprint.\n"
+      "      With --codes, value tensors are raw streams kept as stored.\n"
+      "  .kv -> .safetensors: streams decoded to --dtype (bf16 default), or with --codes fp8 streams as\n"
+      "      <stream>.codes + <stream>.scales and raw streams as stored; token ids as I64.\n"
+      "  directory -> directory: every *.kv under IN into the same tree under OUT (--jobs at a time).\n"
+      "OUT is written under a temporary name and renamed into place when complete; an existing OUT\n"
+      "is replaced only with --force. --format v1 writes the older raw layout (fp8 streams decoded to bf16\n"
+      "or to a raw --dtype); a v1 input converted to v2 is quantized (e4m3 unless --dtype).\n"
+      "Example: kvfile convert session.kv session-e5m2.kv --dtype e5m2 --chunk-tokens 512\n"
+      "         kvfile convert session.kv session.safetensors --codes");
+  cmd->add_option("IN", args->in, "input: .kv, .safetensors, or a directory of .kv files")->required();
+  cmd->add_option("OUT", args->out, "output: .kv, .safetensors, or a directory")->required();
+  cmd->add_option("--dtype", args->dtype, "target dtype: e4m3, e5m2, bf16, f16 or f32")
+      ->check(CLI::IsMember({"e4m3", "e5m2", "bf16", "f16", "f32"}));
+  cmd->add_option("--keep-raw", args->keep_raw, "streams stored raw (bf16, or a raw --dtype); comma separated")
+      ->delimiter(',');
+  cmd->add_flag("--codes", args->codes, "export fp8 codes and scales; on import, keep value tensors as stored");
+  cmd->add_option("--chunk-tokens", args->chunk_tokens, "tokens per chunk of a .kv OUT (default: IN's, or 256)")
+      ->check(CLI::Range(1u, 65536u));
+  cmd->add_flag("--force", args->force, "replace an existing OUT");
+  cmd->add_option("--jobs", args->jobs, "files converted in parallel (directories)")
+      ->check(CLI::Range(1u, 256u))
+      ->capture_default_str();
+  cmd->add_option("--format", args->format, "format of a .kv output")
+      ->check(CLI::IsMember({"v1", "v2"}))
+      ->capture_default_str();
+  cmd->callback([args, exit_code] { *exit_code = RunConvert(*args); });
+}
+
+}  // namespace kvfile::cli

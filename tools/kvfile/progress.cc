@@ -1,0 +1,55 @@
+// The stderr progress bar (see progress.h).
+#include "progress.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+
+namespace kvfile::cli {
+
+namespace {
+std::atomic<bool> g_quiet{false};
+}
+
+void SetQuiet(bool quiet) { g_quiet = quiet; }
+
+Progress::Progress(std::string label, uint64_t total)
+    : label_(std::move(label)),
+      total_(total),
+      enabled_(!g_quiet && isatty(STDERR_FILENO) == 1 && total > 0),
+      start_(std::chrono::steady_clock::now()),
+      last_draw_(start_) {}
+
+Progress::~Progress() { Finish(); }
+
+void Progress::Finish() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (drawn_) std::fprintf(stderr, "\r\033[K");
+  drawn_ = false;
+  enabled_ = false;
+}
+
+void Progress::Add(uint64_t n) {
+  uint64_t done = done_.fetch_add(n) + n;
+  if (!enabled_) return;
+  auto now = std::chrono::steady_clock::now();
+  // Nothing for the first second, then at most ten redraws a second.
+  if (now - start_ < std::chrono::seconds(1) || now - last_draw_ < std::chrono::milliseconds(100)) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  last_draw_ = now;
+  Draw(done, false);
+}
+
+void Progress::Draw(uint64_t done, bool) {
+  const int width = 30;
+  double frac = total_ ? static_cast<double>(done) / static_cast<double>(total_) : 0.0;
+  if (frac > 1) frac = 1;
+  int filled = static_cast<int>(frac * width);
+  std::string bar(static_cast<size_t>(filled), '#');
+  bar.append(static_cast<size_t>(width - filled), ' ');
+  std::fprintf(stderr, "\r%s [%s] %3d%%", label_.c_str(), bar.c_str(), static_cast<int>(frac * 100));
+  std::fflush(stderr);
+  drawn_ = true;
+}
+
+}  // namespace kvfile::cli

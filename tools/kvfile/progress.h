@@ -1,0 +1,43 @@
+// A progress bar on stderr for work that takes more than about a second.
+//
+// Drawn only when stderr is a terminal and --quiet was not given, so scripts
+// and CI logs see nothing on stderr but errors. Thread-safe Add(); redrawn
+// at most ten times a second; erased when done.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <string>
+
+namespace kvfile::cli {
+
+// Set by the global --quiet flag.
+void SetQuiet(bool quiet);
+
+class Progress {
+ public:
+  Progress(std::string label, uint64_t total);
+  ~Progress();
+  Progress(const Progress&) = delete;
+  Progress& operator=(const Progress&) = delete;
+
+  void Add(uint64_t done);
+  // Erases the bar (also done by the destructor); call it before printing
+  // the result.
+  void Finish();
+
+ private:
+  void Draw(uint64_t done, bool final);
+
+  std::string label_;
+  uint64_t total_;
+  std::atomic<bool> enabled_;
+  bool drawn_ = false;
+  std::atomic<uint64_t> done_{0};
+  std::mutex mu_;
+  std::chrono::steady_clock::time_point start_, last_draw_;
+};
+
+}  // namespace kvfile::cli
