@@ -671,6 +671,11 @@ TEST(CommitRecord, InconsistentFieldsAreRefused) {
   c.sequence = 0;
   EXPECT_TRUE(refused(c));
   c = SampleCommit();
+  c.epoch = 0;  // epochs start at 1
+  EXPECT_TRUE(refused(c));
+  c.epoch = 0xFFFFFFFFu;
+  EXPECT_FALSE(refused(c));
+  c = SampleCommit();
   c.end = 12288 + 5 * 4096 + 1;  // not a block boundary
   EXPECT_TRUE(refused(c));
   c.end = 8192;  // before the data

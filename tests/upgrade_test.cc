@@ -13,6 +13,7 @@
 #include <random>
 
 #include "kvfile/codec.h"
+#include "kvfile/format/header.h"
 #include "kvfile/presets.h"
 #include "kvfile/reader.h"
 #include "kvfile/verify.h"
@@ -390,6 +391,45 @@ TEST(UpgradeKill, FileIsWholeV1OrWholeV2AfterEveryKill) {
               static_cast<unsigned long long>(kTokens), upgrade_us / 1000, v1_seen, v2_seen);
   EXPECT_GT(v1_seen, 0);
   std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace kvfile
+
+namespace kvfile {
+namespace {
+
+// A writer that opens a file with an exhausted epoch counter refuses to
+// rewind: a wrapped epoch would make the file unreadable.
+TEST(EpochLimit, RewindAtTheLastEpochIsRefused) {
+  Geometry g;
+  ASSERT_TRUE(GetPreset("tiny", Dtype::kE4M3, &g).ok());
+  FaultFs fs;
+  WriterOptions o;
+  o.fs = &fs;
+  o.chunk_tokens = 4;
+  o.salt = 99;
+  std::unique_ptr<Writer> w;
+  ASSERT_TRUE(Writer::Create("/e/y.kv", g, {"m", 1}, o, &w).ok());
+  ASSERT_TRUE(w->Close().ok());
+  // The empty file's active record (sequence 2, slot 0) rewritten with the
+  // last epoch, as a file that was rewound 2^32 - 2 times would hold.
+  testing::DiskImage img = fs.Image();
+  format::CommitRecord c;
+  c.sequence = 2;
+  c.salt = 99;
+  c.epoch = 0xFFFFFFFFu;
+  format::EncodeCommitRecord(c, std::span<uint8_t, format::kCommitSlotSize>(img.at("/e/y.kv").data() + 4096, 4096));
+  FaultFs disk(img);
+  o.fs = &disk;
+  Status st = Writer::Open("/e/y.kv", o, &w);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_TRUE(AppendF32(*w, 0, 5).ok());
+  ASSERT_TRUE(w->Sync().ok());
+  st = w->Rewind(2);
+  EXPECT_EQ(st.code(), Status::Code::kUnsupported) << st.ToString();
+  EXPECT_NE(st.message().find("epoch counter is exhausted"), std::string::npos) << st.message();
+  EXPECT_EQ(w->token_count(), 5u);
 }
 
 }  // namespace
