@@ -197,13 +197,6 @@ const Kernels& KernelsFor(Isa isa) {
   }
 }
 
-float RowScale(float amax, Fp8Kind kind) {
-  if (amax == 0.0f) return 1.0f;
-  const float scale = amax / Fp8MaxFinite(kind);
-  const float flt_min = std::bit_cast<float>(0x00800000u);
-  return scale < flt_min ? flt_min : scale;
-}
-
 void EncodeScaledReference(Fp8Kind kind, const float* x, size_t n, uint8_t* codes) {
   if (kind == Fp8Kind::kE4M3) {
     for (size_t i = 0; i < n; ++i) codes[i] = EncodeAs<Fp8Kind::kE4M3>(x[i]);

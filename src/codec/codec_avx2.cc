@@ -219,14 +219,6 @@ __m256i QuantizeWords16(const unsigned char* p, __m256 sv) {
   return _mm256_or_si256(words, _mm256_and_si256(_mm256_srli_epi16(signs, 8), Set16(0x80)));
 }
 
-// The row scale (see RowScale in codec.cc, which this must equal bit for bit).
-float RowScaleLocal(float amax, Fp8Kind kind) {
-  if (amax == 0.0f) return 1.0f;
-  const float scale = amax / (kind == Fp8Kind::kE4M3 ? kE4M3Max : kE5M2Max);
-  constexpr float kFltMin = 0x1p-126f;
-  return scale < kFltMin ? kFltMin : scale;
-}
-
 template <Fp8Kind kKind, Dtype kDt>
 bool QuantizeRowsT(const void* src, size_t rows, size_t width, uint8_t* codes, float* scales,
                    size_t* bad_row) {
@@ -235,7 +227,7 @@ bool QuantizeRowsT(const void* src, size_t rows, size_t width, uint8_t* codes, f
   // The amax and scale of the next row are computed before the current row
   // is encoded, so the out-of-order core can overlap the rows' chains.
   float next_amax = rows > 0 ? RowAmax<kDt>(in, width) : 0.0f;
-  float next_scale = next_amax >= 0.0f ? RowScaleLocal(next_amax, kKind) : 1.0f;
+  float next_scale = next_amax >= 0.0f ? RowScale(next_amax, kKind) : 1.0f;
   for (size_t r = 0; r < rows; ++r) {
     const unsigned char* row = in + r * width * es;
     uint8_t* out = codes + r * width;
@@ -246,7 +238,7 @@ bool QuantizeRowsT(const void* src, size_t rows, size_t width, uint8_t* codes, f
     const float scale = next_scale;
     if (r + 1 < rows) {
       next_amax = RowAmax<kDt>(row + width * es, width);
-      next_scale = next_amax >= 0.0f ? RowScaleLocal(next_amax, kKind) : 1.0f;
+      next_scale = next_amax >= 0.0f ? RowScale(next_amax, kKind) : 1.0f;
     }
     std::memcpy(scales + r, &scale, sizeof scale);
     const __m256 sv = _mm256_set1_ps(scale);

@@ -230,14 +230,6 @@ __m512i WordsToBytes64(__m512i w0, __m512i w1) {
   return _mm512_permutexvar_epi32(idx, packed);
 }
 
-// The row scale (see RowScale in codec.cc, which this must equal bit for bit).
-float RowScaleLocal(float amax, Fp8Kind kind) {
-  if (amax == 0.0f) return 1.0f;
-  const float scale = amax / (kind == Fp8Kind::kE4M3 ? kE4M3Max : kE5M2Max);
-  constexpr float kFltMin = 0x1p-126f;
-  return scale < kFltMin ? kFltMin : scale;
-}
-
 template <Fp8Kind kKind, Dtype kDt>
 bool QuantizeRowsT(const void* src, size_t rows, size_t width, uint8_t* codes, float* scales,
                    size_t* bad_row) {
@@ -247,7 +239,7 @@ bool QuantizeRowsT(const void* src, size_t rows, size_t width, uint8_t* codes, f
   // is encoded: that gives the out-of-order core independent work to overlap
   // with the current row's chain of reduction -> division -> encode.
   float next_amax = rows > 0 ? RowAmax<kDt>(in, width) : 0.0f;
-  float next_scale = next_amax >= 0.0f ? RowScaleLocal(next_amax, kKind) : 1.0f;
+  float next_scale = next_amax >= 0.0f ? RowScale(next_amax, kKind) : 1.0f;
   for (size_t r = 0; r < rows; ++r) {
     const unsigned char* row = in + r * width * es;
     uint8_t* out = codes + r * width;
@@ -258,7 +250,7 @@ bool QuantizeRowsT(const void* src, size_t rows, size_t width, uint8_t* codes, f
     const float scale = next_scale;
     if (r + 1 < rows) {
       next_amax = RowAmax<kDt>(row + width * es, width);
-      next_scale = next_amax >= 0.0f ? RowScaleLocal(next_amax, kKind) : 1.0f;
+      next_scale = next_amax >= 0.0f ? RowScale(next_amax, kKind) : 1.0f;
     }
     std::memcpy(scales + r, &scale, sizeof scale);
     const __m512 sv = _mm512_set1_ps(scale);

@@ -4,7 +4,8 @@
 // Each ISA translation unit is compiled with its own -m flags, so nothing here
 // may be an inline function or template with external linkage that an ISA unit
 // would instantiate: the linker could keep the AVX-512 copy and hand it to the
-// scalar path. This header therefore declares only plain functions and data.
+// scalar path. This header therefore declares only plain functions, data, and
+// functions of internal linkage.
 #pragma once
 
 #include <cstddef>
@@ -48,12 +49,6 @@ Isa ResolveIsa(Isa isa);
 // codec.cc next to EncodeElement so that the element conversion inlines.
 void EncodeScaledReference(Fp8Kind kind, const float* x, size_t n, uint8_t* codes);
 
-// The row scale for a row whose largest magnitude is `amax` (finite, >= 0):
-// 1.0f for amax == 0, else max(amax / M, FLT_MIN) with an IEEE f32 division.
-// The reference (codec.cc); the vector units inline the same three steps (an
-// IEEE division is deterministic, and the tests compare every scale's bits).
-float RowScale(float amax, Fp8Kind kind);
-
 // Per-kind constants of the fp8 formats, shared by all paths.
 inline constexpr float kE4M3Max = 448.0f;
 inline constexpr float kE5M2Max = 57344.0f;
@@ -65,5 +60,19 @@ inline constexpr uint8_t kNanCode = 0x7F;
 inline constexpr uint16_t kBf16MaxBits = 0x7F7F;
 inline constexpr uint16_t kF16MaxBits = 0x7BFF;
 inline constexpr uint32_t kF32InfBits = 0x7F800000u;
+
+// The row scale for a row whose largest magnitude is `amax` (finite, >= 0):
+// 1.0f for amax == 0, else max(amax / M, FLT_MIN) with an IEEE f32 division.
+// Internal linkage (an unnamed namespace), so that every ISA unit inlines its
+// own copy compiled with its own flags and the linker never merges them; an
+// IEEE division gives the same bits whatever the unit.
+namespace {
+inline float RowScale(float amax, Fp8Kind kind) {
+  if (amax == 0.0f) return 1.0f;
+  const float scale = amax / (kind == Fp8Kind::kE4M3 ? kE4M3Max : kE5M2Max);
+  constexpr float kFltMin = 0x1p-126f;
+  return scale < kFltMin ? kFltMin : scale;
+}
+}  // namespace
 
 }  // namespace kvfile::codec::internal
