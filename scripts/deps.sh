@@ -27,16 +27,21 @@ kvfile_install_deps() {
 }
 
 # Configures and builds into $1 with warnings as errors; further arguments
-# name the targets (all when none). The build log goes to $1/build.log and
-# is printed only if the build fails.
+# are CMake options (-D...) or the targets to build (all when none). The
+# build log goes to $1/build.log and is printed only if the build fails.
 kvfile_build() {
   local build_dir=$1
   shift
-  local targets=()
-  for t in "$@"; do targets+=(--target "$t"); done
+  local targets=() options=()
+  for t in "$@"; do
+    case "$t" in
+      -D*) options+=("$t") ;;
+      *) targets+=(--target "$t") ;;
+    esac
+  done
   mkdir -p "$build_dir"
   if ! { cmake -S "$KVFILE_ROOT" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-           -DKVFILE_WERROR=ON -DKVFILE_BUILD_BENCH=ON &&
+           -DKVFILE_WERROR=ON -DKVFILE_BUILD_BENCH=ON "${options[@]}" &&
          cmake --build "$build_dir" -j "$(nproc)" "${targets[@]}"; } >"$build_dir/build.log" 2>&1; then
     cat "$build_dir/build.log" >&2
     echo "kvfile: build failed (log: $build_dir/build.log)" >&2

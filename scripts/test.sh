@@ -2,7 +2,10 @@
 # Installs what is missing, builds with warnings as errors, and runs every
 # test: the unit tests and the long exhaustive codec checks with the default
 # I/O backend (io_uring where the kernel allows it), then the unit tests
-# again with the POSIX backend forced, so both backends run the whole suite.
+# again with the POSIX backend forced, so both backends run the whole suite,
+# then the unit tests once more built with AddressSanitizer and
+# UndefinedBehaviorSanitizer (leak checking on; the long exhaustive sweeps
+# are left out there: they take far too long under the sanitizers).
 set -euo pipefail
 KVFILE_ROOT=$(cd "$(dirname "$0")/.." && pwd)
 source "$KVFILE_ROOT/scripts/deps.sh"
@@ -13,3 +16,10 @@ echo "== every test, default I/O backend"
 ctest --output-on-failure -j "$(nproc)" --timeout 1500
 echo "== unit tests, KVFILE_IO=posix"
 KVFILE_IO=posix ctest --output-on-failure -j "$(nproc)" --timeout 600 -L unit
+echo "== unit tests, AddressSanitizer + UndefinedBehaviorSanitizer"
+kvfile_build "$KVFILE_ROOT/build-asan" -DCMAKE_BUILD_TYPE=Debug \
+  "-DCMAKE_CXX_FLAGS=-O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
+  "-DCMAKE_EXE_LINKER_FLAGS=-fsanitize=address,undefined"
+cd "$KVFILE_ROOT/build-asan"
+ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  ctest --output-on-failure -j "$(nproc)" --timeout 900 -L unit

@@ -314,7 +314,7 @@ void CheckRange(Reader& r, const Sequence& q, const Expected& e, uint32_t layer,
   Bytes want = ExpectedRows(q, e, layer, s, begin, end, out);
   Bytes got(want.size() + 1, 0xEE);
   ASSERT_OK(r.ReadRows(layer, s, begin, end, out, got.data()));
-  ASSERT_EQ(std::memcmp(got.data(), want.data(), want.size()), 0);
+  ASSERT_TRUE(std::equal(want.begin(), want.end(), got.begin()));
   ASSERT_EQ(got.back(), 0xEE);
 }
 

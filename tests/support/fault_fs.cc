@@ -19,7 +19,7 @@ class FaultFile final : public File {
   Status ReadAt(uint64_t offset, void* buf, size_t n) override {
     if (offset > node_->data.size() || node_->data.size() - offset < n)
       return Status::Corruption(path_ + ": unexpected end of file at offset " + std::to_string(offset));
-    std::memcpy(buf, node_->data.data() + offset, n);
+    if (n > 0) std::memcpy(buf, node_->data.data() + offset, n);
     return Status::OK();
   }
   Status WriteAt(uint64_t offset, const void* buf, size_t n) override {
