@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -105,6 +106,7 @@ TEST_F(UpgradeTest, EveryPresetAndRawDtype) {
       ASSERT_EQ(r1->major_version(), 1);
       std::vector<std::vector<uint8_t>> v1_codes;
       std::vector<std::vector<float>> v1_scales;
+      std::vector<std::vector<float>> v1_values;
       for (uint32_t l = 0; l < g.layers; ++l)
         for (uint32_t s = 0; s < g.streams.size(); ++s) {
           const StreamSpec& spec = g.streams[s];
@@ -125,6 +127,9 @@ TEST_F(UpgradeTest, EveryPresetAndRawDtype) {
           ASSERT_EQ(0, std::memcmp(scales.data(), want_scales.data(), rows * 4));
           v1_codes.push_back(codes);
           v1_scales.push_back(scales);
+          std::vector<float> as_f32(elems);
+          ASSERT_TRUE(r1->ReadRows(l, s, 0, tokens, Dtype::kF32, as_f32.data()).ok());
+          v1_values.push_back(as_f32);
         }
       r1.reset();
       std::vector<uint8_t> before = ReadAll(path);
@@ -160,6 +165,22 @@ TEST_F(UpgradeTest, EveryPresetAndRawDtype) {
           ASSERT_EQ(0, std::memcmp(scales.data(), v1_scales[i].data(), rows * 4));
         }
       for (uint64_t t = 0; t < tokens + 2; ++t) ASSERT_EQ(r2->tokens()[t], t + 100);
+      // A second check, after the exact codes: v1 -> v2 -> decoded stays
+      // within half an e4m3 step of each value's binade (times its scale).
+      i = 0;
+      for (uint32_t l = 0; l < g.layers; ++l)
+        for (uint32_t s = 0; s < g.streams.size(); ++s, ++i) {
+          const StreamSpec& spec = g.streams[s];
+          std::vector<float> back(v1_values[i].size());
+          ASSERT_TRUE(r2->ReadRows(l, s, 0, tokens, Dtype::kF32, back.data()).ok());
+          for (size_t e = 0; e < back.size(); ++e) {
+            float scale = v1_scales[i][e / spec.row_width];
+            float q = std::fabs(v1_values[i][e]) / scale;
+            float step = q < 0x1p-6f ? 0x1p-9f : std::exp2(std::floor(std::log2(q)) - 3);
+            float bound = 0.5f * step * scale * (1 + 0x1p-20f) + std::fabs(v1_values[i][e]) * 0x1p-22f;
+            ASSERT_LE(std::fabs(back[e] - v1_values[i][e]), bound) << "layer " << l << " stream " << s << " element " << e;
+          }
+        }
     }
   }
 }
