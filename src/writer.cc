@@ -404,6 +404,9 @@ Status Writer::Impl::WriteCommit(CommitRecord next) {
 
 // Recovery at a writable open (spec/RECOVERY.md, "Opening for append").
 Status Writer::Impl::Recover(const internal::ScanResult& scan) {
+  // Whatever an earlier writer left past the commit record may still sit
+  // in the page cache: the next commit must sync it first.
+  data_unsynced = true;
   commit = scan.commit;
   tokens = scan.tokens;
   disk_tokens = scan.tokens.size();

@@ -97,11 +97,16 @@ class Workload {
   void Rewind(uint64_t n) {
     // The rewound sequence becomes a new version before the call: during
     // the call a crash may leave either.
+    // While it runs, a crash state of the new version keeps at least what
+    // was durable of its first n tokens; once it returns, what the writer
+    // then reports durable (n when it rewound chunks on disk; the old count
+    // when it only dropped staged tokens, which were never durable).
     Version next{std::vector<uint32_t>(versions_.back().tokens.begin(),
                                        versions_.back().tokens.begin() + static_cast<ptrdiff_t>(n)),
-                 n};
+                 std::min<uint64_t>(n, w_->durable_tokens())};
     versions_.push_back(std::move(next));
     ASSERT_TRUE(w_->Rewind(n).ok());
+    versions_.back().rewound_to = w_->durable_tokens();
     Checkpoint();
   }
   void Close() {
@@ -281,19 +286,22 @@ TEST_F(CrashTest, SyncModeNoneWithExplicitSyncs) {
 }
 
 TEST_F(CrashTest, RewindMidChunkAndAtBoundary) {
-  Workload w(SyncMode::kChunk, 4);
-  w.Create();
-  w.Append(14);
-  w.Sync();
-  w.Rewind(6);  // inside the second chunk
-  w.Append(5);
-  w.Sync();
-  w.Rewind(8);  // a chunk boundary
-  w.Append(3);
-  w.Rewind(2);
-  w.Append(1);
-  w.Close();
-  Check(w);
+  for (auto [mode, chunk] : {std::pair{SyncMode::kChunk, 4u}, std::pair{SyncMode::kNone, 4u},
+                              std::pair{SyncMode::kChunk, 3u}, std::pair{SyncMode::kClose, 5u}}) {
+    Workload w(mode, chunk);
+    w.Create();
+    w.Append(14);
+    w.Sync();
+    w.Rewind(6);  // inside a chunk
+    w.Append(5);
+    w.Sync();
+    w.Rewind(8);  // a chunk boundary when chunks hold 4
+    w.Append(3);
+    w.Rewind(2);
+    w.Append(1);
+    w.Close();
+    Check(w);
+  }
 }
 
 // Chunks of several 4096-byte blocks, streams of three dtypes (the torn
@@ -302,8 +310,9 @@ TEST_F(CrashTest, MixedDtypesAndMultiBlockChunks) {
   Geometry g;
   g.layers = 3;
   g.streams = {{"k", 2, 24, Dtype::kE4M3}, {"v", 2, 40, Dtype::kE5M2}, {"indexer", 1, 8, Dtype::kBF16}};
-  for (SyncMode mode : {SyncMode::kChunk, SyncMode::kNone}) {
-    Workload w(mode, 13, g);
+  for (auto [mode, chunk] : {std::pair{SyncMode::kChunk, 13u}, std::pair{SyncMode::kNone, 13u},
+                              std::pair{SyncMode::kClose, 5u}, std::pair{SyncMode::kChunk, 29u}}) {
+    Workload w(mode, chunk, g);
     w.Create();
     w.Append(5);
     w.Append(17);
@@ -317,12 +326,12 @@ TEST_F(CrashTest, MixedDtypesAndMultiBlockChunks) {
 }
 
 TEST_F(CrashTest, ManySmallAppendsAcrossChunkSizes) {
-  for (uint32_t chunk : {1u, 2u, 6u, 16u}) {
-    for (SyncMode mode : {SyncMode::kChunk, SyncMode::kClose}) {
+  for (uint32_t chunk : {1u, 2u, 3u, 6u, 8u, 16u}) {
+    for (SyncMode mode : {SyncMode::kChunk, SyncMode::kClose, SyncMode::kNone}) {
       Workload w(mode, chunk);
       w.Create();
       for (int i = 0; i < 12; ++i) w.Append(1 + (i * 5) % 4);
-      if (mode == SyncMode::kClose) w.Sync();
+      if (mode != SyncMode::kChunk) w.Sync();
       w.Rewind(7);
       w.Append(3);
       w.Close();
@@ -332,16 +341,19 @@ TEST_F(CrashTest, ManySmallAppendsAcrossChunkSizes) {
 }
 
 TEST_F(CrashTest, ReopenAndAppend) {
-  Workload w(SyncMode::kClose, 4);
-  w.Create();
-  w.Append(10);
-  w.Close();
-  w.Reopen();
-  w.Append(6);
-  w.Rewind(12);
-  w.Append(2);
-  w.Close();
-  Check(w);
+  for (auto [mode, chunk] : {std::pair{SyncMode::kClose, 4u}, std::pair{SyncMode::kChunk, 7u},
+                              std::pair{SyncMode::kNone, 3u}}) {
+    Workload w(mode, chunk);
+    w.Create();
+    w.Append(10);
+    w.Close();
+    w.Reopen();
+    w.Append(6);
+    w.Rewind(12);
+    w.Append(2);
+    w.Close();
+    Check(w);
+  }
 }
 
 }  // namespace
