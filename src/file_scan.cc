@@ -1,6 +1,7 @@
 // The scan of a .kv file at open (see file_scan.h).
 #include "file_scan.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "kvfile/codec.h"
@@ -31,11 +32,12 @@ Status LayoutCache::Get(uint32_t token_count, const ChunkLayout** out) {
 namespace {
 
 // Reads and checks one chunk head at `offset`. On success fills *chunk (its
-// info.live_tokens = stored tokens) and *tokens with its token ids.
+// info.live_tokens = stored tokens) and *tokens with its token ids, and
+// appends its section checksums to *checksums (nothing on failure).
 // `limit` is where the chunk must end at the latest.
 Status ReadChunkHead(File& file, const FileHeader& h, LayoutCache& layouts, uint64_t offset,
-                     uint64_t limit, ScannedChunk* chunk, std::vector<uint32_t>* tokens,
-                     std::vector<uint8_t>* buf) {
+                     uint64_t limit, ScannedChunk* chunk, PageVector<uint64_t>* checksums,
+                     std::vector<uint32_t>* tokens, std::vector<uint8_t>* buf) {
   if (limit - offset < ch::kHeaderSize) return Status::Corruption("incomplete chunk header");
   // One read covers the head of a chunk of the nominal size; a larger head
   // needs a second read.
@@ -81,10 +83,8 @@ Status ReadChunkHead(File& file, const FileHeader& h, LayoutCache& layouts, uint
   chunk->info.live_tokens = c.token_count;
   chunk->info.epoch = c.epoch;
   chunk->info.head_checksum = LoadU64(p + layout->head_checksum_offset);
-  size_t n_sections = layout->sections.size();
-  chunk->section_checksums.resize(n_sections);
-  for (size_t i = 0; i < n_sections; ++i)
-    chunk->section_checksums[i] = LoadU64(p + layout->section_checksums_offset + 8 * i);
+  for (size_t i = 0; i < layout->sections.size(); ++i)
+    checksums->push_back(LoadU64(p + layout->section_checksums_offset + 8 * i));
   tokens->resize(c.token_count);
   for (uint32_t i = 0; i < c.token_count; ++i)
     (*tokens)[i] = LoadU32(p + layout->tokens_offset + 4ull * i);
@@ -127,13 +127,14 @@ bool ValidChunkFollows(File& file, const ScanResult& r, LayoutCache& layouts, ui
                        uint64_t size, uint64_t* found_at) {
   std::vector<uint8_t> buf;
   std::vector<uint32_t> scratch_tokens;
+  PageVector<uint64_t> scratch_checksums;
   uint8_t head[ch::kHeaderSize];
   for (uint64_t pos = AlignUp(from, kBlockSize); pos + ch::kHeaderSize <= size; pos += kBlockSize) {
     if (!file.ReadAt(pos, head, sizeof head).ok()) return false;
     if (std::memcmp(head, ch::kMagic, sizeof ch::kMagic) != 0) continue;
     if (LoadU64(head + ch::kSalt) != r.header.salt) continue;
     ScannedChunk c;
-    if (!ReadChunkHead(file, r.header, layouts, pos, size, &c, &scratch_tokens, &buf).ok()) continue;
+    if (!ReadChunkHead(file, r.header, layouts, pos, size, &c, &scratch_checksums, &scratch_tokens, &buf).ok()) continue;
     if (c.info.epoch != r.commit.epoch) continue;  // stale chunks of an older epoch are expected
     *found_at = pos;
     return true;
@@ -144,10 +145,11 @@ bool ValidChunkFollows(File& file, const ScanResult& r, LayoutCache& layouts, ui
 }  // namespace
 
 Status ReadAndCheckChunk(File& file, const Geometry& g, LayoutCache& layouts,
-                         const ScannedChunk& c, std::vector<uint8_t>* buf) {
+                         const ScannedChunk& c, const uint64_t* section_checksums, PageBuffer* buf) {
   const ChunkLayout* layout;
   KVFILE_RETURN_IF_ERROR(layouts.Get(c.info.stored_tokens, &layout));
-  buf->resize(c.info.bytes);
+  if (!buf->Resize(c.info.bytes))
+    return Status::IOError("no memory for a chunk of " + std::to_string(c.info.bytes) + " bytes");
   KVFILE_RETURN_IF_ERROR(file.ReadAt(c.info.offset, buf->data(), c.info.bytes));
   const uint8_t* p = buf->data();
   if (LoadU64(p + layout->head_checksum_offset) != Checksum(p, layout->head_checksum_offset) ||
@@ -157,7 +159,7 @@ Status ReadAndCheckChunk(File& file, const Geometry& g, LayoutCache& layouts,
     for (uint32_t s = 0; s < layout->streams; ++s) {
       const SectionLayout& sec = layout->section(l, s);
       if (Checksum(p + sec.offset, sec.end - sec.offset) !=
-          c.section_checksums[static_cast<size_t>(l) * layout->streams + s])
+          section_checksums[static_cast<size_t>(l) * layout->streams + s])
         return Status::Corruption("payload checksum mismatch in layer " + std::to_string(l) +
                                   " stream '" + g.streams[s].name + "' (section at offset " +
                                   std::to_string(c.info.offset + sec.offset) + ")");
@@ -247,12 +249,24 @@ Status ScanFile(File& file, ScanResult* out, DamageLocation* where) {
 
   LayoutCache layouts(&r.header.geometry);
   std::vector<uint8_t> buf;
+  PageBuffer whole;
   std::vector<uint32_t> chunk_tokens;
   uint64_t pos = kDataOffset;
+  r.sections = static_cast<size_t>(r.header.geometry.layers) * r.header.geometry.streams.size();
+  // The committed region's tables, sized once (growing them chunk by chunk
+  // would fault fresh pages in again and again). Bounded by the file's
+  // size, whatever the commit record claims: a chunk takes at least a
+  // block, a token 4 bytes, a section checksum 8.
+  uint64_t committed_bytes = r.commit.end > kDataOffset ? r.commit.end - kDataOffset : 0;
+  uint64_t expect_chunks = std::min<uint64_t>(r.commit.chunks, committed_bytes / kBlockSize);
+  r.chunks.reserve(expect_chunks);
+  r.section_checksums.reserve(std::min<uint64_t>(expect_chunks * r.sections, committed_bytes / 8));
+  r.tokens.reserve(std::min<uint64_t>(r.commit.tokens, committed_bytes / 4));
   // The committed region: every chunk must check out.
   for (uint64_t i = 0; i < r.commit.chunks; ++i) {
     ScannedChunk c;
-    Status st = ReadChunkHead(file, r.header, layouts, pos, r.commit.end, &c, &chunk_tokens, &buf);
+    Status st = ReadChunkHead(file, r.header, layouts, pos, r.commit.end, &c, &r.section_checksums,
+                              &chunk_tokens, &buf);
     if (st.ok() && c.info.epoch > r.commit.epoch)
       st = Status::Corruption("chunk epoch " + std::to_string(c.info.epoch) +
                               " is newer than the commit record's");
@@ -289,14 +303,15 @@ Status ScanFile(File& file, ScanResult* out, DamageLocation* where) {
   while (pos < size) {
     ScannedChunk c;
     size_t before = r.tokens.size();
-    Status st = ReadChunkHead(file, r.header, layouts, pos, size, &c, &chunk_tokens, &buf);
+    Status st = ReadChunkHead(file, r.header, layouts, pos, size, &c, &r.section_checksums, &chunk_tokens, &buf);
     if (st.ok() && c.info.epoch != r.commit.epoch)
       st = Status::Corruption("stale chunk of epoch " + std::to_string(c.info.epoch) +
                               " (current epoch " + std::to_string(r.commit.epoch) + ")");
     if (st.ok() && c.info.first_token != before)
       st = Status::Corruption("chunk starts at token " + std::to_string(c.info.first_token) +
                               " but " + std::to_string(before) + " tokens precede it");
-    if (st.ok()) st = ReadAndCheckChunk(file, r.header.geometry, layouts, c, &buf);
+    if (st.ok()) st = ReadAndCheckChunk(file, r.header.geometry, layouts, c, r.SectionChecksums(r.chunks.size()), &whole);
+    if (!st.ok()) r.section_checksums.resize(r.chunks.size() * r.sections);
     if (!st.ok()) {
       torn_reason = ChunkWhere(r.chunks.size(), pos) + ": " + st.message();
       break;

@@ -19,12 +19,12 @@
 #include "kvfile/format/chunk_layout.h"
 #include "kvfile/format/header.h"
 #include "kvfile/reader.h"
+#include "page_buffer.h"
 
 namespace kvfile::internal {
 
 struct ScannedChunk {
   ChunkInfo info;
-  std::vector<uint64_t> section_checksums;  // layers * streams
 };
 
 struct ScanResult {
@@ -32,9 +32,15 @@ struct ScanResult {
   format::CommitRecord commit;       // the newest valid commit slot
   int active_slot = 0;
   std::array<std::string, 2> slot_errors;  // empty when the slot is valid
-  std::vector<ScannedChunk> chunks;
-  std::vector<uint32_t> tokens;      // live tokens, in order
+  PageVector<ScannedChunk> chunks;
+  PageVector<uint32_t> tokens;       // live tokens, in order
+  // Every chunk's section checksums (layers * streams of them), chunk after
+  // chunk: one table, not one allocation per chunk (open stays cheap).
+  PageVector<uint64_t> section_checksums;
+  size_t sections = 0;               // layers * streams
   TailInfo tail;
+
+  const uint64_t* SectionChecksums(size_t chunk) const { return section_checksums.data() + chunk * sections; }
 };
 
 // Caches one ChunkLayout per distinct token count.
@@ -68,9 +74,10 @@ Status CheckChunkValues(const format::Geometry& g, const format::ChunkLayout& la
                         const ChunkInfo& info, const uint8_t* chunk_bytes);
 
 // Reads chunk `c` whole into `buf` (resized) and checks its head checksum
-// and every section checksum. `what` prefixes error messages.
+// and every section checksum against `section_checksums` (the chunk's
+// entries of ScanResult::section_checksums).
 Status ReadAndCheckChunk(File& file, const format::Geometry& g, LayoutCache& layouts,
-                         const ScannedChunk& c, std::vector<uint8_t>* buf);
+                         const ScannedChunk& c, const uint64_t* section_checksums, PageBuffer* buf);
 
 // "chunk 3 at offset 12288"
 std::string ChunkWhere(size_t index, uint64_t offset);

@@ -3,7 +3,11 @@
 #include "kvfile/reader.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <mutex>
+#include <system_error>
+#include <thread>
 
 #include "file_scan.h"
 #include "kvfile/codec.h"
@@ -14,13 +18,20 @@ namespace kvfile {
 using namespace kvfile::format;
 using internal::ScanResult;
 
+// More workers than this cannot help: a chunk is the unit of work and the
+// disk is one.
+constexpr size_t kMaxReadThreads = 16;
+
 struct Reader::Impl {
   std::string path;
+  FileSystem* fs = nullptr;
   std::unique_ptr<File> file;
   ScanResult scan;
-  std::vector<ChunkInfo> chunk_infos;
+  internal::PageVector<ChunkInfo> chunk_infos;
   std::unique_ptr<internal::LayoutCache> layouts;
-  std::vector<uint8_t> scratch;  // reused across reads: no allocation per call once warm
+  internal::PageBuffer scratch;  // reused across reads: no allocation per call once warm
+  // ReadMany's workers: one section buffer each, kept for the next call.
+  std::vector<internal::PageBuffer> worker_buffers;
 
   const Geometry& g() const { return scan.header.geometry; }
 
@@ -36,6 +47,10 @@ struct Reader::Impl {
   Status CheckRange(uint32_t layer, uint32_t stream, uint64_t begin, uint64_t end) const;
   Status LoadSections(uint32_t layer, uint32_t stream, uint64_t begin, uint64_t end,
                       std::vector<Piece>* pieces);
+  size_t FirstChunkFor(uint64_t begin) const;
+  Status ReadChunkTargets(File& f, internal::LayoutCache& chunk_layouts, size_t ci,
+                          std::span<const RowsTarget> targets, uint64_t begin, uint64_t end,
+                          Dtype out_dtype, internal::PageBuffer* buf) const;
 };
 
 Status Reader::Impl::CheckRange(uint32_t layer, uint32_t stream, uint64_t begin,
@@ -52,6 +67,77 @@ Status Reader::Impl::CheckRange(uint32_t layer, uint32_t stream, uint64_t begin,
   return Status::OK();
 }
 
+namespace {
+
+codec::Fp8Kind KindOf(Dtype d) { return d == Dtype::kE5M2 ? codec::Fp8Kind::kE5M2 : codec::Fp8Kind::kE4M3; }
+
+// Checks one (layer, stream) section held in memory: its checksum, then the
+// values of the rows a read uses (tokens [first, first + count) of the
+// chunk): fp8 codes and scales, or that raw values are finite (the writer
+// never stores a non-finite one, so one in a file is damage).
+Status CheckSection(const StreamSpec& spec, const SectionLayout& sec, const uint8_t* bytes,
+                    uint64_t expected_checksum, uint64_t section_file_offset,
+                    uint64_t chunk_first_token, uint32_t first, uint32_t count,
+                    const std::string& where) {
+  if (Checksum(bytes, sec.end - sec.offset) != expected_checksum)
+    return Status::Corruption(where + ": payload checksum mismatch (section at offset " +
+                              std::to_string(section_file_offset) + ")");
+  if (!IsFp8(spec.dtype)) {
+    uint64_t elems = uint64_t{count} * spec.ElementsPerToken();
+    const uint8_t* rows = bytes + uint64_t{first} * spec.ElementsPerToken() * ElementSize(spec.dtype);
+    size_t bad = codec::FindNonFinite(spec.dtype, rows, elems);
+    if (bad < elems)
+      return Status::Corruption(where + ": non-finite value at token " +
+                                std::to_string(chunk_first_token + first + bad / spec.ElementsPerToken()));
+    return Status::OK();
+  }
+  uint64_t row0 = uint64_t{first} * spec.rows_per_token;
+  uint64_t rows = uint64_t{count} * spec.rows_per_token;
+  const uint8_t* codes = bytes + row0 * spec.row_width;
+  const float* scales = reinterpret_cast<const float*>(bytes + (sec.scales_offset - sec.offset)) + row0;
+  size_t bad = codec::FindInvalidCode(KindOf(spec.dtype), codes, rows * spec.row_width);
+  if (bad < rows * spec.row_width)
+    return Status::Corruption(where + ": non-finite code at token " +
+                              std::to_string(chunk_first_token + first + bad / spec.ElementsPerToken()));
+  size_t bad_scale = codec::FindInvalidScale(scales, rows);
+  if (bad_scale < rows)
+    return Status::Corruption(where + ": invalid scale at token " +
+                              std::to_string(chunk_first_token + first + bad_scale / spec.rows_per_token));
+  return Status::OK();
+}
+
+// Decodes tokens [first, first + count) of a checked section into `out` as
+// `out_dtype`; returns the end of what it wrote.
+uint8_t* DecodeSection(const StreamSpec& spec, const SectionLayout& sec, const uint8_t* bytes,
+                       uint32_t first, uint32_t count, Dtype out_dtype, uint8_t* out) {
+  uint64_t row0 = uint64_t{first} * spec.rows_per_token;
+  uint64_t rows = uint64_t{count} * spec.rows_per_token;
+  if (IsFp8(spec.dtype)) {
+    const float* scales = reinterpret_cast<const float*>(bytes + (sec.scales_offset - sec.offset)) + row0;
+    codec::DequantizeRows(KindOf(spec.dtype), bytes + row0 * spec.row_width, scales, rows, spec.row_width,
+                          out_dtype, out);
+  } else {
+    codec::ConvertRaw(spec.dtype, bytes + row0 * spec.row_width * ElementSize(spec.dtype), rows * spec.row_width,
+                      out_dtype, out);
+  }
+  return out + rows * spec.row_width * ElementSize(out_dtype);
+}
+
+std::string SectionWhere(const std::string& path, size_t chunk, uint64_t offset, uint32_t layer,
+                         const StreamSpec& spec) {
+  return path + ": " + internal::ChunkWhere(chunk, offset) + ", layer " + std::to_string(layer) +
+         " stream '" + spec.name + "'";
+}
+
+}  // namespace
+
+// Index of the first chunk whose live range ends after `begin`.
+size_t Reader::Impl::FirstChunkFor(uint64_t begin) const {
+  auto it = std::upper_bound(chunk_infos.begin(), chunk_infos.end(), begin,
+                             [](uint64_t t, const ChunkInfo& c) { return t < c.first_token + c.live_tokens; });
+  return static_cast<size_t>(it - chunk_infos.begin());
+}
+
 // Reads the (layer, stream) section of every chunk overlapping [begin, end)
 // into scratch and checks it: checksum, and for fp8 the codes and scales of
 // the rows the read uses. Nothing is decoded until all of them pass.
@@ -59,11 +145,8 @@ Status Reader::Impl::LoadSections(uint32_t layer, uint32_t stream, uint64_t begi
                                   std::vector<Piece>* pieces) {
   const StreamSpec& spec = g().streams[stream];
   size_t idx = static_cast<size_t>(layer) * g().streams.size() + stream;
-  // First chunk whose live range ends after `begin`.
-  auto it = std::upper_bound(chunk_infos.begin(), chunk_infos.end(), begin,
-                             [](uint64_t t, const ChunkInfo& c) { return t < c.first_token + c.live_tokens; });
   size_t total = 0;
-  for (size_t ci = static_cast<size_t>(it - chunk_infos.begin()); ci < chunk_infos.size(); ++ci) {
+  for (size_t ci = FirstChunkFor(begin); ci < chunk_infos.size(); ++ci) {
     const ChunkInfo& c = chunk_infos[ci];
     if (c.first_token >= end) break;
     const ChunkLayout* layout;
@@ -75,42 +158,50 @@ Status Reader::Impl::LoadSections(uint32_t layer, uint32_t stream, uint64_t begi
                        static_cast<uint32_t>(to - from), sec, total});
     total += sec.end - sec.offset;
   }
-  if (scratch.size() < total) scratch.resize(total);
+  if (scratch.size() < total && !scratch.Resize(total))
+    return Status::IOError(path + ": no memory for a read of " + std::to_string(total) + " bytes");
   for (const Piece& p : *pieces) {
     const ChunkInfo& c = chunk_infos[p.chunk];
     const SectionLayout& sec = p.section;
     uint8_t* buf = scratch.data() + p.scratch_offset;
-    std::string where = path + ": " + internal::ChunkWhere(p.chunk, c.offset) + ", layer " +
-                        std::to_string(layer) + " stream '" + spec.name + "'";
+    std::string where = SectionWhere(path, p.chunk, c.offset, layer, spec);
     Status st = file->ReadAt(c.offset + sec.offset, buf, sec.end - sec.offset);
     if (!st.ok()) return st.WithContext(where);
-    if (Checksum(buf, sec.end - sec.offset) != scan.chunks[p.chunk].section_checksums[idx])
-      return Status::Corruption(where + ": payload checksum mismatch (section at offset " +
-                                std::to_string(c.offset + sec.offset) + ")");
-    if (!IsFp8(spec.dtype)) {
-      // The writer never stores a non-finite raw value; one in a file is damage.
-      uint64_t elems = uint64_t{p.count} * spec.ElementsPerToken();
-      const uint8_t* rows = buf + uint64_t{p.first} * spec.ElementsPerToken() * ElementSize(spec.dtype);
-      size_t bad = codec::FindNonFinite(spec.dtype, rows, elems);
-      if (bad < elems)
-        return Status::Corruption(where + ": non-finite value at token " +
-                                  std::to_string(c.first_token + p.first + bad / spec.ElementsPerToken()));
-    }
-    if (IsFp8(spec.dtype)) {
-      codec::Fp8Kind kind = spec.dtype == Dtype::kE5M2 ? codec::Fp8Kind::kE5M2 : codec::Fp8Kind::kE4M3;
-      uint64_t row0 = uint64_t{p.first} * spec.rows_per_token;
-      uint64_t rows = uint64_t{p.count} * spec.rows_per_token;
-      const uint8_t* codes = buf + row0 * spec.row_width;
-      const float* scales = reinterpret_cast<const float*>(buf + (sec.scales_offset - sec.offset)) + row0;
-      size_t bad = codec::FindInvalidCode(kind, codes, rows * spec.row_width);
-      if (bad < rows * spec.row_width)
-        return Status::Corruption(where + ": non-finite code at token " +
-                                  std::to_string(c.first_token + p.first + bad / spec.ElementsPerToken()));
-      size_t bad_scale = codec::FindInvalidScale(scales, rows);
-      if (bad_scale < rows)
-        return Status::Corruption(where + ": invalid scale at token " +
-                                  std::to_string(c.first_token + p.first + bad_scale / spec.rows_per_token));
-    }
+    KVFILE_RETURN_IF_ERROR(CheckSection(spec, sec, buf, scan.SectionChecksums(p.chunk)[idx],
+                                        c.offset + sec.offset, c.first_token, p.first, p.count, where));
+  }
+  return Status::OK();
+}
+
+// ReadMany's work on one chunk: each target's section read on its own
+// (a buffer that stays in the core's cache while it is checked and
+// decoded; consecutive targets read consecutive bytes), checked, decoded
+// into its destination.
+Status Reader::Impl::ReadChunkTargets(File& f, internal::LayoutCache& chunk_layouts, size_t ci,
+                                      std::span<const RowsTarget> targets, uint64_t begin, uint64_t end,
+                                      Dtype out_dtype, internal::PageBuffer* buf) const {
+  const ChunkInfo& c = chunk_infos[ci];
+  const ChunkLayout* layout;
+  KVFILE_RETURN_IF_ERROR(chunk_layouts.Get(c.stored_tokens, &layout));
+  uint64_t from = std::max(begin, c.first_token);
+  uint64_t to = std::min(end, c.first_token + c.live_tokens);
+  auto first = static_cast<uint32_t>(from - c.first_token);
+  auto count = static_cast<uint32_t>(to - from);
+  size_t out_elem = ElementSize(out_dtype);
+  for (const RowsTarget& t : targets) {
+    const StreamSpec& spec = g().streams[t.stream];
+    const SectionLayout& sec = layout->section(t.layer, t.stream);
+    uint64_t bytes = sec.end - sec.offset;
+    if (buf->size() < bytes && !buf->Resize(bytes))
+      return Status::IOError(path + ": no memory for a section of " + std::to_string(bytes) + " bytes");
+    std::string where = SectionWhere(path, ci, c.offset, t.layer, spec);
+    Status st = f.ReadAt(c.offset + sec.offset, buf->data(), bytes);
+    if (!st.ok()) return st.WithContext(where);
+    size_t idx = static_cast<size_t>(t.layer) * g().streams.size() + t.stream;
+    KVFILE_RETURN_IF_ERROR(CheckSection(spec, sec, buf->data(), scan.SectionChecksums(ci)[idx],
+                                        c.offset + sec.offset, c.first_token, first, count, where));
+    auto* out = static_cast<uint8_t*>(t.dst) + (from - begin) * spec.ElementsPerToken() * out_elem;
+    DecodeSection(spec, sec, buf->data(), first, count, out_dtype, out);
   }
   return Status::OK();
 }
@@ -123,6 +214,7 @@ Status Reader::Open(const std::string& path, const ReaderOptions& options,
   FileSystem* fs = options.fs ? options.fs : FileSystem::Default();
   auto impl = std::make_unique<Impl>();
   impl->path = path;
+  impl->fs = fs;
   KVFILE_RETURN_IF_ERROR(fs->Open(path, OpenMode::kRead, &impl->file));
   Status st = internal::ScanFile(*impl->file, &impl->scan);
   if (!st.ok()) return st.WithContext(path);
@@ -134,6 +226,7 @@ Status Reader::Open(const std::string& path, const ReaderOptions& options,
     if (!st.ok()) return st.WithContext(path);
   }
   impl->layouts = std::make_unique<internal::LayoutCache>(&impl->scan.header.geometry);
+  impl->chunk_infos.reserve(impl->scan.chunks.size());
   for (const auto& c : impl->scan.chunks) impl->chunk_infos.push_back(c.info);
   out->reset(new Reader(std::move(impl)));
   return Status::OK();
@@ -148,7 +241,7 @@ uint32_t Reader::nominal_chunk_tokens() const { return impl_->scan.header.chunk_
 uint32_t Reader::epoch() const { return impl_->scan.commit.epoch; }
 uint64_t Reader::token_count() const { return impl_->scan.tokens.size(); }
 std::span<const uint32_t> Reader::tokens() const { return impl_->scan.tokens; }
-const std::vector<ChunkInfo>& Reader::chunks() const { return impl_->chunk_infos; }
+std::span<const ChunkInfo> Reader::chunks() const { return impl_->chunk_infos; }
 const TailInfo& Reader::tail() const { return impl_->scan.tail; }
 const char* Reader::io_backend() const { return impl_->file->backend(); }
 const std::string& Reader::path() const { return impl_->path; }
@@ -170,20 +263,76 @@ Status Reader::ReadRows(uint32_t layer, uint32_t stream, uint64_t begin, uint64_
   KVFILE_RETURN_IF_ERROR(r.LoadSections(layer, stream, begin, end, &pieces));
   const StreamSpec& spec = r.g().streams[stream];
   auto* out = static_cast<uint8_t*>(dst);
-  size_t out_elem = ElementSize(out_dtype);
-  for (const Impl::Piece& p : pieces) {
-    const uint8_t* buf = r.scratch.data() + p.scratch_offset;
-    uint64_t row0 = uint64_t{p.first} * spec.rows_per_token;
-    uint64_t rows = uint64_t{p.count} * spec.rows_per_token;
-    if (IsFp8(spec.dtype)) {
-      const float* scales = reinterpret_cast<const float*>(buf + (p.section.scales_offset - p.section.offset)) + row0;
-      codec::DequantizeRows(spec.dtype == Dtype::kE5M2 ? codec::Fp8Kind::kE5M2 : codec::Fp8Kind::kE4M3,
-                            buf + row0 * spec.row_width, scales, rows, spec.row_width, out_dtype, out);
-    } else {
-      codec::ConvertRaw(spec.dtype, buf + row0 * spec.row_width * ElementSize(spec.dtype),
-                        rows * spec.row_width, out_dtype, out);
+  for (const Impl::Piece& p : pieces)
+    out = DecodeSection(spec, p.section, r.scratch.data() + p.scratch_offset, p.first, p.count, out_dtype, out);
+  return Status::OK();
+}
+
+Status Reader::ReadMany(std::span<const RowsTarget> targets, uint64_t begin, uint64_t end,
+                        Dtype out_dtype, unsigned threads) {
+  Impl& r = *impl_;
+  for (const RowsTarget& t : targets) {
+    KVFILE_RETURN_IF_ERROR(r.CheckRange(t.layer, t.stream, begin, end));
+    if (t.dst == nullptr) return Status::InvalidArgument(r.path + ": ReadMany target without a destination");
+  }
+  if (IsFp8(out_dtype))
+    return Status::InvalidArgument(r.path + ": decoded reads produce bf16, f16 or f32; use ReadCodes for codes");
+  if (begin == end || targets.empty()) return Status::OK();
+  size_t first_chunk = r.FirstChunkFor(begin);
+  size_t last_chunk = first_chunk;
+  while (last_chunk < r.chunk_infos.size() && r.chunk_infos[last_chunk].first_token < end) ++last_chunk;
+  threads = static_cast<unsigned>(std::clamp<size_t>(threads, 1, std::min<size_t>(kMaxReadThreads, last_chunk - first_chunk)));
+
+  // Each further worker reads through its own File (a File is used by one
+  // thread at a time), which must be the file this reader opened.
+  std::vector<std::unique_ptr<File>> files;
+  FileId id;
+  KVFILE_RETURN_IF_ERROR(r.file->Id(&id));
+  for (unsigned i = 1; i < threads; ++i) {
+    std::unique_ptr<File> f;
+    KVFILE_RETURN_IF_ERROR(r.fs->Open(r.path, OpenMode::kRead, &f));
+    FileId other;
+    KVFILE_RETURN_IF_ERROR(f->Id(&other));
+    if (!(other == id)) return Status::Failed(r.path + ": the file was replaced since it was opened");
+    files.push_back(std::move(f));
+  }
+
+  std::atomic<size_t> next{first_chunk};
+  std::atomic<bool> failed{false};
+  std::mutex error_mu;
+  size_t error_chunk = SIZE_MAX;
+  Status error;
+  if (r.worker_buffers.size() < threads) r.worker_buffers.resize(threads);
+  auto work = [&](File* f, internal::PageBuffer* buf) {
+    internal::LayoutCache chunk_layouts(&r.g());
+    while (!failed.load(std::memory_order_relaxed)) {
+      size_t ci = next.fetch_add(1);
+      if (ci >= last_chunk) break;
+      Status st = r.ReadChunkTargets(*f, chunk_layouts, ci, targets, begin, end, out_dtype, buf);
+      if (!st.ok()) {
+        std::lock_guard<std::mutex> lock(error_mu);
+        if (ci < error_chunk) {
+          error_chunk = ci;
+          error = std::move(st);
+        }
+        failed = true;
+      }
     }
-    out += rows * spec.row_width * out_elem;
+  };
+  std::vector<std::thread> workers;
+  for (size_t i = 0; i < files.size(); ++i) {
+    try {
+      workers.emplace_back(work, files[i].get(), &r.worker_buffers[i + 1]);
+    } catch (const std::system_error&) {
+      break;  // no thread to be had: the workers started so far finish the job
+    }
+  }
+  work(r.file.get(), &r.worker_buffers[0]);
+  for (auto& w : workers) w.join();
+  if (failed) {
+    for (const RowsTarget& t : targets)
+      std::memset(t.dst, 0, (end - begin) * r.g().streams[t.stream].ElementsPerToken() * ElementSize(out_dtype));
+    return error;
   }
   return Status::OK();
 }
@@ -232,7 +381,7 @@ Status Reader::VerifyChunk(size_t index) {
     return Status::InvalidArgument(r.path + ": chunk " + std::to_string(index) + " out of range");
   const auto& c = r.scan.chunks[index];
   std::string where = r.path + ": " + internal::ChunkWhere(index, c.info.offset);
-  Status st = internal::ReadAndCheckChunk(*r.file, r.g(), *r.layouts, c, &r.scratch);
+  Status st = internal::ReadAndCheckChunk(*r.file, r.g(), *r.layouts, c, r.scan.SectionChecksums(index), &r.scratch);
   const ChunkLayout* layout = nullptr;
   if (st.ok()) st = r.layouts->Get(c.info.stored_tokens, &layout);
   if (st.ok()) st = internal::CheckChunkValues(r.g(), *layout, c.info, r.scratch.data());

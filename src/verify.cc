@@ -1,9 +1,17 @@
 // VerifyFile: the scan of open, then every chunk read whole and checked.
 #include "kvfile/verify.h"
 
+#include <algorithm>
+#include <atomic>
+#include <system_error>
+#include <thread>
+
 #include "file_scan.h"
 
 namespace kvfile {
+
+// Beyond a few workers the disk, not the checksums, is the limit.
+constexpr size_t kMaxVerifyThreads = 16;
 
 bool VerifyReport::HasErrors() const {
   for (const VerifyFinding& f : findings)
@@ -43,19 +51,53 @@ Status VerifyFile(const std::string& path, const VerifyOptions& options, VerifyR
       report->findings.push_back({true, -1, static_cast<int64_t>(format::kCommitSlotOffset[i]),
                                   scan.slot_errors[i] + " (the other slot is in use; `kvfile repair` rewrites it)"});
   if (!options.quick) {
-    internal::LayoutCache layouts(&scan.header.geometry);
-    std::vector<uint8_t> buf;
-    for (size_t i = 0; i < scan.chunks.size(); ++i) {
-      const auto& c = scan.chunks[i];
-      const format::ChunkLayout* layout = nullptr;
-      st = internal::ReadAndCheckChunk(*file, scan.header.geometry, layouts, c, &buf);
-      if (st.ok()) st = layouts.Get(c.info.stored_tokens, &layout);
-      if (st.ok()) st = internal::CheckChunkValues(scan.header.geometry, *layout, c.info, buf.data());
-      if (!st.ok()) {
-        if (!st.IsDataError()) return st.WithContext(path);
-        report->findings.push_back({true, static_cast<int64_t>(i), static_cast<int64_t>(c.info.offset),
-                                    internal::ChunkWhere(i, c.info.offset) + ": " + st.message()});
+    std::vector<std::unique_ptr<File>> files;
+    files.push_back(std::move(file));
+    unsigned threads = static_cast<unsigned>(
+        std::clamp<size_t>(options.threads, 1, std::min<size_t>(kMaxVerifyThreads, scan.chunks.size())));
+    FileId id;
+    KVFILE_RETURN_IF_ERROR(files[0]->Id(&id));
+    for (unsigned i = 1; i < threads; ++i) {
+      std::unique_ptr<File> f;
+      KVFILE_RETURN_IF_ERROR(fs->Open(path, OpenMode::kRead, &f));
+      FileId other;
+      KVFILE_RETURN_IF_ERROR(f->Id(&other));
+      if (!(other == id)) return Status::Failed(path + ": the file was replaced while it was verified");
+      files.push_back(std::move(f));
+    }
+    // One result per chunk, filled by whichever worker takes it; findings
+    // are then reported in chunk order.
+    std::vector<Status> results(scan.chunks.size());
+    std::atomic<size_t> next{0};
+    auto work = [&](File* f) {
+      internal::LayoutCache layouts(&scan.header.geometry);
+      internal::PageBuffer buf;
+      for (size_t i; (i = next.fetch_add(1)) < scan.chunks.size();) {
+        const auto& c = scan.chunks[i];
+        const format::ChunkLayout* layout = nullptr;
+        Status cst = internal::ReadAndCheckChunk(*f, scan.header.geometry, layouts, c, scan.SectionChecksums(i), &buf);
+        if (cst.ok()) cst = layouts.Get(c.info.stored_tokens, &layout);
+        if (cst.ok()) cst = internal::CheckChunkValues(scan.header.geometry, *layout, c.info, buf.data());
+        results[i] = std::move(cst);
       }
+    };
+    std::vector<std::thread> workers;
+    for (size_t i = 1; i < files.size(); ++i) {
+      try {
+        workers.emplace_back(work, files[i].get());
+      } catch (const std::system_error&) {
+        break;  // no thread to be had: the others do the work
+      }
+    }
+    work(files[0].get());
+    for (auto& w : workers) w.join();
+    for (size_t i = 0; i < results.size(); ++i) {
+      const Status& cst = results[i];
+      if (cst.ok()) continue;
+      const auto& c = scan.chunks[i];
+      if (!cst.IsDataError()) return cst.WithContext(path);
+      report->findings.push_back({true, static_cast<int64_t>(i), static_cast<int64_t>(c.info.offset),
+                                  internal::ChunkWhere(i, c.info.offset) + ": " + cst.message()});
     }
   }
   if (scan.tail.torn_tail_bytes > 0) {

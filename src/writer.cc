@@ -15,24 +15,13 @@
 #include "kvfile/format/endian.h"
 #include "kvfile/format/header.h"
 #include "file_scan.h"
+#include "page_buffer.h"
 
 namespace kvfile {
 
 using namespace kvfile::format;
 
 namespace {
-
-struct FreeDeleter {
-  void operator()(uint8_t* p) const { std::free(p); }
-};
-using AlignedBuffer = std::unique_ptr<uint8_t[], FreeDeleter>;
-
-AlignedBuffer AllocateAligned(size_t bytes) {
-  size_t rounded = AlignUp(bytes, kBlockSize);
-  auto* p = static_cast<uint8_t*>(std::aligned_alloc(kBlockSize, rounded));
-  if (p != nullptr) std::memset(p, 0, rounded);  // also pre-faults the pages
-  return AlignedBuffer(p);
-}
 
 Status RandomSalt(uint64_t* salt) {
   do {
@@ -99,7 +88,7 @@ struct Writer::Impl {
   ChunkLayout full_layout;   // layout of a chunk of header.chunk_tokens tokens
   // Two staging buffers: tokens gather in staging[current] while the chunk
   // sealed from the other one may still be in flight (File::SubmitWrite).
-  AlignedBuffer staging[2];
+  internal::PageBuffer staging[2];  // page-aligned, so also kBlockSize-aligned
   int current = 0;
   bool write_in_flight = false;
   bool in_flight_syncs = false;  // the write in flight has a linked fdatasync
@@ -171,9 +160,8 @@ Status Writer::Impl::Init(const std::string& p, const WriterOptions& o, FileHead
     st = ComputeChunkLayout(header.geometry, chunk_tokens, &full_layout);
   }
   if (!st.ok()) return st.WithContext(path);
-  for (AlignedBuffer& b : staging) {
-    b = AllocateAligned(full_layout.chunk_bytes);
-    if (!b)
+  for (internal::PageBuffer& b : staging) {
+    if (!b.Resize(AlignUp(full_layout.chunk_bytes, kBlockSize)))
       return Status::IOError(path + ": cannot allocate a staging buffer of " +
                              std::to_string(full_layout.chunk_bytes) + " bytes");
   }
@@ -231,7 +219,7 @@ Status Writer::Impl::ValidateBatch(const AppendBatch& b, bool scan_values) const
 // the `staged` tokens already there. On a non-finite row nothing is counted
 // as staged, so the append leaves no trace.
 Status Writer::Impl::StageTokens(const AppendBatch& b, uint64_t from, uint32_t n) {
-  uint8_t* base = staging[current].get();
+  uint8_t* base = staging[current].data();
   for (uint32_t layer = 0; layer < g().layers; ++layer) {
     for (uint32_t s = 0; s < stream_count(); ++s) {
       const RowBlock& blk = b.blocks[static_cast<size_t>(layer) * stream_count() + s];
@@ -290,7 +278,7 @@ Status Writer::Impl::StageTokens(const AppendBatch& b, uint64_t from, uint32_t n
 // Seals the staged tokens into a chunk and writes it at the end of the file.
 Status Writer::Impl::WriteStagedChunk() {
   if (staged == 0) return Status::OK();
-  uint8_t* base = staging[current].get();
+  uint8_t* base = staging[current].data();
   ChunkLayout short_layout;
   const ChunkLayout* layout = &full_layout;
   if (staged < full_layout.token_count) {
@@ -408,7 +396,7 @@ Status Writer::Impl::Recover(const internal::ScanResult& scan) {
   // in the page cache: the next commit must sync it first.
   data_unsynced = true;
   commit = scan.commit;
-  tokens = scan.tokens;
+  tokens.assign(scan.tokens.begin(), scan.tokens.end());
   disk_tokens = scan.tokens.size();
   for (const auto& c : scan.chunks) chunks.push_back({c.info.offset, c.info.bytes, c.info.first_token});
   end = scan.tail.valid_end;
@@ -608,7 +596,7 @@ Status Writer::Impl::UpgradeFrom(File& v1, const internal::ScanResult& scan) {
   for (const StreamSpec& s : g1.streams) bytes_per_token += s.ElementsPerToken() * ElementSize(s.dtype);
   bytes_per_token *= g1.layers;
   uint64_t slice_tokens = std::max<uint64_t>(1, (8u << 20) / bytes_per_token);
-  std::vector<uint8_t> slice;
+  internal::PageBuffer slice;
   struct StateFree {
     void operator()(XXH3_state_t* st) const { XXH3_freeState(st); }
   };
@@ -627,7 +615,9 @@ Status Writer::Impl::UpgradeFrom(File& v1, const internal::ScanResult& scan) {
     for (uint32_t t0 = 0; t0 < stored; t0 += static_cast<uint32_t>(slice_tokens)) {
       uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(slice_tokens, stored - t0));
       bool last_slice = t0 + n == stored;
-      slice.resize(n * bytes_per_token);
+      if (!slice.Resize(n * bytes_per_token))
+        return Status::IOError(path + ": no memory for an upgrade slice of " + std::to_string(n * bytes_per_token) +
+                               " bytes");
       batch.blocks.clear();
       uint8_t* dst = slice.data();
       for (size_t i = 0; i < layout->sections.size(); ++i) {
@@ -658,7 +648,7 @@ Status Writer::Impl::UpgradeFrom(File& v1, const internal::ScanResult& scan) {
       }
     }
     for (size_t i = 0; i < hashes.size(); ++i)
-      if (XXH3_64bits_digest(hashes[i].get()) != c.section_checksums[i])
+      if (XXH3_64bits_digest(hashes[i].get()) != scan.SectionChecksums(ci)[i])
         return Status::Corruption("v1 " + internal::ChunkWhere(ci, c.info.offset) + ": payload checksum mismatch in layer " +
                                   std::to_string(i / g1.streams.size()) + " stream '" +
                                   g1.streams[i % g1.streams.size()].name + "'; not upgraded");

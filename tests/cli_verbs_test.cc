@@ -101,7 +101,7 @@ Snap TakeSnap(const std::string& path) {
   s.id = r->identity();
   s.tokens.assign(r->tokens().begin(), r->tokens().end());
   s.nominal = r->nominal_chunk_tokens();
-  s.chunks = r->chunks();
+  s.chunks.assign(r->chunks().begin(), r->chunks().end());
   uint64_t T = r->token_count();
   for (uint32_t l = 0; l < s.g.layers; ++l)
     for (uint32_t k = 0; k < s.g.streams.size(); ++k) {

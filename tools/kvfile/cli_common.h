@@ -30,5 +30,6 @@ void RegisterDump(CLI::App& app, int* exit_code);
 void RegisterRewind(CLI::App& app, int* exit_code);
 void RegisterAppend(CLI::App& app, int* exit_code);
 void RegisterConvert(CLI::App& app, int* exit_code);
+void RegisterBench(CLI::App& app, int* exit_code);
 
 }  // namespace kvfile::cli

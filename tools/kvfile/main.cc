@@ -41,6 +41,7 @@ int main(int argc, char** argv) {
   RegisterRewind(app, &exit_code);
   RegisterAppend(app, &exit_code);
   RegisterConvert(app, &exit_code);
+  RegisterBench(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

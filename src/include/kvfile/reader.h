@@ -53,6 +53,16 @@ struct TailInfo {
   uint64_t valid_data_offset = 0;
 };
 
+// One destination of Reader::ReadMany: the rows of (layer, stream), decoded,
+// shaped [end-begin][rows][width] like a ReadRows destination.
+struct RowsTarget {
+  uint32_t layer = 0;
+  uint32_t stream = 0;
+  void* dst = nullptr;
+};
+
+// A Reader is used by one thread at a time; ReadMany and VerifyFile run
+// their own worker threads inside one call.
 class Reader {
  public:
   static Status Open(const std::string& path, const ReaderOptions& options,
@@ -70,7 +80,7 @@ class Reader {
   uint32_t epoch() const;
   uint64_t token_count() const;
   std::span<const uint32_t> tokens() const;
-  const std::vector<ChunkInfo>& chunks() const;
+  std::span<const ChunkInfo> chunks() const;
   const TailInfo& tail() const;
   const char* io_backend() const;
   const std::string& path() const;
@@ -82,6 +92,17 @@ class Reader {
   // `out_dtype` (kBF16, kF16 or kF32), shaped [end-begin][rows][width].
   Status ReadRows(uint32_t layer, uint32_t stream, uint64_t begin, uint64_t end, Dtype out_dtype,
                   void* dst);
+  // Rows of many (layer, stream) pairs for tokens [begin, end), decoded as
+  // `out_dtype`: what an engine resuming a session does. Works chunk by
+  // chunk, with one read per chunk covering every section asked for (a whole
+  // session streams through the file sequentially), each section checked
+  // (checksum, codes, scales) before it is decoded. `threads` workers share
+  // the chunks (1: the calling thread alone; each further worker opens the
+  // file once more). Unlike ReadRows, a failure is found chunk by chunk: on
+  // error every destination is zero-filled, so no partly decoded data is
+  // left behind, and the message names the chunk.
+  Status ReadMany(std::span<const RowsTarget> targets, uint64_t begin, uint64_t end,
+                  Dtype out_dtype, unsigned threads = 1);
   // Codes and scales of an fp8 stream, shaped [end-begin][rows][width] and
   // [end-begin][rows]. In a v1 file (raw rows only) the rows are quantized on
   // the fly with the codec, as `v1_quantize_as` (kE4M3 or kE5M2): exactly the

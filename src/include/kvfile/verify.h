@@ -17,6 +17,10 @@ namespace kvfile {
 struct VerifyOptions {
   FileSystem* fs = nullptr;  // nullptr: FileSystem::Default()
   bool quick = false;        // headers and structure only, no payload reads
+  // Workers that read and check chunks (1: the calling thread alone; each
+  // further worker opens the file once more). Findings are the same and in
+  // the same order whatever the count.
+  unsigned threads = 1;
 };
 
 struct VerifyFinding {
