@@ -42,15 +42,21 @@ class Guarded {
   Guarded(std::unique_ptr<T> object, const char* kind)
       : object_(std::move(object)), path_(object_->path()), kind_(kind) {}
 
-  // The object, for calls that neither block nor change it; raises
-  // FailedError once it is reset. GIL held.
-  T& Get() {
+  // Returns `get(T&)`, run with the GIL held and under the mutex: for quick
+  // calls (token ids, counts, geometry) that must not see a running call's
+  // half-made changes. Raises FailedError once the object is reset. `get`
+  // must return C++ values and touch no Python object: making one can run
+  // arbitrary Python code (a finalizer, a thread switch) while the mutex is
+  // held.
+  template <typename Get>
+  auto Inspect(Get&& get) {
+    std::lock_guard lock(mu_);
     if (!object_) ThrowIfError(Closed());
-    return *object_;
+    return get(*object_);
   }
 
   // Runs `call(T&)` through BlockingCall. The object is looked up under the
-  // mutex: another thread may have reset it since the caller's Get().
+  // mutex: another thread may have reset it since the caller's checks.
   template <typename Call>
   void Run(Call&& call) {
     BlockingCall(mu_, [&]() -> Status {
@@ -59,8 +65,7 @@ class Guarded {
     });
   }
 
-  // Destroys the object after any call running in another thread. GIL held
-  // (Get() reads object_ under the GIL, Run() under the mutex).
+  // Destroys the object, after any call running in another thread. GIL held.
   void Reset() {
     std::lock_guard lock(mu_);
     object_.reset();

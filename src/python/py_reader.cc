@@ -49,24 +49,33 @@ struct Selection {
 
 class PyReader {
  public:
-  explicit PyReader(std::unique_ptr<Reader> reader)
-      : guarded_(std::move(reader), "reader") {}
+  explicit PyReader(std::unique_ptr<Reader> reader) : guarded_(std::move(reader), "reader") {}
 
-  Reader& Get() { return guarded_.Get(); }
   void Close() { guarded_.Reset(); }
+
+  // Copies, so that no reference into the reader outlives the mutex.
+  Geometry GetGeometry() { return guarded_.Inspect([](Reader& r) { return r.geometry(); }); }
+  std::vector<uint32_t> Tokens() {
+    return guarded_.Inspect([](Reader& r) { return std::vector<uint32_t>(r.tokens().begin(), r.tokens().end()); });
+  }
+  uint64_t TokenCount() { return guarded_.Inspect([](Reader& r) { return r.token_count(); }); }
+  std::string Path() { return guarded_.Inspect([](Reader& r) { return r.path(); }); }
+  uint64_t LongestCommonPrefix(py::handle tokens) {
+    const std::vector<uint32_t> prompt = TokenIds(tokens);
+    return guarded_.Inspect([&](Reader& r) { return r.LongestCommonPrefix(prompt); });
+  }
 
   // Token ranges and layers out of bounds are left to the library, which
   // names them in an InvalidArgumentError.
-  Selection Select(py::handle stream, std::optional<uint32_t> layer, uint64_t start,
+  Selection Select(const Geometry& g, py::handle stream, std::optional<uint32_t> layer, uint64_t start,
                    std::optional<uint64_t> stop) {
-    Reader& r = Get();
     Selection sel;
-    sel.stream = StreamIndex(r.geometry(), stream);
+    sel.stream = StreamIndex(g, stream);
     sel.all_layers = !layer.has_value();
     sel.first_layer = layer.value_or(0);
-    sel.layer_count = layer ? 1 : r.geometry().layers;
+    sel.layer_count = layer ? 1 : g.layers;
     sel.begin = start;
-    sel.end = stop.value_or(r.token_count());
+    sel.end = stop ? *stop : TokenCount();
     if (sel.end < sel.begin)
       throw py::value_error("stop (" + std::to_string(sel.end) + ") is before start (" +
                             std::to_string(sel.begin) + ")");
@@ -76,8 +85,9 @@ class PyReader {
   py::array Read(py::handle stream, std::optional<uint32_t> layer, uint64_t start,
                  std::optional<uint64_t> stop, py::handle dtype) {
     const Dtype out_dtype = DecodedDtype(dtype);
-    const Selection sel = Select(stream, layer, start, stop);
-    const StreamSpec spec = Get().geometry().streams[sel.stream];
+    const Geometry g = GetGeometry();
+    const Selection sel = Select(g, stream, layer, start, stop);
+    const StreamSpec& spec = g.streams[sel.stream];
     py::array result(NumpyDtype(out_dtype), sel.Shape({spec.rows_per_token, spec.row_width}));
     auto* dst = static_cast<char*>(result.mutable_data());
     const size_t layer_bytes = (sel.end - sel.begin) * spec.ElementsPerToken() * format::ElementSize(out_dtype);
@@ -93,8 +103,9 @@ class PyReader {
   py::tuple Codes(py::handle stream, std::optional<uint32_t> layer, uint64_t start,
                   std::optional<uint64_t> stop, const std::string& v1_as) {
     const Dtype v1_quantize_as = DtypeByName(v1_as);
-    const Selection sel = Select(stream, layer, start, stop);
-    const StreamSpec spec = Get().geometry().streams[sel.stream];
+    const Geometry g = GetGeometry();
+    const Selection sel = Select(g, stream, layer, start, stop);
+    const StreamSpec& spec = g.streams[sel.stream];
     py::array_t<uint8_t> codes(sel.Shape({spec.rows_per_token, spec.row_width}));
     py::array_t<float> scales(sel.Shape({spec.rows_per_token}));
     uint8_t* code_dst = codes.mutable_data();
@@ -112,7 +123,7 @@ class PyReader {
 
   py::list Chunks() {
     py::list out;
-    for (const ChunkInfo& c : Get().chunks())
+    for (const ChunkInfo& c : guarded_.Inspect([](Reader& r) { return r.chunks(); }))
       out.append(py::dict(py::arg("offset") = c.offset, py::arg("bytes") = c.bytes,
                           py::arg("first_token") = c.first_token, py::arg("stored_tokens") = c.stored_tokens,
                           py::arg("live_tokens") = c.live_tokens, py::arg("committed") = c.committed));
@@ -120,25 +131,29 @@ class PyReader {
   }
 
   py::dict Info() {
-    Reader& r = Get();
+    struct Facts {
+      std::string path, model, io_backend;
+      uint16_t major = 0, minor = 0;
+      uint64_t fingerprint = 0, tokens = 0, chunks = 0, bytes = 0, torn_tail_bytes = 0;
+      uint32_t chunk_tokens = 0;
+      Geometry geometry;
+    };
+    const Facts f = guarded_.Inspect([](Reader& r) {
+      return Facts{r.path(), r.identity().model_id, r.io_backend(), r.major_version(), r.minor_version(),
+                   r.identity().fingerprint, r.token_count(), r.chunks().size(), r.tail().file_size,
+                   r.tail().torn_tail_bytes, r.nominal_chunk_tokens(), r.geometry()};
+    });
     char fingerprint_hex[17];
-    std::snprintf(fingerprint_hex, sizeof fingerprint_hex, "%016llx",
-                  static_cast<unsigned long long>(r.identity().fingerprint));
-    return py::dict(py::arg("path") = r.path(),
-                    py::arg("version") = std::to_string(r.major_version()) + "." +
-                                         std::to_string(r.minor_version()),
-                    py::arg("major_version") = r.major_version(),
-                    py::arg("minor_version") = r.minor_version(),
-                    py::arg("model") = r.identity().model_id,
-                    py::arg("fingerprint") = r.identity().fingerprint,
+    std::snprintf(fingerprint_hex, sizeof fingerprint_hex, "%016llx", static_cast<unsigned long long>(f.fingerprint));
+    return py::dict(py::arg("path") = f.path,
+                    py::arg("version") = std::to_string(f.major) + "." + std::to_string(f.minor),
+                    py::arg("major_version") = f.major, py::arg("minor_version") = f.minor,
+                    py::arg("model") = f.model, py::arg("fingerprint") = f.fingerprint,
                     py::arg("fingerprint_hex") = std::string(fingerprint_hex),
-                    py::arg("geometry") = GeometryDict(r.geometry()),
-                    py::arg("tokens") = r.token_count(),
-                    py::arg("chunks") = r.chunks().size(),
-                    py::arg("chunk_tokens") = r.nominal_chunk_tokens(),
-                    py::arg("bytes") = r.tail().file_size,
-                    py::arg("torn_tail_bytes") = r.tail().torn_tail_bytes,
-                    py::arg("io_backend") = r.io_backend());
+                    py::arg("geometry") = GeometryDict(f.geometry), py::arg("tokens") = f.tokens,
+                    py::arg("chunks") = f.chunks, py::arg("chunk_tokens") = f.chunk_tokens,
+                    py::arg("bytes") = f.bytes, py::arg("torn_tail_bytes") = f.torn_tail_bytes,
+                    py::arg("io_backend") = f.io_backend);
   }
 
  private:
@@ -163,7 +178,8 @@ void BindReader(py::module_& m) {
                        "An open .kv file (format v1 or v2). Made by kvfile.open(path); a context "
                        "manager that closes it.")
       .def("read", &PyReader::Read, py::arg("stream"), py::arg("layer") = py::none(),
-           py::arg("start") = 0, py::arg("stop") = py::none(), py::arg("dtype") = "f32",
+           py::arg("start") = 0, py::arg("stop") = py::none(),
+           py::arg("dtype") = py::module_::import("numpy").attr("float32"),
            "Rows of tokens [start, stop) of one stream (name or index), decoded to dtype "
            "(numpy.float32, numpy.float16, or \"bf16\": uint16 bit patterns). Shaped [tokens, "
            "rows_per_token, row_width] for one layer, [layers, tokens, rows_per_token, row_width] "
@@ -173,20 +189,18 @@ void BindReader(py::module_& m) {
            "(codes, scales) of an fp8 stream: uint8 codes shaped like read()'s rows, float32 "
            "scales [..., tokens, rows_per_token]. In a v1 file the rows are quantized on the fly "
            "as v1_as (\"e4m3\" or \"e5m2\"), the codes an upgrade would store.")
-      .def_property_readonly("tokens", [](PyReader& self) { return TokenArray(self.Get().tokens()); },
+      .def_property_readonly("tokens", [](PyReader& self) { return TokenArray(self.Tokens()); },
                              "The token ids, a numpy uint32 array.")
-      .def("__len__", [](PyReader& self) { return self.Get().token_count(); })
-      .def_property_readonly("geometry", [](PyReader& self) { return GeometryDict(self.Get().geometry()); })
-      .def_property_readonly("path", [](PyReader& self) { return self.Get().path(); })
+      .def("__len__", &PyReader::TokenCount)
+      .def_property_readonly("geometry", [](PyReader& self) { return GeometryDict(self.GetGeometry()); })
+      .def_property_readonly("path", &PyReader::Path)
       .def("info", &PyReader::Info,
            "A dict: path, version, model, fingerprint, geometry (dtype per stream), tokens, "
            "chunks, chunk_tokens, bytes, torn_tail_bytes, io_backend.")
       .def("chunks", &PyReader::Chunks,
            "The chunk table: a list of {offset, bytes, first_token, stored_tokens, live_tokens, "
            "committed}, in file order.")
-      .def("longest_common_prefix",
-           [](PyReader& self, py::handle tokens) { return self.Get().LongestCommonPrefix(TokenIds(tokens)); },
-           py::arg("tokens"), "How many leading tokens the file shares with `tokens`.")
+      .def("longest_common_prefix", &PyReader::LongestCommonPrefix, py::arg("tokens"), "How many leading tokens the file shares with `tokens`.")
       .def("close", &PyReader::Close)
       .def("__enter__", [](py::object self) { return self; })
       .def("__exit__", [](PyReader& self, py::args) { self.Close(); });

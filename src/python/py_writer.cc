@@ -48,11 +48,22 @@ class PyWriter {
  public:
   explicit PyWriter(std::unique_ptr<Writer> writer) : guarded_(std::move(writer), "writer") {}
 
-  Writer& Get() { return guarded_.Get(); }
+  // Copies, so that no reference into the writer outlives the mutex.
+  Geometry GetGeometry() { return guarded_.Inspect([](Writer& w) { return w.geometry(); }); }
+  std::vector<uint32_t> Tokens() {
+    return guarded_.Inspect([](Writer& w) { return std::vector<uint32_t>(w.tokens().begin(), w.tokens().end()); });
+  }
+  uint64_t TokenCount() { return guarded_.Inspect([](Writer& w) { return w.token_count(); }); }
+  uint64_t DurableTokens() { return guarded_.Inspect([](Writer& w) { return w.durable_tokens(); }); }
+  std::string Path() { return guarded_.Inspect([](Writer& w) { return w.path(); }); }
+  uint64_t LongestCommonPrefix(py::handle tokens) {
+    const std::vector<uint32_t> prompt = TokenIds(tokens);
+    return guarded_.Inspect([&](Writer& w) { return w.LongestCommonPrefix(prompt); });
+  }
 
   void Append(py::handle tokens, const py::dict& streams) {
     const std::vector<uint32_t> ids = TokenIds(tokens);
-    const Geometry& g = Get().geometry();
+    const Geometry g = GetGeometry();
     for (auto item : streams) {
       if (!py::isinstance<py::str>(item.first)) throw py::type_error("append: stream keys must be names");
       StreamIndex(g, item.first);  // a ValueError, naming the file's streams, for one it lacks
@@ -83,7 +94,7 @@ class PyWriter {
   }
 
   py::dict Recovery() {
-    const Writer::RecoveryReport& r = Get().recovery();
+    const Writer::RecoveryReport r = guarded_.Inspect([](Writer& w) { return w.recovery(); });
     return py::dict(py::arg("truncated_bytes") = r.truncated_bytes, py::arg("torn_reason") = r.torn_reason,
                     py::arg("recommitted_chunks") = r.recommitted_chunks,
                     py::arg("slot_rewritten") = r.slot_rewritten,
@@ -167,15 +178,13 @@ void BindWriter(py::module_& m) {
       .def("sync", &PyWriter::Sync, "Makes every appended token durable and committed.")
       .def("close", &PyWriter::Close, "Flushes, and syncs unless sync=\"none\". Idempotent.")
       .def("rewind", &PyWriter::Rewind, py::arg("n"), "Keeps the first n tokens, durably.")
-      .def("longest_common_prefix",
-           [](PyWriter& self, py::handle tokens) { return self.Get().LongestCommonPrefix(TokenIds(tokens)); },
-           py::arg("tokens"), "How many leading tokens the file shares with `tokens`.")
-      .def_property_readonly("tokens", [](PyWriter& self) { return TokenArray(self.Get().tokens()); },
+      .def("longest_common_prefix", &PyWriter::LongestCommonPrefix, py::arg("tokens"), "How many leading tokens the file shares with `tokens`.")
+      .def_property_readonly("tokens", [](PyWriter& self) { return TokenArray(self.Tokens()); },
                              "Every appended token id, a numpy uint32 array.")
-      .def("__len__", [](PyWriter& self) { return self.Get().token_count(); })
-      .def_property_readonly("durable_tokens", [](PyWriter& self) { return self.Get().durable_tokens(); })
-      .def_property_readonly("geometry", [](PyWriter& self) { return GeometryDict(self.Get().geometry()); })
-      .def_property_readonly("path", [](PyWriter& self) { return self.Get().path(); })
+      .def("__len__", &PyWriter::TokenCount)
+      .def_property_readonly("durable_tokens", &PyWriter::DurableTokens)
+      .def_property_readonly("geometry", [](PyWriter& self) { return GeometryDict(self.GetGeometry()); })
+      .def_property_readonly("path", &PyWriter::Path)
       .def_property_readonly("recovery", &PyWriter::Recovery, "What opening the file found and repaired.")
       .def("__enter__", [](py::object self) { return self; })
       .def("__exit__", [](PyWriter& self, py::handle exc_type, py::handle, py::handle) { self.Exit(exc_type); });

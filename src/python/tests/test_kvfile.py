@@ -122,6 +122,21 @@ def test_fp8_codes_are_the_codecs(tmp_path):
         assert r.read("a", 0, 1, 2, dtype=np.float16)[0, 0].view(np.uint16).tolist() == [0x3C00, 0xB492, 0x2000, 0x8000]
 
 
+def test_format_1_is_written_raw_and_quantized_on_read(tmp_path):
+    geometry = {"layers": 1, "streams": [{"name": "x", "rows_per_token": 1, "row_width": 4, "dtype": "f32"}]}
+    row = np.array([57344.0, 1.0, -2.0, 2.0 ** -16], np.float32)
+    path = tmp_path / "v1.kv"
+    with kvfile.create(path, geometry, format=1) as w:
+        w.append([4], {"x": row.reshape(1, 1, 1, 4)})
+    with kvfile.open(path) as r:
+        assert r.info()["version"] == "1.0"
+        assert r.read("x", 0)[0, 0].tolist() == row.tolist()
+        codes, scales = r.codes("x", 0, v1_as="e5m2")  # e5m2's max: scale 1, codes known by hand
+        assert codes[0, 0].tolist() == [0x7B, 0x3C, 0xC0, 0x01] and scales.tolist() == [[1.0]]
+        with pytest.raises(ValueError, match="unknown dtype 'e6m1'"):
+            r.codes("x", 0, v1_as="e6m1")
+
+
 @pytest.mark.parametrize("given", [np.float32, np.float16, np.uint16])
 def test_each_input_dtype_gives_the_codes_of_its_values(tmp_path, given):
     # The same values (exact in bf16 and f16) given in each input dtype must
@@ -272,7 +287,9 @@ def test_create_refuses_an_existing_file_unless_overwrite(tmp_path):
         kvfile.create(path, "tiny")
     kvfile.create(path, "tiny", overwrite=True).close()
     with kvfile.open(path) as r:
-        assert len(r) == 0
+        assert len(r) == 0 and r.tokens.tolist() == []
+        assert r.read("k").shape == (2, 0, 2, 16)
+        assert r.codes("v", layer=1)[1].shape == (0, 2)
 
 
 def test_closed_objects_raise_failed_error(tmp_path):
@@ -325,7 +342,7 @@ def test_verify_reports_a_damaged_payload_and_read_raises(tmp_path):
         with pytest.raises(kvfile.CorruptionError) as e:
             r.read("k", 0, 2, 6)
         assert e.value.code == "corruption" and isinstance(e.value, kvfile.Error)
-        assert str(damaged) in str(e.value) and "chunk 1" in str(e.value)
+        assert str(damaged) in str(e.value) and "chunk 1" in str(e.value) and "layer 0 stream 'k'" in str(e.value)
 
 
 def test_verify_warns_about_a_torn_tail(tmp_path):
@@ -485,22 +502,22 @@ def test_appending_to_a_v1_file_upgrades_it(tmp_path):
 
 # ---- the README's example -------------------------------------------------------
 
-def test_readme_example_is_the_example_file():
+def readme_block(marker, language):
+    """The fenced block that follows `marker` in the README."""
     readme = (ROOT / "README.md").read_text()
-    marker = "<!-- example: src/python/examples/example.py -->"
-    assert marker in readme
-    block = re.search(re.escape(marker) + r"\s*```python\n(.*?)```", readme, re.S)
-    assert block, "the marker must be followed by a ```python block"
-    assert block.group(1) == EXAMPLE.read_text()
+    block = re.search(re.escape(marker) + r"\s*```" + language + r"\n(.*?)```", readme, re.S)
+    assert block, f"the README must have a ```{language} block after {marker}"
+    return block.group(1)
 
 
-def test_example_runs(tmp_path):
+def test_readme_example_is_the_example_file():
+    assert readme_block("<!-- example: src/python/examples/example.py -->", "python") == EXAMPLE.read_text()
+
+
+def test_example_runs_and_prints_what_the_readme_shows(tmp_path):
     # The kvfile this test imported, whatever the caller's PYTHONPATH was relative to.
     env = dict(os.environ, PYTHONPATH=str(Path(kvfile.__file__).resolve().parents[1]))
     out = subprocess.run([sys.executable, str(EXAMPLE)], cwd=tmp_path, capture_output=True, text=True,
                          timeout=120, env=env)
     assert out.returncode == 0, out.stderr
-    lines = out.stdout.splitlines()
-    assert lines[0] == "9 tokens in 3 chunks, format 2.0"
-    assert "verify: ok 7 tokens" in lines
-    assert lines[-1] == "error: not_found"
+    assert out.stdout == readme_block("<!-- output: src/python/examples/example.py -->", "")
