@@ -50,8 +50,11 @@ class Guarded {
   // held.
   template <typename Get>
   auto Inspect(Get&& get) {
-    std::lock_guard lock(mu_);
-    if (!object_) ThrowIfError(Closed());
+    std::unique_lock lock(mu_);
+    if (!object_) {
+      lock.unlock();  // raising makes a Python object
+      ThrowIfError(Closed());
+    }
     return get(*object_);
   }
 

@@ -195,6 +195,38 @@ def test_concurrent_reads_match_sequential_ones(tmp_path):
         assert all(np.array_equal(g, w) for g, w in zip(got, want))
 
 
+def test_appends_from_several_threads_are_serialized(tmp_path):
+    # Each thread appends its own ids one token at a time while another reads
+    # w.tokens; every append must land whole, in some order.
+    path = tmp_path / "appends.kv"
+    one = tiny_rows(np.random.default_rng(4), 1)
+    seen_lengths = []
+    with kvfile.create(path, "tiny", chunk_tokens=8) as w:
+        def append(base):
+            for i in range(40):
+                w.append([base + i], one)
+
+        def watch():
+            for _ in range(200):
+                seen_lengths.append(len(w.tokens))
+
+        threads = [threading.Thread(target=append, args=(base,)) for base in (1000, 2000, 3000)]
+        threads.append(threading.Thread(target=watch))
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(w) == 120
+    assert seen_lengths == sorted(seen_lengths)
+    with kvfile.open(path) as r:
+        ids = r.tokens.tolist()
+        for base in (1000, 2000, 3000):
+            assert [t for t in ids if base <= t < base + 40] == list(range(base, base + 40))
+        codes = r.codes("k")[0]
+        assert all(np.array_equal(codes[:, i], codes[:, 0]) for i in range(120))
+    assert kvfile.verify(path)["ok"]
+
+
 # ---- writer operations ---------------------------------------------------------
 
 def test_rewind_then_append(tmp_path):
