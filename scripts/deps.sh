@@ -7,6 +7,7 @@ KVFILE_PACKAGES=(
   build-essential cmake ninja-build pkg-config
   liburing-dev zlib1g-dev libcli11-dev libgtest-dev libxxhash-dev nlohmann-json3-dev
   libbenchmark-dev
+  python3-dev pybind11-dev python3-numpy python3-pytest
 )
 
 kvfile_install_deps() {

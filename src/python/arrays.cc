@@ -1,0 +1,110 @@
+// Conversions between numpy arrays and the library's row and token buffers.
+#include "arrays.h"
+
+#include <limits>
+
+#include "kvfile/format/kv_format.h"
+
+namespace py = pybind11;
+
+namespace kvfile::python {
+
+namespace {
+
+// The raw dtype a numpy dtype carries, or false.
+bool RawDtypeOf(const py::dtype& dt, Dtype* out) {
+  // A byte-swapped array has the right kind and size but the wrong bytes.
+  if (!dt.attr("isnative").cast<bool>()) return false;
+  const char kind = dt.kind();
+  const py::ssize_t size = dt.itemsize();
+  if (kind == 'f' && size == 4) *out = Dtype::kF32;
+  else if (kind == 'f' && size == 2) *out = Dtype::kF16;
+  else if (kind == 'u' && size == 2) *out = Dtype::kBF16;
+  else return false;
+  return true;
+}
+
+}  // namespace
+
+py::array RowArray(py::handle obj, const std::string& what, Dtype* dtype) {
+  if (!py::isinstance<py::array>(obj))
+    throw py::type_error(what + ": expected a numpy array, got " +
+                         py::str(py::type::of(obj).attr("__name__")).cast<std::string>());
+  auto a = py::reinterpret_borrow<py::array>(obj);
+  if (!RawDtypeOf(a.dtype(), dtype))
+    throw py::type_error(what + ": dtype " + py::str(a.dtype()).cast<std::string>() +
+                         " is not one kvfile takes: float32, float16, or uint16 holding bf16 bits");
+  return py::array::ensure(a, py::array::c_style);
+}
+
+Dtype DecodedDtype(py::handle dtype) {
+  if (py::isinstance<py::str>(dtype)) {
+    const auto name = dtype.cast<std::string>();
+    if (name == "bf16" || name == "bfloat16") return Dtype::kBF16;
+    if (name == "f16") return Dtype::kF16;
+    if (name == "f32") return Dtype::kF32;
+  }
+  // Everything numpy understands as a dtype: numpy.float32, "float16", ...
+  Dtype out;
+  py::dtype dt;
+  try {
+    dt = py::dtype::from_args(py::reinterpret_borrow<py::object>(dtype));
+  } catch (const py::error_already_set&) {
+    dt = py::dtype();
+  }
+  if (dt && RawDtypeOf(dt, &out)) return out;
+  throw py::type_error("dtype must be numpy.float32, numpy.float16, or \"bf16\" (uint16 bits), not " +
+                       py::repr(dtype).cast<std::string>());
+}
+
+py::dtype NumpyDtype(Dtype dtype) {
+  switch (dtype) {
+    case Dtype::kF32: return py::dtype::of<float>();
+    case Dtype::kF16: return py::dtype("float16");
+    case Dtype::kBF16: return py::dtype::of<uint16_t>();
+    default: break;
+  }
+  throw py::type_error(std::string("no numpy dtype for ") + format::DtypeName(dtype));
+}
+
+Dtype DtypeByName(const std::string& name) {
+  for (Dtype d : {Dtype::kE4M3, Dtype::kE5M2, Dtype::kBF16, Dtype::kF16, Dtype::kF32})
+    if (name == format::DtypeName(d)) return d;
+  throw py::value_error("unknown dtype '" + name + "' (known: e4m3, e5m2, bf16, f16, f32)");
+}
+
+std::vector<uint32_t> TokenIds(py::handle tokens) {
+  py::module_ np = py::module_::import("numpy");
+  py::array a = np.attr("asarray")(tokens);
+  if (a.ndim() != 1)
+    throw py::value_error("tokens: expected a 1-D sequence of token ids, got shape " + ShapeText(a));
+  if (a.size() == 0) return {};
+  const char kind = a.dtype().kind();
+  if (kind != 'i' && kind != 'u')
+    throw py::type_error("tokens: expected integers, got dtype " + py::str(a.dtype()).cast<std::string>());
+  // Compared as Python ints, so no numpy dtype can wrap around.
+  const auto lowest = a.attr("min")().attr("item")().cast<py::int_>();
+  const auto highest = a.attr("max")().attr("item")().cast<py::int_>();
+  if (lowest < py::int_(0) || highest > py::int_(std::numeric_limits<uint32_t>::max()))
+    throw py::value_error("tokens: ids must lie in [0, 2**32); got values from " +
+                          py::repr(lowest).cast<std::string>() + " to " + py::repr(highest).cast<std::string>());
+  auto ids = py::array_t<uint32_t, py::array::c_style | py::array::forcecast>::ensure(a);
+  return std::vector<uint32_t>(ids.data(), ids.data() + ids.size());
+}
+
+py::array_t<uint32_t> TokenArray(std::span<const uint32_t> tokens) {
+  py::array_t<uint32_t> out(static_cast<py::ssize_t>(tokens.size()));
+  std::copy(tokens.begin(), tokens.end(), out.mutable_data());
+  return out;
+}
+
+std::string ShapeText(const py::array& a) {
+  std::string text = "(";
+  for (py::ssize_t i = 0; i < a.ndim(); ++i) {
+    if (i > 0) text += ", ";
+    text += std::to_string(a.shape(i));
+  }
+  return text + (a.ndim() == 1 ? ",)" : ")");
+}
+
+}  // namespace kvfile::python

@@ -1,0 +1,43 @@
+// Numpy arrays at the module's boundary: which dtypes stand for which
+// kvfile Dtype, token-id arrays, and the checks that turn a wrong array into
+// a TypeError or ValueError that says what was expected.
+//
+// Row data crosses as float32, float16, or uint16 holding bf16 bit patterns
+// (numpy has no bfloat16; "bf16" names it where a dtype is asked for).
+#pragma once
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kvfile/geometry.h"
+
+namespace kvfile::python {
+
+// `obj` as a C-contiguous numpy array of row data (copied only if it is not
+// contiguous already), with its kvfile dtype in *dtype. TypeError for any
+// other dtype; `what` names the argument in the message.
+pybind11::array RowArray(pybind11::handle obj, const std::string& what, Dtype* dtype);
+
+// The dtype argument of a decoded read: "f32"/"float32"/numpy.float32,
+// "f16"/"float16"/numpy.float16, or "bf16"/"bfloat16"/numpy.uint16.
+Dtype DecodedDtype(pybind11::handle dtype);
+// The numpy dtype holding elements of a raw kvfile dtype.
+pybind11::dtype NumpyDtype(Dtype dtype);
+
+// A kvfile Dtype by its name ("e4m3", "bf16", ...); ValueError otherwise.
+Dtype DtypeByName(const std::string& name);
+
+// Token ids from any 1-D sequence of integers in [0, 2^32).
+std::vector<uint32_t> TokenIds(pybind11::handle tokens);
+// A numpy uint32 copy of token ids.
+pybind11::array_t<uint32_t> TokenArray(std::span<const uint32_t> tokens);
+
+// The shape as "(2, 3, 16)", for messages.
+std::string ShapeText(const pybind11::array& a);
+
+}  // namespace kvfile::python

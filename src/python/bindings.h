@@ -1,0 +1,13 @@
+// The parts of the _kvfile extension, each adding its classes and functions
+// to the module (called in this order by module.cc).
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+namespace kvfile::python {
+
+void BindReader(pybind11::module_& m);   // Reader, open_reader()
+void BindWriter(pybind11::module_& m);   // Writer, create(), open_writer()
+void BindVerify(pybind11::module_& m);   // verify()
+
+}  // namespace kvfile::python

@@ -1,0 +1,49 @@
+"""kvfile: LLM KV caches on disk, from Python.
+
+A thin layer over the C++ library's binding (the extension kvfile._kvfile):
+
+    kvfile.create(path, geometry, model=..., ...) -> Writer
+    kvfile.open(path)                             -> Reader
+    kvfile.open(path, "a", sync=...)              -> Writer appending to the file
+    kvfile.verify(path)                           -> dict of findings
+
+Arrays: a stream's rows are shaped [layers, tokens, rows_per_token,
+row_width] for Writer.append and for Reader.read(stream) of every layer;
+Reader.read(stream, layer) drops the layer axis. Row data is float32,
+float16, or uint16 holding bf16 bit patterns ("bf16" where a dtype is asked
+for). Library failures raise kvfile.Error subclasses carrying the library's
+message; bad arguments raise TypeError or ValueError. See the README's
+"Python" section.
+"""
+
+from ._kvfile import (  # noqa: F401  (re-exported)
+    BusyError,
+    CorruptionError,
+    Error,
+    FailedError,
+    InvalidArgumentError,
+    IoError,
+    MismatchError,
+    NonFiniteError,
+    NotFoundError,
+    Reader,
+    UnsupportedError,
+    Writer,
+    create,
+    open_reader,
+    open_writer,
+    presets,
+    verify,
+)
+
+def open(path, mode="r", **options):  # noqa: A001  (the module's entry point, like io.open)
+    """Opens a .kv file: mode "r" returns a Reader, mode "a" a Writer that
+    appends to it (keyword options as open_writer: sync, upgrade_dtype,
+    keep_raw)."""
+    if mode == "r":
+        if options:
+            raise TypeError(f"open(mode='r') takes no options, got {sorted(options)}")
+        return open_reader(path)
+    if mode == "a":
+        return open_writer(path, **options)
+    raise ValueError(f"mode must be 'r' or 'a', not {mode!r}")

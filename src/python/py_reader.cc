@@ -1,0 +1,211 @@
+// kvfile.Reader: an open .kv file (v1 or v2) read from Python.
+//
+// Reads return new numpy arrays. With a layer they are shaped
+// [tokens, rows_per_token, row_width] (scales [tokens, rows_per_token]);
+// with layer=None every layer is read, shaped [layers, tokens, ...]: the
+// shape Writer.append takes, so what was appended reads back as it was given.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <pybind11/stl/filesystem.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+#include "arrays.h"
+#include "bindings.h"
+#include "errors.h"
+#include "geometry_dict.h"
+#include "guarded.h"
+#include "kvfile/format/kv_format.h"
+#include "kvfile/reader.h"
+
+namespace py = pybind11;
+
+namespace kvfile::python {
+
+namespace {
+
+// What one read() or codes() call covers.
+struct Selection {
+  uint32_t stream = 0;
+  uint32_t first_layer = 0, layer_count = 0;
+  bool all_layers = false;  // the result gets a leading layer axis
+  uint64_t begin = 0, end = 0;
+
+  // The result's shape: [layers,] tokens, then `tail`.
+  std::vector<py::ssize_t> Shape(std::initializer_list<py::ssize_t> tail) const {
+    std::vector<py::ssize_t> shape;
+    if (all_layers) shape.push_back(layer_count);
+    shape.push_back(static_cast<py::ssize_t>(end - begin));
+    shape.insert(shape.end(), tail);
+    return shape;
+  }
+};
+
+class PyReader {
+ public:
+  explicit PyReader(std::unique_ptr<Reader> reader) : guarded_(std::move(reader), "reader") {}
+
+  void Close() { guarded_.Reset(); }
+
+  // Copies, so that no reference into the reader outlives the mutex.
+  Geometry GetGeometry() { return guarded_.Inspect([](Reader& r) { return r.geometry(); }); }
+  std::vector<uint32_t> Tokens() {
+    return guarded_.Inspect([](Reader& r) { return std::vector<uint32_t>(r.tokens().begin(), r.tokens().end()); });
+  }
+  uint64_t TokenCount() { return guarded_.Inspect([](Reader& r) { return r.token_count(); }); }
+  std::string Path() { return guarded_.Inspect([](Reader& r) { return r.path(); }); }
+  uint64_t LongestCommonPrefix(py::handle tokens) {
+    const std::vector<uint32_t> prompt = TokenIds(tokens);
+    return guarded_.Inspect([&](Reader& r) { return r.LongestCommonPrefix(prompt); });
+  }
+
+  // Token ranges and layers out of bounds are left to the library, which
+  // names them in an InvalidArgumentError.
+  Selection Select(const Geometry& g, py::handle stream, std::optional<uint32_t> layer, uint64_t start,
+                   std::optional<uint64_t> stop) {
+    Selection sel;
+    sel.stream = StreamIndex(g, stream);
+    sel.all_layers = !layer.has_value();
+    sel.first_layer = layer.value_or(0);
+    sel.layer_count = layer ? 1 : g.layers;
+    sel.begin = start;
+    sel.end = stop ? *stop : TokenCount();
+    if (sel.end < sel.begin)
+      throw py::value_error("stop (" + std::to_string(sel.end) + ") is before start (" +
+                            std::to_string(sel.begin) + ")");
+    return sel;
+  }
+
+  py::array Read(py::handle stream, std::optional<uint32_t> layer, uint64_t start,
+                 std::optional<uint64_t> stop, py::handle dtype) {
+    const Dtype out_dtype = DecodedDtype(dtype);
+    const Geometry g = GetGeometry();
+    const Selection sel = Select(g, stream, layer, start, stop);
+    const StreamSpec& spec = g.streams[sel.stream];
+    py::array result(NumpyDtype(out_dtype), sel.Shape({spec.rows_per_token, spec.row_width}));
+    auto* dst = static_cast<char*>(result.mutable_data());
+    const size_t layer_bytes = (sel.end - sel.begin) * spec.ElementsPerToken() * format::ElementSize(out_dtype);
+    guarded_.Run([&](Reader& r) -> Status {
+      for (uint32_t i = 0; i < sel.layer_count; ++i)
+        KVFILE_RETURN_IF_ERROR(r.ReadRows(sel.first_layer + i, sel.stream, sel.begin, sel.end, out_dtype,
+                                          dst + i * layer_bytes));
+      return Status::OK();
+    });
+    return result;
+  }
+
+  py::tuple Codes(py::handle stream, std::optional<uint32_t> layer, uint64_t start,
+                  std::optional<uint64_t> stop, const std::string& v1_as) {
+    const Dtype v1_quantize_as = DtypeByName(v1_as);
+    const Geometry g = GetGeometry();
+    const Selection sel = Select(g, stream, layer, start, stop);
+    const StreamSpec& spec = g.streams[sel.stream];
+    py::array_t<uint8_t> codes(sel.Shape({spec.rows_per_token, spec.row_width}));
+    py::array_t<float> scales(sel.Shape({spec.rows_per_token}));
+    uint8_t* code_dst = codes.mutable_data();
+    float* scale_dst = scales.mutable_data();
+    const uint64_t tokens = sel.end - sel.begin;
+    guarded_.Run([&](Reader& r) -> Status {
+      for (uint32_t i = 0; i < sel.layer_count; ++i)
+        KVFILE_RETURN_IF_ERROR(r.ReadCodes(sel.first_layer + i, sel.stream, sel.begin, sel.end,
+                                           code_dst + i * tokens * spec.ElementsPerToken(),
+                                           scale_dst + i * tokens * spec.rows_per_token, v1_quantize_as));
+      return Status::OK();
+    });
+    return py::make_tuple(codes, scales);
+  }
+
+  py::list Chunks() {
+    py::list out;
+    for (const ChunkInfo& c : guarded_.Inspect([](Reader& r) { return r.chunks(); }))
+      out.append(py::dict(py::arg("offset") = c.offset, py::arg("bytes") = c.bytes,
+                          py::arg("first_token") = c.first_token, py::arg("stored_tokens") = c.stored_tokens,
+                          py::arg("live_tokens") = c.live_tokens, py::arg("committed") = c.committed));
+    return out;
+  }
+
+  py::dict Info() {
+    struct Facts {
+      std::string path, model, io_backend;
+      uint16_t major = 0, minor = 0;
+      uint64_t fingerprint = 0, tokens = 0, chunks = 0, bytes = 0, torn_tail_bytes = 0;
+      uint32_t chunk_tokens = 0;
+      Geometry geometry;
+    };
+    const Facts f = guarded_.Inspect([](Reader& r) {
+      return Facts{r.path(), r.identity().model_id, r.io_backend(), r.major_version(), r.minor_version(),
+                   r.identity().fingerprint, r.token_count(), r.chunks().size(), r.tail().file_size,
+                   r.tail().torn_tail_bytes, r.nominal_chunk_tokens(), r.geometry()};
+    });
+    char fingerprint_hex[17];
+    std::snprintf(fingerprint_hex, sizeof fingerprint_hex, "%016llx", static_cast<unsigned long long>(f.fingerprint));
+    return py::dict(py::arg("path") = f.path,
+                    py::arg("version") = std::to_string(f.major) + "." + std::to_string(f.minor),
+                    py::arg("major_version") = f.major, py::arg("minor_version") = f.minor,
+                    py::arg("model") = f.model, py::arg("fingerprint") = f.fingerprint,
+                    py::arg("fingerprint_hex") = std::string(fingerprint_hex),
+                    py::arg("geometry") = GeometryDict(f.geometry), py::arg("tokens") = f.tokens,
+                    py::arg("chunks") = f.chunks, py::arg("chunk_tokens") = f.chunk_tokens,
+                    py::arg("bytes") = f.bytes, py::arg("torn_tail_bytes") = f.torn_tail_bytes,
+                    py::arg("io_backend") = f.io_backend);
+  }
+
+ private:
+  Guarded<Reader> guarded_;
+};
+
+std::unique_ptr<PyReader> OpenReader(const std::filesystem::path& path) {
+  std::unique_ptr<Reader> reader;
+  Status st;
+  {
+    py::gil_scoped_release release;
+    st = Reader::Open(path.string(), ReaderOptions{}, &reader);
+  }
+  ThrowIfError(st);
+  return std::make_unique<PyReader>(std::move(reader));
+}
+
+}  // namespace
+
+void BindReader(py::module_& m) {
+  py::class_<PyReader>(m, "Reader",
+                       "An open .kv file (format v1 or v2). Made by kvfile.open(path); a context "
+                       "manager that closes it.")
+      .def("read", &PyReader::Read, py::arg("stream"), py::arg("layer") = py::none(),
+           py::arg("start") = 0, py::arg("stop") = py::none(),
+           py::arg("dtype") = py::module_::import("numpy").attr("float32"),
+           "Rows of tokens [start, stop) of one stream (name or index), decoded to dtype "
+           "(numpy.float32, numpy.float16, or \"bf16\": uint16 bit patterns). Shaped [tokens, "
+           "rows_per_token, row_width] for one layer, [layers, tokens, rows_per_token, row_width] "
+           "for layer=None (every layer).")
+      .def("codes", &PyReader::Codes, py::arg("stream"), py::arg("layer") = py::none(),
+           py::arg("start") = 0, py::arg("stop") = py::none(), py::arg("v1_as") = "e4m3",
+           "(codes, scales) of an fp8 stream: uint8 codes shaped like read()'s rows, float32 "
+           "scales [..., tokens, rows_per_token]. In a v1 file the rows are quantized on the fly "
+           "as v1_as (\"e4m3\" or \"e5m2\"), the codes an upgrade would store.")
+      .def_property_readonly("tokens", [](PyReader& self) { return TokenArray(self.Tokens()); },
+                             "The token ids, a numpy uint32 array.")
+      .def("__len__", &PyReader::TokenCount)
+      .def_property_readonly("geometry", [](PyReader& self) { return GeometryDict(self.GetGeometry()); })
+      .def_property_readonly("path", &PyReader::Path)
+      .def("info", &PyReader::Info,
+           "A dict: path, version, model, fingerprint, geometry (dtype per stream), tokens, "
+           "chunks, chunk_tokens, bytes, torn_tail_bytes, io_backend.")
+      .def("chunks", &PyReader::Chunks,
+           "The chunk table: a list of {offset, bytes, first_token, stored_tokens, live_tokens, "
+           "committed}, in file order.")
+      .def("longest_common_prefix", &PyReader::LongestCommonPrefix, py::arg("tokens"), "How many leading tokens the file shares with `tokens`.")
+      .def("close", &PyReader::Close)
+      .def("__enter__", [](py::object self) { return self; })
+      .def("__exit__", [](PyReader& self, py::args) { self.Close(); });
+
+  m.def("open_reader", &OpenReader, py::arg("path"), "Opens a .kv file for reading (kvfile.open(path)).");
+}
+
+}  // namespace kvfile::python
