@@ -38,6 +38,11 @@ Status File::SubmitWrite(uint64_t offset, const void* buf, size_t n, bool sync_a
 
 Status File::WaitWrites() { return Status::OK(); }
 
+Status File::ReadBatch(std::span<const ReadRequest> requests) {
+  for (const ReadRequest& r : requests) KVFILE_RETURN_IF_ERROR(ReadAt(r.offset, r.buf, r.n));
+  return Status::OK();
+}
+
 namespace {
 
 using internal::IoFault;

@@ -87,6 +87,9 @@ constexpr size_t kChainWrites = 8;         // write SQEs per link chain
 constexpr size_t kSyncChunk = 1u << 30;    // bytes per ReadAt/WriteAt SQE
 constexpr int kMaxStalls = 1000;           // resubmissions without progress
 constexpr uint64_t kSyncUserData = ~uint64_t{0};
+// ReadBatch's reads: kBatchUserData + index. Queued writes count up from 1
+// and never get near it.
+constexpr uint64_t kBatchUserData = uint64_t{1} << 62;
 
 bool Retryable(int res) { return res == -EINTR || res == -EAGAIN; }
 
@@ -138,6 +141,40 @@ class UringFile final : public File {
       p += got;
       n -= got;
       offset += got;
+    }
+    return Status::OK();
+  }
+
+  // Up to kQueueDepth reads per submission; a read that comes back short,
+  // interrupted or at end of file is finished (or reported) by ReadAt.
+  Status ReadBatch(std::span<const ReadRequest> requests) override {
+    KVFILE_RETURN_IF_ERROR(DrainForSyncOp());
+    for (size_t base = 0; base < requests.size(); base += kQueueDepth) {
+      size_t count = std::min<size_t>(kQueueDepth, requests.size() - base);
+      batch_results_.assign(count, 0);
+      batch_pending_ = 0;
+      for (size_t i = 0; i < count; ++i) {
+        const ReadRequest& r = requests[base + i];
+        if (r.n == 0 || r.n > kSyncChunk) continue;  // nothing to do, or ReadAt's job below
+        io_uring_sqe* sqe = nullptr;
+        KVFILE_RETURN_IF_ERROR(GetSqe(&sqe));
+        auto len = static_cast<unsigned>(r.n);
+        const int fd = FaultedFd(Kind::kRead, kBatchUserData + i, &len);
+        io_uring_prep_read(sqe, fd, r.buf, len, r.offset);
+        io_uring_sqe_set_data64(sqe, kBatchUserData + i);
+        ++batch_pending_;
+      }
+      KVFILE_RETURN_IF_ERROR(Submit());
+      while (batch_pending_ > 0) KVFILE_RETURN_IF_ERROR(ReapOne());
+      for (size_t i = 0; i < count; ++i) {
+        const ReadRequest& r = requests[base + i];
+        int res = batch_results_[i];
+        if (res < 0 && !Retryable(res))
+          return ErrnoStatus(path_ + ": read at offset " + std::to_string(r.offset), -res);
+        size_t got = res > 0 ? std::min(static_cast<size_t>(res), r.n) : 0;
+        if (got < r.n)
+          KVFILE_RETURN_IF_ERROR(ReadAt(r.offset + got, static_cast<uint8_t*>(r.buf) + got, r.n - got));
+      }
     }
     return Status::OK();
   }
@@ -439,6 +476,11 @@ class UringFile final : public File {
       sync_done_ = true;
       return;
     }
+    if (ud >= kBatchUserData && ud - kBatchUserData < batch_results_.size()) {
+      batch_results_[ud - kBatchUserData] = res;
+      --batch_pending_;
+      return;
+    }
     auto op = ops_.find(ud);
     if (op == ops_.end()) return;
     const auto [seq, idx] = op->second;
@@ -596,6 +638,8 @@ class UringFile final : public File {
   Status ring_error_;   // the ring is unusable
   bool sync_done_ = false;
   int sync_res_ = 0;
+  std::vector<int> batch_results_;  // ReadBatch: result of each read in flight
+  size_t batch_pending_ = 0;
 };
 
 class UringFileSystem final : public FileSystem {

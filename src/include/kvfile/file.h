@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "kvfile/status.h"
@@ -22,12 +23,24 @@ struct FileId {
   bool operator==(const FileId&) const = default;
 };
 
+// One read of File::ReadBatch.
+struct ReadRequest {
+  uint64_t offset = 0;
+  void* buf = nullptr;
+  size_t n = 0;
+};
+
 class File {
  public:
   virtual ~File() = default;
   // Reads exactly n bytes at offset; reading past the end is kCorruption
   // ("unexpected end of file"), since sizes come from the file itself.
   virtual Status ReadAt(uint64_t offset, void* buf, size_t n) = 0;
+  // Many independent reads, each as ReadAt would do it; the first failure
+  // is returned (the other buffers' contents are then unspecified). The
+  // io_uring backend submits them together: one system call for dozens of
+  // small reads (the chunk heads an open reads). The default loops ReadAt.
+  virtual Status ReadBatch(std::span<const ReadRequest> requests);
   // Writes all n bytes at offset (retrying short writes and EINTR).
   virtual Status WriteAt(uint64_t offset, const void* buf, size_t n) = 0;
   // Makes every completed write durable (fdatasync).
