@@ -26,6 +26,7 @@
 #include "kvfile/format/header.h"
 #include "kvfile/presets.h"
 #include "kvfile/reader.h"
+#include "kvfile/verify.h"
 #include "kvfile/writer.h"
 
 namespace kvfile {
@@ -1447,6 +1448,446 @@ TEST_F(DamageTest, GarbageAfterTheLastChunkIsATornTail) {
   EXPECT_EQ(r->token_count(), 20u);
   EXPECT_EQ(r->tail().torn_tail_bytes, 5000u);
   EXPECT_EQ(r->tail().valid_end, ChunkOffset(3));
+}
+
+
+// ---- Reader::ReadMany --------------------------------------------------------------------
+
+using Pair = std::pair<uint32_t, uint32_t>;  // (layer, stream)
+
+std::vector<Pair> AllPairs(const Geometry& g) {
+  std::vector<Pair> pairs;
+  for (uint32_t layer = 0; layer < g.layers; ++layer)
+    for (uint32_t s = 0; s < g.streams.size(); ++s) pairs.push_back({layer, s});
+  return pairs;
+}
+
+// Every kind a stream can be stored as, several rows per token, odd widths.
+Geometry MixedGeometry() {
+  Geometry g;
+  g.layers = 4;
+  g.streams = {{"k", 2, 16, Dtype::kE4M3}, {"v", 1, 8, Dtype::kE5M2}, {"idx", 1, 12, Dtype::kBF16},
+               {"h", 1, 5, Dtype::kF16}, {"f", 3, 3, Dtype::kF32}};
+  return g;
+}
+
+const Dtype kOutDtypes[] = {Dtype::kBF16, Dtype::kF16, Dtype::kF32};
+const unsigned kThreadCounts[] = {1, 2, 3, 8};
+constexpr uint8_t kFill = 0xEE;
+
+// One destination per pair for `tokens` tokens as `out`, filled with kFill,
+// with one spare byte past the end that no read may touch.
+struct Destinations {
+  std::vector<Bytes> bufs;
+  std::vector<RowsTarget> targets;
+  Destinations(const Geometry& g, const std::vector<Pair>& pairs, uint64_t tokens, Dtype out) {
+    for (auto [layer, s] : pairs)
+      bufs.emplace_back(tokens * g.streams[s].ElementsPerToken() * format::ElementSize(out) + 1, kFill);
+    for (size_t i = 0; i < pairs.size(); ++i) targets.push_back({pairs[i].first, pairs[i].second, bufs[i].data()});
+  }
+};
+
+// ReadMany of `pairs` over [begin, end) as `out` gives exactly what ReadRows
+// gives for each pair, with every thread count, and writes nothing past a
+// destination's end.
+void ExpectReadManyMatchesReadRows(Reader& r, const std::vector<Pair>& pairs, uint64_t begin, uint64_t end,
+                                   Dtype out) {
+  SCOPED_TRACE(std::to_string(pairs.size()) + " targets, [" + std::to_string(begin) + ", " +
+               std::to_string(end) + ") as " + format::DtypeName(out));
+  Destinations want(r.geometry(), pairs, end - begin, out);
+  for (size_t i = 0; i < pairs.size(); ++i)
+    ASSERT_OK(r.ReadRows(pairs[i].first, pairs[i].second, begin, end, out, want.bufs[i].data()));
+  for (unsigned threads : kThreadCounts) {
+    Destinations got(r.geometry(), pairs, end - begin, out);
+    ASSERT_OK(r.ReadMany(got.targets, begin, end, out, threads));
+    for (size_t i = 0; i < pairs.size(); ++i)
+      ASSERT_TRUE(got.bufs[i] == want.bufs[i])
+          << "threads " << threads << ", layer " << pairs[i].first << " stream " << pairs[i].second;
+  }
+}
+
+// Ranges over a file's chunks: the whole file; across each boundary by one
+// token; exactly one chunk; from mid-chunk to mid-chunk over a boundary;
+// inside one chunk; from mid-chunk to the end.
+std::vector<std::pair<uint64_t, uint64_t>> RangesOverChunks(const Reader& r) {
+  const uint64_t n = r.token_count();
+  std::vector<std::pair<uint64_t, uint64_t>> ranges = {{0, n}, {1, n - 1}};
+  for (const ChunkInfo& c : r.chunks()) {
+    uint64_t b = c.first_token, e = c.first_token + c.live_tokens;
+    if (b > 0) ranges.push_back({b - 1, b + 1});
+    ranges.push_back({b, e});
+    if (e < n) ranges.push_back({b + c.live_tokens / 2, std::min(n, e + 1 + c.live_tokens / 2)});
+    if (c.live_tokens >= 3) ranges.push_back({b + 1, e - 1});
+  }
+  ranges.push_back({r.chunks().back().first_token + 1, n});
+  return ranges;
+}
+
+// Checks ReadRows against the sequence for every pair and the whole file,
+// then ReadMany against ReadRows for every pair and every range.
+void CheckReadManyOverChunks(Reader& r, const Sequence& q, const Expected& e) {
+  ASSERT_EQ(r.token_count(), q.n);
+  for (auto [layer, s] : AllPairs(q.g)) {
+    Bytes want = ExpectedRows(q, e, layer, s, 0, q.n, Dtype::kF32);
+    Bytes got(want.size());
+    ASSERT_OK(r.ReadRows(layer, s, 0, q.n, Dtype::kF32, got.data()));
+    ASSERT_TRUE(got == want) << "layer " << layer << " stream " << s;
+  }
+  for (Dtype out : kOutDtypes) ASSERT_NO_FATAL_FAILURE(ExpectReadManyMatchesReadRows(r, AllPairs(q.g), 0, q.n, out));
+  auto ranges = RangesOverChunks(r);
+  for (size_t i = 0; i < ranges.size(); ++i)
+    ASSERT_NO_FATAL_FAILURE(
+        ExpectReadManyMatchesReadRows(r, AllPairs(q.g), ranges[i].first, ranges[i].second, kOutDtypes[i % 3]));
+}
+
+class ReadManyTest : public KvFileTest {
+ protected:
+  // The mixed geometry, 37 tokens in chunks of 8: the last chunk holds 5.
+  void Write() {
+    q_ = MakeSequence(MixedGeometry(), Dtype::kBF16, 37, 3);
+    e_ = ComputeExpected(q_);
+    WriteSequence(Path(), q_, Options(8), Sizes(Schedule::kMixed, q_.n, 8));
+  }
+  std::unique_ptr<Reader> Open(const std::string& path) {
+    std::unique_ptr<Reader> r;
+    Status st = Reader::Open(path, {}, &r);
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    return r;
+  }
+  Sequence q_;
+  Expected e_;
+};
+
+TEST_F(ReadManyTest, EqualsReadRowsOverEveryRangeAndThreadCount) {
+  ASSERT_NO_FATAL_FAILURE(Write());
+  auto r = Open(Path());
+  ASSERT_NE(r, nullptr);
+  ASSERT_EQ(r->chunks().size(), 5u);
+  ASSERT_EQ(r->chunks().back().stored_tokens, 5u);
+  CheckReadManyOverChunks(*r, q_, e_);
+}
+
+// The big mixed preset: fp8 latent and rope beside the raw bf16 indexer.
+TEST_F(ReadManyTest, DsaMixedPreset) {
+  for (Dtype fp8 : {Dtype::kE4M3, Dtype::kE5M2}) {
+    SCOPED_TRACE(format::DtypeName(fp8));
+    Sequence q = MakeSequence(Preset("dsa-mixed", fp8), Dtype::kF32, 11, 4);
+    Expected e = ComputeExpected(q);
+    WriteSequence(Path(), q, Options(4, SyncMode::kNone), Sizes(Schedule::kMixed, q.n, 4));
+    auto r = Open(Path());
+    ASSERT_NE(r, nullptr);
+    for (auto [b, end] : std::vector<std::pair<uint64_t, uint64_t>>{{0, 11}, {3, 9}, {4, 8}, {9, 11}})
+      ASSERT_NO_FATAL_FAILURE(ExpectReadManyMatchesReadRows(*r, AllPairs(q.g), b, end, kOutDtypes[(b + end) % 3]));
+    // One independent check that the reference is right.
+    Bytes want = ExpectedRows(q, e, 60, 2, 0, 11, Dtype::kBF16);
+    Bytes got(want.size());
+    ASSERT_OK(r->ReadRows(60, 2, 0, 11, Dtype::kBF16, got.data()));
+    ASSERT_TRUE(got == want);
+    r.reset();
+    std::filesystem::remove(Path());
+  }
+}
+
+// `a` with tokens and rows from `at` on replaced by those of `b`.
+Sequence Splice(const Sequence& a, const Sequence& b, uint64_t at) {
+  Sequence out = a;
+  std::copy(b.tokens.begin() + at, b.tokens.end(), out.tokens.begin() + at);
+  for (uint32_t layer = 0; layer < a.g.layers; ++layer)
+    for (uint32_t s = 0; s < a.S(); ++s) {
+      size_t from = at * a.ElemsPerToken(s) * InputSize(a.in_dtype);
+      size_t i = a.Index(layer, s);
+      std::copy(b.blocks[i].begin() + from, b.blocks[i].end(), out.blocks[i].begin() + from);
+    }
+  return out;
+}
+
+// Rewinds cut chunks on disk: their dead tokens (still stored, replaced by
+// later appends) must never be read.
+TEST_F(ReadManyTest, RewoundFileWithDeadTokens) {
+  const Geometry g = MixedGeometry();
+  Sequence q1 = MakeSequence(g, Dtype::kF16, 35, 1);
+  Sequence q2 = Splice(q1, MakeSequence(g, Dtype::kF16, 35, 2), 13);
+  Sequence q3 = Splice(q2, MakeSequence(g, Dtype::kF16, 35, 3), 25);
+  {
+    std::unique_ptr<Writer> w;
+    ASSERT_OK(Writer::Create(Path(), g, kIdentity, Options(8), &w));
+    ASSERT_OK(w->Append(Batch(q1, 0, 30)));  // chunks [0,8) [8,16) [16,24) on disk
+    ASSERT_OK(w->Rewind(13));
+    ASSERT_OK(w->Append(Batch(q2, 13, 17)));  // [13,21) [21,29) on disk
+    ASSERT_OK(w->Rewind(25));
+    ASSERT_OK(w->Append(Batch(q3, 25, 10)));
+    ASSERT_OK(w->Close());
+  }
+  auto r = Open(Path());
+  ASSERT_NE(r, nullptr);
+  ASSERT_TRUE(std::equal(r->tokens().begin(), r->tokens().end(), q3.tokens.begin(), q3.tokens.end()));
+  std::vector<std::pair<uint32_t, uint32_t>> shape;  // (stored, live) per chunk
+  for (const ChunkInfo& c : r->chunks()) shape.push_back({c.stored_tokens, c.live_tokens});
+  const std::vector<std::pair<uint32_t, uint32_t>> want_shape = {{8, 8}, {8, 5}, {8, 8}, {8, 4}, {8, 8}, {2, 2}};
+  ASSERT_EQ(shape, want_shape);
+  CheckReadManyOverChunks(*r, q3, ComputeExpected(q3));
+}
+
+TEST_F(ReadManyTest, SubsetsOfTargetsInAnyOrder) {
+  ASSERT_NO_FATAL_FAILURE(Write());
+  auto r = Open(Path());
+  ASSERT_NE(r, nullptr);
+  std::vector<Pair> all = AllPairs(q_.g);
+  std::vector<Pair> reversed(all.rbegin(), all.rend());
+  const std::vector<std::vector<Pair>> subsets = {
+      {{2, 0}, {2, 1}, {2, 2}, {2, 3}, {2, 4}},  // one layer
+      {{0, 1}, {3, 1}},                          // non-adjacent layers, one stream
+      {{3, 4}, {0, 2}, {1, 0}},                  // scattered, out of order
+      {{1, 3}},
+      reversed,
+  };
+  for (const auto& pairs : subsets)
+    for (auto [b, end] : std::vector<std::pair<uint64_t, uint64_t>>{{0, 37}, {3, 30}, {16, 17}})
+      ASSERT_NO_FATAL_FAILURE(ExpectReadManyMatchesReadRows(*r, pairs, b, end, kOutDtypes[b % 3]));
+}
+
+TEST_F(ReadManyTest, EmptyRangeAndNoTargets) {
+  ASSERT_NO_FATAL_FAILURE(Write());
+  auto r = Open(Path());
+  ASSERT_NE(r, nullptr);
+  for (unsigned threads : kThreadCounts) {
+    for (uint64_t at : {uint64_t{0}, uint64_t{8}, uint64_t{20}, uint64_t{37}}) {
+      Destinations d(q_.g, AllPairs(q_.g), 1, Dtype::kF32);  // room for a token, none read
+      ASSERT_OK(r->ReadMany(d.targets, at, at, Dtype::kF32, threads));
+      for (const Bytes& b : d.bufs)
+        ASSERT_TRUE(std::all_of(b.begin(), b.end(), [](uint8_t c) { return c == kFill; })) << at;
+    }
+    ASSERT_OK(r->ReadMany({}, 0, 37, Dtype::kBF16, threads));
+    ASSERT_OK(r->ReadMany({}, 5, 5, Dtype::kF16, threads));
+  }
+}
+
+TEST_F(ReadManyTest, InvalidArgumentsLeaveEveryDestinationAlone) {
+  ASSERT_NO_FATAL_FAILURE(Write());
+  auto r = Open(Path());
+  ASSERT_NE(r, nullptr);
+  struct Case {
+    const char* what;
+    uint32_t layer, stream;  // of the last target
+    bool null_dst;
+    uint64_t begin, end;
+    Dtype out;
+    const char* needle;
+  };
+  const Case cases[] = {
+      {"layer", 4, 0, false, 0, 37, Dtype::kF32, "layer 4 out of range"},
+      {"stream", 1, 5, false, 0, 37, Dtype::kF32, "stream 5 out of range"},
+      {"past the end", 0, 0, false, 30, 38, Dtype::kF32, "token range [30, 38)"},
+      {"reversed", 0, 0, false, 9, 8, Dtype::kF32, "token range [9, 8)"},
+      {"e4m3", 0, 0, false, 0, 37, Dtype::kE4M3, "decoded reads produce"},
+      {"e5m2", 0, 0, false, 0, 37, Dtype::kE5M2, "decoded reads produce"},
+      {"null", 2, 2, true, 0, 37, Dtype::kF32, "without a destination"},
+  };
+  for (const Case& c : cases) {
+    for (unsigned threads : {1u, 2u}) {
+      SCOPED_TRACE(std::string(c.what) + ", threads " + std::to_string(threads));
+      std::vector<Pair> pairs = AllPairs(q_.g);
+      pairs.push_back({c.layer, c.stream});
+      // Room for the whole file as f32, whatever the case asks for.
+      std::vector<Bytes> bufs;
+      std::vector<RowsTarget> targets;
+      for (size_t i = 0; i < pairs.size(); ++i) bufs.emplace_back(37 * 6 * 16 * 4, kFill);
+      for (size_t i = 0; i < pairs.size(); ++i) targets.push_back({pairs[i].first, pairs[i].second, bufs[i].data()});
+      if (c.null_dst) targets.back().dst = nullptr;
+      EXPECT_TRUE(HasCode(r->ReadMany(targets, c.begin, c.end, c.out, threads), Code::kInvalidArgument,
+                          {Path(), c.needle}));
+      for (size_t i = 0; i < bufs.size(); ++i)
+        ASSERT_TRUE(std::all_of(bufs[i].begin(), bufs[i].end(), [](uint8_t b) { return b == kFill; })) << i;
+    }
+  }
+}
+
+// Flips one byte of (layer, stream)'s section in chunk `chunk` of `path`.
+void DamageSection(const std::string& path, const Reader& r, size_t chunk, uint32_t layer, uint32_t stream,
+                   uint64_t byte) {
+  const ChunkInfo& c = r.chunks()[chunk];
+  ChunkLayout layout;
+  ASSERT_OK(ComputeChunkLayout(r.geometry(), c.stored_tokens, &layout));
+  ASSERT_LT(byte, layout.section(layer, stream).data_bytes);
+  XorByte(path, c.offset + layout.section(layer, stream).offset + byte, 0x20);
+}
+
+// ReadMany of every pair over [begin, end) fails naming `chunk`, and leaves
+// every destination zero (and the byte past it alone).
+void ExpectReadManyFailsAndZeroes(Reader& r, uint64_t begin, uint64_t end, size_t chunk,
+                                  std::initializer_list<std::string> needles) {
+  std::string where = "chunk " + std::to_string(chunk) + " at offset " + std::to_string(r.chunks()[chunk].offset);
+  for (unsigned threads : {1u, 2u, 8u}) {
+    for (Dtype out : kOutDtypes) {
+      SCOPED_TRACE("[" + std::to_string(begin) + ", " + std::to_string(end) + ") threads " +
+                   std::to_string(threads) + " as " + format::DtypeName(out));
+      Destinations d(r.geometry(), AllPairs(r.geometry()), end - begin, out);
+      Status st = r.ReadMany(d.targets, begin, end, out, threads);
+      EXPECT_TRUE(HasCode(st, Code::kCorruption, {r.path(), where}));
+      for (const std::string& n : needles) EXPECT_NE(st.message().find(n), std::string::npos) << st.message();
+      for (size_t i = 0; i < d.bufs.size(); ++i) {
+        ASSERT_TRUE(std::all_of(d.bufs[i].begin(), d.bufs[i].end() - 1, [](uint8_t b) { return b == 0; }))
+            << "target " << i << " not zero-filled";
+        ASSERT_EQ(d.bufs[i].back(), kFill) << "target " << i;
+      }
+    }
+  }
+}
+
+TEST_F(ReadManyTest, DamagedChunkFailsNamingItAndZeroFillsEveryDestination) {
+  ASSERT_NO_FATAL_FAILURE(Write());
+  const std::string bad = Path("bad.kv");
+  std::filesystem::copy_file(Path(), bad);
+  {
+    auto clean = Open(Path());
+    ASSERT_NE(clean, nullptr);
+    DamageSection(bad, *clean, 2, 1, 2, 5);  // chunk 2 [16,24), layer 1, raw bf16 'idx'
+  }
+  auto r = Open(bad);  // payloads are checked on read
+  ASSERT_NE(r, nullptr);
+  ExpectReadManyFailsAndZeroes(*r, 0, 37, 2, {"layer 1", "stream 'idx'", "checksum"});
+  ExpectReadManyFailsAndZeroes(*r, 15, 17, 2, {"layer 1", "stream 'idx'"});
+  ExpectReadManyFailsAndZeroes(*r, 23, 37, 2, {"layer 1", "stream 'idx'"});
+  // Ranges and targets that do not need the damaged section still read.
+  auto clean = Open(Path());
+  ASSERT_NE(clean, nullptr);
+  for (auto [b, end] : std::vector<std::pair<uint64_t, uint64_t>>{{0, 16}, {24, 37}, {3, 16}}) {
+    for (unsigned threads : kThreadCounts) {
+      Destinations want(q_.g, AllPairs(q_.g), end - b, Dtype::kBF16);
+      Destinations got(q_.g, AllPairs(q_.g), end - b, Dtype::kBF16);
+      ASSERT_OK(clean->ReadMany(want.targets, b, end, Dtype::kBF16, threads));
+      ASSERT_OK(r->ReadMany(got.targets, b, end, Dtype::kBF16, threads));
+      ASSERT_TRUE(got.bufs == want.bufs);
+    }
+  }
+  std::vector<Pair> others = AllPairs(q_.g);
+  std::erase(others, Pair{1, 2});
+  ASSERT_NO_FATAL_FAILURE(ExpectReadManyMatchesReadRows(*r, others, 0, 37, Dtype::kF32));
+
+  // Damage in a second, later chunk (the short last one, an fp8 section):
+  // the first damaged chunk is the one named, whatever the thread count.
+  DamageSection(bad, *r, 4, 3, 0, 40);
+  r = Open(bad);
+  ASSERT_NE(r, nullptr);
+  ExpectReadManyFailsAndZeroes(*r, 0, 37, 2, {"layer 1", "stream 'idx'"});
+  ExpectReadManyFailsAndZeroes(*r, 20, 37, 2, {"layer 1", "stream 'idx'"});
+  ExpectReadManyFailsAndZeroes(*r, 24, 37, 4, {"layer 3", "stream 'k'"});
+  ExpectReadManyFailsAndZeroes(*r, 36, 37, 4, {"layer 3", "stream 'k'"});
+}
+
+// A value the checksum cannot see (resealed): the check of codes and scales
+// fails the read too.
+TEST_F(ReadManyTest, InvalidCodeWithValidChecksumFailsTheRead) {
+  ASSERT_NO_FATAL_FAILURE(Write());
+  auto r = Open(Path());
+  ASSERT_NE(r, nullptr);
+  const ChunkInfo c = r->chunks()[1];
+  ChunkLayout layout;
+  ASSERT_OK(ComputeChunkLayout(q_.g, c.stored_tokens, &layout));
+  uint8_t nan_code = 0x7F;  // e4m3 NaN; token 10, row 1 of layer 0 'k'
+  PokeBytes(Path(), c.offset + layout.section(0, 0).offset + (2 * 2 + 1) * 16 + 3, &nan_code, 1);
+  Reseal(Path(), c.offset, layout);
+  r = Open(Path());
+  ASSERT_NE(r, nullptr);
+  ExpectReadManyFailsAndZeroes(*r, 0, 37, 1, {"layer 0", "stream 'k'", "non-finite code at token 10"});
+  ExpectReadManyFailsAndZeroes(*r, 10, 11, 1, {"non-finite code at token 10"});
+}
+
+// ---- VerifyFile with worker threads ------------------------------------------------------------
+
+std::string Describe(const std::vector<VerifyFinding>& findings) {
+  std::string s;
+  for (const VerifyFinding& f : findings)
+    s += (f.error ? "error" : "warning") + std::string(" chunk ") + std::to_string(f.chunk) + " offset " +
+         std::to_string(f.offset) + ": " + f.message + "\n";
+  return s;
+}
+
+VerifyReport Verify(const std::string& path, unsigned threads, bool quick = false) {
+  VerifyOptions o;
+  o.threads = threads;
+  o.quick = quick;
+  VerifyReport rep;
+  Status st = VerifyFile(path, o, &rep);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  EXPECT_TRUE(rep.opened);
+  return rep;
+}
+
+class VerifyThreadsTest : public KvFileTest {
+ protected:
+  // tiny, 203 tokens in chunks of 4: 51 chunks of 4096 bytes, the last short.
+  void Write() {
+    q_ = MakeSequence(Preset("tiny"), Dtype::kBF16, 203, 8);
+    WriteSequence(Path(), q_, Options(4), Sizes(Schedule::kMixed, q_.n, 4));
+    ASSERT_OK(Reader::Open(Path(), {}, &r_));
+    ASSERT_EQ(r_->chunks().size(), 51u);
+  }
+  Sequence q_;
+  std::unique_ptr<Reader> r_;
+};
+
+TEST_F(VerifyThreadsTest, CleanFileHasNoFindings) {
+  ASSERT_NO_FATAL_FAILURE(Write());
+  for (unsigned threads : {0u, 1u, 2u, 4u, 64u}) {
+    for (bool quick : {false, true}) {
+      SCOPED_TRACE(std::to_string(threads) + (quick ? " quick" : ""));
+      VerifyReport rep = Verify(Path(), threads, quick);
+      EXPECT_EQ(rep.findings.size(), 0u) << Describe(rep.findings);
+      EXPECT_EQ(rep.tokens, 203u);
+      EXPECT_EQ(rep.chunks, 51u);
+      EXPECT_EQ(rep.bytes, FileSize(Path()));
+      EXPECT_EQ(rep.valid_end, FileSize(Path()));
+    }
+  }
+}
+
+TEST_F(VerifyThreadsTest, FindingsAreTheSameInChunkOrderWhateverTheThreadCount) {
+  ASSERT_NO_FATAL_FAILURE(Write());
+  // Checksum damage in chunks 7 and 41 (a code, a scale), an invalid code
+  // under a valid checksum in chunk 23, and a torn tail.
+  DamageSection(Path(), *r_, 41, 1, 1, 3);
+  DamageSection(Path(), *r_, 7, 0, 0, 60);
+  ChunkLayout layout;
+  ASSERT_OK(ComputeChunkLayout(q_.g, 4, &layout));
+  XorByte(Path(), r_->chunks()[41].offset + layout.section(0, 1).scales_offset + 1, 0x04);
+  const uint64_t c23 = r_->chunks()[23].offset;
+  uint8_t nan_code = 0xFF;
+  PokeBytes(Path(), c23 + layout.section(1, 0).offset + 2 * 32 + 5, &nan_code, 1);  // token 94
+  Reseal(Path(), c23, layout);
+  Bytes garbage(100, 0x42);
+  PokeBytes(Path(), FileSize(Path()), garbage.data(), garbage.size());
+
+  VerifyReport one = Verify(Path(), 1);
+  ASSERT_EQ(one.findings.size(), 4u) << Describe(one.findings);
+  const int64_t want_chunks[] = {7, 23, 41, 51};
+  for (size_t i = 0; i < 3; ++i) {
+    const VerifyFinding& f = one.findings[i];
+    EXPECT_TRUE(f.error);
+    EXPECT_EQ(f.chunk, want_chunks[i]);
+    EXPECT_EQ(f.offset, static_cast<int64_t>(r_->chunks()[f.chunk].offset));
+    EXPECT_EQ(f.message.rfind("chunk " + std::to_string(f.chunk) + " at offset " + std::to_string(f.offset), 0), 0u)
+        << f.message;
+  }
+  EXPECT_NE(one.findings[0].message.find("layer 0 stream 'k'"), std::string::npos) << one.findings[0].message;
+  EXPECT_NE(one.findings[1].message.find("non-finite code at token 94"), std::string::npos) << one.findings[1].message;
+  EXPECT_NE(one.findings[2].message.find("checksum"), std::string::npos) << one.findings[2].message;
+  EXPECT_FALSE(one.findings[3].error);  // the torn tail, a warning, last
+  EXPECT_EQ(one.findings[3].chunk, want_chunks[3]);
+  EXPECT_EQ(one.torn_tail_bytes, 100u);
+
+  const std::string want = Describe(one.findings);
+  for (unsigned threads : {2u, 4u, 16u}) {
+    for (int run = 0; run < 10; ++run) {
+      VerifyReport rep = Verify(Path(), threads);
+      ASSERT_EQ(Describe(rep.findings), want) << "threads " << threads << ", run " << run;
+    }
+  }
+  // quick: structure only; payload damage is not seen, the tail is.
+  for (unsigned threads : {1u, 2u, 4u}) {
+    VerifyReport rep = Verify(Path(), threads, /*quick=*/true);
+    ASSERT_EQ(Describe(rep.findings), Describe({one.findings[3]})) << "threads " << threads;
+  }
 }
 
 }  // namespace
