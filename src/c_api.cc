@@ -145,7 +145,7 @@ kvfile::WriterOptions ToWriterOptions(const kvfile_writer_options* in) {
   switch (in->sync) {
     case KVFILE_SYNC_CHUNK: o.sync = kvfile::SyncMode::kChunk; break;
     case KVFILE_SYNC_NONE: o.sync = kvfile::SyncMode::kNone; break;
-    case KVFILE_SYNC_CLOSE: o.sync = kvfile::SyncMode::kClose; break;
+    default: o.sync = kvfile::SyncMode::kClose; break;  // KVFILE_SYNC_CLOSE (checked by IsSyncMode)
   }
   o.overwrite = in->overwrite != 0;
   return o;
@@ -209,8 +209,8 @@ const char* kvfile_status_name(kvfile_status status) {
     case KVFILE_BUFFER_TOO_SMALL: return "buffer too small";
     case KVFILE_OUT_OF_MEMORY: return "out of memory";
     case KVFILE_INTERNAL: return "internal error";
+    default: return "unknown";  // the range markers, or a value outside the enum
   }
-  return "unknown";
 }
 
 size_t kvfile_dtype_size(kvfile_dtype dtype) {

@@ -17,6 +17,12 @@
  * Shapes: rows of one (layer, stream) for a range of tokens are laid out
  * [tokens][rows_per_token][row_width], row after row; fp8 codes are one byte
  * per element and come with one f32 scale per row, [tokens][rows_per_token].
+ *
+ * Enum ranges: each enum ends with two *_RANGE_MIN_/_MAX_ entries that are
+ * not values to use. They make the enum span every int in C and in C++, so
+ * that a value outside the listed ones, which C lets a caller store, is
+ * still a valid object for the library (in C++ an enum only holds the
+ * values its enumerators need) and is refused as KVFILE_INVALID_ARGUMENT.
  */
 #ifndef KVFILE_KVFILE_H_
 #define KVFILE_KVFILE_H_
@@ -46,7 +52,9 @@ typedef enum kvfile_status {
   KVFILE_FAILED = 9,           /* the handle is unusable after an earlier fatal error */
   KVFILE_BUFFER_TOO_SMALL = 100, /* a caller's buffer cannot hold the result */
   KVFILE_OUT_OF_MEMORY = 101,    /* an allocation failed */
-  KVFILE_INTERNAL = 102          /* an unexpected failure inside the library */
+  KVFILE_INTERNAL = 102,         /* an unexpected failure inside the library */
+  KVFILE_STATUS_RANGE_MIN_ = -0x7FFFFFFF - 1, /* not codes: see "Enum ranges" above */
+  KVFILE_STATUS_RANGE_MAX_ = 0x7FFFFFFF
 } kvfile_status;
 
 /* The message of the last failed call made by this thread ("" if none has
@@ -66,7 +74,9 @@ typedef enum kvfile_dtype {
   KVFILE_E5M2 = 2, /* fp8 e5m2 code per element + one f32 scale per row */
   KVFILE_BF16 = 3, /* bfloat16, as uint16_t bit patterns */
   KVFILE_F16 = 4,  /* IEEE binary16, as uint16_t bit patterns */
-  KVFILE_F32 = 5   /* IEEE binary32, as float */
+  KVFILE_F32 = 5,  /* IEEE binary32, as float */
+  KVFILE_DTYPE_RANGE_MIN_ = -0x7FFFFFFF - 1, /* not dtypes: see "Enum ranges" above */
+  KVFILE_DTYPE_RANGE_MAX_ = 0x7FFFFFFF
 } kvfile_dtype;
 
 #define KVFILE_MAX_STREAMS 16           /* streams per file (spec/FORMAT.md, "Limits") */
@@ -109,7 +119,9 @@ typedef struct kvfile_writer kvfile_writer; /* opaque */
 typedef enum kvfile_sync_mode {
   KVFILE_SYNC_CLOSE = 0, /* kvfile_writer_close makes everything durable (default) */
   KVFILE_SYNC_CHUNK = 1, /* every chunk is durable before its append returns */
-  KVFILE_SYNC_NONE = 2   /* only an explicit kvfile_writer_sync makes data durable */
+  KVFILE_SYNC_NONE = 2,  /* only an explicit kvfile_writer_sync makes data durable */
+  KVFILE_SYNC_RANGE_MIN_ = -0x7FFFFFFF - 1, /* not modes: see "Enum ranges" above */
+  KVFILE_SYNC_RANGE_MAX_ = 0x7FFFFFFF
 } kvfile_sync_mode;
 
 /* Writer options; an all-zero struct (or NULL) means the defaults. */
