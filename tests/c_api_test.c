@@ -368,6 +368,66 @@ static void test_verify_and_damage(void) {
   CHECK(v.ok == 0 && v.errors == 1 && v.major_version == 0 && v.first_message[0] != '\0');
 }
 
+/* A geometry given field by field, f16 input, an e5m2 stream beside a raw
+ * bf16 one: the raw stream keeps the exact values and has no codes. */
+static void test_explicit_geometry(void) {
+  const char* path = path_in_dir("explicit.kv");
+  kvfile_geometry g;
+  memset(&g, 0, sizeof g);
+  g.layers = 1;
+  g.stream_count = 2;
+  strcpy(g.streams[0].name, "k");
+  g.streams[0].rows_per_token = 1;
+  g.streams[0].row_width = 4;
+  g.streams[0].dtype = KVFILE_E5M2;
+  strcpy(g.streams[1].name, "idx");
+  g.streams[1].rows_per_token = 1;
+  g.streams[1].row_width = 4;
+  g.streams[1].dtype = KVFILE_BF16;
+  kvfile_writer_options options;
+  memset(&options, 0, sizeof options);
+  options.sync = KVFILE_SYNC_CHUNK;
+  kvfile_writer* w = NULL;
+  CHECK_STATUS(kvfile_writer_create(path, &g, NULL, 0, &options, &w), KVFILE_OK);
+  /* f16 bits of 1, -2, 0.5, 0.25 and of 4, 0, -1, 0.125: exact in bf16. */
+  static const uint16_t f16[2][8] = {{0x3C00, 0xC000, 0x3800, 0x3400, 0x4400, 0x0000, 0xBC00, 0x3000},
+                                     {0x3400, 0x3800, 0xC000, 0x3C00, 0x3000, 0xBC00, 0x0000, 0x4400}};
+  static const float want[8] = {0.25f, 0.5f, -2.0f, 1.0f, 0.125f, -1.0f, 0.0f, 4.0f};
+  const uint32_t ids[2] = {7, 8};
+  kvfile_rows blocks[2];
+  blocks[0].dtype = KVFILE_F16;
+  blocks[0].data = f16[0];
+  blocks[0].scales = NULL;
+  blocks[1].dtype = KVFILE_F16;
+  blocks[1].data = f16[1];
+  blocks[1].scales = NULL;
+  CHECK_STATUS(kvfile_writer_append(w, ids, 2, blocks, 2), KVFILE_OK);
+  CHECK_STATUS(kvfile_writer_close(w), KVFILE_OK);
+
+  kvfile_reader* r = NULL;
+  CHECK_STATUS(kvfile_reader_open(path, &r), KVFILE_OK);
+  kvfile_info info;
+  CHECK_STATUS(kvfile_reader_info(r, &info), KVFILE_OK);
+  CHECK(info.model_id[0] == '\0' && info.fingerprint == 0 && info.tokens == 2);
+  CHECK(info.geometry.layers == 1 && info.geometry.stream_count == 2);
+  CHECK(strcmp(info.geometry.streams[1].name, "idx") == 0 && info.geometry.streams[1].dtype == KVFILE_BF16);
+  CHECK(info.geometry.streams[0].dtype == KVFILE_E5M2 && info.geometry.streams[0].row_width == 4);
+  float got[8];
+  CHECK_STATUS(kvfile_reader_read_rows(r, 0, 1, 0, 2, KVFILE_F32, got, sizeof got), KVFILE_OK);
+  CHECK(memcmp(got, want, sizeof got) == 0);
+  uint8_t codes[8];
+  float scales[2];
+  CHECK_STATUS(kvfile_reader_read_codes(r, 0, 1, 0, 2, codes, sizeof codes, scales, 2), KVFILE_INVALID_ARGUMENT);
+  CHECK_CONTAINS(kvfile_last_error(), "stream 'idx' is stored raw (bf16)");
+  /* The e5m2 stream: each x / scale lands on an e5m2 code and code * scale
+   * rounds back to x here (spec/CODEC.md, sections 6 and 7), so reads are exact. */
+  CHECK_STATUS(kvfile_reader_read_codes(r, 0, 0, 0, 2, codes, sizeof codes, scales, 2), KVFILE_OK);
+  CHECK_STATUS(kvfile_reader_read_rows(r, 0, 0, 0, 2, KVFILE_F32, got, sizeof got), KVFILE_OK);
+  CHECK(got[0] == 1.0f && got[1] == -2.0f && got[2] == 0.5f && got[3] == 0.25f);
+  CHECK(got[4] == 4.0f && got[5] == 0.0f && got[6] == -1.0f && got[7] == 0.125f);
+  kvfile_reader_close(r);
+}
+
 int main(int argc, char** argv) {
   if (argc != 2) {
     fprintf(stderr, "usage: c_api_test DIR\n");
@@ -381,6 +441,7 @@ int main(int argc, char** argv) {
   test_write();
   test_read();
   test_verify_and_damage();
+  test_explicit_geometry();
   if (failures != 0) {
     fprintf(stderr, "c_api_test: %d checks failed\n", failures);
     return 1;
