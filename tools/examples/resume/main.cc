@@ -2,7 +2,7 @@
 // session's KV cache in a .kv file, on the llama-3.1-8b geometry with
 // synthetic KV (synthetic_kv.h).
 //
-//   resume_example SESSION --prompt-tokens N [--diverge-at M]
+//   resume_example SESSION --prompt-tokens N [--diverge-at M] [--expect-reuse R]
 //
 // Given a prompt (N token ids, the same as any earlier prompt up to
 // position M), it finds how much of the session file the prompt can reuse
@@ -11,12 +11,16 @@
 // the synthetic model gives (exactly: the codec's round trip of the same
 // rows), rewinds the file where the prompt diverges, and appends the KV of
 // the remaining tokens. It prints how many tokens were reused and how long
-// loading took. Exit status 0 on success, 1 on any error or mismatch.
+// loading took, then reopens the file and checks it now holds exactly the
+// prompt. With --expect-reuse (for tests), a reuse other than R is an
+// error. Exit status 0 on success, 1 on any error or mismatch.
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -35,6 +39,7 @@ struct Args {
   std::string session;
   uint64_t prompt_tokens = 0;
   uint64_t diverge_at = UINT64_MAX;  // never: the prompt of every earlier run
+  std::optional<uint64_t> expect_reuse;
 };
 
 bool ParseArgs(int argc, char** argv, Args* args) {
@@ -45,6 +50,8 @@ bool ParseArgs(int argc, char** argv, Args* args) {
       args->prompt_tokens = std::strtoull(argv[++i], nullptr, 10);
     } else if (a == "--diverge-at" && has_value) {
       args->diverge_at = std::strtoull(argv[++i], nullptr, 10);
+    } else if (a == "--expect-reuse" && has_value) {
+      args->expect_reuse = std::strtoull(argv[++i], nullptr, 10);
     } else if (!a.starts_with("--") && args->session.empty()) {
       args->session = a;
     } else {
@@ -181,6 +188,16 @@ Status Run(const Args& args) {
               static_cast<unsigned long long>(reused), static_cast<unsigned long long>(prompt.size()),
               loaded.c_str(), static_cast<unsigned long long>(dropped),
               static_cast<unsigned long long>(prompt.size() - reused));
+
+  // What the next request will find: the prompt's tokens, all of them.
+  std::unique_ptr<kvfile::Reader> after;
+  KVFILE_RETURN_IF_ERROR(kvfile::Reader::Open(args.session, kvfile::ReaderOptions{}, &after));
+  if (!std::ranges::equal(after->tokens(), prompt))
+    return Status::Mismatch("after the append the file holds " + std::to_string(after->token_count()) +
+                            " tokens that are not the prompt's " + std::to_string(prompt.size()));
+  if (args.expect_reuse && reused != *args.expect_reuse)
+    return Status::Mismatch("reused " + std::to_string(reused) + " tokens, expected " +
+                            std::to_string(*args.expect_reuse));
   return Status::OK();
 }
 
@@ -189,7 +206,7 @@ Status Run(const Args& args) {
 int main(int argc, char** argv) {
   Args args;
   if (!ParseArgs(argc, argv, &args)) {
-    std::fprintf(stderr, "usage: resume_example SESSION --prompt-tokens N [--diverge-at M]\n");
+    std::fprintf(stderr, "usage: resume_example SESSION --prompt-tokens N [--diverge-at M] [--expect-reuse R]\n");
     return 2;
   }
   Status st = Run(args);
