@@ -27,6 +27,7 @@ KVFILE_IO=posix ctest --output-on-failure -j "$(nproc)" --timeout 600 -L unit
 echo "== unit tests, AddressSanitizer + UndefinedBehaviorSanitizer"
 kvfile_build "$KVFILE_ROOT/build-asan" -DCMAKE_BUILD_TYPE=Debug \
   "-DCMAKE_CXX_FLAGS=-O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
+  "-DCMAKE_C_FLAGS=-O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
   "-DCMAKE_EXE_LINKER_FLAGS=-fsanitize=address,undefined"
 cd "$KVFILE_ROOT/build-asan"
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
