@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds with warnings as errors, and runs every
 # test: the unit tests and the long exhaustive codec checks with the default
-# I/O backend (io_uring where the kernel allows it), then the unit tests
-# again with the POSIX backend forced, so both backends run the whole suite,
-# then the unit tests once more built with AddressSanitizer and
-# UndefinedBehaviorSanitizer (leak checking on; the long exhaustive sweeps
-# are left out there: they take far too long under the sanitizers; so is
-# the Python module: an instrumented extension cannot load into an
-# uninstrumented interpreter).
+# I/O backend (io_uring where the kernel allows it), then an install into a
+# scratch prefix with the README examples built against it (install_test.sh),
+# then the unit tests again with the POSIX backend forced, so both backends
+# run the whole suite, then the unit tests once more built with
+# AddressSanitizer and UndefinedBehaviorSanitizer (leak checking on; the
+# long exhaustive sweeps are left out there: they take far too long under
+# the sanitizers; so is the Python module: an instrumented extension cannot
+# load into an uninstrumented interpreter).
 set -euo pipefail
 KVFILE_ROOT=$(cd "$(dirname "$0")/.." && pwd)
 source "$KVFILE_ROOT/scripts/deps.sh"
@@ -16,11 +17,18 @@ kvfile_build "$KVFILE_ROOT/build"
 cd "$KVFILE_ROOT/build"
 echo "== every test, default I/O backend"
 ctest --output-on-failure -j "$(nproc)" --timeout 1500
+# The installed library as an outside project sees it: install the build
+# above into a scratch prefix, build the README's C++ and C examples against
+# it with find_package(kvfile) and with pkg-config (shared and static) and
+# run them. Reuses the build above: it compiles only the two examples.
+echo "== install, and build the README examples against the installed tree"
+bash "$KVFILE_ROOT/scripts/install_test.sh" "$KVFILE_ROOT/build"
 echo "== unit tests, KVFILE_IO=posix"
 KVFILE_IO=posix ctest --output-on-failure -j "$(nproc)" --timeout 600 -L unit
 echo "== unit tests, AddressSanitizer + UndefinedBehaviorSanitizer"
 kvfile_build "$KVFILE_ROOT/build-asan" -DCMAKE_BUILD_TYPE=Debug -DKVFILE_BUILD_PYTHON=OFF \
   "-DCMAKE_CXX_FLAGS=-O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
+  "-DCMAKE_C_FLAGS=-O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
   "-DCMAKE_EXE_LINKER_FLAGS=-fsanitize=address,undefined"
 cd "$KVFILE_ROOT/build-asan"
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \

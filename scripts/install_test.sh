@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Installs kvfile into a scratch prefix and builds the README's examples
+# (tests/consumer/example.cc and example.c) against the installed tree only,
+# as a project outside this repository would, four ways: CMake's
+# find_package(kvfile) with the shared and with the static library, and
+# pkg-config with the shared library and with --static (a fully static
+# program). Each program writes a session, reads it back and checks every
+# value; the installed `kvfile verify` then checks the file it wrote.
+#
+#   scripts/install_test.sh [BUILD_DIR]
+#
+# BUILD_DIR (default: build) is configured and built as scripts/test.sh does,
+# so after test.sh nothing is compiled again. Only the installed targets are
+# built when it is fresh. Exits non-zero at the first failure.
+set -euo pipefail
+KVFILE_ROOT=$(cd "$(dirname "$0")/.." && pwd)
+build_dir=${1:-$KVFILE_ROOT/build}
+source "$KVFILE_ROOT/scripts/deps.sh"
+kvfile_build "$build_dir" kvfile kvfile_shared kvfile_cli
+
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
+prefix=$scratch/prefix
+cmake --install "$build_dir" --prefix "$prefix" >"$scratch/install.log"
+pc_file=$(find "$prefix" -name kvfile.pc)
+libdir=$(dirname "$(dirname "$pc_file")")
+consumer_src=$KVFILE_ROOT/tests/consumer
+export PKG_CONFIG_PATH=$libdir/pkgconfig
+
+# Runs both example programs of one way (their directory $1) and checks the
+# sessions they wrote with the installed command line; $2 says how the
+# programs must use libkvfile: "shared" (linked to the installed .so) or
+# "static" (no libkvfile.so at all).
+run_examples() {
+  local dir=$1 linkage=$2
+  for program in example_cpp example_c; do
+    local exe=$dir/$program deps
+    deps=$(ldd "$exe" 2>&1 || true)  # a static program: "not a dynamic executable"
+    local want_deps="*libkvfile.so.0 => $libdir/libkvfile.so.0 *"
+    if { [ "$linkage" = shared ] && [[ $deps != $want_deps ]]; } ||
+       { [ "$linkage" = static ] && [[ $deps == *libkvfile* ]]; }; then
+      echo "install_test: $exe: not linked as expected ($linkage libkvfile):" >&2
+      echo "$deps" >&2
+      return 1
+    fi
+    "$exe" "$dir/$program.kv"
+    "$prefix/bin/kvfile" verify "$dir/$program.kv"
+  done
+}
+
+for linkage in shared static; do
+  use_static=OFF
+  [ "$linkage" = static ] && use_static=ON
+  echo "== find_package(kvfile), $linkage library (KVFILE_USE_STATIC=$use_static)"
+  cmake -S "$consumer_src" -B "$scratch/cmake-$linkage" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_PREFIX_PATH="$prefix" -DKVFILE_USE_STATIC=$use_static \
+    "-DCMAKE_C_FLAGS=-Wall -Wextra -Werror -pedantic" "-DCMAKE_CXX_FLAGS=-Wall -Wextra -Werror" \
+    >"$scratch/cmake-$linkage.log" 2>&1 || { cat "$scratch/cmake-$linkage.log" >&2; exit 1; }
+  cmake --build "$scratch/cmake-$linkage" >>"$scratch/cmake-$linkage.log" 2>&1 ||
+    { cat "$scratch/cmake-$linkage.log" >&2; exit 1; }
+  run_examples "$scratch/cmake-$linkage" $linkage
+done
+
+echo "== pkg-config kvfile, shared library"
+mkdir -p "$scratch/pc-shared" "$scratch/pc-static"
+c++ -std=c++20 -Wall -Wextra -Werror -O2 "$consumer_src/example.cc" -o "$scratch/pc-shared/example_cpp" \
+  $(pkg-config --cflags --libs kvfile) -Wl,-rpath,"$libdir"
+cc -std=c99 -Wall -Wextra -Werror -pedantic -O2 "$consumer_src/example.c" -o "$scratch/pc-shared/example_c" \
+  $(pkg-config --cflags --libs kvfile) -lm -Wl,-rpath,"$libdir"
+run_examples "$scratch/pc-shared" shared
+
+echo "== pkg-config --static kvfile, fully static programs"
+c++ -static -std=c++20 -Wall -Wextra -Werror -O2 "$consumer_src/example.cc" -o "$scratch/pc-static/example_cpp" \
+  $(pkg-config --static --cflags --libs kvfile)
+cc -static -std=c99 -Wall -Wextra -Werror -pedantic -O2 "$consumer_src/example.c" -o "$scratch/pc-static/example_c" \
+  $(pkg-config --static --cflags --libs kvfile) -lm
+run_examples "$scratch/pc-static" static
+echo "install_test: ok (installed to a scratch prefix; CMake package and pkg-config, shared and static)"

@@ -1,0 +1,452 @@
+// The C API (kvfile/kvfile.h) over the C++ Writer, Reader and VerifyFile.
+//
+// Every entry point runs its body through Guarded(), which catches every
+// exception (an allocation failure inside the C++ library or here, or
+// anything unexpected) and turns it into a status code with a message: a C
+// caller cannot catch a C++ exception, and one unwinding into C code is
+// undefined behaviour. Statuses become codes of the same value (the enums
+// mirror each other, checked below) and the message goes to the calling
+// thread's last-error string.
+#include "kvfile/kvfile.h"
+
+#include <algorithm>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <new>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "kvfile/presets.h"
+#include "kvfile/reader.h"
+#include "kvfile/verify.h"
+#include "kvfile/writer.h"
+
+using kvfile::Dtype;
+using kvfile::Geometry;
+using kvfile::Status;
+
+struct kvfile_writer {
+  std::unique_ptr<kvfile::Writer> impl;
+};
+
+struct kvfile_reader {
+  std::unique_ptr<kvfile::Reader> impl;
+};
+
+namespace {
+
+// The C codes that mirror Status::Code must keep the same values.
+constexpr bool Mirrors(kvfile_status c, Status::Code cc) { return static_cast<int>(c) == static_cast<int>(cc); }
+static_assert(Mirrors(KVFILE_OK, Status::Code::kOk));
+static_assert(Mirrors(KVFILE_CORRUPTION, Status::Code::kCorruption));
+static_assert(Mirrors(KVFILE_MISMATCH, Status::Code::kMismatch));
+static_assert(Mirrors(KVFILE_NON_FINITE, Status::Code::kNonFinite));
+static_assert(Mirrors(KVFILE_INVALID_ARGUMENT, Status::Code::kInvalidArgument));
+static_assert(Mirrors(KVFILE_NOT_FOUND, Status::Code::kNotFound));
+static_assert(Mirrors(KVFILE_IO_ERROR, Status::Code::kIOError));
+static_assert(Mirrors(KVFILE_UNSUPPORTED, Status::Code::kUnsupported));
+static_assert(Mirrors(KVFILE_BUSY, Status::Code::kBusy));
+static_assert(Mirrors(KVFILE_FAILED, Status::Code::kFailed));
+// And the dtypes the values written to disk.
+static_assert(KVFILE_E4M3 == static_cast<int>(Dtype::kE4M3) && KVFILE_E5M2 == static_cast<int>(Dtype::kE5M2) &&
+              KVFILE_BF16 == static_cast<int>(Dtype::kBF16) && KVFILE_F16 == static_cast<int>(Dtype::kF16) &&
+              KVFILE_F32 == static_cast<int>(Dtype::kF32));
+
+thread_local std::string last_error;
+
+// Records `message` (the two parts joined) as this thread's last error and
+// returns `code`. Never throws: if even the message cannot be stored, the
+// code still reaches the caller, with an empty message.
+kvfile_status Fail(kvfile_status code, std::string_view message, std::string_view detail = {}) noexcept {
+  try {
+    last_error.assign(message);
+    last_error.append(detail);
+  } catch (...) {
+    last_error.clear();
+  }
+  return code;
+}
+
+kvfile_status Report(const Status& st) noexcept {
+  if (st.ok()) return KVFILE_OK;
+  return Fail(static_cast<kvfile_status>(st.code()), st.message());
+}
+
+// "<function>: <argument> is NULL".
+kvfile_status NullArgument(std::string_view function, std::string_view argument) noexcept {
+  try {
+    return Fail(KVFILE_INVALID_ARGUMENT, std::string(function) + ": " + std::string(argument), " is NULL");
+  } catch (...) {
+    return Fail(KVFILE_INVALID_ARGUMENT, "an argument is NULL");
+  }
+}
+
+template <typename Body>
+kvfile_status Guarded(Body&& body) noexcept {
+  try {
+    return body();
+  } catch (const std::bad_alloc&) {
+    return Fail(KVFILE_OUT_OF_MEMORY, "out of memory");
+  } catch (const std::exception& e) {
+    return Fail(KVFILE_INTERNAL, "internal error: ", e.what());
+  } catch (...) {
+    return Fail(KVFILE_INTERNAL, "internal error: unknown exception");
+  }
+}
+
+// Copies s into dst[0, capacity) with a terminating NUL, cut to fit.
+void CopyString(std::string_view s, char* dst, size_t capacity) {
+  size_t n = std::min(s.size(), capacity - 1);
+  std::memcpy(dst, s.data(), n);
+  dst[n] = '\0';
+}
+
+bool IsDtype(kvfile_dtype d) { return static_cast<int>(d) >= KVFILE_E4M3 && static_cast<int>(d) <= KVFILE_F32; }
+
+kvfile_status ToGeometry(const kvfile_geometry& in, Geometry* out) {
+  if (in.stream_count > KVFILE_MAX_STREAMS)
+    return Fail(KVFILE_INVALID_ARGUMENT, "geometry: stream_count " + std::to_string(in.stream_count) +
+                                             " is above the limit of " + std::to_string(KVFILE_MAX_STREAMS));
+  out->layers = in.layers;
+  out->streams.clear();
+  for (uint32_t i = 0; i < in.stream_count; ++i) {
+    const kvfile_stream& s = in.streams[i];
+    const void* nul = std::memchr(s.name, '\0', sizeof s.name);
+    if (nul == nullptr)
+      return Fail(KVFILE_INVALID_ARGUMENT, "geometry: the name of stream " + std::to_string(i) +
+                                               " is not NUL-terminated within its 32 bytes");
+    if (!IsDtype(s.dtype))
+      return Fail(KVFILE_INVALID_ARGUMENT, "geometry: stream " + std::to_string(i) + " has an invalid dtype " +
+                                               std::to_string(static_cast<int>(s.dtype)));
+    out->streams.push_back({std::string(s.name), s.rows_per_token, s.row_width, static_cast<Dtype>(s.dtype)});
+  }
+  return KVFILE_OK;
+}
+
+void FromGeometry(const Geometry& in, kvfile_geometry* out) {
+  *out = kvfile_geometry{};
+  out->layers = in.layers;
+  out->stream_count = static_cast<uint32_t>(std::min<size_t>(in.streams.size(), KVFILE_MAX_STREAMS));
+  for (uint32_t i = 0; i < out->stream_count; ++i) {
+    const kvfile::StreamSpec& s = in.streams[i];
+    CopyString(s.name, out->streams[i].name, sizeof out->streams[i].name);
+    out->streams[i].rows_per_token = s.rows_per_token;
+    out->streams[i].row_width = s.row_width;
+    out->streams[i].dtype = static_cast<kvfile_dtype>(s.dtype);
+  }
+}
+
+kvfile::WriterOptions ToWriterOptions(const kvfile_writer_options* in) {
+  kvfile::WriterOptions o;
+  if (in == nullptr) return o;
+  if (in->chunk_tokens != 0) o.chunk_tokens = in->chunk_tokens;
+  switch (in->sync) {
+    case KVFILE_SYNC_CHUNK: o.sync = kvfile::SyncMode::kChunk; break;
+    case KVFILE_SYNC_NONE: o.sync = kvfile::SyncMode::kNone; break;
+    default: o.sync = kvfile::SyncMode::kClose; break;  // KVFILE_SYNC_CLOSE (checked by IsSyncMode)
+  }
+  o.overwrite = in->overwrite != 0;
+  return o;
+}
+
+bool IsSyncMode(const kvfile_writer_options* o) {
+  return o == nullptr || o->sync == KVFILE_SYNC_CLOSE || o->sync == KVFILE_SYNC_CHUNK ||
+         o->sync == KVFILE_SYNC_NONE;
+}
+
+kvfile_status InvalidSyncMode() { return Fail(KVFILE_INVALID_ARGUMENT, "writer options: invalid sync mode"); }
+
+// KVFILE_BUFFER_TOO_SMALL unless `have` >= `need` (`what` names the buffer).
+kvfile_status CheckCapacity(std::string_view what, uint64_t need, uint64_t have) {
+  if (have >= need) return KVFILE_OK;
+  return Fail(KVFILE_BUFFER_TOO_SMALL, std::string(what) + " holds " + std::to_string(have) + ", the result needs " +
+                                           std::to_string(need));
+}
+
+// Elements per token of (stream) for a read of tokens [begin, end), or 0
+// when the request is out of range (the C++ reader then reports it with
+// its own message).
+uint64_t RowsInRead(const kvfile::Reader& r, uint32_t layer, uint32_t stream, uint64_t begin, uint64_t end) {
+  const Geometry& g = r.geometry();
+  if (layer >= g.layers || stream >= g.streams.size() || begin > end || end > r.token_count()) return 0;
+  return (end - begin) * g.streams[stream].rows_per_token;
+}
+
+// kvfile_writer_common_prefix and kvfile_reader_common_prefix: `handle`
+// is either kind (both keep the C++ object in `impl`).
+template <typename Handle>
+kvfile_status CommonPrefix(std::string_view function, std::string_view handle_name, const Handle* handle,
+                           const uint32_t* prompt, size_t prompt_count, uint64_t* out) {
+  return Guarded([&] {
+    if (handle == nullptr) return NullArgument(function, handle_name);
+    if (out == nullptr) return NullArgument(function, "out");
+    if (prompt == nullptr && prompt_count > 0) return NullArgument(function, "prompt");
+    *out = handle->impl->LongestCommonPrefix(std::span<const uint32_t>(prompt, prompt_count));
+    return KVFILE_OK;
+  });
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* kvfile_last_error(void) { return last_error.c_str(); }
+
+const char* kvfile_status_name(kvfile_status status) {
+  switch (status) {
+    case KVFILE_OK: return "ok";
+    case KVFILE_CORRUPTION: return "corruption";
+    case KVFILE_MISMATCH: return "mismatch";
+    case KVFILE_NON_FINITE: return "non-finite input";
+    case KVFILE_INVALID_ARGUMENT: return "invalid argument";
+    case KVFILE_NOT_FOUND: return "not found";
+    case KVFILE_IO_ERROR: return "I/O error";
+    case KVFILE_UNSUPPORTED: return "unsupported";
+    case KVFILE_BUSY: return "busy";
+    case KVFILE_FAILED: return "failed";
+    case KVFILE_BUFFER_TOO_SMALL: return "buffer too small";
+    case KVFILE_OUT_OF_MEMORY: return "out of memory";
+    case KVFILE_INTERNAL: return "internal error";
+    default: return "unknown";  // the range markers, or a value outside the enum
+  }
+}
+
+size_t kvfile_dtype_size(kvfile_dtype dtype) {
+  if (!IsDtype(dtype)) return 0;
+  return kvfile::format::ElementSize(static_cast<Dtype>(dtype));
+}
+
+kvfile_status kvfile_preset(const char* name, kvfile_dtype fp8_dtype, kvfile_geometry* out) {
+  return Guarded([&] {
+    if (name == nullptr) return NullArgument("kvfile_preset", "name");
+    if (out == nullptr) return NullArgument("kvfile_preset", "out");
+    if (!IsDtype(fp8_dtype)) return Fail(KVFILE_INVALID_ARGUMENT, "kvfile_preset: invalid dtype");
+    Geometry g;
+    kvfile_status st = Report(kvfile::GetPreset(name, static_cast<Dtype>(fp8_dtype), &g));
+    if (st == KVFILE_OK) FromGeometry(g, out);
+    return st;
+  });
+}
+
+// ---- Writing ----
+
+kvfile_status kvfile_writer_create(const char* path, const kvfile_geometry* geometry, const char* model_id,
+                                   uint64_t fingerprint, const kvfile_writer_options* options,
+                                   kvfile_writer** out) {
+  return Guarded([&] {
+    if (out == nullptr) return NullArgument("kvfile_writer_create", "out");
+    *out = nullptr;
+    if (path == nullptr) return NullArgument("kvfile_writer_create", "path");
+    if (geometry == nullptr) return NullArgument("kvfile_writer_create", "geometry");
+    if (!IsSyncMode(options)) return InvalidSyncMode();
+    Geometry g;
+    if (kvfile_status st = ToGeometry(*geometry, &g); st != KVFILE_OK) return st;
+    kvfile::ModelIdentity identity{model_id ? model_id : "", fingerprint};
+    auto w = std::make_unique<kvfile_writer>();
+    kvfile_status st = Report(kvfile::Writer::Create(path, g, identity, ToWriterOptions(options), &w->impl));
+    if (st == KVFILE_OK) *out = w.release();
+    return st;
+  });
+}
+
+kvfile_status kvfile_writer_open(const char* path, const kvfile_writer_options* options, kvfile_writer** out) {
+  return Guarded([&] {
+    if (out == nullptr) return NullArgument("kvfile_writer_open", "out");
+    *out = nullptr;
+    if (path == nullptr) return NullArgument("kvfile_writer_open", "path");
+    if (!IsSyncMode(options)) return InvalidSyncMode();
+    auto w = std::make_unique<kvfile_writer>();
+    kvfile_status st = Report(kvfile::Writer::Open(path, ToWriterOptions(options), &w->impl));
+    if (st == KVFILE_OK) *out = w.release();
+    return st;
+  });
+}
+
+kvfile_status kvfile_writer_append(kvfile_writer* writer, const uint32_t* tokens, size_t token_count,
+                                   const kvfile_rows* blocks, size_t block_count) {
+  return Guarded([&] {
+    if (writer == nullptr) return NullArgument("kvfile_writer_append", "writer");
+    if (tokens == nullptr && token_count > 0) return NullArgument("kvfile_writer_append", "tokens");
+    if (blocks == nullptr && block_count > 0) return NullArgument("kvfile_writer_append", "blocks");
+    kvfile::AppendBatch batch;
+    batch.tokens = std::span<const uint32_t>(tokens, token_count);
+    batch.blocks.reserve(block_count);
+    for (size_t i = 0; i < block_count; ++i) {
+      if (!IsDtype(blocks[i].dtype))
+        return Fail(KVFILE_INVALID_ARGUMENT, "kvfile_writer_append: block " + std::to_string(i) +
+                                                 " has an invalid dtype " +
+                                                 std::to_string(static_cast<int>(blocks[i].dtype)));
+      batch.blocks.push_back({static_cast<Dtype>(blocks[i].dtype), blocks[i].data, blocks[i].scales});
+    }
+    return Report(writer->impl->Append(batch));
+  });
+}
+
+kvfile_status kvfile_writer_sync(kvfile_writer* writer) {
+  return Guarded([&] {
+    if (writer == nullptr) return NullArgument("kvfile_writer_sync", "writer");
+    return Report(writer->impl->Sync());
+  });
+}
+
+kvfile_status kvfile_writer_rewind(kvfile_writer* writer, uint64_t n) {
+  return Guarded([&] {
+    if (writer == nullptr) return NullArgument("kvfile_writer_rewind", "writer");
+    return Report(writer->impl->Rewind(n));
+  });
+}
+
+kvfile_status kvfile_writer_common_prefix(const kvfile_writer* writer, const uint32_t* prompt, size_t prompt_count,
+                                          uint64_t* out) {
+  return CommonPrefix("kvfile_writer_common_prefix", "writer", writer, prompt, prompt_count, out);
+}
+
+kvfile_status kvfile_writer_token_count(const kvfile_writer* writer, uint64_t* out) {
+  return Guarded([&] {
+    if (writer == nullptr) return NullArgument("kvfile_writer_token_count", "writer");
+    if (out == nullptr) return NullArgument("kvfile_writer_token_count", "out");
+    *out = writer->impl->token_count();
+    return KVFILE_OK;
+  });
+}
+
+kvfile_status kvfile_writer_close(kvfile_writer* writer) {
+  return Guarded([&] {
+    if (writer == nullptr) return KVFILE_OK;
+    std::unique_ptr<kvfile_writer> owned(writer);
+    return Report(owned->impl->Close());
+  });
+}
+
+// ---- Reading ----
+
+kvfile_status kvfile_reader_open(const char* path, kvfile_reader** out) {
+  return Guarded([&] {
+    if (out == nullptr) return NullArgument("kvfile_reader_open", "out");
+    *out = nullptr;
+    if (path == nullptr) return NullArgument("kvfile_reader_open", "path");
+    auto r = std::make_unique<kvfile_reader>();
+    kvfile_status st = Report(kvfile::Reader::Open(path, kvfile::ReaderOptions{}, &r->impl));
+    if (st == KVFILE_OK) *out = r.release();
+    return st;
+  });
+}
+
+void kvfile_reader_close(kvfile_reader* reader) { delete reader; }
+
+kvfile_status kvfile_reader_token_count(const kvfile_reader* reader, uint64_t* out) {
+  return Guarded([&] {
+    if (reader == nullptr) return NullArgument("kvfile_reader_token_count", "reader");
+    if (out == nullptr) return NullArgument("kvfile_reader_token_count", "out");
+    *out = reader->impl->token_count();
+    return KVFILE_OK;
+  });
+}
+
+kvfile_status kvfile_reader_tokens(const kvfile_reader* reader, uint32_t* out, size_t capacity, size_t* count) {
+  return Guarded([&] {
+    if (reader == nullptr) return NullArgument("kvfile_reader_tokens", "reader");
+    std::span<const uint32_t> tokens = reader->impl->tokens();
+    if (count != nullptr) *count = tokens.size();
+    if (kvfile_status st = CheckCapacity("kvfile_reader_tokens: the buffer", tokens.size(), capacity);
+        st != KVFILE_OK)
+      return st;
+    if (out == nullptr && !tokens.empty()) return NullArgument("kvfile_reader_tokens", "out");
+    std::copy(tokens.begin(), tokens.end(), out);
+    return KVFILE_OK;
+  });
+}
+
+kvfile_status kvfile_reader_common_prefix(const kvfile_reader* reader, const uint32_t* prompt, size_t prompt_count,
+                                          uint64_t* out) {
+  return CommonPrefix("kvfile_reader_common_prefix", "reader", reader, prompt, prompt_count, out);
+}
+
+kvfile_status kvfile_reader_read_rows(kvfile_reader* reader, uint32_t layer, uint32_t stream, uint64_t begin,
+                                      uint64_t end, kvfile_dtype out_dtype, void* dst, size_t dst_bytes) {
+  return Guarded([&] {
+    if (reader == nullptr) return NullArgument("kvfile_reader_read_rows", "reader");
+    if (out_dtype != KVFILE_BF16 && out_dtype != KVFILE_F16 && out_dtype != KVFILE_F32)
+      return Fail(KVFILE_INVALID_ARGUMENT, "kvfile_reader_read_rows: decoded reads produce bf16, f16 or f32");
+    const kvfile::Reader& r = *reader->impl;
+    uint64_t rows = RowsInRead(r, layer, stream, begin, end);
+    if (rows > 0) {
+      uint64_t need = rows * r.geometry().streams[stream].row_width * kvfile_dtype_size(out_dtype);
+      if (kvfile_status st = CheckCapacity("kvfile_reader_read_rows: dst_bytes", need, dst_bytes); st != KVFILE_OK)
+        return st;
+      if (dst == nullptr) return NullArgument("kvfile_reader_read_rows", "dst");
+    }
+    return Report(reader->impl->ReadRows(layer, stream, begin, end, static_cast<Dtype>(out_dtype), dst));
+  });
+}
+
+kvfile_status kvfile_reader_read_codes(kvfile_reader* reader, uint32_t layer, uint32_t stream, uint64_t begin,
+                                       uint64_t end, uint8_t* codes, size_t codes_bytes, float* scales,
+                                       size_t scale_count) {
+  return Guarded([&] {
+    if (reader == nullptr) return NullArgument("kvfile_reader_read_codes", "reader");
+    const kvfile::Reader& r = *reader->impl;
+    uint64_t rows = RowsInRead(r, layer, stream, begin, end);
+    if (rows > 0) {
+      uint64_t need_codes = rows * r.geometry().streams[stream].row_width;
+      if (kvfile_status st = CheckCapacity("kvfile_reader_read_codes: codes_bytes", need_codes, codes_bytes);
+          st != KVFILE_OK)
+        return st;
+      if (kvfile_status st = CheckCapacity("kvfile_reader_read_codes: scale_count", rows, scale_count);
+          st != KVFILE_OK)
+        return st;
+      if (codes == nullptr) return NullArgument("kvfile_reader_read_codes", "codes");
+      if (scales == nullptr) return NullArgument("kvfile_reader_read_codes", "scales");
+    }
+    return Report(reader->impl->ReadCodes(layer, stream, begin, end, codes, scales));
+  });
+}
+
+kvfile_status kvfile_reader_info(const kvfile_reader* reader, kvfile_info* out) {
+  return Guarded([&] {
+    if (reader == nullptr) return NullArgument("kvfile_reader_info", "reader");
+    if (out == nullptr) return NullArgument("kvfile_reader_info", "out");
+    const kvfile::Reader& r = *reader->impl;
+    *out = kvfile_info{};
+    out->major_version = r.major_version();
+    out->minor_version = r.minor_version();
+    CopyString(r.identity().model_id, out->model_id, sizeof out->model_id);
+    out->fingerprint = r.identity().fingerprint;
+    FromGeometry(r.geometry(), &out->geometry);
+    out->tokens = r.token_count();
+    out->chunks = r.chunks().size();
+    out->nominal_chunk_tokens = r.nominal_chunk_tokens();
+    out->bytes = r.tail().file_size;
+    out->torn_tail_bytes = r.tail().torn_tail_bytes;
+    return KVFILE_OK;
+  });
+}
+
+// ---- Verifying ----
+
+kvfile_status kvfile_verify(const char* path, int quick, kvfile_verify_result* out) {
+  return Guarded([&] {
+    if (path == nullptr) return NullArgument("kvfile_verify", "path");
+    if (out == nullptr) return NullArgument("kvfile_verify", "out");
+    *out = kvfile_verify_result{};
+    kvfile::VerifyOptions options;
+    options.quick = quick != 0;
+    kvfile::VerifyReport report;
+    if (kvfile_status st = Report(kvfile::VerifyFile(path, options, &report)); st != KVFILE_OK) return st;
+    for (const kvfile::VerifyFinding& f : report.findings) ++(f.error ? out->errors : out->warnings);
+    out->ok = out->errors == 0 ? 1 : 0;
+    out->major_version = report.major;
+    out->minor_version = report.minor;
+    out->tokens = report.tokens;
+    out->chunks = report.chunks;
+    out->bytes = report.bytes;
+    out->torn_tail_bytes = report.torn_tail_bytes;
+    if (!report.findings.empty())
+      CopyString(report.findings.front().message, out->first_message, sizeof out->first_message);
+    return KVFILE_OK;
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,451 @@
+/* Tests of the C API (kvfile/kvfile.h), compiled as C99 with warnings as
+ * errors: every function, on good input and on each kind of bad input
+ * (wrong path, bad argument, buffer too small, damaged file), checking
+ * values, status codes and messages.
+ * Usage: c_api_test DIR (a scratch directory, emptied by the caller). */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvfile/kvfile.h"
+
+static int failures = 0;
+
+#define CHECK(cond)                                                           \
+  do {                                                                        \
+    if (!(cond)) {                                                            \
+      fprintf(stderr, "%s:%d: CHECK failed: %s (last error: %s)\n", __FILE__, \
+              __LINE__, #cond, kvfile_last_error());                          \
+      ++failures;                                                             \
+    }                                                                         \
+  } while (0)
+
+#define CHECK_STATUS(expr, want) CHECK((expr) == (want))
+#define CHECK_CONTAINS(text, part) CHECK(strstr((text), (part)) != NULL)
+
+/* The tiny preset: 2 layers, streams k and v of 2 rows x 16. */
+enum { kLayers = 2, kStreams = 2, kRows = 2, kWidth = 16, kPerToken = kRows * kWidth };
+enum { kTokens = 10, kChunkTokens = 4 };
+
+static char dir[512];
+
+static const char* path_in_dir(const char* name) {
+  static char buf[4][600];
+  static int next = 0;
+  char* p = buf[next++ % 4];
+  snprintf(p, sizeof buf[0], "%s/%s", dir, name);
+  return p;
+}
+
+/* Element i of (layer, stream) for token t; magnitudes in [0.5, 1). */
+static float value(int layer, int stream, int t, int i) {
+  float v = 0.5f + (float)((layer * 7 + stream * 3 + t * 5 + i) % 32) / 64.0f;
+  return (i % 2 == 0) ? v : -v;
+}
+
+/* x rounded to nearest even into bf16 (x finite), as decoding to bf16 does. */
+static uint16_t bf16_of(float x) {
+  uint32_t u;
+  memcpy(&u, &x, 4);
+  return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+static uint32_t token_id(int t) { return (uint32_t)(1000 + 37 * t); }
+
+/* Rows of tokens [first, first + n) for every (layer, stream), as f32. */
+static float rows_f32[kLayers * kStreams][kTokens * kPerToken];
+
+static void fill_rows(void) {
+  for (int l = 0; l < kLayers; ++l)
+    for (int s = 0; s < kStreams; ++s)
+      for (int t = 0; t < kTokens; ++t)
+        for (int i = 0; i < kPerToken; ++i) rows_f32[l * kStreams + s][t * kPerToken + i] = value(l, s, t, i);
+}
+
+static void blocks_for(int first, kvfile_rows* blocks) {
+  for (int b = 0; b < kLayers * kStreams; ++b) {
+    blocks[b].dtype = KVFILE_F32;
+    blocks[b].data = &rows_f32[b][first * kPerToken];
+    blocks[b].scales = NULL;
+  }
+}
+
+static void test_status_names_and_sizes(void) {
+  CHECK(strcmp(kvfile_status_name(KVFILE_OK), "ok") == 0);
+  CHECK(strcmp(kvfile_status_name(KVFILE_CORRUPTION), "corruption") == 0);
+  CHECK(strcmp(kvfile_status_name(KVFILE_BUFFER_TOO_SMALL), "buffer too small") == 0);
+  CHECK(strcmp(kvfile_status_name((kvfile_status)55), "unknown") == 0);
+  CHECK(kvfile_dtype_size(KVFILE_E4M3) == 1);
+  CHECK(kvfile_dtype_size(KVFILE_BF16) == 2);
+  CHECK(kvfile_dtype_size(KVFILE_F16) == 2);
+  CHECK(kvfile_dtype_size(KVFILE_F32) == 4);
+  CHECK(kvfile_dtype_size((kvfile_dtype)0) == 0);
+}
+
+static void test_presets(void) {
+  kvfile_geometry g;
+  CHECK_STATUS(kvfile_preset("llama-3.1-8b", KVFILE_E5M2, &g), KVFILE_OK);
+  CHECK(g.layers == 32 && g.stream_count == 2);
+  CHECK(strcmp(g.streams[0].name, "k") == 0 && strcmp(g.streams[1].name, "v") == 0);
+  CHECK(g.streams[1].rows_per_token == 8 && g.streams[1].row_width == 128 && g.streams[1].dtype == KVFILE_E5M2);
+  CHECK_STATUS(kvfile_preset("dsa-mixed", KVFILE_E4M3, &g), KVFILE_OK);
+  CHECK(g.stream_count == 3 && strcmp(g.streams[2].name, "indexer") == 0 && g.streams[2].dtype == KVFILE_BF16);
+
+  CHECK_STATUS(kvfile_preset("gpt-17", KVFILE_E4M3, &g), KVFILE_INVALID_ARGUMENT);
+  CHECK_CONTAINS(kvfile_last_error(), "unknown preset 'gpt-17'");
+  CHECK_CONTAINS(kvfile_last_error(), "llama-3.1-8b");
+  CHECK_STATUS(kvfile_preset("tiny", KVFILE_BF16, &g), KVFILE_INVALID_ARGUMENT);
+  CHECK_CONTAINS(kvfile_last_error(), "e4m3 or e5m2");
+  CHECK_STATUS(kvfile_preset(NULL, KVFILE_E4M3, &g), KVFILE_INVALID_ARGUMENT);
+  CHECK(strcmp(kvfile_last_error(), "kvfile_preset: name is NULL") == 0);
+}
+
+/* Creates the session: tokens [0, 7) as f32 rows, then [7, 10) as
+ * pre-quantized codes + scales read back from the file's own tokens 0..2
+ * (so their codes are known exactly). */
+static void test_write(void) {
+  const char* path = path_in_dir("s.kv");
+  kvfile_geometry g;
+  CHECK_STATUS(kvfile_preset("tiny", KVFILE_E4M3, &g), KVFILE_OK);
+  kvfile_writer_options options;
+  memset(&options, 0, sizeof options);
+  options.chunk_tokens = kChunkTokens;
+
+  kvfile_writer* w = (kvfile_writer*)1;
+  CHECK_STATUS(kvfile_writer_create(path_in_dir("no/such/dir/x.kv"), &g, "m", 1, &options, &w), KVFILE_NOT_FOUND);
+  CHECK(w == NULL);
+  CHECK_CONTAINS(kvfile_last_error(), "no/such/dir");
+
+  kvfile_geometry bad = g;
+  bad.stream_count = KVFILE_MAX_STREAMS + 1;
+  CHECK_STATUS(kvfile_writer_create(path, &bad, "m", 1, &options, &w), KVFILE_INVALID_ARGUMENT);
+  CHECK_CONTAINS(kvfile_last_error(), "stream_count 17");
+  bad = g;
+  memset(bad.streams[1].name, 'x', sizeof bad.streams[1].name);
+  CHECK_STATUS(kvfile_writer_create(path, &bad, "m", 1, &options, &w), KVFILE_INVALID_ARGUMENT);
+  CHECK_CONTAINS(kvfile_last_error(), "not NUL-terminated");
+  bad = g;
+  bad.layers = 0;
+  CHECK_STATUS(kvfile_writer_create(path, &bad, "m", 1, &options, &w), KVFILE_INVALID_ARGUMENT);
+  CHECK(w == NULL);
+
+  CHECK_STATUS(kvfile_writer_create(path, &g, "test/tiny", 0xfeedULL, &options, &w), KVFILE_OK);
+  CHECK(w != NULL);
+
+  kvfile_rows blocks[kLayers * kStreams];
+  uint32_t ids[kTokens];
+  for (int t = 0; t < kTokens; ++t) ids[t] = token_id(t);
+
+  /* Wrong number of blocks, bad dtype, NaN: refused, nothing appended. */
+  blocks_for(0, blocks);
+  CHECK_STATUS(kvfile_writer_append(w, ids, 7, blocks, 3), KVFILE_INVALID_ARGUMENT);
+  blocks[2].dtype = (kvfile_dtype)9;
+  CHECK_STATUS(kvfile_writer_append(w, ids, 7, blocks, 4), KVFILE_INVALID_ARGUMENT);
+  CHECK_CONTAINS(kvfile_last_error(), "block 2 has an invalid dtype 9");
+  blocks_for(0, blocks);
+  float saved = rows_f32[3][5 * kPerToken + 1];
+  rows_f32[3][5 * kPerToken + 1] = NAN;
+  CHECK_STATUS(kvfile_writer_append(w, ids, 7, blocks, 4), KVFILE_NON_FINITE);
+  CHECK_CONTAINS(kvfile_last_error(), "token 5");
+  rows_f32[3][5 * kPerToken + 1] = saved;
+  uint64_t n = 99;
+  CHECK_STATUS(kvfile_writer_token_count(w, &n), KVFILE_OK);
+  CHECK(n == 0);
+
+  CHECK_STATUS(kvfile_writer_append(w, ids, 7, blocks, 4), KVFILE_OK);
+  CHECK_STATUS(kvfile_writer_sync(w), KVFILE_OK);
+  CHECK_STATUS(kvfile_writer_close(w), KVFILE_OK);
+
+  /* Reopen for writing; append tokens 7..9 as the codes of tokens 0..2. */
+  CHECK_STATUS(kvfile_writer_open(path_in_dir("missing.kv"), NULL, &w), KVFILE_NOT_FOUND);
+  CHECK(w == NULL);
+  CHECK_STATUS(kvfile_writer_open(path, NULL, &w), KVFILE_OK);
+  CHECK_STATUS(kvfile_writer_token_count(w, &n), KVFILE_OK);
+  CHECK(n == 7);
+  kvfile_writer* second = NULL;
+  CHECK_STATUS(kvfile_writer_open(path, NULL, &second), KVFILE_BUSY);
+  CHECK(second == NULL);
+
+  kvfile_reader* r = NULL;
+  CHECK_STATUS(kvfile_reader_open(path, &r), KVFILE_OK);
+  static uint8_t codes[kLayers * kStreams][3 * kPerToken];
+  static float scales[kLayers * kStreams][3 * kRows];
+  for (int b = 0; b < kLayers * kStreams; ++b) {
+    CHECK_STATUS(kvfile_reader_read_codes(r, (uint32_t)(b / kStreams), (uint32_t)(b % kStreams), 0, 3, codes[b],
+                                          sizeof codes[b], scales[b], 3 * kRows),
+                 KVFILE_OK);
+    blocks[b].dtype = KVFILE_E4M3;
+    blocks[b].data = codes[b];
+    blocks[b].scales = scales[b];
+  }
+  kvfile_reader_close(r);
+  /* Codes of another fp8 dtype than the stream's are refused. */
+  blocks[0].dtype = KVFILE_E5M2;
+  CHECK_STATUS(kvfile_writer_append(w, ids + 7, 3, blocks, 4), KVFILE_INVALID_ARGUMENT);
+  blocks[0].dtype = KVFILE_E4M3;
+  CHECK_STATUS(kvfile_writer_append(w, ids + 7, 3, blocks, 4), KVFILE_OK);
+
+  uint32_t prompt[4] = {token_id(0), token_id(1), 5, token_id(3)};
+  CHECK_STATUS(kvfile_writer_common_prefix(w, prompt, 4, &n), KVFILE_OK);
+  CHECK(n == 2);
+  CHECK_STATUS(kvfile_writer_common_prefix(w, NULL, 4, &n), KVFILE_INVALID_ARGUMENT);
+  CHECK_STATUS(kvfile_writer_rewind(w, 11), KVFILE_INVALID_ARGUMENT);
+  CHECK_CONTAINS(kvfile_last_error(), "cannot rewind to 11");
+  /* Rewind to 7 and append the same three tokens again. */
+  CHECK_STATUS(kvfile_writer_rewind(w, 7), KVFILE_OK);
+  CHECK_STATUS(kvfile_writer_token_count(w, &n), KVFILE_OK);
+  CHECK(n == 7);
+  CHECK_STATUS(kvfile_writer_common_prefix(w, ids, kTokens, &n), KVFILE_OK);
+  CHECK(n == 7);
+  CHECK_STATUS(kvfile_writer_append(w, ids + 7, 3, blocks, 4), KVFILE_OK);
+  CHECK_STATUS(kvfile_writer_token_count(w, &n), KVFILE_OK);
+  CHECK(n == 10);
+  CHECK_STATUS(kvfile_writer_close(w), KVFILE_OK);
+  CHECK_STATUS(kvfile_writer_close(NULL), KVFILE_OK);
+
+  /* Existing file, no overwrite. */
+  CHECK_STATUS(kvfile_writer_create(path, &g, "m", 1, &options, &w), KVFILE_INVALID_ARGUMENT);
+  CHECK_CONTAINS(kvfile_last_error(), "file exists");
+  /* NULL arguments. */
+  CHECK_STATUS(kvfile_writer_create(path, NULL, "m", 1, &options, &w), KVFILE_INVALID_ARGUMENT);
+  CHECK(strcmp(kvfile_last_error(), "kvfile_writer_create: geometry is NULL") == 0);
+  CHECK_STATUS(kvfile_writer_append(NULL, ids, 1, blocks, 4), KVFILE_INVALID_ARGUMENT);
+  CHECK_STATUS(kvfile_writer_sync(NULL), KVFILE_INVALID_ARGUMENT);
+  CHECK_STATUS(kvfile_writer_rewind(NULL, 0), KVFILE_INVALID_ARGUMENT);
+  options.sync = (kvfile_sync_mode)7;
+  CHECK_STATUS(kvfile_writer_open(path, &options, &w), KVFILE_INVALID_ARGUMENT);
+  CHECK_CONTAINS(kvfile_last_error(), "invalid sync mode");
+}
+
+static void test_read(void) {
+  const char* path = path_in_dir("s.kv");
+  kvfile_reader* r = (kvfile_reader*)1;
+  CHECK_STATUS(kvfile_reader_open(path_in_dir("missing.kv"), &r), KVFILE_NOT_FOUND);
+  CHECK(r == NULL);
+  CHECK_CONTAINS(kvfile_last_error(), "missing.kv");
+  CHECK_STATUS(kvfile_reader_open(path, &r), KVFILE_OK);
+
+  uint64_t n = 0;
+  CHECK_STATUS(kvfile_reader_token_count(r, &n), KVFILE_OK);
+  CHECK(n == kTokens);
+  uint32_t ids[kTokens];
+  size_t count = 0;
+  CHECK_STATUS(kvfile_reader_tokens(r, ids, kTokens - 1, &count), KVFILE_BUFFER_TOO_SMALL);
+  CHECK(count == kTokens);
+  CHECK_CONTAINS(kvfile_last_error(), "holds 9, the result needs 10");
+  CHECK_STATUS(kvfile_reader_tokens(r, ids, kTokens, &count), KVFILE_OK);
+  for (int t = 0; t < kTokens; ++t) CHECK(ids[t] == token_id(t));
+
+  uint32_t prompt[3] = {token_id(0), token_id(1), token_id(2)};
+  CHECK_STATUS(kvfile_reader_common_prefix(r, prompt, 3, &n), KVFILE_OK);
+  CHECK(n == 3);
+
+  kvfile_info info;
+  CHECK_STATUS(kvfile_reader_info(r, &info), KVFILE_OK);
+  CHECK(info.major_version == 2 && info.minor_version == 0);
+  CHECK(strcmp(info.model_id, "test/tiny") == 0 && info.fingerprint == 0xfeedULL);
+  CHECK(info.geometry.layers == kLayers && info.geometry.stream_count == kStreams);
+  CHECK(strcmp(info.geometry.streams[1].name, "v") == 0 && info.geometry.streams[1].dtype == KVFILE_E4M3);
+  CHECK(info.tokens == kTokens && info.chunks == 3 && info.nominal_chunk_tokens == kChunkTokens);
+  CHECK(info.bytes == 12288 + 3 * 4096 && info.torn_tail_bytes == 0);
+
+  /* Decoded rows, as bf16 and f32: within e4m3 rounding (3 mantissa bits:
+   * 1/16) of what was written; tokens 7..9 hold tokens 0..2's codes, so
+   * they decode to exactly the same values. */
+  static float f32[kTokens * kPerToken];
+  static uint16_t bf16[kTokens * kPerToken];
+  for (int l = 0; l < kLayers; ++l) {
+    for (int s = 0; s < kStreams; ++s) {
+      CHECK_STATUS(kvfile_reader_read_rows(r, (uint32_t)l, (uint32_t)s, 0, kTokens, KVFILE_F32, f32, sizeof f32),
+                   KVFILE_OK);
+      CHECK_STATUS(kvfile_reader_read_rows(r, (uint32_t)l, (uint32_t)s, 0, kTokens, KVFILE_BF16, bf16, sizeof bf16),
+                   KVFILE_OK);
+      for (int t = 0; t < kTokens; ++t) {
+        for (int i = 0; i < kPerToken; ++i) {
+          float want = value(l, s, t < 7 ? t : t - 7, i);
+          float got = f32[t * kPerToken + i];
+          float diff = got > want ? got - want : want - got;
+          CHECK(diff <= (want > 0 ? want : -want) / 16);
+          CHECK(bf16[t * kPerToken + i] == bf16_of(got));
+          if (t >= 7) CHECK(got == f32[(t - 7) * kPerToken + i]);
+        }
+      }
+    }
+  }
+
+  /* Codes and scales: tokens 7..9 hold exactly the codes of tokens 0..2. */
+  static uint8_t codes[kTokens * kPerToken];
+  static float scales[kTokens * kRows];
+  CHECK_STATUS(kvfile_reader_read_codes(r, 1, 0, 0, kTokens, codes, sizeof codes, scales, kTokens * kRows), KVFILE_OK);
+  CHECK(memcmp(codes, codes + 7 * kPerToken, 3 * kPerToken) == 0);
+  CHECK(memcmp(scales, scales + 7 * kRows, 3 * kRows * sizeof(float)) == 0);
+  CHECK(scales[0] > 0);
+
+  /* Bad requests. */
+  uint8_t untouched[4] = {1, 2, 3, 4};
+  CHECK_STATUS(kvfile_reader_read_rows(r, 0, 0, 0, 1, KVFILE_F32, f32, kPerToken * 4 - 1), KVFILE_BUFFER_TOO_SMALL);
+  CHECK_CONTAINS(kvfile_last_error(), "dst_bytes holds 127, the result needs 128");
+  CHECK_STATUS(kvfile_reader_read_codes(r, 0, 0, 0, 2, codes, sizeof codes, scales, 3), KVFILE_BUFFER_TOO_SMALL);
+  CHECK_CONTAINS(kvfile_last_error(), "scale_count holds 3, the result needs 4");
+  CHECK_STATUS(kvfile_reader_read_codes(r, 0, 0, 0, 2, untouched, 4, scales, 4), KVFILE_BUFFER_TOO_SMALL);
+  CHECK(untouched[0] == 1 && untouched[3] == 4);
+  CHECK_STATUS(kvfile_reader_read_rows(r, 2, 0, 0, 1, KVFILE_F32, f32, sizeof f32), KVFILE_INVALID_ARGUMENT);
+  CHECK_CONTAINS(kvfile_last_error(), "layer 2 out of range (2 layers)");
+  CHECK_STATUS(kvfile_reader_read_rows(r, 0, 0, 5, 11, KVFILE_F32, f32, sizeof f32), KVFILE_INVALID_ARGUMENT);
+  CHECK_CONTAINS(kvfile_last_error(), "token range [5, 11)");
+  CHECK_STATUS(kvfile_reader_read_rows(r, 0, 0, 0, 1, KVFILE_E4M3, f32, sizeof f32), KVFILE_INVALID_ARGUMENT);
+  CHECK_STATUS(kvfile_reader_token_count(NULL, &n), KVFILE_INVALID_ARGUMENT);
+  CHECK_STATUS(kvfile_reader_info(r, NULL), KVFILE_INVALID_ARGUMENT);
+  CHECK(strcmp(kvfile_last_error(), "kvfile_reader_info: out is NULL") == 0);
+  kvfile_reader_close(r);
+  kvfile_reader_close(NULL);
+}
+
+static void test_verify_and_damage(void) {
+  const char* path = path_in_dir("s.kv");
+  kvfile_verify_result v;
+  CHECK_STATUS(kvfile_verify(path, 0, &v), KVFILE_OK);
+  CHECK(v.ok == 1 && v.errors == 0 && v.warnings == 0);
+  CHECK(v.major_version == 2 && v.tokens == kTokens && v.chunks == 3 && v.bytes == 12288 + 3 * 4096);
+  CHECK(v.first_message[0] == '\0');
+  CHECK_STATUS(kvfile_verify(path_in_dir("missing.kv"), 0, &v), KVFILE_NOT_FOUND);
+
+  /* A torn tail: a warning, still ok. */
+  FILE* f = fopen(path, "ab");
+  CHECK(f != NULL);
+  if (f == NULL) return;
+  static const char junk[100] = {1};
+  fwrite(junk, 1, sizeof junk, f);
+  fclose(f);
+  CHECK_STATUS(kvfile_verify(path, 0, &v), KVFILE_OK);
+  CHECK(v.ok == 1 && v.errors == 0 && v.warnings == 1 && v.torn_tail_bytes == 100);
+  CHECK_CONTAINS(v.first_message, "torn tail: 100 bytes");
+
+  /* Flip the last byte of chunk 0: it lies in the last section (layer 1,
+   * stream v, padding included), so only that section's reads fail. */
+  f = fopen(path, "r+b");
+  CHECK(f != NULL);
+  if (f == NULL) return;
+  fseek(f, 12288 + 4095, SEEK_SET);
+  int c = fgetc(f);
+  fseek(f, 12288 + 4095, SEEK_SET);
+  fputc(c ^ 0x40, f);
+  fclose(f);
+  CHECK_STATUS(kvfile_verify(path, 0, &v), KVFILE_OK);
+  CHECK(v.ok == 0 && v.errors == 1);
+  CHECK_CONTAINS(v.first_message, "chunk 0");
+  CHECK_CONTAINS(v.first_message, "checksum");
+  /* Quick verification does not read payloads. */
+  CHECK_STATUS(kvfile_verify(path, 1, &v), KVFILE_OK);
+  CHECK(v.errors == 0);
+
+  kvfile_reader* r = NULL;
+  CHECK_STATUS(kvfile_reader_open(path, &r), KVFILE_OK);
+  static float dst[kTokens * kPerToken];
+  dst[0] = 123.0f;
+  CHECK_STATUS(kvfile_reader_read_rows(r, 1, 1, 0, kTokens, KVFILE_F32, dst, sizeof dst), KVFILE_CORRUPTION);
+  CHECK_CONTAINS(kvfile_last_error(), "checksum");
+  CHECK_CONTAINS(kvfile_last_error(), "layer 1");
+  CHECK(dst[0] == 123.0f); /* a failed read leaves the buffer untouched */
+  CHECK_STATUS(kvfile_reader_read_rows(r, 0, 1, 0, kTokens, KVFILE_F32, dst, sizeof dst), KVFILE_OK);
+  CHECK_STATUS(kvfile_reader_read_rows(r, 1, 1, 4, kTokens, KVFILE_F32, dst, sizeof dst), KVFILE_OK);
+  kvfile_reader_close(r);
+
+  /* Not a kvfile at all. */
+  const char* junk_path = path_in_dir("junk.kv");
+  f = fopen(junk_path, "wb");
+  CHECK(f != NULL);
+  if (f == NULL) return;
+  fwrite("not a kv file", 1, 13, f);
+  fclose(f);
+  r = (kvfile_reader*)1;
+  CHECK_STATUS(kvfile_reader_open(junk_path, &r), KVFILE_CORRUPTION);
+  CHECK(r == NULL);
+  CHECK(kvfile_last_error()[0] != '\0');
+  CHECK_STATUS(kvfile_verify(junk_path, 0, &v), KVFILE_OK);
+  CHECK(v.ok == 0 && v.errors == 1 && v.major_version == 0 && v.first_message[0] != '\0');
+}
+
+/* A geometry given field by field, f16 input, an e5m2 stream beside a raw
+ * bf16 one: the raw stream keeps the exact values and has no codes. */
+static void test_explicit_geometry(void) {
+  const char* path = path_in_dir("explicit.kv");
+  kvfile_geometry g;
+  memset(&g, 0, sizeof g);
+  g.layers = 1;
+  g.stream_count = 2;
+  strcpy(g.streams[0].name, "k");
+  g.streams[0].rows_per_token = 1;
+  g.streams[0].row_width = 4;
+  g.streams[0].dtype = KVFILE_E5M2;
+  strcpy(g.streams[1].name, "idx");
+  g.streams[1].rows_per_token = 1;
+  g.streams[1].row_width = 4;
+  g.streams[1].dtype = KVFILE_BF16;
+  kvfile_writer_options options;
+  memset(&options, 0, sizeof options);
+  options.sync = KVFILE_SYNC_CHUNK;
+  kvfile_writer* w = NULL;
+  CHECK_STATUS(kvfile_writer_create(path, &g, NULL, 0, &options, &w), KVFILE_OK);
+  /* f16 bits of 1, -2, 0.5, 0.25 and of 4, 0, -1, 0.125: exact in bf16. */
+  static const uint16_t f16[2][8] = {{0x3C00, 0xC000, 0x3800, 0x3400, 0x4400, 0x0000, 0xBC00, 0x3000},
+                                     {0x3400, 0x3800, 0xC000, 0x3C00, 0x3000, 0xBC00, 0x0000, 0x4400}};
+  static const float want[8] = {0.25f, 0.5f, -2.0f, 1.0f, 0.125f, -1.0f, 0.0f, 4.0f};
+  const uint32_t ids[2] = {7, 8};
+  kvfile_rows blocks[2];
+  blocks[0].dtype = KVFILE_F16;
+  blocks[0].data = f16[0];
+  blocks[0].scales = NULL;
+  blocks[1].dtype = KVFILE_F16;
+  blocks[1].data = f16[1];
+  blocks[1].scales = NULL;
+  CHECK_STATUS(kvfile_writer_append(w, ids, 2, blocks, 2), KVFILE_OK);
+  CHECK_STATUS(kvfile_writer_close(w), KVFILE_OK);
+
+  kvfile_reader* r = NULL;
+  CHECK_STATUS(kvfile_reader_open(path, &r), KVFILE_OK);
+  kvfile_info info;
+  CHECK_STATUS(kvfile_reader_info(r, &info), KVFILE_OK);
+  CHECK(info.model_id[0] == '\0' && info.fingerprint == 0 && info.tokens == 2);
+  CHECK(info.geometry.layers == 1 && info.geometry.stream_count == 2);
+  CHECK(strcmp(info.geometry.streams[1].name, "idx") == 0 && info.geometry.streams[1].dtype == KVFILE_BF16);
+  CHECK(info.geometry.streams[0].dtype == KVFILE_E5M2 && info.geometry.streams[0].row_width == 4);
+  float got[8];
+  CHECK_STATUS(kvfile_reader_read_rows(r, 0, 1, 0, 2, KVFILE_F32, got, sizeof got), KVFILE_OK);
+  CHECK(memcmp(got, want, sizeof got) == 0);
+  uint8_t codes[8];
+  float scales[2];
+  CHECK_STATUS(kvfile_reader_read_codes(r, 0, 1, 0, 2, codes, sizeof codes, scales, 2), KVFILE_INVALID_ARGUMENT);
+  CHECK_CONTAINS(kvfile_last_error(), "stream 'idx' is stored raw (bf16)");
+  /* The e5m2 stream: each x / scale lands on an e5m2 code and code * scale
+   * rounds back to x here (spec/CODEC.md, sections 6 and 7), so reads are exact. */
+  CHECK_STATUS(kvfile_reader_read_codes(r, 0, 0, 0, 2, codes, sizeof codes, scales, 2), KVFILE_OK);
+  CHECK_STATUS(kvfile_reader_read_rows(r, 0, 0, 0, 2, KVFILE_F32, got, sizeof got), KVFILE_OK);
+  CHECK(got[0] == 1.0f && got[1] == -2.0f && got[2] == 0.5f && got[3] == 0.25f);
+  CHECK(got[4] == 4.0f && got[5] == 0.0f && got[6] == -1.0f && got[7] == 0.125f);
+  kvfile_reader_close(r);
+}
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    fprintf(stderr, "usage: c_api_test DIR\n");
+    return 2;
+  }
+  snprintf(dir, sizeof dir, "%s", argv[1]);
+  CHECK(kvfile_last_error()[0] == '\0');
+  fill_rows();
+  test_status_names_and_sizes();
+  test_presets();
+  test_write();
+  test_read();
+  test_verify_and_damage();
+  test_explicit_geometry();
+  if (failures != 0) {
+    fprintf(stderr, "c_api_test: %d checks failed\n", failures);
+    return 1;
+  }
+  printf("c_api_test: all checks passed\n");
+  return 0;
+}
