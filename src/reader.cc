@@ -87,6 +87,8 @@ Status Reader::Impl::LoadSections(uint32_t layer, uint32_t stream, uint64_t begi
     if (Checksum(buf, sec.end - sec.offset) != scan.chunks[p.chunk].section_checksums[idx])
       return Status::Corruption(where + ": payload checksum mismatch (section at offset " +
                                 std::to_string(c.offset + sec.offset) + ")");
+    st = internal::CheckSectionPadding(sec, buf, c.offset);
+    if (!st.ok()) return st.WithContext(where);
     if (!IsFp8(spec.dtype)) {
       // The writer never stores a non-finite raw value; one in a file is damage.
       uint64_t elems = uint64_t{p.count} * spec.ElementsPerToken();
