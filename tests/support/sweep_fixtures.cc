@@ -137,8 +137,9 @@ const std::vector<SweepFixture>& SweepFixtures(bool committed, bool twin) {
     specs.push_back({v + "one-chunk", major, ShrunkPreset("tiny", major), 4, 3});
     // Several chunks of 2 tokens, the last one short.
     specs.push_back({v + "several-chunks", major, ShrunkPreset("tiny", major), 2, 5});
-    // 12 tokens of 544 payload bytes: an 8 KiB chunk whose sections cross
-    // the block boundary at 4096 inside it, then a second, shorter one.
+    // 12 tokens of 544 payload bytes (v2; 1024 in v1): a chunk of 8 KiB
+    // (12 KiB in v1) whose sections cross the block boundaries inside it,
+    // then a second, shorter one.
     Geometry wide;
     wide.layers = 1;
     wide.streams = {{"k", 4, 64, fp8_or_raw}, {"v", 4, 64, major == 2 ? Dtype::kE5M2 : Dtype::kBF16}};
