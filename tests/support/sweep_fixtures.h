@@ -93,15 +93,20 @@ struct ReadCheck {
   Status open;                 // Reader::Open
   uint64_t tokens = 0;         // tokens the reader returned (0 if open failed)
   size_t failed_reads = 0;     // reads that returned an error
-  std::vector<bool> read_ok;   // per (layer, stream)
+  std::vector<bool> read_ok;   // per (layer, stream) of the reader's geometry
+  // The reader opened the file with another geometry than the fixture's:
+  // only a header forged with its checksum recomputed can do that.
+  bool geometry_differs = false;
   std::string corrupt;         // non-empty: a read returned data that is not the original's
 };
 
 // Opens `path` on `fs` and reads every (layer, stream) over all tokens into
-// buffers pre-filled with a sentinel. Records in `corrupt` any violation of
-// "correct": the token ids must be a prefix of the fixture's, a successful
-// read must return exactly the fixture's bytes for those tokens, and a
-// failed read must leave its destination untouched (all sentinel).
+// buffers sized by the reader's geometry and pre-filled with a sentinel.
+// Records in `corrupt` any violation of "correct": the token ids must be a
+// prefix of the fixture's, a successful read must return exactly the
+// fixture's bytes for those tokens (when the geometry is the fixture's), a
+// failed read must leave its destination untouched (all sentinel), and the
+// rows read must fit in the file's size.
 ReadCheck ReadAndCompare(FileSystem& fs, const std::string& path, const SweepFixture& f);
 
 // Both looks at a (damaged) image of fixture `f`, stored as kSweepPath in a
