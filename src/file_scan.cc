@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "kvfile/codec.h"
 #include "kvfile/format/endian.h"
@@ -222,8 +223,26 @@ Status ReadAndCheckChunk(File& file, const Geometry& g, LayoutCache& layouts,
         return Status::Corruption("payload checksum mismatch in layer " + std::to_string(l) +
                                   " stream '" + g.streams[s].name + "' (section at offset " +
                                   std::to_string(c.info.offset + sec.offset) + ")");
+      Status padding = CheckSectionPadding(sec, p + sec.offset, c.info.offset);
+      if (!padding.ok())
+        return padding.WithContext("layer " + std::to_string(l) + " stream '" + g.streams[s].name + "'");
     }
   }
+  return Status::OK();
+}
+
+Status CheckSectionPadding(const SectionLayout& sec, const uint8_t* section, uint64_t chunk_offset) {
+  uint64_t data_end = sec.offset + sec.data_bytes;
+  uint64_t scales_end = sec.scales_offset + sec.scales_bytes;
+  // Raw sections: [data_end, end). fp8 sections: [data_end, scales_offset)
+  // and [scales_end, end).
+  const std::pair<uint64_t, uint64_t> pads[2] = {
+      {data_end, sec.scales_bytes > 0 ? sec.scales_offset : sec.end},
+      {sec.scales_bytes > 0 ? scales_end : sec.end, sec.end}};
+  for (const auto& [begin, end] : pads)
+    for (uint64_t i = begin; i < end; ++i)
+      if (section[i - sec.offset] != 0)
+        return Status::Corruption("nonzero section padding at offset " + std::to_string(chunk_offset + i));
   return Status::OK();
 }
 
@@ -269,8 +288,10 @@ Status ScanFile(File& file, ScanResult* out, DamageLocation* where) {
   if (size < sizeof kFileMagic) return Status::Corruption("not a kvfile: only " + std::to_string(size) + " bytes");
   if (size < kDataOffset) {
     KVFILE_RETURN_IF_ERROR(file.ReadAt(0, fixed.data(), sizeof kFileMagic));
+    where->offset = 0;
     if (std::memcmp(fixed.data(), kFileMagic, sizeof kFileMagic) != 0)
       return Status::Corruption("not a kvfile: bad magic at offset 0");
+    where->offset = static_cast<int64_t>(size);  // where the missing bytes start
     return Status::Corruption("truncated: " + std::to_string(size) +
                               " bytes, shorter than the 12288-byte header and commit slots");
   }
@@ -302,9 +323,11 @@ Status ScanFile(File& file, ScanResult* out, DamageLocation* where) {
   }
   where->offset = static_cast<int64_t>(kCommitSlotOffset[0]);
   if (!have) return Status::Corruption("both commit slots are damaged: " + r.slot_errors[0]);
-  if (size < r.commit.end)
+  if (size < r.commit.end) {
+    where->offset = static_cast<int64_t>(size);
     return Status::Corruption("truncated: file is " + std::to_string(size) +
                               " bytes but " + std::to_string(r.commit.end) + " are committed");
+  }
 
   LayoutCache layouts(&r.header.geometry);
   std::vector<uint8_t> buf;

@@ -73,9 +73,17 @@ Status ScanFile(File& file, ScanResult* out, DamageLocation* where = nullptr);
 Status CheckChunkValues(const format::Geometry& g, const format::ChunkLayout& layout,
                         const ChunkInfo& info, const uint8_t* chunk_bytes);
 
+// Checks that the padding of a section (after its rows and, for fp8, after
+// its scales; the last section's up to the chunk's end) is zero, as written.
+// The checksum covers these bytes too, but a reader checks the zeros itself
+// so that no byte of the format is accepted on the checksum's word alone.
+// `section` points at the section's first byte; `chunk_offset` is the
+// chunk's file offset, for the message.
+Status CheckSectionPadding(const format::SectionLayout& sec, const uint8_t* section, uint64_t chunk_offset);
+
 // Reads chunk `c` whole into `buf` (resized) and checks its head checksum
 // and every section checksum against `section_checksums` (the chunk's
-// entries of ScanResult::section_checksums).
+// entries of ScanResult::section_checksums) and zero padding.
 Status ReadAndCheckChunk(File& file, const format::Geometry& g, LayoutCache& layouts,
                          const ScannedChunk& c, const uint64_t* section_checksums, PageBuffer* buf);
 

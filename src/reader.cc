@@ -82,6 +82,8 @@ Status CheckSection(const StreamSpec& spec, const SectionLayout& sec, const uint
   if (Checksum(bytes, sec.end - sec.offset) != expected_checksum)
     return Status::Corruption(where + ": payload checksum mismatch (section at offset " +
                               std::to_string(section_file_offset) + ")");
+  Status padding = internal::CheckSectionPadding(sec, bytes, section_file_offset - sec.offset);
+  if (!padding.ok()) return padding.WithContext(where);
   if (!IsFp8(spec.dtype)) {
     uint64_t elems = uint64_t{count} * spec.ElementsPerToken();
     const uint8_t* rows = bytes + uint64_t{first} * spec.ElementsPerToken() * ElementSize(spec.dtype);

@@ -2,9 +2,7 @@
 // format refused with kCorruption and a message naming it, the kvfile
 // convention refused with kInvalidArgument, and a hostile header length
 // refused at once, without allocating.
-// This file replaces the global operator new to measure allocations; GCC
-// then sees operator delete's free() of memory from "operator new".
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+// The allocations are measured with support/alloc_tracker.h.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -18,33 +16,7 @@
 #include <string>
 
 #include "kvfile/safetensors.h"
-
-// The largest single allocation made while g_track is set: a header length
-// of 2^63 must not turn into a 2^63-byte (or any large) allocation.
-static std::atomic<bool> g_track{false};
-static std::atomic<size_t> g_largest{0};
-
-void* operator new(size_t n) {
-  if (g_track.load(std::memory_order_relaxed)) {
-    size_t cur = g_largest.load(std::memory_order_relaxed);
-    while (n > cur && !g_largest.compare_exchange_weak(cur, n)) {
-    }
-  }
-  if (void* p = std::malloc(n ? n : 1)) return p;
-  throw std::bad_alloc();
-}
-// The nothrow form too (std::stable_sort's temporary buffer uses it), so that
-// every operator new the test's deletes free comes from malloc.
-void* operator new(size_t n, const std::nothrow_t&) noexcept {
-  try {
-    return ::operator new(n);
-  } catch (...) {
-    return nullptr;
-  }
-}
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, size_t) noexcept { std::free(p); }
-void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
+#include "support/alloc_tracker.h"
 
 namespace {
 
@@ -250,24 +222,22 @@ TEST_F(SafetensorsFileTest, RefusesBadHeaderLengths) {
 
 TEST_F(SafetensorsFileTest, HugeHeaderLengthFailsAtOnceWithoutAllocating) {
   std::string path = WriteRaw("huge", uint64_t{1} << 63, "{}");
-  g_largest = 0;
   auto t0 = std::chrono::steady_clock::now();
-  g_track = true;
+  kvfile::testing::StartAllocTracking();
   Status st = Open(path);
-  g_track = false;
+  kvfile::testing::AllocStats refused = kvfile::testing::StopAllocTracking();
   auto ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_TRUE(Fails(st, Code::kCorruption, "header length 9223372036854775808 exceeds the limit"));
   EXPECT_LT(ms, 50.0);
-  EXPECT_LT(g_largest.load(), size_t{64} << 10) << "largest allocation while refusing the header";
+  EXPECT_LT(refused.largest, size_t{64} << 10) << "largest allocation while refusing the header";
   // The measurement works: a real 256 KiB header is allocated.
   std::string padded = "{}" + std::string((256 << 10) - 2, ' ');
   std::string real = WriteRaw("real", padded.size(), padded);
-  g_largest = 0;
-  g_track = true;
+  kvfile::testing::StartAllocTracking();
   st = Open(real);
-  g_track = false;
+  kvfile::testing::AllocStats accepted = kvfile::testing::StopAllocTracking();
   EXPECT_TRUE(st.ok()) << st.message();
-  EXPECT_GE(g_largest.load(), size_t{256} << 10);
+  EXPECT_GE(accepted.largest, size_t{256} << 10);
   // Just below 2^64, too.
   EXPECT_TRUE(Fails(Open(WriteRaw("max", ~uint64_t{0}, "{}")), Code::kCorruption,
                     "header length 18446744073709551615 exceeds the limit"));

@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "cli_common.h"
+#include "json_output.h"
 #include "kvfile/format/header.h"
 #include "kvfile/reader.h"
 
@@ -338,16 +339,17 @@ int RunDump(DumpArgs a) {
   if (!a.header && !a.chunks && !a.tokens && !a.rows) a.header = a.chunks = true;
   std::unique_ptr<Reader> r;
   Status st = Reader::Open(a.path, {}, &r);
-  if (!st.ok()) return ReportError(st);
+  auto fail = [&](const Status& failed) { return a.json ? ReportErrorAsJson(a.path, failed) : ReportError(failed); };
+  if (!st.ok()) return fail(st);
   RawHeader raw;
   if (a.header) {
     st = ReadRawHeader(a.path, &raw);
-    if (!st.ok()) return ReportError(st);
+    if (!st.ok()) return fail(st);
   }
   RowSelection sel;
   if (a.rows) {
     st = ResolveRows(a, *r, &sel);
-    if (!st.ok()) return ReportError(st);
+    if (!st.ok()) return fail(st);
   }
   if (a.json) {
     ordered_json j;
@@ -364,10 +366,10 @@ int RunDump(DumpArgs a) {
     if (a.rows) {
       ordered_json rows;
       st = DumpRows(a, *r, sel, &rows);
-      if (!st.ok()) return ReportError(st);
+      if (!st.ok()) return fail(st);
       j["rows"] = std::move(rows);
     }
-    std::printf("%s\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    PrintJson(j);
     return kExitOk;
   }
   bool first = true;

@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "cli_common.h"
+#include "json_output.h"
 #include "kvfile/reader.h"
 
 namespace kvfile::cli {
@@ -32,7 +33,7 @@ uint64_t Bf16Bytes(const Geometry& g, uint64_t tokens) {
 int RunInfo(const InfoArgs& a) {
   std::unique_ptr<Reader> r;
   Status st = Reader::Open(a.path, {}, &r);
-  if (!st.ok()) return ReportError(st);
+  if (!st.ok()) return a.json ? ReportErrorAsJson(a.path, st) : ReportError(st);
   const Geometry& g = r->geometry();
   uint64_t bytes = r->tail().file_size;
   uint64_t tokens = r->token_count();
@@ -60,7 +61,7 @@ int RunInfo(const InfoArgs& a) {
     j["torn_tail_bytes"] = r->tail().torn_tail_bytes;
     j["damage_before_end"] = r->tail().valid_data_follows;
     j["io_backend"] = r->io_backend();
-    std::printf("%s\n", j.dump(2).c_str());
+    PrintJson(j);
     return kExitOk;
   }
   std::printf("file:            %s\n", a.path.c_str());

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "cli_common.h"
+#include "json_output.h"
 #include "kvfile/verify.h"
 #include "progress.h"
 
@@ -22,6 +23,17 @@ struct VerifyArgs {
   bool strict = false;
   unsigned jobs = 1;
 };
+
+// A finding's message with its chunk and file offset in front, unless the
+// message already names them (most do: "chunk 3 at offset 24576: ...").
+std::string Located(const VerifyFinding& f) {
+  std::string where;
+  if (f.chunk >= 0 && f.message.find("chunk " + std::to_string(f.chunk)) == std::string::npos)
+    where = "chunk " + std::to_string(f.chunk);
+  if (f.offset >= 0 && f.message.find("offset " + std::to_string(f.offset)) == std::string::npos)
+    where += (where.empty() ? "at offset " : " at offset ") + std::to_string(f.offset);
+  return where.empty() ? f.message : where + ": " + f.message;
+}
 
 struct FileResult {
   std::string path;
@@ -52,7 +64,13 @@ Status Expand(const std::vector<std::string>& paths, std::vector<std::string>* f
 int RunVerify(const VerifyArgs& a) {
   std::vector<std::string> files;
   Status st = Expand(a.paths, &files);
-  if (!st.ok()) return ReportError(st);
+  if (!st.ok()) {
+    if (!a.json) return ReportError(st);
+    nlohmann::ordered_json failed = nlohmann::json::array();
+    failed.push_back({{"path", nullptr}, {"ok", false}, {"error", st.message()}});
+    PrintJson(failed);
+    return ReportError(st);
+  }
   std::vector<FileResult> results(files.size());
   std::atomic<size_t> next{0};
   uint64_t total_bytes = 0;
@@ -114,7 +132,7 @@ int RunVerify(const VerifyArgs& a) {
     bool any_error = false;
     for (const VerifyFinding& f : rep.findings) {
       if (f.error || a.strict) {
-        std::fprintf(stderr, "kvfile: error: %s: %s\n", r.path.c_str(), f.message.c_str());
+        std::fprintf(stderr, "kvfile: error: %s: %s\n", r.path.c_str(), Located(f).c_str());
         any_error = true;
       }
     }
@@ -122,12 +140,10 @@ int RunVerify(const VerifyArgs& a) {
     std::printf("%s: ok: %llu tokens in %llu chunks, %llu bytes", r.path.c_str(),
                 static_cast<unsigned long long>(rep.tokens), static_cast<unsigned long long>(rep.chunks),
                 static_cast<unsigned long long>(rep.bytes));
-    for (const VerifyFinding& f : rep.findings) std::printf("; warning: %s", f.message.c_str());
+    for (const VerifyFinding& f : rep.findings) std::printf("; warning: %s", Located(f).c_str());
     std::printf("\n");
   }
-  // --json output stays one valid document whatever the input: JSON strings
-  // are escaped by the library, and invalid UTF-8 is replaced.
-  if (a.json) std::printf("%s\n", out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+  if (a.json) PrintJson(out);
   return exit_code;
 }
 
