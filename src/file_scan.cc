@@ -208,24 +208,30 @@ Status ReadAndCheckChunk(File& file, const Geometry& g, LayoutCache& layouts,
                          const ScannedChunk& c, const uint64_t* section_checksums, PageBuffer* buf) {
   const ChunkLayout* layout;
   KVFILE_RETURN_IF_ERROR(layouts.Get(c.info.stored_tokens, &layout));
-  if (!buf->Resize(c.info.bytes))
-    return Status::IOError("no memory for a chunk of " + std::to_string(c.info.bytes) + " bytes");
-  KVFILE_RETURN_IF_ERROR(file.ReadAt(c.info.offset, buf->data(), c.info.bytes));
-  const uint8_t* p = buf->data();
+  // The head, then one section at a time: a buffer of one section stays in
+  // the core's cache while it is checksummed and its values checked, so
+  // every byte crosses memory once (a whole chunk would not fit).
+  uint64_t head_bytes = layout->head_checksum_offset + 8;
+  uint64_t largest = head_bytes;
+  for (const SectionLayout& sec : layout->sections) largest = std::max(largest, sec.end - sec.offset);
+  if (buf->size() < largest && !buf->Resize(largest))
+    return Status::IOError("no memory for a section of " + std::to_string(largest) + " bytes");
+  uint8_t* p = buf->data();
+  KVFILE_RETURN_IF_ERROR(file.ReadAt(c.info.offset, p, head_bytes));
   if (LoadU64(p + layout->head_checksum_offset) != Checksum(p, layout->head_checksum_offset) ||
       LoadU64(p + layout->head_checksum_offset) != c.info.head_checksum)
     return Status::Corruption("chunk head checksum mismatch");
   for (uint32_t l = 0; l < layout->layers; ++l) {
     for (uint32_t s = 0; s < layout->streams; ++s) {
       const SectionLayout& sec = layout->section(l, s);
-      if (Checksum(p + sec.offset, sec.end - sec.offset) !=
-          section_checksums[static_cast<size_t>(l) * layout->streams + s])
-        return Status::Corruption("payload checksum mismatch in layer " + std::to_string(l) +
-                                  " stream '" + g.streams[s].name + "' (section at offset " +
+      std::string where = "layer " + std::to_string(l) + " stream '" + g.streams[s].name + "'";
+      KVFILE_RETURN_IF_ERROR(file.ReadAt(c.info.offset + sec.offset, p, sec.end - sec.offset));
+      if (Checksum(p, sec.end - sec.offset) != section_checksums[static_cast<size_t>(l) * layout->streams + s])
+        return Status::Corruption("payload checksum mismatch in " + where + " (section at offset " +
                                   std::to_string(c.info.offset + sec.offset) + ")");
-      Status padding = CheckSectionPadding(sec, p + sec.offset, c.info.offset);
-      if (!padding.ok())
-        return padding.WithContext("layer " + std::to_string(l) + " stream '" + g.streams[s].name + "'");
+      Status st = CheckSectionPadding(sec, p, c.info.offset);
+      if (st.ok()) st = CheckSectionValues(g.streams[s], sec, p, c.info.first_token, 0, c.info.stored_tokens);
+      if (!st.ok()) return st.WithContext(where);
     }
   }
   return Status::OK();
@@ -246,34 +252,28 @@ Status CheckSectionPadding(const SectionLayout& sec, const uint8_t* section, uin
   return Status::OK();
 }
 
-Status CheckChunkValues(const Geometry& g, const ChunkLayout& layout, const ChunkInfo& info,
-                        const uint8_t* p) {
-  for (uint32_t l = 0; l < layout.layers; ++l) {
-    for (uint32_t s = 0; s < layout.streams; ++s) {
-      const StreamSpec& spec = g.streams[s];
-      const SectionLayout& sec = layout.section(l, s);
-      if (!IsFp8(spec.dtype)) {
-        uint64_t elems = uint64_t{info.stored_tokens} * spec.ElementsPerToken();
-        size_t bad = codec::FindNonFinite(spec.dtype, p + sec.offset, elems);
-        if (bad < elems)
-          return Status::Corruption("layer " + std::to_string(l) + " stream '" + spec.name +
-                                    "': non-finite value at token " +
-                                    std::to_string(info.first_token + bad / spec.ElementsPerToken()));
-        continue;
-      }
-      auto kind = spec.dtype == Dtype::kE5M2 ? codec::Fp8Kind::kE5M2 : codec::Fp8Kind::kE4M3;
-      uint64_t rows = uint64_t{info.stored_tokens} * spec.rows_per_token;
-      std::string where = "layer " + std::to_string(l) + " stream '" + spec.name + "'";
-      size_t bad = codec::FindInvalidCode(kind, p + sec.offset, rows * spec.row_width);
-      if (bad < rows * spec.row_width)
-        return Status::Corruption(where + ": non-finite code at token " +
-                                  std::to_string(info.first_token + bad / spec.ElementsPerToken()));
-      size_t bad_scale = codec::FindInvalidScale(reinterpret_cast<const float*>(p + sec.scales_offset), rows);
-      if (bad_scale < rows)
-        return Status::Corruption(where + ": invalid scale at token " +
-                                  std::to_string(info.first_token + bad_scale / spec.rows_per_token));
-    }
+Status CheckSectionValues(const StreamSpec& spec, const SectionLayout& sec, const uint8_t* section,
+                          uint64_t chunk_first_token, uint32_t first, uint32_t count) {
+  uint64_t row0 = uint64_t{first} * spec.rows_per_token;
+  uint64_t rows = uint64_t{count} * spec.rows_per_token;
+  uint64_t elems = rows * spec.row_width;
+  if (!IsFp8(spec.dtype)) {
+    size_t bad = codec::FindNonFinite(spec.dtype, section + row0 * spec.row_width * ElementSize(spec.dtype), elems);
+    if (bad < elems)
+      return Status::Corruption("non-finite value at token " +
+                                std::to_string(chunk_first_token + first + bad / spec.ElementsPerToken()));
+    return Status::OK();
   }
+  auto kind = spec.dtype == Dtype::kE5M2 ? codec::Fp8Kind::kE5M2 : codec::Fp8Kind::kE4M3;
+  size_t bad = codec::FindInvalidCode(kind, section + row0 * spec.row_width, elems);
+  if (bad < elems)
+    return Status::Corruption("non-finite code at token " +
+                              std::to_string(chunk_first_token + first + bad / spec.ElementsPerToken()));
+  const auto* scales = reinterpret_cast<const float*>(section + (sec.scales_offset - sec.offset)) + row0;
+  size_t bad_scale = codec::FindInvalidScale(scales, rows);
+  if (bad_scale < rows)
+    return Status::Corruption("invalid scale at token " +
+                              std::to_string(chunk_first_token + first + bad_scale / spec.rows_per_token));
   return Status::OK();
 }
 

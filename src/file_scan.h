@@ -67,11 +67,12 @@ struct DamageLocation {
 // been checked. On failure, *where (if given) says where the damage is.
 Status ScanFile(File& file, ScanResult* out, DamageLocation* where = nullptr);
 
-// Checks what checksums cannot: no non-finite code and every scale valid in
-// fp8 sections, no non-finite value in raw sections, of a chunk already
-// read whole into `chunk_bytes`.
-Status CheckChunkValues(const format::Geometry& g, const format::ChunkLayout& layout,
-                        const ChunkInfo& info, const uint8_t* chunk_bytes);
+// Checks what checksums cannot, in the rows of tokens [first, first +
+// count) of one section held in memory (`section` points at its first
+// byte; the chunk's first token is for messages): no non-finite code and
+// every scale valid in an fp8 section, no non-finite value in a raw one.
+Status CheckSectionValues(const format::StreamSpec& spec, const format::SectionLayout& sec,
+                          const uint8_t* section, uint64_t chunk_first_token, uint32_t first, uint32_t count);
 
 // Checks that the padding of a section (after its rows and, for fp8, after
 // its scales; the last section's up to the chunk's end) is zero, as written.
@@ -81,9 +82,10 @@ Status CheckChunkValues(const format::Geometry& g, const format::ChunkLayout& la
 // chunk's file offset, for the message.
 Status CheckSectionPadding(const format::SectionLayout& sec, const uint8_t* section, uint64_t chunk_offset);
 
-// Reads chunk `c` whole into `buf` (resized) and checks its head checksum
-// and every section checksum against `section_checksums` (the chunk's
-// entries of ScanResult::section_checksums) and zero padding.
+// Reads and checks every byte of chunk `c`: its head checksum, and each
+// section's checksum (against `section_checksums`, the chunk's entries of
+// ScanResult::section_checksums), zero padding and values. `buf` is
+// scratch (one section at a time).
 Status ReadAndCheckChunk(File& file, const format::Geometry& g, LayoutCache& layouts,
                          const ScannedChunk& c, const uint64_t* section_checksums, PageBuffer* buf);
 

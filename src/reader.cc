@@ -82,30 +82,9 @@ Status CheckSection(const StreamSpec& spec, const SectionLayout& sec, const uint
   if (Checksum(bytes, sec.end - sec.offset) != expected_checksum)
     return Status::Corruption(where + ": payload checksum mismatch (section at offset " +
                               std::to_string(section_file_offset) + ")");
-  Status padding = internal::CheckSectionPadding(sec, bytes, section_file_offset - sec.offset);
-  if (!padding.ok()) return padding.WithContext(where);
-  if (!IsFp8(spec.dtype)) {
-    uint64_t elems = uint64_t{count} * spec.ElementsPerToken();
-    const uint8_t* rows = bytes + uint64_t{first} * spec.ElementsPerToken() * ElementSize(spec.dtype);
-    size_t bad = codec::FindNonFinite(spec.dtype, rows, elems);
-    if (bad < elems)
-      return Status::Corruption(where + ": non-finite value at token " +
-                                std::to_string(chunk_first_token + first + bad / spec.ElementsPerToken()));
-    return Status::OK();
-  }
-  uint64_t row0 = uint64_t{first} * spec.rows_per_token;
-  uint64_t rows = uint64_t{count} * spec.rows_per_token;
-  const uint8_t* codes = bytes + row0 * spec.row_width;
-  const float* scales = reinterpret_cast<const float*>(bytes + (sec.scales_offset - sec.offset)) + row0;
-  size_t bad = codec::FindInvalidCode(KindOf(spec.dtype), codes, rows * spec.row_width);
-  if (bad < rows * spec.row_width)
-    return Status::Corruption(where + ": non-finite code at token " +
-                              std::to_string(chunk_first_token + first + bad / spec.ElementsPerToken()));
-  size_t bad_scale = codec::FindInvalidScale(scales, rows);
-  if (bad_scale < rows)
-    return Status::Corruption(where + ": invalid scale at token " +
-                              std::to_string(chunk_first_token + first + bad_scale / spec.rows_per_token));
-  return Status::OK();
+  Status st = internal::CheckSectionPadding(sec, bytes, section_file_offset - sec.offset);
+  if (st.ok()) st = internal::CheckSectionValues(spec, sec, bytes, chunk_first_token, first, count);
+  return st.WithContext(where);
 }
 
 // Decodes tokens [first, first + count) of a checked section into `out` as
@@ -383,11 +362,8 @@ Status Reader::VerifyChunk(size_t index) {
     return Status::InvalidArgument(r.path + ": chunk " + std::to_string(index) + " out of range");
   const auto& c = r.scan.chunks[index];
   std::string where = r.path + ": " + internal::ChunkWhere(index, c.info.offset);
-  Status st = internal::ReadAndCheckChunk(*r.file, r.g(), *r.layouts, c, r.scan.SectionChecksums(index), &r.scratch);
-  const ChunkLayout* layout = nullptr;
-  if (st.ok()) st = r.layouts->Get(c.info.stored_tokens, &layout);
-  if (st.ok()) st = internal::CheckChunkValues(r.g(), *layout, c.info, r.scratch.data());
-  return st.WithContext(where);
+  return internal::ReadAndCheckChunk(*r.file, r.g(), *r.layouts, c, r.scan.SectionChecksums(index), &r.scratch)
+      .WithContext(where);
 }
 
 }  // namespace kvfile
