@@ -422,6 +422,103 @@ INSTANTIATE_TEST_SUITE_P(All, FileHardErrorTest,
                                             ::testing::ValuesIn(kHard)),
                          BackendCaseName);
 
+// ---- ReadBatch ------------------------------------------------------------------
+
+// 100 reads of 1..20000 bytes at scattered offsets of a 1 MiB file (none of
+// 0 bytes, so that read N of the fault hook is request N), checked against
+// pread of the same ranges.
+struct BatchFixture {
+  Bytes content;
+  std::vector<Bytes> bufs;
+  std::vector<ReadRequest> reqs;
+
+  explicit BatchFixture(const std::string& path) {
+    std::mt19937_64 rng(41);
+    content = RandomBytes(rng, (1u << 20) + 77);
+    std::ofstream(path, std::ios::binary)
+        .write(reinterpret_cast<const char*>(content.data()),
+               static_cast<std::streamsize>(content.size()));
+    for (int i = 0; i < 100; ++i) {
+      const size_t n = 1 + rng() % 20000;
+      bufs.emplace_back(n, 0xEE);
+      reqs.push_back({rng() % (content.size() - n + 1), bufs.back().data(), n});
+    }
+  }
+  void Expect() const {
+    for (size_t i = 0; i < reqs.size(); ++i)
+      ASSERT_EQ(0, std::memcmp(bufs[i].data(), content.data() + reqs[i].offset, reqs[i].n))
+          << "request " << i;
+  }
+};
+
+const Case kBatchTransient[] = {
+    {IoFault::kRead, -EINTR, false, "ReadEintrOnce"},
+    {IoFault::kRead, -EAGAIN, false, "ReadEagainOnce"},
+    {IoFault::kRead, kShort, false, "ReadShortOnce"},
+    {IoFault::kRead, kShort, true, "ReadShortPersistent"},
+};
+
+class ReadBatchTransientTest : public BackendCaseTest {};
+
+// The fault on the first read, the last of the first submission, the first
+// of the second, and the last: the batch completes with the right bytes.
+TEST_P(ReadBatchTransientTest, CompletedTransparently) {
+  BatchFixture b(dir_.Path("rb"));
+  std::unique_ptr<File> f;
+  ASSERT_OK(fs_->Open(dir_.Path("rb"), OpenMode::kRead, &f));
+  for (int nth : {0, 1, 63, 64, 65, 99}) {
+    SCOPED_TRACE(std::string(fault().name) + " at read " + std::to_string(nth));
+    for (Bytes& buf : b.bufs) std::fill(buf.begin(), buf.end(), 0xEE);
+    Armed armed({FaultAt(fault(), nth)});
+    ASSERT_OK(f->ReadBatch(b.reqs));
+    EXPECT_GE(internal::IoFaultsInjected(), 1u) << "the fault never fired";
+    EXPECT_GT(internal::IoOpsCounted(IoFault::kRead), b.reqs.size()) << "nothing was retried";
+    b.Expect();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(All, ReadBatchTransientTest,
+                         ::testing::Combine(::testing::ValuesIn(BackendNames()),
+                                            ::testing::ValuesIn(kBatchTransient)),
+                         BackendCaseName);
+
+class ReadBatchErrorTest : public ::testing::TestWithParam<std::string> {};
+
+// EIO on one read of the batch: ReadBatch fails, naming the path, that
+// read's offset and the errno, without retrying it; the File works after.
+TEST_P(ReadBatchErrorTest, EioNamesTheOffset) {
+  std::string why;
+  FileSystem* fs = Backend(GetParam(), &why);
+  if (fs == nullptr) GTEST_SKIP() << "io_uring cannot be initialised here: " << why;
+  TempDir dir;
+  const std::string path = dir.Path("rb");
+  BatchFixture b(path);
+  std::unique_ptr<File> f;
+  ASSERT_OK(fs->Open(path, OpenMode::kRead, &f));
+  for (int nth : {0, 5, 63, 64, 99}) {
+    SCOPED_TRACE("EIO at read " + std::to_string(nth));
+    Status st;
+    {
+      Armed armed({{IoFault::kRead, nth, -EIO, false}});
+      st = f->ReadBatch(b.reqs);
+      EXPECT_EQ(internal::IoFaultsInjected(), 1u);
+    }
+    EXPECT_EQ(st.code(), Status::Code::kIOError) << st.ToString();
+    const std::string want =
+        path + ": read at offset " + std::to_string(b.reqs[nth].offset) + ": ";
+    EXPECT_EQ(st.message().rfind(want, 0), 0u) << st.ToString();
+    EXPECT_NE(st.message().find(ErrText(-EIO)), std::string::npos) << st.ToString();
+    for (Bytes& buf : b.bufs) std::fill(buf.begin(), buf.end(), 0xEE);
+    ASSERT_OK(f->ReadBatch(b.reqs));
+    b.Expect();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(All, ReadBatchErrorTest, ::testing::ValuesIn(BackendNames()),
+                         [](const ::testing::TestParamInfo<std::string>& p) {
+                           return std::string(p.param == "posix" ? "Posix" : "Uring");
+                         });
+
 // ---- Writer level ---------------------------------------------------------------
 
 // 40 tokens of the tiny preset with distinct rows, as f32 input.
@@ -430,13 +527,13 @@ struct Payload {
   std::vector<uint32_t> ids;
   std::vector<std::vector<float>> blocks;  // per (layer, stream): [token][row][width]
 
-  Payload() {
+  explicit Payload(uint32_t tokens = kTokens) {
     EXPECT_TRUE(GetPreset("tiny", Dtype::kE4M3, &g).ok());
-    for (uint32_t t = 0; t < kTokens; ++t) ids.push_back(1000 + 3 * t);
+    for (uint32_t t = 0; t < tokens; ++t) ids.push_back(1000 + 3 * t);
     for (uint32_t l = 0; l < g.layers; ++l)
       for (uint32_t s = 0; s < g.streams.size(); ++s) {
         const uint64_t per = g.streams[s].ElementsPerToken();
-        std::vector<float> v(kTokens * per);
+        std::vector<float> v(tokens * per);
         for (size_t i = 0; i < v.size(); ++i)
           v[i] = static_cast<float>(static_cast<int>((i * 37 + l * 11 + s * 5) % 97) - 48) / 16.0f;
         blocks.push_back(std::move(v));
@@ -773,6 +870,129 @@ INSTANTIATE_TEST_SUITE_P(
       std::string name = m == SyncMode::kChunk ? "Chunk" : m == SyncMode::kClose ? "Close" : "None";
       return name + (std::get<1>(p.param) ? "_Faulted" : "_Clean");
     });
+
+// ---- open: the chunk-head prefetcher ----------------------------------------------
+
+constexpr uint32_t kManyTokens = 800;
+
+const Payload& TheBigPayload() {
+  static const Payload p(kManyTokens);
+  return p;
+}
+
+// Writes the first n tokens with chunk_tokens ct, in appends of 1..7
+// tokens; a Sync() after each token count in sync_at leaves a short chunk.
+void WriteChunked(const std::string& path, uint32_t n, uint32_t ct,
+                  const std::vector<uint32_t>& sync_at) {
+  const Payload& p = TheBigPayload();
+  WriterOptions o = Options(internal::PosixFileSystemInstance(), SyncMode::kClose);
+  o.chunk_tokens = ct;
+  std::unique_ptr<Writer> w;
+  ASSERT_OK(Writer::Create(path, p.g, {"io-fault-model", 42}, o, &w));
+  uint32_t done = 0;
+  for (int step = 0; done < n; ++step) {
+    uint32_t until = n;
+    for (uint32_t at : sync_at)
+      if (at > done) until = std::min(until, at);
+    const uint32_t k = std::min<uint32_t>(until - done, 1 + step % 7);
+    ASSERT_OK(w->Append(p.Batch(done, k)));
+    done += k;
+    if (std::find(sync_at.begin(), sync_at.end(), done) != sync_at.end()) ASSERT_OK(w->Sync());
+  }
+  ASSERT_OK(w->Close());
+}
+
+// The rows of the first n tokens as a Reader decodes them from a file of
+// one chunk (the prefetcher has nothing to guess).
+std::vector<std::vector<float>> ReferenceRows(uint32_t n) {
+  TempDir dir;
+  const std::string path = dir.Path("one.kv");
+  WriteChunked(path, n, 65536, {});
+  ReaderOptions ro;
+  ro.fs = internal::PosixFileSystemInstance();
+  std::unique_ptr<Reader> r;
+  Status st = Reader::Open(path, ro, &r);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  if (!r) return {};
+  EXPECT_EQ(r->chunks().size(), 1u);
+  return ReadAllRows(*r, n);
+}
+
+class OpenPrefetchTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    std::string why;
+    fs_ = Backend(GetParam(), &why);
+    if (fs_ == nullptr) GTEST_SKIP() << "io_uring cannot be initialised here: " << why;
+  }
+
+  // Opens through the backend (with `faults` armed) and checks the chunks'
+  // token counts, the tokens and the rows.
+  void ExpectOpens(const std::string& path, uint32_t n, const std::vector<uint32_t>& chunk_sizes,
+                   std::vector<IoFault> faults = {}) {
+    const Payload& p = TheBigPayload();
+    ReaderOptions ro;
+    ro.fs = fs_;
+    std::unique_ptr<Reader> r;
+    {
+      Armed armed(std::move(faults));
+      ASSERT_OK(Reader::Open(path, ro, &r));
+    }
+    EXPECT_STREQ(r->io_backend(), GetParam() == "posix" ? "posix" : "io_uring");
+    ASSERT_EQ(r->token_count(), n);
+    ASSERT_EQ(r->chunks().size(), chunk_sizes.size());
+    for (size_t i = 0; i < chunk_sizes.size(); ++i)
+      ASSERT_EQ(r->chunks()[i].stored_tokens, chunk_sizes[i]) << "chunk " << i;
+    for (uint32_t t = 0; t < n; ++t) ASSERT_EQ(r->tokens()[t], p.ids[t]) << "token " << t;
+    const auto rows = ReadAllRows(*r, n);
+    const auto ref = ReferenceRows(n);
+    ASSERT_EQ(rows.size(), ref.size());
+    for (size_t i = 0; i < rows.size(); ++i)
+      EXPECT_TRUE(rows[i] == ref[i]) << "rows of (layer, stream) " << i;
+  }
+
+  FileSystem* fs_ = nullptr;
+  TempDir dir_;
+};
+
+// 200 chunks of one token: four batches of heads, all where expected.
+TEST_P(OpenPrefetchTest, TwoHundredChunks) {
+  const std::string path = dir_.Path("tiny.kv");
+  WriteChunked(path, 200, 1, {});
+  ExpectOpens(path, 200, std::vector<uint32_t>(200, 1));
+  // And with reads interrupted and cut short while opening.
+  ExpectOpens(path, 200, std::vector<uint32_t>(200, 1),
+              {{IoFault::kRead, 3, -EINTR, false}, {IoFault::kRead, 70, -EAGAIN, false},
+               {IoFault::kRead, 1, kShort, true}});
+}
+
+// Short chunks (a Sync() before a chunk is full) inside the first batch,
+// two in a row in the middle, and late: every head after one is not at its
+// nominal offset, so the prefetcher must batch again from there.
+TEST_P(OpenPrefetchTest, ShortChunksInTheMiddle) {
+  const std::vector<uint32_t> syncs = {3, 150, 151, 263, 701};
+  const uint32_t n = 790;
+  const std::string path = dir_.Path("short.kv");
+  WriteChunked(path, n, 4, syncs);
+  std::vector<uint32_t> sizes;
+  for (uint32_t at = 0; at < n;) {
+    uint32_t end = std::min(n, at + 4);
+    for (uint32_t s : syncs)
+      if (s > at && s < end) end = s;
+    sizes.push_back(end - at);
+    at = end;
+  }
+  ASSERT_GT(sizes.size(), 195u);
+  ExpectOpens(path, n, sizes);
+  ExpectOpens(path, n, sizes,
+              {{IoFault::kRead, 5, -EINTR, false}, {IoFault::kRead, 100, -EAGAIN, false},
+               {IoFault::kRead, 2, kShort, true}});
+}
+
+INSTANTIATE_TEST_SUITE_P(All, OpenPrefetchTest, ::testing::ValuesIn(BackendNames()),
+                         [](const ::testing::TestParamInfo<std::string>& p) {
+                           return std::string(p.param == "posix" ? "Posix" : "Uring");
+                         });
 
 // The hook itself: which operation is faulted, what a short count is, and
 // nothing at all once cleared.

@@ -2,10 +2,13 @@
 // on POSIX and io_uring (io_uring skipped where this process cannot use it),
 // byte-identical results from both, and the KVFILE_IO choice.
 #include <gtest/gtest.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -13,6 +16,7 @@
 #include <filesystem>
 #include <memory>
 #include <random>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -417,6 +421,132 @@ TYPED_TEST(FileBackendTest, DestroyingAFileWaitsForQueuedWrites) {
   Bytes got(a.size());
   ASSERT_TRUE(r->ReadAt(4096, got.data(), got.size()).ok());
   EXPECT_TRUE(got == a);
+}
+
+// ---- ReadBatch ---------------------------------------------------------------
+
+// Requests of every shape at scattered offsets into a file of `size` bytes:
+// mostly small, some of 0 bytes (also at the very end), a few of MiBs.
+std::vector<ReadRequest> ScatteredRequests(std::mt19937_64& rng, size_t count, uint64_t size,
+                                           std::vector<Bytes>* bufs) {
+  const size_t sizes[] = {0, 1, 7, 512, 4095, 4096, 4097, 65536, 3 * kMiB + 5};
+  std::vector<ReadRequest> reqs;
+  bufs->clear();
+  bufs->reserve(count);
+  for (size_t i = 0; i < count; ++i) {
+    size_t n = sizes[rng() % std::size(sizes)];
+    if (n > 65536 && rng() % 4 != 0) n = rng() % 20000;  // MiB reads: now and then
+    if (rng() % 3 == 0) n = rng() % (n + 1);
+    n = std::min<size_t>(n, size);
+    uint64_t offset = i % 37 == 5 ? size - n : rng() % (size - n + 1);
+    bufs->emplace_back(n, 0xEE);
+    reqs.push_back({offset, bufs->back().data(), n});
+  }
+  return reqs;
+}
+
+// What pread returns for the same ranges (through a descriptor of its own).
+void ExpectEqualsPread(const std::string& path, std::span<const ReadRequest> reqs) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    Bytes want(reqs[i].n);
+    ssize_t got = ::pread(fd, want.data(), want.size(), static_cast<off_t>(reqs[i].offset));
+    ASSERT_EQ(got, static_cast<ssize_t>(want.size())) << "request " << i;
+    ASSERT_EQ(0, std::memcmp(reqs[i].buf, want.data(), want.size()))
+        << "request " << i << ": " << reqs[i].n << " bytes at " << reqs[i].offset;
+  }
+  ::close(fd);
+}
+
+TYPED_TEST(FileBackendTest, ReadBatchEqualsPread) {
+  auto f = this->Create("batch");
+  ASSERT_TRUE(f);
+  std::mt19937_64 rng(31);
+  const Bytes content = RandomBytes(rng, 12 * kMiB + 333);
+  ASSERT_TRUE(f->WriteAt(0, content.data(), content.size()).ok());
+  auto r = this->Open("batch", OpenMode::kRead);
+  ASSERT_TRUE(r);
+  std::vector<Bytes> bufs;
+  for (size_t count : {0, 1, 63, 64, 65, 200}) {
+    SCOPED_TRACE("batch of " + std::to_string(count));
+    auto reqs = ScatteredRequests(rng, count, content.size(), &bufs);
+    for (File* file : {f.get(), r.get()}) {
+      for (Bytes& b : bufs) std::fill(b.begin(), b.end(), 0xEE);
+      Status st = file->ReadBatch(reqs);
+      ASSERT_TRUE(st.ok()) << st.ToString();
+      ExpectEqualsPread(this->dir_.Path("batch"), reqs);
+    }
+  }
+  // The same range many times over, and reads that all end at the end.
+  std::vector<ReadRequest> reqs;
+  bufs.assign(130, Bytes(4096, 0xEE));
+  for (size_t i = 0; i < bufs.size(); ++i)
+    reqs.push_back({i % 2 ? 4096 : content.size() - 4096, bufs[i].data(), 4096});
+  ASSERT_TRUE(r->ReadBatch(reqs).ok());
+  ExpectEqualsPread(this->dir_.Path("batch"), reqs);
+}
+
+TYPED_TEST(FileBackendTest, ReadBatchPastEndIsCorruption) {
+  auto f = this->Create("beof");
+  ASSERT_TRUE(f);
+  Bytes b(100, 0xab);
+  ASSERT_TRUE(f->WriteAt(0, b.data(), b.size()).ok());
+  const std::string eof = this->dir_.Path("beof") + ": unexpected end of file at offset ";
+  // Past the end in the first submission, in the second, alone, and a
+  // 0-byte read past the end (which, as for ReadAt, is fine).
+  for (size_t bad : {0, 3, 63, 64, 66}) {
+    for (uint64_t at : {50, 100, 1000}) {
+      SCOPED_TRACE("request " + std::to_string(bad) + " at " + std::to_string(at));
+      std::vector<Bytes> bufs(bad + 5, Bytes(10));
+      std::vector<ReadRequest> reqs;
+      for (size_t i = 0; i < bufs.size(); ++i) reqs.push_back({i % 90, bufs[i].data(), 10});
+      bufs[bad].resize(100);
+      reqs[bad] = {at, bufs[bad].data(), 100};
+      Status st = f->ReadBatch(reqs);
+      EXPECT_EQ(st.code(), Status::Code::kCorruption) << st.ToString();
+      EXPECT_EQ(st.message(), eof + std::to_string(std::max<uint64_t>(at, 100)));
+      Status one = f->ReadAt(at, bufs[bad].data(), 100);
+      EXPECT_EQ(one.code(), st.code());
+      EXPECT_EQ(one.message(), st.message());
+    }
+  }
+  Bytes got(100);
+  std::vector<ReadRequest> reqs = {{5000, got.data(), 0}, {100, got.data(), 0}, {0, got.data(), 100}};
+  ASSERT_TRUE(f->ReadBatch(reqs).ok());
+  EXPECT_TRUE(got == b);
+}
+
+TYPED_TEST(FileBackendTest, ReadBatchSeesQueuedWrites) {
+  auto f = this->Create("bqueued");
+  ASSERT_TRUE(f);
+  std::mt19937_64 rng(37);
+  std::vector<Bytes> writes;
+  Bytes model;
+  uint64_t offset = 0;
+  for (size_t n : {9 * kMiB + 1, size_t{100}, size_t{4096}, 2 * kMiB, size_t{1}, size_t{70000}}) {
+    writes.push_back(RandomBytes(rng, n));
+    Apply(&model, offset, writes.back());
+    offset += n + 1000;  // holes between them
+  }
+  for (int round = 0; round < 2; ++round) {  // then over the same bytes again
+    offset = 0;
+    for (size_t i = 0; i < writes.size(); ++i) {
+      if (round == 1) writes[i] = RandomBytes(rng, writes[i].size());
+      Apply(&model, offset, writes[i]);
+      ASSERT_TRUE(f->SubmitWrite(offset, writes[i].data(), writes[i].size(), i == 2).ok());
+      offset += writes[i].size() + 1000;
+    }
+    std::vector<Bytes> bufs;
+    auto reqs = ScatteredRequests(rng, 150, model.size(), &bufs);
+    Status st = f->ReadBatch(reqs);  // no WaitWrites
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    for (size_t i = 0; i < reqs.size(); ++i)
+      ASSERT_EQ(0, std::memcmp(bufs[i].data(), model.data() + reqs[i].offset, reqs[i].n))
+          << "round " << round << ", request " << i;
+    ASSERT_TRUE(f->WaitWrites().ok());
+  }
+  EXPECT_TRUE(ReadAll(f.get()) == model);
 }
 
 // A File moves between threads; the thread that queued the writes exits
