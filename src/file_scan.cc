@@ -63,7 +63,7 @@ Status ReadChunkHead(File& file, const FileHeader& h, LayoutCache& layouts, uint
   }
   const uint8_t* p = buf->data();
   uint64_t head_checksum_offset = head_bytes - 8;
-  if (LoadU64(p + head_checksum_offset) != Checksum(p, head_checksum_offset))
+  if (!ChecksumMatches(LoadU64(p + head_checksum_offset), Checksum(p, head_checksum_offset)))
     return Status::Corruption("chunk head checksum mismatch");
   const ChunkLayout* layout;
   KVFILE_RETURN_IF_ERROR(layouts.Get(c.token_count, &layout));
@@ -150,14 +150,14 @@ Status ReadAndCheckChunk(File& file, const Geometry& g, LayoutCache& layouts,
   buf->resize(c.info.bytes);
   KVFILE_RETURN_IF_ERROR(file.ReadAt(c.info.offset, buf->data(), c.info.bytes));
   const uint8_t* p = buf->data();
-  if (LoadU64(p + layout->head_checksum_offset) != Checksum(p, layout->head_checksum_offset) ||
+  if (!ChecksumMatches(LoadU64(p + layout->head_checksum_offset), Checksum(p, layout->head_checksum_offset)) ||
       LoadU64(p + layout->head_checksum_offset) != c.info.head_checksum)
     return Status::Corruption("chunk head checksum mismatch");
   for (uint32_t l = 0; l < layout->layers; ++l) {
     for (uint32_t s = 0; s < layout->streams; ++s) {
       const SectionLayout& sec = layout->section(l, s);
-      if (Checksum(p + sec.offset, sec.end - sec.offset) !=
-          c.section_checksums[static_cast<size_t>(l) * layout->streams + s])
+      if (!ChecksumMatches(c.section_checksums[static_cast<size_t>(l) * layout->streams + s],
+                           Checksum(p + sec.offset, sec.end - sec.offset)))
         return Status::Corruption("payload checksum mismatch in layer " + std::to_string(l) +
                                   " stream '" + g.streams[s].name + "' (section at offset " +
                                   std::to_string(c.info.offset + sec.offset) + ")");

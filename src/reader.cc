@@ -84,7 +84,7 @@ Status Reader::Impl::LoadSections(uint32_t layer, uint32_t stream, uint64_t begi
                         std::to_string(layer) + " stream '" + spec.name + "'";
     Status st = file->ReadAt(c.offset + sec.offset, buf, sec.end - sec.offset);
     if (!st.ok()) return st.WithContext(where);
-    if (Checksum(buf, sec.end - sec.offset) != scan.chunks[p.chunk].section_checksums[idx])
+    if (!ChecksumMatches(scan.chunks[p.chunk].section_checksums[idx], Checksum(buf, sec.end - sec.offset)))
       return Status::Corruption(where + ": payload checksum mismatch (section at offset " +
                                 std::to_string(c.offset + sec.offset) + ")");
     if (!IsFp8(spec.dtype)) {
