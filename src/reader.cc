@@ -80,12 +80,15 @@ Status Reader::Impl::LoadSections(uint32_t layer, uint32_t stream, uint64_t begi
     const ChunkInfo& c = chunk_infos[p.chunk];
     const SectionLayout& sec = p.section;
     uint8_t* buf = scratch.data() + p.scratch_offset;
-    std::string where = path + ": " + internal::ChunkWhere(p.chunk, c.offset) + ", layer " +
-                        std::to_string(layer) + " stream '" + spec.name + "'";
+    // Built only for an error: this runs for every chunk of every read.
+    auto where = [&] {
+      return path + ": " + internal::ChunkWhere(p.chunk, c.offset) + ", layer " + std::to_string(layer) +
+             " stream '" + spec.name + "'";
+    };
     Status st = file->ReadAt(c.offset + sec.offset, buf, sec.end - sec.offset);
-    if (!st.ok()) return st.WithContext(where);
+    if (!st.ok()) return st.WithContext(where());
     if (!ChecksumMatches(scan.chunks[p.chunk].section_checksums[idx], Checksum(buf, sec.end - sec.offset)))
-      return Status::Corruption(where + ": payload checksum mismatch (section at offset " +
+      return Status::Corruption(where() + ": payload checksum mismatch (section at offset " +
                                 std::to_string(c.offset + sec.offset) + ")");
     if (!IsFp8(spec.dtype)) {
       // The writer never stores a non-finite raw value; one in a file is damage.
@@ -93,7 +96,7 @@ Status Reader::Impl::LoadSections(uint32_t layer, uint32_t stream, uint64_t begi
       const uint8_t* rows = buf + uint64_t{p.first} * spec.ElementsPerToken() * ElementSize(spec.dtype);
       size_t bad = codec::FindNonFinite(spec.dtype, rows, elems);
       if (bad < elems)
-        return Status::Corruption(where + ": non-finite value at token " +
+        return Status::Corruption(where() + ": non-finite value at token " +
                                   std::to_string(c.first_token + p.first + bad / spec.ElementsPerToken()));
     }
     if (IsFp8(spec.dtype)) {
@@ -104,11 +107,11 @@ Status Reader::Impl::LoadSections(uint32_t layer, uint32_t stream, uint64_t begi
       const float* scales = reinterpret_cast<const float*>(buf + (sec.scales_offset - sec.offset)) + row0;
       size_t bad = codec::FindInvalidCode(kind, codes, rows * spec.row_width);
       if (bad < rows * spec.row_width)
-        return Status::Corruption(where + ": non-finite code at token " +
+        return Status::Corruption(where() + ": non-finite code at token " +
                                   std::to_string(c.first_token + p.first + bad / spec.ElementsPerToken()));
       size_t bad_scale = codec::FindInvalidScale(scales, rows);
       if (bad_scale < rows)
-        return Status::Corruption(where + ": invalid scale at token " +
+        return Status::Corruption(where() + ": invalid scale at token " +
                                   std::to_string(c.first_token + p.first + bad_scale / spec.rows_per_token));
     }
   }
