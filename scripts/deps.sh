@@ -7,6 +7,7 @@ KVFILE_PACKAGES=(
   build-essential cmake ninja-build pkg-config
   liburing-dev zlib1g-dev libcli11-dev libgtest-dev libxxhash-dev nlohmann-json3-dev
   libbenchmark-dev
+  clang libclang-rt-14-dev  # the libFuzzer build (scripts/fuzz.sh); libclang-rt-14-dev has libFuzzer
 )
 
 kvfile_install_deps() {
