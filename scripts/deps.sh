@@ -8,6 +8,7 @@ KVFILE_PACKAGES=(
   liburing-dev zlib1g-dev libcli11-dev libgtest-dev libxxhash-dev nlohmann-json3-dev
   libbenchmark-dev
   python3-dev pybind11-dev python3-numpy python3-pytest
+  clang libclang-rt-14-dev  # the libFuzzer build (scripts/fuzz.sh); libclang-rt-14-dev has libFuzzer
 )
 
 kvfile_install_deps() {

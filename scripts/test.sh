@@ -8,7 +8,8 @@
 # AddressSanitizer and UndefinedBehaviorSanitizer (leak checking on; the
 # long exhaustive sweeps are left out there: they take far too long under
 # the sanitizers; so is the Python module: an instrumented extension cannot
-# load into an uninstrumented interpreter).
+# load into an uninstrumented interpreter), and last every fuzz target for
+# 60 seconds, two at a time (scripts/fuzz.sh).
 set -euo pipefail
 KVFILE_ROOT=$(cd "$(dirname "$0")/.." && pwd)
 source "$KVFILE_ROOT/scripts/deps.sh"
@@ -33,3 +34,5 @@ kvfile_build "$KVFILE_ROOT/build-asan" -DCMAKE_BUILD_TYPE=Debug -DKVFILE_BUILD_P
 cd "$KVFILE_ROOT/build-asan"
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --output-on-failure -j "$(nproc)" --timeout 900 -L unit
+echo "== fuzz targets, 60 s each (libFuzzer, clang)"
+KVFILE_FUZZ_JOBS=2 "$KVFILE_ROOT/scripts/fuzz.sh" 60

@@ -76,7 +76,7 @@ Status ReadChunkHead(File& file, const FileHeader& h, LayoutCache& layouts, uint
   }
   const uint8_t* p = buf->data();
   uint64_t head_checksum_offset = head_bytes - 8;
-  if (LoadU64(p + head_checksum_offset) != Checksum(p, head_checksum_offset))
+  if (!ChecksumMatches(LoadU64(p + head_checksum_offset), Checksum(p, head_checksum_offset)))
     return Status::Corruption("chunk head checksum mismatch");
   const ChunkLayout* layout;
   KVFILE_RETURN_IF_ERROR(layouts.Get(c.token_count, &layout));
@@ -218,7 +218,7 @@ Status ReadAndCheckChunk(File& file, const Geometry& g, LayoutCache& layouts,
     return Status::IOError("no memory for a section of " + std::to_string(largest) + " bytes");
   uint8_t* p = buf->data();
   KVFILE_RETURN_IF_ERROR(file.ReadAt(c.info.offset, p, head_bytes));
-  if (LoadU64(p + layout->head_checksum_offset) != Checksum(p, layout->head_checksum_offset) ||
+  if (!ChecksumMatches(LoadU64(p + layout->head_checksum_offset), Checksum(p, layout->head_checksum_offset)) ||
       LoadU64(p + layout->head_checksum_offset) != c.info.head_checksum)
     return Status::Corruption("chunk head checksum mismatch");
   for (uint32_t l = 0; l < layout->layers; ++l) {
@@ -226,7 +226,8 @@ Status ReadAndCheckChunk(File& file, const Geometry& g, LayoutCache& layouts,
       const SectionLayout& sec = layout->section(l, s);
       std::string where = "layer " + std::to_string(l) + " stream '" + g.streams[s].name + "'";
       KVFILE_RETURN_IF_ERROR(file.ReadAt(c.info.offset + sec.offset, p, sec.end - sec.offset));
-      if (Checksum(p, sec.end - sec.offset) != section_checksums[static_cast<size_t>(l) * layout->streams + s])
+      if (!ChecksumMatches(section_checksums[static_cast<size_t>(l) * layout->streams + s],
+                           Checksum(p, sec.end - sec.offset)))
         return Status::Corruption("payload checksum mismatch in " + where + " (section at offset " +
                                   std::to_string(c.info.offset + sec.offset) + ")");
       Status st = CheckSectionPadding(sec, p, c.info.offset);

@@ -79,7 +79,7 @@ Status CheckSection(const StreamSpec& spec, const SectionLayout& sec, const uint
                     uint64_t expected_checksum, uint64_t section_file_offset,
                     uint64_t chunk_first_token, uint32_t first, uint32_t count,
                     const std::string& where) {
-  if (Checksum(bytes, sec.end - sec.offset) != expected_checksum)
+  if (!ChecksumMatches(expected_checksum, Checksum(bytes, sec.end - sec.offset)))
     return Status::Corruption(where + ": payload checksum mismatch (section at offset " +
                               std::to_string(section_file_offset) + ")");
   Status st = internal::CheckSectionPadding(sec, bytes, section_file_offset - sec.offset);

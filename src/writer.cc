@@ -648,7 +648,7 @@ Status Writer::Impl::UpgradeFrom(File& v1, const internal::ScanResult& scan) {
       }
     }
     for (size_t i = 0; i < hashes.size(); ++i)
-      if (XXH3_64bits_digest(hashes[i].get()) != scan.SectionChecksums(ci)[i])
+      if (!ChecksumMatches(scan.SectionChecksums(ci)[i], XXH3_64bits_digest(hashes[i].get())))
         return Status::Corruption("v1 " + internal::ChunkWhere(ci, c.info.offset) + ": payload checksum mismatch in layer " +
                                   std::to_string(i / g1.streams.size()) + " stream '" +
                                   g1.streams[i % g1.streams.size()].name + "'; not upgraded");

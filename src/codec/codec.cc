@@ -7,6 +7,8 @@
 
 #include "kvfile/codec.h"
 
+#include <cpuid.h>
+
 #include <bit>
 #include <cstdint>
 #include <cstring>
@@ -141,9 +143,15 @@ static_assert(RoundMagnitude(0x3AC00000u, kE4M3Format) == 0x01);  // 1.5 * 2^-10
 
 // ---- ISA dispatch ----
 
+// F16C is CPUID leaf 1, ECX bit 29. Asked directly: clang (14) does not
+// know "f16c" in __builtin_cpu_supports.
+bool CpuHasF16c() {
+  unsigned eax, ebx, ecx, edx;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+}
+
 bool DetectAvx2() {
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-         __builtin_cpu_supports("f16c");
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && CpuHasF16c();
 }
 
 bool DetectAvx512() {
