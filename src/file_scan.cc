@@ -43,11 +43,17 @@ uint64_t FirstHeadRead(const FileHeader& h, uint64_t offset, uint64_t limit) {
   return std::min<uint64_t>(HeadBytes(h.geometry, h.chunk_tokens), limit - offset);
 }
 
+// `cut`, if given, is set when the chunk fails only because it runs past
+// `limit`: its header fields, and its head if that is all there, are sound.
 Status ReadChunkHead(File& file, const FileHeader& h, LayoutCache& layouts, uint64_t offset,
                      uint64_t limit, ScannedChunk* chunk, PageVector<uint64_t>* checksums,
                      std::vector<uint32_t>* tokens, std::vector<uint8_t>* buf,
-                     const uint8_t* prefetched = nullptr) {
-  if (limit - offset < ch::kHeaderSize) return Status::Corruption("incomplete chunk header");
+                     const uint8_t* prefetched = nullptr, bool* cut = nullptr) {
+  if (cut != nullptr) *cut = false;
+  if (limit - offset < ch::kHeaderSize) {
+    if (cut != nullptr) *cut = true;
+    return Status::Corruption("incomplete chunk header");
+  }
   uint64_t guess = FirstHeadRead(h, offset, limit);
   if (prefetched != nullptr) {
     buf->assign(prefetched, prefetched + guess);
@@ -61,12 +67,23 @@ Status ReadChunkHead(File& file, const FileHeader& h, LayoutCache& layouts, uint
   if (c.chunk_offset != offset)
     return Status::Corruption("chunk records offset " + std::to_string(c.chunk_offset) +
                               " (moved or duplicated)");
-  if (c.chunk_bytes > limit - offset)
-    return Status::Corruption("incomplete chunk: needs " + std::to_string(c.chunk_bytes) +
-                              " bytes, " + std::to_string(limit - offset) + " present");
   // The head is checked before the full layout is computed: a hostile file
   // must not make the scan build layouts (memory) for heads that are junk.
   uint64_t head_bytes = HeadBytes(h.geometry, c.token_count);
+  if (c.chunk_bytes > limit - offset) {
+    // A head that is all there must check out before the chunk counts as
+    // cut rather than damaged (a flipped size field looks like a cut).
+    if (head_bytes <= c.chunk_bytes && head_bytes <= limit - offset) {
+      buf->resize(std::max<uint64_t>(head_bytes, guess));
+      if (head_bytes > guess)
+        KVFILE_RETURN_IF_ERROR(file.ReadAt(offset + guess, buf->data() + guess, head_bytes - guess));
+      if (LoadU64(buf->data() + head_bytes - 8) != Checksum(buf->data(), head_bytes - 8))
+        return Status::Corruption("chunk head checksum mismatch");
+    }
+    if (cut != nullptr) *cut = true;
+    return Status::Corruption("incomplete chunk: needs " + std::to_string(c.chunk_bytes) +
+                              " bytes, " + std::to_string(limit - offset) + " present");
+  }
   if (head_bytes > c.chunk_bytes)
     return Status::Corruption("chunk size " + std::to_string(c.chunk_bytes) + " is too small for " +
                               std::to_string(c.token_count) + " tokens of this geometry");
@@ -324,11 +341,11 @@ Status ScanFile(File& file, ScanResult* out, DamageLocation* where) {
   }
   where->offset = static_cast<int64_t>(kCommitSlotOffset[0]);
   if (!have) return Status::Corruption("both commit slots are damaged: " + r.slot_errors[0]);
-  if (size < r.commit.end) {
-    where->offset = static_cast<int64_t>(size);
-    return Status::Corruption("truncated: file is " + std::to_string(size) +
-                              " bytes but " + std::to_string(r.commit.end) + " are committed");
-  }
+  // A file shorter than its commit record lost committed bytes: the scan
+  // keeps the whole chunks before the cut, and records the loss (open for
+  // reading goes on, open for writing and verify refuse; RECOVERY.md).
+  bool truncated = size < r.commit.end;
+  uint64_t committed_limit = std::min(size, r.commit.end);
 
   LayoutCache layouts(&r.header.geometry);
   std::vector<uint8_t> buf;
@@ -340,17 +357,26 @@ Status ScanFile(File& file, ScanResult* out, DamageLocation* where) {
   // would fault fresh pages in again and again). Bounded by the file's
   // size, whatever the commit record claims: a chunk takes at least a
   // block, a token 4 bytes, a section checksum 8.
-  uint64_t committed_bytes = r.commit.end > kDataOffset ? r.commit.end - kDataOffset : 0;
+  uint64_t committed_bytes = committed_limit > kDataOffset ? committed_limit - kDataOffset : 0;
   uint64_t expect_chunks = std::min<uint64_t>(r.commit.chunks, committed_bytes / kBlockSize);
   r.chunks.reserve(expect_chunks);
   r.section_checksums.reserve(std::min<uint64_t>(expect_chunks * r.sections, committed_bytes / 8));
   r.tokens.reserve(std::min<uint64_t>(r.commit.tokens, committed_bytes / 4));
   // The committed region: every chunk must check out.
-  HeadPrefetcher prefetch(file, r.header, layouts, r.commit.end);
+  HeadPrefetcher prefetch(file, r.header, layouts, committed_limit);
+  std::string cut_reason;
   for (uint64_t i = 0; i < r.commit.chunks; ++i) {
     ScannedChunk c;
-    Status st = ReadChunkHead(file, r.header, layouts, pos, r.commit.end, &c, &r.section_checksums,
-                              &chunk_tokens, &buf, prefetch.Get(pos));
+    bool cut = false;
+    Status st = ReadChunkHead(file, r.header, layouts, pos, committed_limit, &c, &r.section_checksums,
+                              &chunk_tokens, &buf, prefetch.Get(pos), &cut);
+    if (!st.ok() && cut && truncated) {
+      // The file ends inside this chunk (or right before it): the chunks
+      // before it are the valid prefix.
+      r.section_checksums.resize(r.chunks.size() * r.sections);
+      cut_reason = ChunkWhere(i, pos) + ": " + st.message();
+      break;
+    }
     if (st.ok() && c.info.epoch > r.commit.epoch)
       st = Status::Corruption("chunk epoch " + std::to_string(c.info.epoch) +
                               " is newer than the commit record's");
@@ -363,6 +389,26 @@ Status ScanFile(File& file, ScanResult* out, DamageLocation* where) {
     r.tokens.insert(r.tokens.end(), chunk_tokens.begin(), chunk_tokens.end());
     pos += c.info.bytes;
     r.chunks.push_back(std::move(c));
+  }
+  if (truncated) {
+    if (cut_reason.empty()) {
+      // Every committed chunk is there, yet they end before the record's end.
+      *where = {-1, static_cast<int64_t>(pos)};
+      return Status::Corruption("committed chunks end at " + std::to_string(pos) +
+                                " but the commit record says " + std::to_string(r.commit.end));
+    }
+    // The commit record's token count speaks of the chunk it ends in, which
+    // is gone: the kept chunks are whole, their live counts come from the
+    // chain. Nothing past the cut is read: it is all committed data.
+    r.tail.valid_end = pos;
+    r.tail.torn_tail_bytes = size - pos;
+    r.tail.torn_reason = cut_reason;
+    r.tail.committed_data_missing = true;
+    r.tail.committed_chunks_missing = r.commit.chunks - r.chunks.size();
+    r.tail.committed_tokens_missing = r.commit.tokens > r.tokens.size() ? r.commit.tokens - r.tokens.size() : 0;
+    r.tail.committed_bytes_missing = r.commit.end - size;
+    *out = std::move(r);
+    return Status::OK();
   }
   *where = {-1, static_cast<int64_t>(pos)};
   if (pos != r.commit.end)

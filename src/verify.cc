@@ -96,7 +96,19 @@ Status VerifyFile(const std::string& path, const VerifyOptions& options, VerifyR
                                   internal::ChunkWhere(i, c.info.offset) + ": " + cst.message()});
     }
   }
-  if (scan.tail.torn_tail_bytes > 0) {
+  if (scan.tail.committed_data_missing) {
+    report->committed_data_missing = true;
+    report->findings.push_back(
+        {true, static_cast<int64_t>(scan.chunks.size()), static_cast<int64_t>(report->bytes),
+         "file truncated: committed data missing: the file ends at offset " + std::to_string(report->bytes) +
+             " but the commit record vouches for " + std::to_string(scan.commit.end) + " bytes; " +
+             std::to_string(scan.tail.committed_chunks_missing) + " committed chunks from chunk " +
+             std::to_string(scan.chunks.size()) + " at offset " + std::to_string(scan.tail.valid_end) +
+             " on, " + std::to_string(scan.tail.committed_tokens_missing) + " committed tokens and " +
+             std::to_string(scan.tail.committed_bytes_missing) + " bytes are missing (" + scan.tail.torn_reason +
+             "); readers get the " + std::to_string(scan.tokens.size()) +
+             " tokens before it, `kvfile repair --force` cuts the file to them"});
+  } else if (scan.tail.torn_tail_bytes > 0) {
     int64_t at = static_cast<int64_t>(scan.tail.valid_end);
     int64_t chunk = static_cast<int64_t>(scan.chunks.size());
     if (scan.tail.valid_data_follows) {

@@ -402,12 +402,19 @@ Status Writer::Impl::Recover(const internal::ScanResult& scan) {
   end = scan.tail.valid_end;
   if (scan.tail.torn_tail_bytes > 0) {
     // Nothing in the tail was acknowledged: the commit record does not
-    // cover it. Cut it off, durably, before anything is appended after it.
+    // cover it (or, cut inside committed data, it is a partial chunk that
+    // cannot be read). Cut it off, durably, before anything is appended.
     recovery.truncated_bytes = scan.tail.torn_tail_bytes;
     recovery.torn_reason = scan.tail.torn_reason;
     Status st = file->Truncate(end);
     if (st.ok()) st = file->Sync();
     if (!st.ok()) return Fail(st);
+  }
+  if (scan.tail.committed_data_missing) {
+    // Writer::Open let it through (drop_missing_committed): the record must
+    // vouch for the kept prefix only, before anything is appended.
+    recovery.dropped_committed_tokens = scan.tail.committed_tokens_missing;
+    return CommitDurably(/*force=*/true);
   }
   recovery.recommitted_chunks = chunks.size() - scan.commit.chunks;
   recovery.slot_rewritten = !scan.slot_errors[0].empty() || !scan.slot_errors[1].empty();
@@ -693,6 +700,15 @@ Status Writer::Open(const std::string& path, const WriterOptions& options,
   internal::ScanResult scan;
   Status st = internal::ScanFile(*file, &scan);
   if (!st.ok()) return st.WithContext(path);
+  // Appending after a cut would make a commit record that no longer counts
+  // acknowledged tokens: that takes an explicit decision.
+  if (scan.tail.committed_data_missing && !options.drop_missing_committed)
+    return Status::Corruption(
+        path + ": file truncated: the file is " + std::to_string(scan.tail.file_size) +
+        " bytes but the commit record vouches for " + std::to_string(scan.commit.end) + "; " +
+        std::to_string(scan.tail.committed_tokens_missing) + " committed tokens are missing (" +
+        scan.tail.torn_reason + "); not opened for writing, `kvfile repair --force` cuts it to the " +
+        std::to_string(scan.tokens.size()) + " tokens before the cut");
   auto impl = std::make_unique<Impl>();
   if (scan.header.major == kMajorV1) {
     if (!IsFp8(options.upgrade_dtype))
@@ -719,6 +735,7 @@ Status Writer::Open(const std::string& path, const WriterOptions& options,
     }
     KVFILE_RETURN_IF_ERROR(fs->SyncDir(DirName(path)));
     impl->recovery.upgraded_from_v1 = true;
+    impl->recovery.dropped_committed_tokens = scan.tail.committed_tokens_missing;
     impl->recovery.removed_stale_upgrade = removed_stale;
     out->reset(new Writer(std::move(impl)));
     return Status::OK();

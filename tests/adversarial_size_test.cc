@@ -61,6 +61,16 @@ void ExpectFastBoundedFailure(const std::string& what, uint64_t file_size, const
   EXPECT_LE(a.total, TotalAllowed(file_size));
 }
 
+// VerifyFile's first error as a status (OK if it finds none).
+Status VerifyFirstError(FaultFs& fs) {
+  VerifyOptions vo;
+  vo.fs = &fs;
+  VerifyReport rep;
+  KVFILE_RETURN_IF_ERROR(VerifyFile(kSweepPath, vo, &rep));
+  if (!rep.HasErrors()) return Status::OK();
+  return Status::Corruption(rep.findings[0].message);
+}
+
 // Opens `image` with a Reader and with VerifyFile; both must refuse it.
 void ExpectRefused(const std::string& what, const std::vector<uint8_t>& image, const std::string& needle) {
   FaultFs fs({{kSweepPath, image}});
@@ -70,15 +80,24 @@ void ExpectRefused(const std::string& what, const std::vector<uint8_t>& image, c
     ro.fs = &fs;
     return Reader::Open(kSweepPath, ro, &r);
   }, needle);
-  ExpectFastBoundedFailure(what + " (verify)", image.size(), [&] {
-    VerifyOptions vo;
-    vo.fs = &fs;
-    VerifyReport rep;
-    Status st = VerifyFile(kSweepPath, vo, &rep);
-    if (!st.ok()) return st;
-    if (!rep.HasErrors()) return Status::OK();
-    return Status::Corruption(rep.findings[0].message);
-  }, needle);
+  ExpectFastBoundedFailure(what + " (verify)", image.size(), [&] { return VerifyFirstError(fs); }, needle);
+}
+
+// A commit record claiming more than the file holds reads as a file cut
+// inside its committed data: open returns the real chunks (and records the
+// loss), verify reports "file truncated"; both within the same bounds.
+void ExpectReadAsTruncated(const std::string& what, const std::vector<uint8_t>& image, uint64_t tokens) {
+  FaultFs fs({{kSweepPath, image}});
+  ExpectFastBoundedFailure(what + " (open)", image.size(), [&] {
+    std::unique_ptr<Reader> r;
+    ReaderOptions ro;
+    ro.fs = &fs;
+    KVFILE_RETURN_IF_ERROR(Reader::Open(kSweepPath, ro, &r));
+    EXPECT_EQ(r->token_count(), tokens);
+    if (!r->tail().committed_data_missing) return Status::OK();
+    return Status::Corruption("file truncated (open read the prefix)");
+  }, "file truncated");
+  ExpectFastBoundedFailure(what + " (verify)", image.size(), [&] { return VerifyFirstError(fs); }, "file truncated");
 }
 
 const testing::SweepFixture& Base() {
@@ -147,14 +166,14 @@ TEST(AdversarialSizes, CommitRecordsClaimingHugeCounts) {
   std::vector<uint8_t> image = f.bytes;
   // Consistent counts: 2^40 tokens in 2^40 chunks of 4096 bytes.
   SetBothSlots(image, uint64_t{1} << 40, kDataOffset + (uint64_t{1} << 52), uint64_t{1} << 40);
-  ExpectRefused("commit: 2^40 tokens, 2^40 chunks", image, "are committed");
+  ExpectReadAsTruncated("commit: 2^40 tokens, 2^40 chunks", image, f.tokens.size());
   image = f.bytes;
   SetBothSlots(image, uint64_t{1} << 40, end, f.chunks.size());
   ExpectRefused("commit: 2^40 tokens in the real chunks", image, "does not fall in the last committed chunk");
   image = f.bytes;
   // An end that overflows when the slot's checks add to it.
   SetBothSlots(image, ~uint64_t{0}, ~uint64_t{0} - 4095, uint64_t{1} << 40);
-  ExpectRefused("commit: end 2^64-4096", image, "are committed");
+  ExpectReadAsTruncated("commit: end 2^64-4096", image, f.tokens.size());
   image = f.bytes;
   SetBothSlots(image, ~uint64_t{0}, end, ~uint64_t{0});
   ExpectRefused("commit: 2^64-1 chunks", image, "commit record counts are inconsistent");

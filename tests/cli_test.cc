@@ -212,6 +212,38 @@ TEST_F(CliTest, RepairCutsTornTailAndRefusesDamage) {
   EXPECT_EQ(ReadFile(P("a.kv")), damaged);
 }
 
+// A file cut inside committed data: verify fails naming the cut, repair
+// refuses without --force (file untouched), --force cuts it to its prefix.
+TEST_F(CliTest, RepairForceCutsAFileTruncatedInsideCommittedData) {
+  ASSERT_EQ(Kvfile("synth " + P("a.kv") + " --preset tiny --tokens 50 --chunk-tokens 16").exit_code, 0);
+  std::string healthy = ReadFile(P("a.kv"));
+  uint64_t prefix_end = 12288 + 2 * 4096;
+  fs::resize_file(P("a.kv"), prefix_end + 1000);
+  std::string cut = ReadFile(P("a.kv"));
+  CliRun verify = Kvfile("verify " + P("a.kv"));
+  EXPECT_EQ(verify.exit_code, 1);
+  EXPECT_NE(verify.err.find("file truncated: committed data missing: the file ends at offset " +
+                            std::to_string(prefix_end + 1000)), std::string::npos) << verify.err;
+  EXPECT_NE(verify.err.find("chunk 2 at offset " + std::to_string(prefix_end)), std::string::npos) << verify.err;
+  EXPECT_NE(verify.err.find("18 committed tokens"), std::string::npos) << verify.err;
+  CliRun refuse = Kvfile("repair " + P("a.kv"));
+  EXPECT_EQ(refuse.exit_code, 1);
+  EXPECT_NE(refuse.err.find("use --force"), std::string::npos) << refuse.err;
+  EXPECT_EQ(ReadFile(P("a.kv")), cut);
+  CliRun fix = Kvfile("repair --force " + P("a.kv"));
+  EXPECT_EQ(fix.exit_code, 0) << fix.err;
+  EXPECT_NE(fix.out.find("committed the 32 tokens before the cut; 18 committed tokens were lost"), std::string::npos)
+      << fix.out;
+  EXPECT_EQ(fs::file_size(P("a.kv")), prefix_end);
+  CliRun clean = Kvfile("verify " + P("a.kv"));
+  EXPECT_EQ(clean.exit_code, 0) << clean.err;
+  EXPECT_EQ(clean.err, "");
+  auto info = nlohmann::json::parse(Kvfile("info --json " + P("a.kv")).out);
+  EXPECT_EQ(info["tokens"], 32);
+  // The prefix holds the original's bytes: the chunks are untouched.
+  EXPECT_EQ(ReadFile(P("a.kv")).substr(12288), healthy.substr(12288, prefix_end - 12288));
+}
+
 TEST_F(CliTest, VerifySnapshotDirectoryReportsExactlyTheDamagedFile) {
   fs::create_directories(P("snap/sub"));
   for (int i = 0; i < 12; ++i) {

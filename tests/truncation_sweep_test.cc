@@ -4,9 +4,12 @@
 // What is correct:
 // - Always: VerifyFile examines the file (returns OK) and no read returns a
 //   byte that differs from the original's (ReadAndCompare).
-// - A closed file (every chunk committed) cut anywhere: the commit record
-//   vouches for bytes that are gone, so Open fails with kCorruption and
-//   verify reports an error at the offset where the file now ends.
+// - A closed file (every chunk committed) cut at length n >= 12288: the
+//   commit record vouches for bytes that are gone. The reader returns exactly
+//   the chunks that lie wholly in [0, n) (at a chunk boundary: the original's
+//   prefix of those chunks), never a byte of a partial chunk; verify reports
+//   one error, "file truncated", naming the chunk and the offset n where the
+//   file now ends.
 // - A file whose chunks are all past the commit record (SyncMode::kNone),
 //   cut at length n >= 12288: the reader returns exactly the chunks that lie
 //   wholly in [0, n), with their tokens and rows, and nothing of a partial
@@ -37,6 +40,12 @@ std::pair<uint64_t, uint64_t> WholeChunksIn(const SweepFixture& f, uint64_t n) {
   return r;
 }
 
+int64_t WholeChunkCount(const SweepFixture& f, uint64_t n) {
+  int64_t k = 0;
+  for (const auto& c : f.chunks) k += c.end <= n;
+  return k;
+}
+
 void SweepTruncations(const SweepFixture& f, size_t* cases) {
   SCOPED_TRACE(f.name);
   for (uint64_t n = 0; n <= f.bytes.size(); ++n) {
@@ -56,7 +65,7 @@ void SweepTruncations(const SweepFixture& f, size_t* cases) {
       ASSERT_TRUE(rep.findings.empty()) << rep.findings[0].message;
       continue;
     }
-    if (n < kFixedRegion || f.committed) {
+    if (n < kFixedRegion) {
       ASSERT_FALSE(rc.open.ok());
       ASSERT_EQ(rc.open.code(), Status::Code::kCorruption) << rc.open.ToString();
       ASSERT_TRUE(rep.HasErrors());
@@ -70,9 +79,22 @@ void SweepTruncations(const SweepFixture& f, size_t* cases) {
       continue;
     }
     auto [tokens, valid_end] = WholeChunksIn(f, n);
+    // ReadAndCompare has checked every byte read against the original's.
     ASSERT_TRUE(rc.open.ok()) << rc.open.ToString();
     ASSERT_EQ(rc.tokens, tokens);
     ASSERT_EQ(rc.failed_reads, 0u);
+    if (f.committed) {
+      ASSERT_TRUE(rep.committed_data_missing);
+      ASSERT_TRUE(rep.HasErrors());
+      ASSERT_EQ(rep.findings.size(), 1u) << rep.findings[0].message;
+      EXPECT_EQ(rep.findings[0].offset, static_cast<int64_t>(n)) << rep.findings[0].message;
+      EXPECT_EQ(rep.findings[0].chunk, WholeChunkCount(f, n)) << rep.findings[0].message;
+      EXPECT_NE(rep.findings[0].message.find("file truncated: committed data missing"), std::string::npos)
+          << rep.findings[0].message;
+      EXPECT_EQ(rep.tokens, tokens);
+      EXPECT_EQ(rep.valid_end, valid_end);
+      continue;
+    }
     ASSERT_FALSE(rep.HasErrors()) << rep.findings[0].message;
     if (valid_end == n) {
       ASSERT_TRUE(rep.findings.empty()) << rep.findings[0].message;
@@ -99,9 +121,9 @@ void SweepAll(bool committed, bool quick) {
   EXPECT_GT(fixtures, 0u);
 }
 
-TEST(TruncationSweep, QuickClosedFilesFailAtEveryCut) { SweepAll(true, true); }
+TEST(TruncationSweep, QuickClosedFilesReadAsTheWholeChunksBeforeEveryCut) { SweepAll(true, true); }
 TEST(TruncationSweep, QuickUncommittedFilesReadAsTheWholeChunksBeforeEveryCut) { SweepAll(false, true); }
-TEST(TruncationSweep, FullClosedFilesFailAtEveryCut) { SweepAll(true, false); }
+TEST(TruncationSweep, FullClosedFilesReadAsTheWholeChunksBeforeEveryCut) { SweepAll(true, false); }
 TEST(TruncationSweep, FullUncommittedFilesReadAsTheWholeChunksBeforeEveryCut) { SweepAll(false, false); }
 
 }  // namespace

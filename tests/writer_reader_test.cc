@@ -1427,16 +1427,70 @@ TEST_F(DamageTest, TruncatedUncommittedTailIsDropped) {
   EXPECT_EQ(r->tail().torn_tail_bytes, 0u);
 }
 
-TEST_F(DamageTest, TruncatedCommittedRegionFailsOpen) {
+TEST_F(DamageTest, TruncatedFixedRegionFailsOpen) {
   ASSERT_NO_FATAL_FAILURE(Write(SyncMode::kClose));
-  for (uint64_t size : {ChunkOffset(2) + 2048, ChunkOffset(1) + 100, ChunkOffset(0),
-                        uint64_t{12287}, uint64_t{5000}}) {
+  for (uint64_t size : {uint64_t{12287}, uint64_t{5000}}) {
     SCOPED_TRACE(size);
     std::filesystem::copy_file(Path(), Path("t.kv"), std::filesystem::copy_options::overwrite_existing);
     std::filesystem::resize_file(Path("t.kv"), size);
     std::unique_ptr<Reader> r;
     EXPECT_TRUE(HasCode(Reader::Open(Path("t.kv"), {}, &r), Code::kCorruption, {"truncated"}));
   }
+}
+
+// Cut inside the committed region: the reader returns the whole chunks
+// before the cut and records what the commit record vouched for.
+TEST_F(DamageTest, TruncatedCommittedRegionReadsAsTheWholeChunksBefore) {
+  ASSERT_NO_FATAL_FAILURE(Write(SyncMode::kClose));
+  std::unique_ptr<Reader> whole;
+  ASSERT_OK(Reader::Open(Path(), {}, &whole));
+  uint64_t committed_end = whole->tail().file_size;
+  struct Case { uint64_t size, tokens, valid_end; };
+  for (Case c : {Case{ChunkOffset(2) + 2048, 16, ChunkOffset(2)}, Case{ChunkOffset(1) + 100, 8, ChunkOffset(1)},
+                 Case{ChunkOffset(2), 16, ChunkOffset(2)}, Case{ChunkOffset(0), 0, ChunkOffset(0)}}) {
+    SCOPED_TRACE(c.size);
+    std::filesystem::copy_file(Path(), Path("t.kv"), std::filesystem::copy_options::overwrite_existing);
+    std::filesystem::resize_file(Path("t.kv"), c.size);
+    std::unique_ptr<Reader> r;
+    ASSERT_OK(Reader::Open(Path("t.kv"), {}, &r));
+    EXPECT_EQ(r->token_count(), c.tokens);
+    EXPECT_TRUE(std::equal(r->tokens().begin(), r->tokens().end(), whole->tokens().begin()));
+    EXPECT_TRUE(r->tail().committed_data_missing);
+    EXPECT_EQ(r->tail().valid_end, c.valid_end);
+    EXPECT_EQ(r->tail().torn_tail_bytes, c.size - c.valid_end);
+    EXPECT_EQ(r->tail().committed_tokens_missing, whole->token_count() - c.tokens);
+    EXPECT_EQ(r->tail().committed_bytes_missing, committed_end - c.size);
+    if (c.tokens > 0) CheckRange(*r, q_, e_, 1, 0, 0, c.tokens, Dtype::kF32);
+    VerifyReport rep;
+    ASSERT_OK(VerifyFile(Path("t.kv"), {}, &rep));
+    ASSERT_EQ(rep.findings.size(), 1u);
+    EXPECT_TRUE(rep.findings[0].error);
+    EXPECT_EQ(rep.findings[0].offset, static_cast<int64_t>(c.size));
+    EXPECT_NE(rep.findings[0].message.find("file truncated: committed data missing"), std::string::npos)
+        << rep.findings[0].message;
+  }
+}
+
+// A writer must not drop acknowledged tokens behind the caller's back.
+TEST_F(DamageTest, WriterRefusesAFileCutInsideCommittedData) {
+  ASSERT_NO_FATAL_FAILURE(Write(SyncMode::kClose));
+  std::filesystem::resize_file(Path(), ChunkOffset(1) + 100);
+  Bytes before = ReadFileBytes(Path());
+  std::unique_ptr<Writer> w;
+  EXPECT_TRUE(HasCode(Writer::Open(Path(), {}, &w), Code::kCorruption,
+                      {"file truncated", "kvfile repair --force"}));
+  EXPECT_EQ(ReadFileBytes(Path()), before);
+  // With the explicit option the file is cut to its prefix and recommitted.
+  WriterOptions o;
+  o.drop_missing_committed = true;
+  ASSERT_OK(Writer::Open(Path(), o, &w));
+  EXPECT_EQ(w->token_count(), 8u);
+  ASSERT_OK(w->Close());
+  EXPECT_EQ(std::filesystem::file_size(Path()), ChunkOffset(1));
+  VerifyReport rep;
+  ASSERT_OK(VerifyFile(Path(), {}, &rep));
+  EXPECT_TRUE(rep.findings.empty()) << rep.findings[0].message;
+  EXPECT_EQ(rep.tokens, 8u);
 }
 
 TEST_F(DamageTest, GarbageAfterTheLastChunkIsATornTail) {

@@ -41,6 +41,18 @@ int RunRepair(const RepairArgs& a) {
   for (const VerifyFinding& f : rep.findings) {
     bool is_tail = f.offset >= 0 && static_cast<uint64_t>(f.offset) == rep.valid_end && rep.torn_tail_bytes > 0;
     bool is_slot = f.chunk < 0 && (f.offset == 4096 || f.offset == 8192) && rep.opened;
+    bool is_cut = rep.committed_data_missing && f.offset >= 0 && static_cast<uint64_t>(f.offset) == rep.bytes;
+    if (is_cut) {
+      // Acknowledged tokens are gone already; cutting the partial chunk and
+      // recommitting the prefix makes that official, so it takes --force.
+      tail = &f;
+      if (!a.force)
+        return ReportError(Status::Corruption(
+            a.path + ": " + f.message + "; not repaired (the commit record would no longer count the missing "
+            "tokens; use --force to cut the file at offset " + std::to_string(rep.valid_end) +
+            " and commit the " + std::to_string(rep.tokens) + " tokens before it)"));
+      continue;
+    }
     if (is_tail) {
       tail = &f;
       if (f.error && !a.force)
@@ -67,7 +79,9 @@ int RunRepair(const RepairArgs& a) {
     return kExitOk;
   }
   std::unique_ptr<Writer> w;
-  st = Writer::Open(a.path, {}, &w);
+  WriterOptions options;
+  options.drop_missing_committed = a.force && rep.committed_data_missing;
+  st = Writer::Open(a.path, options, &w);
   if (!st.ok()) return ReportError(st);
   const Writer::RecoveryReport& r = w->recovery();
   st = w->Close();
@@ -75,6 +89,10 @@ int RunRepair(const RepairArgs& a) {
   if (r.truncated_bytes > 0)
     std::printf("%s: cut a torn tail of %llu bytes at offset %llu\n", a.path.c_str(),
                 static_cast<unsigned long long>(r.truncated_bytes), static_cast<unsigned long long>(rep.valid_end));
+  if (rep.committed_data_missing)
+    std::printf("%s: committed the %llu tokens before the cut; %llu committed tokens were lost\n", a.path.c_str(),
+                static_cast<unsigned long long>(w->token_count()),
+                static_cast<unsigned long long>(r.dropped_committed_tokens));
   if (r.slot_rewritten) std::printf("%s: rewrote the damaged commit slot\n", a.path.c_str());
   if (r.recommitted_chunks > 0)
     std::printf("%s: committed %llu whole chunks found past the commit record\n", a.path.c_str(),
@@ -94,7 +112,9 @@ void RegisterRepair(CLI::App& app, int* exit_code) {
       "Example: kvfile repair session.kv --dry-run");
   cmd->add_option("FILE", args->path, "the .kv file")->required();
   cmd->add_flag("--dry-run", args->dry_run, "report what would be done, change nothing");
-  cmd->add_flag("--force", args->force, "also cut damage that valid (uncommitted) chunks follow");
+  cmd->add_flag("--force", args->force,
+                "also cut damage that valid (uncommitted) chunks follow, and cut a file shorter than its\n"
+                "commit record to its valid prefix (the missing committed tokens are given up)");
   cmd->callback([args, exit_code] { *exit_code = RunRepair(*args); });
 }
 

@@ -51,6 +51,16 @@ struct TailInfo {
   // valid_end either way; verify reports it.
   bool valid_data_follows = false;
   uint64_t valid_data_offset = 0;
+  // The file is shorter than its commit record says: it was cut inside the
+  // committed region. The reader returns the whole chunks before the cut
+  // (valid_end); torn_reason names the chunk the file ends in or before.
+  // Verify reports it as an error and a Writer refuses to open the file
+  // (kvfile repair --force cuts it to the prefix). What the commit record
+  // vouched for that is no longer readable:
+  bool committed_data_missing = false;
+  uint64_t committed_chunks_missing = 0;
+  uint64_t committed_tokens_missing = 0;  // commit record's count minus the tokens kept (0 if more are kept: a rewound chunk)
+  uint64_t committed_bytes_missing = 0;   // commit record's end minus the file size
 };
 
 // One destination of Reader::ReadMany: the rows of (layer, stream), decoded,

@@ -36,6 +36,9 @@ struct VerifyReport {
   uint64_t tokens = 0, chunks = 0, bytes = 0;
   uint64_t torn_tail_bytes = 0;
   uint64_t valid_end = 0;
+  // The file is shorter than its commit record (an error finding says
+  // where): acknowledged data is gone; only repair --force cuts the file.
+  bool committed_data_missing = false;
   std::vector<VerifyFinding> findings;
 
   bool HasErrors() const;

@@ -38,6 +38,11 @@ struct WriterOptions {
   // except those named in `keep_raw`, which stay as they are.
   Dtype upgrade_dtype = Dtype::kE4M3;
   std::vector<std::string> keep_raw;
+  // Open() of a file shorter than its commit record (cut inside committed
+  // data) fails with kCorruption unless this is set; then the file is cut
+  // to its valid prefix of whole chunks and a commit record vouching for
+  // them is written (kvfile repair --force). Acknowledged tokens are lost.
+  bool drop_missing_committed = false;
 };
 
 // The rows of one (layer, stream) for the tokens of one append, row after
@@ -112,6 +117,9 @@ class Writer {
     bool dropped_after_damage = false;
     bool upgraded_from_v1 = false;    // the file was a v1 file, now v2
     bool removed_stale_upgrade = false;  // a leftover <path>.kvupgrade was removed
+    // The file was shorter than its commit record (drop_missing_committed):
+    // it was cut to the whole chunks before the cut and recommitted.
+    uint64_t dropped_committed_tokens = 0;
   };
   const RecoveryReport& recovery() const;
 
