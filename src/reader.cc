@@ -262,7 +262,7 @@ Status Reader::ReadMany(std::span<const RowsTarget> targets, uint64_t begin, uin
   size_t first_chunk = r.FirstChunkFor(begin);
   size_t last_chunk = first_chunk;
   while (last_chunk < r.chunk_infos.size() && r.chunk_infos[last_chunk].first_token < end) ++last_chunk;
-  threads = static_cast<unsigned>(std::clamp<size_t>(threads, 1, std::min<size_t>(kMaxReadThreads, last_chunk - first_chunk)));
+  threads = static_cast<unsigned>(std::clamp<size_t>(threads, 1, std::clamp<size_t>(last_chunk - first_chunk, 1, kMaxReadThreads)));
 
   // Each further worker reads through its own File (a File is used by one
   // thread at a time), which must be the file this reader opened.

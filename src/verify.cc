@@ -54,7 +54,7 @@ Status VerifyFile(const std::string& path, const VerifyOptions& options, VerifyR
     std::vector<std::unique_ptr<File>> files;
     files.push_back(std::move(file));
     unsigned threads = static_cast<unsigned>(
-        std::clamp<size_t>(options.threads, 1, std::min<size_t>(kMaxVerifyThreads, scan.chunks.size())));
+        std::clamp<size_t>(options.threads, 1, std::clamp<size_t>(scan.chunks.size(), 1, kMaxVerifyThreads)));
     FileId id;
     KVFILE_RETURN_IF_ERROR(files[0]->Id(&id));
     for (unsigned i = 1; i < threads; ++i) {
