@@ -241,15 +241,16 @@ Status ReadAndCheckChunk(File& file, const Geometry& g, LayoutCache& layouts,
   for (uint32_t l = 0; l < layout->layers; ++l) {
     for (uint32_t s = 0; s < layout->streams; ++s) {
       const SectionLayout& sec = layout->section(l, s);
-      std::string where = "layer " + std::to_string(l) + " stream '" + g.streams[s].name + "'";
+      // Built only on failure (a string per section cost more than checking it in small files).
+      auto where = [&] { return "layer " + std::to_string(l) + " stream '" + g.streams[s].name + "'"; };
       KVFILE_RETURN_IF_ERROR(file.ReadAt(c.info.offset + sec.offset, p, sec.end - sec.offset));
       if (!ChecksumMatches(section_checksums[static_cast<size_t>(l) * layout->streams + s],
                            Checksum(p, sec.end - sec.offset)))
-        return Status::Corruption("payload checksum mismatch in " + where + " (section at offset " +
+        return Status::Corruption("payload checksum mismatch in " + where() + " (section at offset " +
                                   std::to_string(c.info.offset + sec.offset) + ")");
       Status st = CheckSectionPadding(sec, p, c.info.offset);
       if (st.ok()) st = CheckSectionValues(g.streams[s], sec, p, c.info.first_token, 0, c.info.stored_tokens);
-      if (!st.ok()) return st.WithContext(where);
+      if (!st.ok()) return st.WithContext(where());
     }
   }
   return Status::OK();
@@ -263,10 +264,12 @@ Status CheckSectionPadding(const SectionLayout& sec, const uint8_t* section, uin
   const std::pair<uint64_t, uint64_t> pads[2] = {
       {data_end, sec.scales_bytes > 0 ? sec.scales_offset : sec.end},
       {sec.scales_bytes > 0 ? scales_end : sec.end, sec.end}};
-  for (const auto& [begin, end] : pads)
-    for (uint64_t i = begin; i < end; ++i)
-      if (section[i - sec.offset] != 0)
-        return Status::Corruption("nonzero section padding at offset " + std::to_string(chunk_offset + i));
+  for (const auto& [begin, end] : pads) {
+    if (end <= begin || AllZero(std::span<const uint8_t>(section + (begin - sec.offset), end - begin))) continue;
+    uint64_t i = begin;
+    while (section[i - sec.offset] == 0) ++i;
+    return Status::Corruption("nonzero section padding at offset " + std::to_string(chunk_offset + i));
+  }
   return Status::OK();
 }
 

@@ -15,6 +15,7 @@
 //   the read of that (layer, stream) fails and leaves its destination as it
 //   was, and every other read returns exactly the original bytes.
 #include <gtest/gtest.h>
+#include <algorithm>
 
 #include <chrono>
 #include <cstdio>
@@ -194,6 +195,13 @@ size_t FlipReservedWithChecksums(const SweepFixture& f, const std::vector<Range>
           case Refuser::kRead:
             EXPECT_TRUE(rc.open.ok()) << rc.open.ToString();
             EXPECT_EQ(rc.failed_reads, 1u) << "the reader accepted nonzero section padding";
+            // ... and verify names the very byte.
+            EXPECT_TRUE(std::any_of(check.report.findings.begin(), check.report.findings.end(),
+                                    [b](const VerifyFinding& v) {
+                                      return v.message.find("nonzero section padding at offset " +
+                                                            std::to_string(b)) != std::string::npos;
+                                    }))
+                << "no finding names padding byte " << b;
             break;
         }
         if (::testing::Test::HasFailure()) return cases;

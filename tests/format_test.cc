@@ -141,6 +141,31 @@ TEST(Checksum, IsXxh3SeedZero) {
     EXPECT_EQ(Checksum(data.data(), n), XXH3_64bits(data.data(), n)) << n;
 }
 
+// AllZero reads eight bytes at a time: a nonzero byte anywhere (in the
+// words, in the tail, at any alignment of the start) must be seen.
+TEST(AllZero, SeesEveryNonzeroByteAtEveryAlignment) {
+  std::vector<uint8_t> buf(64 + 8, 0);
+  for (size_t start = 0; start < 8; ++start) {
+    for (size_t n = 0; n <= 40; ++n) {
+      std::span<const uint8_t> bytes(buf.data() + start, n);
+      ASSERT_TRUE(AllZero(bytes)) << start << " " << n;
+      for (size_t i = 0; i < n; ++i) {
+        for (uint8_t v : {uint8_t{1}, uint8_t{0x80}, uint8_t{0xFF}}) {
+          buf[start + i] = v;
+          EXPECT_FALSE(AllZero(bytes)) << "start " << start << " length " << n << " byte " << i;
+          buf[start + i] = 0;
+        }
+      }
+      // Bytes just outside the span do not count.
+      if (start > 0) buf[start - 1] = 0xFF;
+      buf[start + n] = 0xFF;
+      EXPECT_TRUE(AllZero(bytes)) << start << " " << n;
+      if (start > 0) buf[start - 1] = 0;
+      buf[start + n] = 0;
+    }
+  }
+}
+
 TEST(Endian, StoresLittleEndian) {
   uint8_t b[8] = {};
   StoreU16(b, 0x1234);
