@@ -15,8 +15,8 @@
 //   the read of that (layer, stream) fails and leaves its destination as it
 //   was, and every other read returns exactly the original bytes.
 #include <gtest/gtest.h>
-#include <algorithm>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
