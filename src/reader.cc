@@ -45,6 +45,7 @@ struct Reader::Impl {
     size_t scratch_offset;
   };
   Status CheckRange(uint32_t layer, uint32_t stream, uint64_t begin, uint64_t end) const;
+  Status CheckTokenRange(uint64_t begin, uint64_t end) const;
   Status LoadSections(uint32_t layer, uint32_t stream, uint64_t begin, uint64_t end,
                       std::vector<Piece>* pieces);
   size_t FirstChunkFor(uint64_t begin) const;
@@ -60,6 +61,10 @@ Status Reader::Impl::CheckRange(uint32_t layer, uint32_t stream, uint64_t begin,
                                    std::to_string(g().layers) + " layers)");
   if (stream >= g().streams.size())
     return Status::InvalidArgument(path + ": stream " + std::to_string(stream) + " out of range");
+  return CheckTokenRange(begin, end);
+}
+
+Status Reader::Impl::CheckTokenRange(uint64_t begin, uint64_t end) const {
   if (begin > end || end > scan.tokens.size())
     return Status::InvalidArgument(path + ": token range [" + std::to_string(begin) + ", " +
                                    std::to_string(end) + ") outside [0, " +
@@ -253,12 +258,15 @@ Status Reader::ReadRows(uint32_t layer, uint32_t stream, uint64_t begin, uint64_
 Status Reader::ReadMany(std::span<const RowsTarget> targets, uint64_t begin, uint64_t end,
                         Dtype out_dtype, unsigned threads) {
   Impl& r = *impl_;
+  // The range and dtype are checked even with no target: a bad argument is
+  // a caller's bug whatever else the call asks for.
+  KVFILE_RETURN_IF_ERROR(r.CheckTokenRange(begin, end));
+  if (IsFp8(out_dtype))
+    return Status::InvalidArgument(r.path + ": decoded reads produce bf16, f16 or f32; use ReadCodes for codes");
   for (const RowsTarget& t : targets) {
     KVFILE_RETURN_IF_ERROR(r.CheckRange(t.layer, t.stream, begin, end));
     if (t.dst == nullptr) return Status::InvalidArgument(r.path + ": ReadMany target without a destination");
   }
-  if (IsFp8(out_dtype))
-    return Status::InvalidArgument(r.path + ": decoded reads produce bf16, f16 or f32; use ReadCodes for codes");
   if (begin == end || targets.empty()) return Status::OK();
   size_t first_chunk = r.FirstChunkFor(begin);
   size_t last_chunk = first_chunk;

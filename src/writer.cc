@@ -127,6 +127,7 @@ struct Writer::Impl {
   }
 
   Status ValidateBatch(const AppendBatch& b, bool scan_values) const;
+  Status AllocateStaging();
   Status StageTokens(const AppendBatch& b, uint64_t from, uint32_t n);
   Status Init(const std::string& p, const WriterOptions& o, FileHeader h,
               uint64_t max_chunk_bytes = kMaxChunkBytes);
@@ -141,7 +142,8 @@ struct Writer::Impl {
   Status RewindTo(uint64_t n);
 };
 
-// Allocates the staging buffers for the header's geometry.
+// Sets the writer up for the header's geometry: the chunk layout its
+// staging buffers will have.
 Status Writer::Impl::Init(const std::string& p, const WriterOptions& o, FileHeader h,
                           uint64_t max_chunk_bytes) {
   path = p;
@@ -159,9 +161,17 @@ Status Writer::Impl::Init(const std::string& p, const WriterOptions& o, FileHead
     chunk_tokens = chunk_tokens / 2;
     st = ComputeChunkLayout(header.geometry, chunk_tokens, &full_layout);
   }
-  if (!st.ok()) return st.WithContext(path);
+  return st.WithContext(path);
+}
+
+// The staging buffers are allocated by the first append, not by Create or
+// Open: a writer that never appends (an empty import, a repair, a reopen
+// that only rewinds) holds no chunk-sized memory, whatever size the header
+// asks for. Both at once, before anything is staged, so that a failure
+// leaves the append without a trace.
+Status Writer::Impl::AllocateStaging() {
   for (internal::PageBuffer& b : staging) {
-    if (!b.Resize(AlignUp(full_layout.chunk_bytes, kBlockSize)))
+    if (b.size() == 0 && !b.Resize(AlignUp(full_layout.chunk_bytes, kBlockSize)))
       return Status::IOError(path + ": cannot allocate a staging buffer of " +
                              std::to_string(full_layout.chunk_bytes) + " bytes");
   }
@@ -756,6 +766,7 @@ Status Writer::Impl::AppendTokens(const AppendBatch& batch, bool* wrote_chunk) {
   KVFILE_RETURN_IF_ERROR(CheckUsable());
   uint64_t n = batch.tokens.size();
   if (n == 0) return Status::OK();
+  KVFILE_RETURN_IF_ERROR(AllocateStaging());
   uint32_t room = full_layout.token_count - staged;
   // An append that fits the staging buffer is checked while it is staged; a
   // longer one is checked whole first, since its first chunks go to disk

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "support/cli_run.h"
+#include <sys/resource.h>
 #include <sys/wait.h>
 
 #include <algorithm>
@@ -736,6 +737,54 @@ TEST_F(CliVerbsTest, AppendCreatesThenExtends) {
   Snap s3 = TakeSnap(P("s.kv"));
   ASSERT_EQ(s3.tokens.size(), 44u);
   EXPECT_TRUE(s3.data[0].substr(34 * 8) == s.data[0].substr(0, 10 * 8));
+}
+
+// Largest resident set (MiB) of any child this process has waited for.
+long ChildrenPeakMiB() {
+  rusage u{};
+  getrusage(RUSAGE_CHILDREN, &u);
+  return u.ru_maxrss / 1024;
+}
+
+// A header may declare a wide geometry (32 layers x 2 streams x 8 rows x
+// 4096: 2.1 MB per token as e4m3) over one token or none. The new file's
+// staging buffers must stay within max(64 MiB, the input's size) per chunk
+// (FORMAT.md 7.1), not 2 x 256 tokens (1.07 GB), and a file that gets no
+// append allocates none at all.
+TEST_F(CliVerbsTest, WideGeometryOverFewTokensNeedsLittleMemory) {
+  auto wide = [&](const std::string& name, uint64_t tokens) {
+    std::vector<int32_t> ids(tokens, 7);
+    std::vector<uint16_t> rows(32 * tokens * 8 * 4096, 0x3F80);  // bf16 1.0
+    WriteSt(P(name),
+            {{"tokens", "I32", {tokens}, Bytes(ids)},
+             {"k", "BF16", {32, tokens, 8, 4096}, Bytes(rows)},
+             {"v", "BF16", {32, tokens, 8, 4096}, Bytes(rows)}},
+            kMeta);
+  };
+  wide("none.safetensors", 0);
+  wide("one.safetensors", 1);
+  // Each run's peak is only seen if it is the largest so far: the runs
+  // that must stay smallest come first.
+  ASSERT_LT(ChildrenPeakMiB(), 200);
+  CliRun r = Kvfile("convert " + P("none.safetensors") + " " + P("none.kv") + " --chunk-tokens 256");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = Kvfile("append " + P("none-a.kv") + " " + P("none.safetensors") + " --chunk-tokens 256");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_LT(ChildrenPeakMiB(), 200) << "a file with no token allocated staging buffers";
+  r = Kvfile("convert " + P("one.safetensors") + " " + P("one.kv"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = Kvfile("append " + P("one-a.kv") + " " + P("one.safetensors"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = Kvfile("convert " + P("one.kv") + " " + P("one-c.kv"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_LT(ChildrenPeakMiB(), 300) << "staging for 256 tokens of a 4 MiB input";
+  // 256 halved while a chunk (2,099,200 bytes per token + head) exceeds
+  // 64 MiB: 16 tokens. An explicit --chunk-tokens is taken as given.
+  for (const char* f : {"one.kv", "one-a.kv", "one-c.kv", "none.kv", "none-a.kv"}) {
+    Snap s = TakeSnap(P(f));
+    EXPECT_EQ(s.nominal, std::string(f).starts_with("none") ? 256u : 16u) << f;
+    EXPECT_EQ(s.tokens.size(), std::string(f).starts_with("none") ? 0u : 1u) << f;
+  }
 }
 
 TEST_F(CliVerbsTest, AppendRefusesMismatchAndNonFiniteLeavingTheFileUntouched) {

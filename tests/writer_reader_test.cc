@@ -1713,6 +1713,13 @@ TEST_F(ReadManyTest, EmptyRangeAndNoTargets) {
     }
     ASSERT_OK(r->ReadMany({}, 0, 37, Dtype::kBF16, threads));
     ASSERT_OK(r->ReadMany({}, 5, 5, Dtype::kF16, threads));
+    // No target does not make a bad argument good.
+    EXPECT_TRUE(HasCode(r->ReadMany({}, 30, 38, Dtype::kF32, threads), Code::kInvalidArgument,
+                        {Path(), "token range [30, 38)"}));
+    EXPECT_TRUE(HasCode(r->ReadMany({}, 9, 8, Dtype::kF32, threads), Code::kInvalidArgument,
+                        {Path(), "token range [9, 8)"}));
+    EXPECT_TRUE(HasCode(r->ReadMany({}, 0, 37, Dtype::kE4M3, threads), Code::kInvalidArgument,
+                        {Path(), "decoded reads produce"}));
   }
 }
 

@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "kvfile/geometry.h"
 #include "kvfile/status.h"
 
 namespace kvfile::cli {
@@ -20,6 +21,13 @@ inline constexpr int kExitUsage = 2;
 int ReportError(const Status& st);
 // For failures that carry no Status (for example a bad flag combination).
 int UsageError(const std::string& message);
+
+// Tokens per chunk of a file created from `input` (convert, append) when
+// --chunk-tokens is not given: `wanted`, halved until one chunk of `g` fits
+// in max(64 MiB, the input's size). The new file's two staging buffers then
+// stay within a bound tied to the input (FORMAT.md section 7.1): a hostile
+// or odd header may declare a huge geometry over a handful of tokens, or none.
+uint32_t BoundedChunkTokens(const Geometry& g, uint32_t wanted, const std::string& input);
 
 // Each subcommand registers itself; its callback stores the exit status.
 void RegisterSynth(CLI::App& app, int* exit_code);

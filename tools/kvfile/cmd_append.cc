@@ -29,7 +29,7 @@ struct AppendArgs {
   std::string sync = "close";
   std::optional<std::string> model;
   std::optional<std::string> dtype;
-  uint32_t chunk_tokens = 256;
+  std::optional<uint32_t> chunk_tokens;  // default: BoundedChunkTokens(256)
 };
 
 SyncMode ParseSync(const std::string& s) {
@@ -113,7 +113,7 @@ int RunAppend(const AppendArgs& a) {
 
   WriterOptions opt;
   opt.sync = ParseSync(a.sync);
-  opt.chunk_tokens = a.chunk_tokens;
+  if (!exists) opt.chunk_tokens = a.chunk_tokens ? *a.chunk_tokens : BoundedChunkTokens(file_geometry, 256, a.input);
   opt.upgrade_dtype = dtype.value_or(Dtype::kE4M3);
   std::unique_ptr<Writer> w;
   st = exists ? Writer::Open(a.path, opt, &w) : Writer::Create(a.path, file_geometry, id, opt, &w);
@@ -158,9 +158,10 @@ void RegisterAppend(CLI::App& app, int* exit_code) {
                   "fp8 dtype of a new FILE's streams (default e4m3; codes keep theirs); "
                   "for an existing FILE it must match")
       ->check(CLI::IsMember({"e4m3", "e5m2"}));
-  cmd->add_option("--chunk-tokens", args->chunk_tokens, "tokens per chunk of a new FILE")
-      ->check(CLI::Range(1u, 65536u))
-      ->capture_default_str();
+  cmd->add_option("--chunk-tokens", args->chunk_tokens,
+                  "tokens per chunk of a new FILE (default 256, halved while a chunk exceeds "
+                  "max(64 MiB, INPUT's size))")
+      ->check(CLI::Range(1u, 65536u));
   cmd->callback([args, exit_code] { *exit_code = RunAppend(*args); });
 }
 

@@ -148,7 +148,7 @@ Status KvToKv(const std::string& in, const std::string& tmp, const Plan& p, std:
   }
   WriterOptions wo;
   wo.format_major = p.major;
-  wo.chunk_tokens = p.chunk_tokens.value_or(r->nominal_chunk_tokens());
+  wo.chunk_tokens = p.chunk_tokens ? *p.chunk_tokens : BoundedChunkTokens(go, r->nominal_chunk_tokens(), in);
   std::unique_ptr<Writer> w;
   KVFILE_RETURN_IF_ERROR(Writer::Create(tmp, go, r->identity(), wo, &w));
   size_t S = gi.streams.size();
@@ -235,7 +235,7 @@ Status Import(const std::string& in, const std::string& tmp, const Plan& p, std:
   ModelIdentity id{kv.model_id.value_or(""), kv.fingerprint.value_or(0)};
   WriterOptions wo;
   wo.format_major = p.major;
-  wo.chunk_tokens = p.chunk_tokens.value_or(256);
+  wo.chunk_tokens = p.chunk_tokens ? *p.chunk_tokens : BoundedChunkTokens(g, 256, in);
   std::unique_ptr<Writer> w;
   KVFILE_RETURN_IF_ERROR(Writer::Create(tmp, g, id, wo, &w));
   uint64_t per_token = 0;
@@ -524,7 +524,9 @@ void RegisterConvert(CLI::App& app, int* exit_code) {
   cmd->add_option("--keep-raw", args->keep_raw, "streams stored raw (bf16, or a raw --dtype); comma separated")
       ->delimiter(',');
   cmd->add_flag("--codes", args->codes, "export fp8 codes and scales; on import, keep value tensors as stored");
-  cmd->add_option("--chunk-tokens", args->chunk_tokens, "tokens per chunk of a .kv OUT (default: IN's, or 256)")
+  cmd->add_option("--chunk-tokens", args->chunk_tokens,
+                  "tokens per chunk of a .kv OUT (default: IN's, or 256; halved while a chunk exceeds "
+                  "max(64 MiB, IN's size))")
       ->check(CLI::Range(1u, 65536u));
   cmd->add_flag("--force", args->force, "replace an existing OUT");
   cmd->add_option("--jobs", args->jobs, "files converted in parallel (directories)")

@@ -1,10 +1,12 @@
 // The kvfile command line: dispatches to one subcommand per file.
+#include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
-
 #include <string_view>
 
 #include "cli_common.h"
+#include "kvfile/format/chunk_layout.h"
 #include "progress.h"
 
 namespace kvfile::cli {
@@ -17,6 +19,16 @@ int ReportError(const Status& st) {
 int UsageError(const std::string& message) {
   std::fprintf(stderr, "kvfile: error: %s\n", message.c_str());
   return kExitUsage;
+}
+
+uint32_t BoundedChunkTokens(const Geometry& g, uint32_t wanted, const std::string& input) {
+  std::error_code ec;
+  uint64_t input_bytes = std::filesystem::file_size(input, ec);
+  const uint64_t cap = std::max<uint64_t>(uint64_t{64} << 20, ec ? 0 : input_bytes);
+  format::ChunkLayout layout;
+  while (wanted > 1 && (!format::ComputeChunkLayout(g, wanted, &layout).ok() || layout.chunk_bytes > cap))
+    wanted /= 2;
+  return wanted;
 }
 
 }  // namespace kvfile::cli
