@@ -226,6 +226,23 @@ TEST_F(CliTest, RepairForceCutsAFileTruncatedInsideCommittedData) {
                             std::to_string(prefix_end + 1000)), std::string::npos) << verify.err;
   EXPECT_NE(verify.err.find("chunk 2 at offset " + std::to_string(prefix_end)), std::string::npos) << verify.err;
   EXPECT_NE(verify.err.find("18 committed tokens"), std::string::npos) << verify.err;
+  // info and dump open the readable prefix and say what is gone.
+  const std::string gone = "the file ends inside its committed data: 2 chunk(s), 18 token(s), ";
+  CliRun info_text = Kvfile("info " + P("a.kv"));
+  EXPECT_EQ(info_text.exit_code, 0) << info_text.err;
+  EXPECT_NE(info_text.out.find("tokens:          32\n"), std::string::npos) << info_text.out;
+  EXPECT_NE(info_text.out.find("missing data:    " + gone), std::string::npos) << info_text.out;
+  auto cut_info = nlohmann::json::parse(Kvfile("info --json " + P("a.kv")).out);
+  EXPECT_EQ(cut_info["tokens"], 32);
+  EXPECT_EQ(cut_info["committed_data_missing"], true);
+  EXPECT_EQ(cut_info["committed_tokens_missing"], 18);
+  EXPECT_GT(cut_info["committed_bytes_missing"].get<uint64_t>(), 0u);
+  CliRun dump_text = Kvfile("dump --header " + P("a.kv"));
+  EXPECT_NE(dump_text.out.find("  missing           " + gone), std::string::npos) << dump_text.out;
+  auto cut_dump = nlohmann::json::parse(Kvfile("dump --header --json " + P("a.kv")).out);
+  EXPECT_EQ(cut_dump["header"]["committed_data_missing"], true);
+  EXPECT_NE(cut_dump["header"]["missing"].get<std::string>().find(gone), std::string::npos);
+  EXPECT_EQ(ReadFile(P("a.kv")), cut);
   CliRun refuse = Kvfile("repair " + P("a.kv"));
   EXPECT_EQ(refuse.exit_code, 1);
   EXPECT_NE(refuse.err.find("use --force"), std::string::npos) << refuse.err;
@@ -240,6 +257,8 @@ TEST_F(CliTest, RepairForceCutsAFileTruncatedInsideCommittedData) {
   EXPECT_EQ(clean.err, "");
   auto info = nlohmann::json::parse(Kvfile("info --json " + P("a.kv")).out);
   EXPECT_EQ(info["tokens"], 32);
+  EXPECT_EQ(info["committed_data_missing"], false);
+  EXPECT_EQ(Kvfile("info " + P("a.kv")).out.find("missing"), std::string::npos);
   // The prefix holds the original's bytes: the chunks are untouched.
   EXPECT_EQ(ReadFile(P("a.kv")).substr(12288), healthy.substr(12288, prefix_end - 12288));
 }

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "kvfile/geometry.h"
+#include "kvfile/reader.h"
 #include "kvfile/status.h"
 
 namespace kvfile::cli {
@@ -28,6 +29,11 @@ int UsageError(const std::string& message);
 // stay within a bound tied to the input (FORMAT.md section 7.1): a hostile
 // or odd header may declare a huge geometry over a handful of tokens, or none.
 uint32_t BoundedChunkTokens(const Geometry& g, uint32_t wanted, const std::string& input);
+
+// One line for a file cut inside its committed region (TailInfo::
+// committed_data_missing): what is gone and what to do; info and dump
+// print it.
+std::string MissingCommittedData(const TailInfo& tail);
 
 // Each subcommand registers itself; its callback stores the exit status.
 void RegisterSynth(CLI::App& app, int* exit_code);

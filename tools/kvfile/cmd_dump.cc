@@ -118,6 +118,8 @@ ordered_json HeaderJson(const Reader& r, const RawHeader& raw) {
                             {"dtype", format::DtypeName(s.dtype)}});
   }
   j["token_count"] = r.token_count();
+  j["committed_data_missing"] = r.tail().committed_data_missing;
+  if (r.tail().committed_data_missing) j["missing"] = MissingCommittedData(r.tail());
   return j;
 }
 
@@ -189,6 +191,7 @@ void PrintHeader(const Reader& r, const RawHeader& raw) {
     std::printf("  committed chunks  %llu\n", U(c.chunks));
   }
   std::printf("  tokens            %llu\n", U(r.token_count()));
+  if (r.tail().committed_data_missing) std::printf("  missing           %s\n", MissingCommittedData(r.tail()).c_str());
 }
 
 void PrintChunks(const Reader& r) {

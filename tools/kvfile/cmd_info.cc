@@ -60,6 +60,9 @@ int RunInfo(const InfoArgs& a) {
     j["bf16_bytes"] = bf16;
     j["torn_tail_bytes"] = r->tail().torn_tail_bytes;
     j["damage_before_end"] = r->tail().valid_data_follows;
+    j["committed_data_missing"] = r->tail().committed_data_missing;
+    j["committed_tokens_missing"] = r->tail().committed_tokens_missing;
+    j["committed_bytes_missing"] = r->tail().committed_bytes_missing;
     j["io_backend"] = r->io_backend();
     PrintJson(j);
     return kExitOk;
@@ -85,6 +88,8 @@ int RunInfo(const InfoArgs& a) {
     std::printf("damage:          a valid chunk follows the tail at offset %llu: damage before the end "
                 "(run kvfile verify)\n",
                 static_cast<unsigned long long>(r->tail().valid_data_offset));
+  if (r->tail().committed_data_missing)
+    std::printf("missing data:    %s\n", MissingCommittedData(r->tail()).c_str());
   std::printf("io backend:      %s\n", r->io_backend());
   return kExitOk;
 }

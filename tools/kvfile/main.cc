@@ -31,6 +31,14 @@ uint32_t BoundedChunkTokens(const Geometry& g, uint32_t wanted, const std::strin
   return wanted;
 }
 
+std::string MissingCommittedData(const TailInfo& tail) {
+  return "the file ends inside its committed data: " + std::to_string(tail.committed_chunks_missing) +
+         " chunk(s), " + std::to_string(tail.committed_tokens_missing) + " token(s), " +
+         std::to_string(tail.committed_bytes_missing) +
+         " byte(s) the commit record vouched for are gone (kvfile verify reports it; kvfile repair --force "
+         "keeps the readable prefix)";
+}
+
 }  // namespace kvfile::cli
 
 int main(int argc, char** argv) {
