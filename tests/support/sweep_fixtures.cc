@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <stdexcept>
@@ -170,6 +171,16 @@ const std::vector<SweepFixture>& SweepFixtures(bool committed, bool twin) {
 bool InQuickSet(const SweepFixture& f) {
   return f.name.starts_with("v2-one-chunk") || f.name.starts_with("v1-one-chunk") ||
          f.name.starts_with("v2-dsa-mixed");
+}
+
+unsigned SweepSample() {
+  const char* v = std::getenv("KVFILE_SWEEP_SAMPLE");
+  if (v == nullptr) return 1;
+  char* end = nullptr;
+  unsigned long n = std::strtoul(v, &end, 10);
+  if (end == v || *end != '\0' || n == 0 || n > 1000000)
+    throw std::invalid_argument(std::string("KVFILE_SWEEP_SAMPLE must be a count from 1 to 1000000, not '") + v + "'");
+  return static_cast<unsigned>(n);
 }
 
 ReadCheck ReadAndCompare(FileSystem& fs, const std::string& path, const SweepFixture& f) {

@@ -88,6 +88,13 @@ const std::vector<SweepFixture>& SweepFixtures(bool committed, bool twin = false
 // The full sweeps (label long) cover the others.
 bool InQuickSet(const SweepFixture& f);
 
+// 1 in how many cases the bit-flip and structured-damage sweeps check:
+// KVFILE_SWEEP_SAMPLE (default 1, every case). The sanitizer pass of CI sets
+// it, so that every test runs there in a time CI can afford; the sampled
+// bit flips still touch every byte of every fixture (byte b, bit (k - b) mod
+// 8 for a sample of k <= 8).
+unsigned SweepSample();
+
 // What a reader made of a (damaged) copy of a fixture.
 struct ReadCheck {
   Status open;                 // Reader::Open
