@@ -420,6 +420,10 @@ kvfile_status kvfile_reader_info(const kvfile_reader* reader, kvfile_info* out) 
     out->nominal_chunk_tokens = r.nominal_chunk_tokens();
     out->bytes = r.tail().file_size;
     out->torn_tail_bytes = r.tail().torn_tail_bytes;
+    out->damage_before_end = r.tail().valid_data_follows ? 1 : 0;
+    out->committed_data_missing = r.tail().committed_data_missing ? 1 : 0;
+    out->committed_tokens_missing = r.tail().committed_tokens_missing;
+    out->committed_bytes_missing = r.tail().committed_bytes_missing;
     return KVFILE_OK;
   });
 }

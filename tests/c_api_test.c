@@ -250,6 +250,8 @@ static void test_read(void) {
   CHECK(strcmp(info.geometry.streams[1].name, "v") == 0 && info.geometry.streams[1].dtype == KVFILE_E4M3);
   CHECK(info.tokens == kTokens && info.chunks == 3 && info.nominal_chunk_tokens == kChunkTokens);
   CHECK(info.bytes == 12288 + 3 * 4096 && info.torn_tail_bytes == 0);
+  CHECK(info.damage_before_end == 0 && info.committed_data_missing == 0);
+  CHECK(info.committed_tokens_missing == 0 && info.committed_bytes_missing == 0);
 
   /* Decoded rows, as bf16 and f32: within e4m3 rounding (3 mantissa bits:
    * 1/16) of what was written; tokens 7..9 hold tokens 0..2's codes, so
@@ -301,6 +303,39 @@ static void test_read(void) {
   CHECK(strcmp(kvfile_last_error(), "kvfile_reader_info: out is NULL") == 0);
   kvfile_reader_close(r);
   kvfile_reader_close(NULL);
+}
+
+/* Copies the first n bytes of file `from` to a new file `to`. */
+static void copy_prefix(const char* from, const char* to, long n) {
+  FILE* in = fopen(from, "rb");
+  FILE* out = fopen(to, "wb");
+  CHECK(in != NULL && out != NULL);
+  for (long i = 0; in != NULL && out != NULL && i < n; ++i) {
+    int c = fgetc(in);
+    CHECK(c != EOF);
+    fputc(c, out);
+  }
+  if (in != NULL) fclose(in);
+  if (out != NULL) fclose(out);
+}
+
+/* s.kv cut 100 bytes into its second chunk: the info says what is gone. */
+static void test_cut_file(void) {
+  const char* cut = path_in_dir("cut.kv");
+  copy_prefix(path_in_dir("s.kv"), cut, 12288 + 4096 + 100);
+  kvfile_reader* r = NULL;
+  CHECK_STATUS(kvfile_reader_open(cut, &r), KVFILE_OK);
+  if (r == NULL) return;
+  kvfile_info info;
+  CHECK_STATUS(kvfile_reader_info(r, &info), KVFILE_OK);
+  CHECK(info.tokens == 4 && info.chunks == 1 && info.bytes == 12288 + 4096 + 100);
+  CHECK(info.committed_data_missing == 1 && info.committed_tokens_missing == 6);
+  CHECK(info.committed_bytes_missing == 3 * 4096 - 4096 - 100);
+  kvfile_reader_close(r);
+  kvfile_verify_result v;
+  CHECK_STATUS(kvfile_verify(cut, 0, &v), KVFILE_OK);
+  CHECK(v.ok == 0 && v.errors == 1);
+  CHECK_CONTAINS(v.first_message, "committed data missing");
 }
 
 static void test_verify_and_damage(void) {
@@ -440,6 +475,7 @@ int main(int argc, char** argv) {
   test_presets();
   test_write();
   test_read();
+  test_cut_file();
   test_verify_and_damage();
   test_explicit_geometry();
   if (failures != 0) {

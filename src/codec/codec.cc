@@ -41,7 +41,6 @@ constexpr const SmallFormat& FormatOf(Fp8Kind kind) {
   return kind == Fp8Kind::kE4M3 ? kE4M3Format : kE5M2Format;
 }
 
-constexpr uint32_t kF32SignBit = 0x80000000u;
 constexpr uint32_t kF32AbsMask = 0x7FFFFFFFu;
 constexpr uint32_t kF32FracMask = 0x007FFFFFu;
 constexpr uint32_t kF32ImplicitBit = 0x00800000u;

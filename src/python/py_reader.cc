@@ -137,11 +137,12 @@ class PyReader {
       uint64_t fingerprint = 0, tokens = 0, chunks = 0, bytes = 0, torn_tail_bytes = 0;
       uint32_t chunk_tokens = 0;
       Geometry geometry;
+      TailInfo tail;
     };
     const Facts f = guarded_.Inspect([](Reader& r) {
       return Facts{r.path(), r.identity().model_id, r.io_backend(), r.major_version(), r.minor_version(),
                    r.identity().fingerprint, r.token_count(), r.chunks().size(), r.tail().file_size,
-                   r.tail().torn_tail_bytes, r.nominal_chunk_tokens(), r.geometry()};
+                   r.tail().torn_tail_bytes, r.nominal_chunk_tokens(), r.geometry(), r.tail()};
     });
     char fingerprint_hex[17];
     std::snprintf(fingerprint_hex, sizeof fingerprint_hex, "%016llx", static_cast<unsigned long long>(f.fingerprint));
@@ -153,6 +154,10 @@ class PyReader {
                     py::arg("geometry") = GeometryDict(f.geometry), py::arg("tokens") = f.tokens,
                     py::arg("chunks") = f.chunks, py::arg("chunk_tokens") = f.chunk_tokens,
                     py::arg("bytes") = f.bytes, py::arg("torn_tail_bytes") = f.torn_tail_bytes,
+                    py::arg("damage_before_end") = f.tail.valid_data_follows,
+                    py::arg("committed_data_missing") = f.tail.committed_data_missing,
+                    py::arg("committed_tokens_missing") = f.tail.committed_tokens_missing,
+                    py::arg("committed_bytes_missing") = f.tail.committed_bytes_missing,
                     py::arg("io_backend") = f.io_backend);
   }
 
@@ -196,7 +201,8 @@ void BindReader(py::module_& m) {
       .def_property_readonly("path", &PyReader::Path)
       .def("info", &PyReader::Info,
            "A dict: path, version, model, fingerprint, geometry (dtype per stream), tokens, "
-           "chunks, chunk_tokens, bytes, torn_tail_bytes, io_backend.")
+           "chunks, chunk_tokens, bytes, torn_tail_bytes, damage_before_end, committed_data_missing, "
+           "committed_tokens_missing, committed_bytes_missing, io_backend.")
       .def("chunks", &PyReader::Chunks,
            "The chunk table: a list of {offset, bytes, first_token, stored_tokens, live_tokens, "
            "committed}, in file order.")

@@ -250,6 +250,13 @@ typedef struct kvfile_info {
   uint32_t nominal_chunk_tokens;      /* the writer's tokens per chunk */
   uint64_t bytes;                     /* file size */
   uint64_t torn_tail_bytes;           /* bytes after the last valid chunk */
+  int damage_before_end;              /* 1: a valid chunk follows the tail (run kvfile_verify) */
+  /* 1: the file ends inside its committed data (cut short): the reader
+   * returns the whole chunks before the cut; kvfile_verify reports an
+   * error and a writable open refuses the file. What is gone: */
+  int committed_data_missing;
+  uint64_t committed_tokens_missing;
+  uint64_t committed_bytes_missing;
 } kvfile_info;
 
 /* Fills *out with the file's versions, identity, geometry and sizes. */

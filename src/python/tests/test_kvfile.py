@@ -289,6 +289,18 @@ def test_info(tmp_path):
     assert info["bytes"] == os.path.getsize(path) and info["torn_tail_bytes"] == 0
     assert info["io_backend"] in ("io_uring", "posix")
     assert info["path"] == str(path)
+    assert info["damage_before_end"] is False and info["committed_data_missing"] is False
+    assert (info["committed_tokens_missing"], info["committed_bytes_missing"]) == (0, 0)
+    # Cut 100 bytes into the second chunk: the first chunk's 4 tokens are
+    # read, and the info says what the commit record vouched for is gone.
+    size = os.path.getsize(path)
+    os.truncate(path, 12288 + 4096 + 100)
+    with kvfile.open(path) as r:
+        info = r.info()
+    assert (info["tokens"], info["chunks"]) == (4, 1)
+    assert info["committed_data_missing"] is True
+    assert info["committed_tokens_missing"] == 6
+    assert info["committed_bytes_missing"] == size - (12288 + 4096 + 100)
 
 
 def test_geometry_dict_and_presets(tmp_path):
