@@ -3,7 +3,9 @@
 # build-fuzz/) and runs each for a bounded time: `scripts/fuzz.sh [seconds]`
 # (default 60 per target). Targets run from a scratch copy of the seed corpus
 # (tests/fuzz/corpus/<target>/), so the tree is not modified; KVFILE_FUZZ_JOBS
-# targets run at once (default 1). Fails if a target finds a crash, a hang, a
+# targets run at once (default 1). For long campaigns, KVFILE_FUZZ_CORPUS=DIR
+# keeps each target's corpus in DIR/<target>/ (seeded on first use), so that
+# a run continues where the last one stopped. Fails if a target finds a crash, a hang, a
 # leak or an allocation above the limit; the input that did it is left in
 # build-fuzz/fuzz-out/<target>/ (libFuzzer's crash-*/timeout-*/oom-* files,
 # named in the target's log): copy it to tests/fuzz/regressions/<target>/
@@ -17,10 +19,9 @@ BUILD="$KVFILE_ROOT/build-fuzz"
 OUT="$BUILD/fuzz-out"
 source "$KVFILE_ROOT/scripts/deps.sh"
 kvfile_install_deps
-# The fuzz build is not -Werror: clang warns where the gcc build does not.
 mkdir -p "$BUILD"
 if ! { cmake -S "$KVFILE_ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-         -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DKVFILE_FUZZING=ON &&
+         -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DKVFILE_FUZZING=ON -DKVFILE_WERROR=ON &&
        cmake --build "$BUILD" -j "$(nproc)" $(printf -- '--target fuzz_%s ' "${TARGETS[@]}"); } \
      >"$BUILD/build.log" 2>&1; then
   cat "$BUILD/build.log" >&2
@@ -32,16 +33,19 @@ fi
 # input) or an allocation out of proportion to a <= 1 MiB input
 # (-malloc_limit_mb, -rss_limit_mb) into a finding.
 run_target() {
-  local t=$1 dir="$OUT/$1"
-  rm -rf "$dir" && mkdir -p "$dir/corpus"
-  cp "$KVFILE_ROOT/tests/fuzz/corpus/$t/"* "$dir/corpus/"
+  local t=$1 dir="$OUT/$1" corpus="$OUT/$1/corpus" seed
+  [ -z "${KVFILE_FUZZ_CORPUS:-}" ] || corpus="$KVFILE_FUZZ_CORPUS/$t"
+  rm -rf "$dir" && mkdir -p "$dir" "$corpus"
+  for seed in "$KVFILE_ROOT/tests/fuzz/corpus/$t/"*; do
+    [ -e "$corpus/$(basename "$seed")" ] || cp "$seed" "$corpus/"
+  done
   # A small ASan quarantine: with the default 256 MB every run touched
   # fresh pages, and page faults took a large share of the time.
   if (cd "$dir" && ASAN_OPTIONS=${ASAN_OPTIONS:-quarantine_size_mb=8} \
         nice -n 10 "$BUILD/tests/fuzz/fuzz_$t" -max_total_time="$SECONDS_PER_TARGET" -print_funcs=0 \
         -dict="$KVFILE_ROOT/tests/fuzz/kvfile.dict" -timeout=10 \
         -rss_limit_mb=512 -malloc_limit_mb=512 -print_final_stats=1 \
-        -artifact_prefix="$dir/" corpus >"$dir/log" 2>&1); then
+        -artifact_prefix="$dir/" "$corpus" >"$dir/log" 2>&1); then
     echo "fuzz_$t: ok, $(grep -o 'stat::number_of_executed_units: *[0-9]*' "$dir/log" | grep -o '[0-9]*$') execs" \
          "in ${SECONDS_PER_TARGET}s (log: $dir/log)"
   else
