@@ -65,6 +65,8 @@ Status ValidateFileHeader(const FileHeader& h) {
     return Status::InvalidArgument("chunk tokens " + std::to_string(h.chunk_tokens) +
                                    " outside 1.." + std::to_string(kMaxChunkTokens));
   if (h.salt == 0) return Status::InvalidArgument("salt must be nonzero");
+  if ((h.required_flags & ~kKnownRequiredFlags) != 0 || (h.major == kMajorV1 && h.required_flags != 0))
+    return Status::InvalidArgument("unknown required flags");
   if (h.major == kMajorV2) {
     // v2 streams may be fp8 or raw; nothing more to check here.
   } else if (h.major == kMajorV1) {
@@ -124,8 +126,8 @@ Status DecodeFileHeader(std::span<const uint8_t, kHeaderSize> in, FileHeader* ou
     return Status::Corruption("header size field is not 4096" + At(hdr::kHeaderBytes));
   h.required_flags = LoadU64(p + hdr::kRequiredFlags);
   h.optional_flags = LoadU64(p + hdr::kOptionalFlags);
-  if (h.required_flags != 0)
-  {
+  // Unknown required bits, or any in a v1 file (v1 defines none).
+  if ((h.required_flags & ~kKnownRequiredFlags) != 0 || (h.major == kMajorV1 && h.required_flags != 0)) {
     char hex[24];
     std::snprintf(hex, sizeof hex, "0x%llx", static_cast<unsigned long long>(h.required_flags));
     return Status::Unsupported(std::string("unknown required flags ") + hex +
@@ -235,13 +237,15 @@ void EncodeChunkHeader(const ChunkHeader& c, std::span<uint8_t, ch::kHeaderSize>
   StoreU64(p + ch::kChunkOffset, c.chunk_offset);
   StoreU64(p + ch::kChunkBytes, c.chunk_bytes);
   StoreU32(p + ch::kEpoch, c.epoch);
+  StoreU32(p + ch::kAppendEnd, c.append_end);
 }
 
-Status DecodeChunkHeader(std::span<const uint8_t, ch::kHeaderSize> in, ChunkHeader* out) {
+Status DecodeChunkHeader(std::span<const uint8_t, ch::kHeaderSize> in, bool append_ends, ChunkHeader* out) {
   const uint8_t* p = in.data();
   if (std::memcmp(p + ch::kMagicField, ch::kMagic, sizeof ch::kMagic) != 0)
     return Status::Corruption("bad chunk magic");
-  if (!AllZero(in.subspan(ch::kEpoch + 4, ch::kHeaderSize - ch::kEpoch - 4)))
+  size_t reserved_from = append_ends ? ch::kAppendEnd + 4 : ch::kEpoch + 4;
+  if (!AllZero(in.subspan(reserved_from, ch::kHeaderSize - reserved_from)))
     return Status::Corruption("reserved chunk header bytes are not zero");
   ChunkHeader c;
   c.token_count = LoadU32(p + ch::kTokenCount);
@@ -250,9 +254,13 @@ Status DecodeChunkHeader(std::span<const uint8_t, ch::kHeaderSize> in, ChunkHead
   c.chunk_offset = LoadU64(p + ch::kChunkOffset);
   c.chunk_bytes = LoadU64(p + ch::kChunkBytes);
   c.epoch = LoadU32(p + ch::kEpoch);
+  c.append_end = append_ends ? LoadU32(p + ch::kAppendEnd) : 0;
   if (c.token_count == 0 || c.token_count > kMaxChunkTokens)
     return Status::Corruption("chunk token count " + std::to_string(c.token_count) +
                               " outside 1..65536");
+  if (c.append_end > c.token_count)
+    return Status::Corruption("chunk append end " + std::to_string(c.append_end) + " exceeds its " +
+                              std::to_string(c.token_count) + " tokens");
   if (c.chunk_bytes == 0 || c.chunk_bytes % kBlockSize != 0 || c.chunk_bytes > kMaxChunkBytes)
     return Status::Corruption("chunk size " + std::to_string(c.chunk_bytes) +
                               " is not a multiple of 4096 up to 1 GiB");

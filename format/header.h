@@ -65,13 +65,19 @@ struct ChunkHeader {
   uint64_t chunk_offset = 0;
   uint64_t chunk_bytes = 0;
   uint32_t epoch = 0;
+  // Files with kFlagAppendEnds: how many of the chunk's tokens lead up to
+  // the end of the last append that ends inside it (1..token_count), or 0
+  // when no append ends inside it. Always 0 in other files.
+  uint32_t append_end = 0;
 };
 
 void EncodeChunkHeader(const ChunkHeader& c, std::span<uint8_t, ch::kHeaderSize> out);
-// Checks magic, reserved bytes and the plain limits of each field. The head
-// checksum, which also covers these 64 bytes, is checked by the caller once
-// the whole head is read (see ChunkLayout).
-Status DecodeChunkHeader(std::span<const uint8_t, ch::kHeaderSize> in, ChunkHeader* out);
+// Checks magic, reserved bytes and the plain limits of each field; the
+// append_end field is read only where the file header sets kFlagAppendEnds
+// (`append_ends`), else it is reserved. The head checksum, which also covers
+// these 64 bytes, is checked by the caller once the whole head is read (see
+// ChunkLayout).
+Status DecodeChunkHeader(std::span<const uint8_t, ch::kHeaderSize> in, bool append_ends, ChunkHeader* out);
 
 // True if every byte of `bytes` is zero.
 bool AllZero(std::span<const uint8_t> bytes);

@@ -16,7 +16,15 @@ namespace kvfile::format {
 inline constexpr uint8_t kFileMagic[8] = {0x89, 'K', 'V', 'F', '\r', '\n', 0x1A, '\n'};
 inline constexpr uint16_t kMajorV1 = 1;  // raw rows, no scales (spec/FORMAT.md, "v1")
 inline constexpr uint16_t kMajorV2 = 2;  // fp8 codes + per-row f32 scales
-inline constexpr uint16_t kMinorV2 = 0;  // the minor version this library writes
+inline constexpr uint16_t kMinorV2 = 1;  // the minor version this library writes
+
+// ---- Header flags -----------------------------------------------------------------
+// Required flag bit 0 (version 2.1): chunk headers carry append_end
+// (ch::kAppendEnd), and the data past the commit record ends at the last
+// append end (spec/FORMAT.md 5.4). Required, not optional: a 2.0 reader
+// would take the field for nonzero reserved bytes and call the file damaged.
+inline constexpr uint64_t kFlagAppendEnds = uint64_t{1} << 0;
+inline constexpr uint64_t kKnownRequiredFlags = kFlagAppendEnds;
 
 // ---- Fixed regions ------------------------------------------------------------
 inline constexpr uint64_t kBlockSize = 4096;        // header size and chunk alignment
@@ -98,6 +106,7 @@ inline constexpr size_t kFirstToken = 16;        // u64
 inline constexpr size_t kChunkOffset = 24;       // u64, this chunk's own file offset
 inline constexpr size_t kChunkBytes = 32;        // u64, whole chunk, multiple of 4096
 inline constexpr size_t kEpoch = 40;             // u32
+inline constexpr size_t kAppendEnd = 44;         // u32, 0..token_count (kFlagAppendEnds files; else reserved)
 inline constexpr size_t kHeaderSize = 64;
 // After the header: section_checksums u64[layers*streams], token_ids u32[token_count],
 // head_checksum u64, zero padding to a multiple of 64 (the "head"); then the sections.

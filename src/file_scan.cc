@@ -62,7 +62,8 @@ Status ReadChunkHead(File& file, const FileHeader& h, LayoutCache& layouts, uint
     KVFILE_RETURN_IF_ERROR(file.ReadAt(offset, buf->data(), guess));
   }
   ChunkHeader c;
-  KVFILE_RETURN_IF_ERROR(DecodeChunkHeader(std::span<const uint8_t, ch::kHeaderSize>(buf->data(), ch::kHeaderSize), &c));
+  KVFILE_RETURN_IF_ERROR(DecodeChunkHeader(std::span<const uint8_t, ch::kHeaderSize>(buf->data(), ch::kHeaderSize),
+                                           (h.required_flags & kFlagAppendEnds) != 0, &c));
   if (c.salt != h.salt) return Status::Corruption("chunk belongs to another file (salt mismatch)");
   if (c.chunk_offset != offset)
     return Status::Corruption("chunk records offset " + std::to_string(c.chunk_offset) +
@@ -111,6 +112,7 @@ Status ReadChunkHead(File& file, const FileHeader& h, LayoutCache& layouts, uint
   chunk->info.live_tokens = c.token_count;
   chunk->info.epoch = c.epoch;
   chunk->info.head_checksum = LoadU64(p + layout->head_checksum_offset);
+  chunk->append_end = c.append_end;
   for (size_t i = 0; i < layout->sections.size(); ++i)
     checksums->push_back(LoadU64(p + layout->section_checksums_offset + 8 * i));
   tokens->resize(c.token_count);
@@ -417,7 +419,13 @@ Status ScanFile(File& file, ScanResult* out, DamageLocation* where) {
   if (pos != r.commit.end)
     return Status::Corruption("committed chunks end at " + std::to_string(pos) +
                               " but the commit record says " + std::to_string(r.commit.end));
-  // The commit record may cut the last committed chunk (a rewind).
+  // The commit record may cut the last committed chunk: a rewind (the
+  // chunk is of an older epoch), or, in files with append ends, an append
+  // that ends inside it while later appends go on in the chunks after it
+  // (same epoch: those continue after its stored tokens, FORMAT.md 5.4).
+  const bool append_ends = (r.header.required_flags & kFlagAppendEnds) != 0;
+  uint64_t chain_next = 0;            // first_token the next uncommitted chunk must have
+  std::vector<uint32_t> cut_tokens;   // what the commit record cut from the last chunk
   if (r.chunks.empty()) {
     if (r.commit.tokens != 0) return Status::Corruption("commit record counts tokens but no chunks");
   } else {
@@ -427,42 +435,83 @@ Status ScanFile(File& file, ScanResult* out, DamageLocation* where) {
       return Status::Corruption("commit record's token count " + std::to_string(r.commit.tokens) +
                                 " does not fall in the last committed chunk");
     uint64_t drop = last_end - r.commit.tokens;
+    chain_next = r.commit.tokens;
+    if (append_ends && last.epoch == r.commit.epoch) {
+      chain_next = last_end;
+      cut_tokens.assign(r.tokens.end() - static_cast<ptrdiff_t>(drop), r.tokens.end());
+    }
     last.live_tokens -= static_cast<uint32_t>(drop);
     r.tokens.resize(r.tokens.size() - drop);
   }
 
   // Past the committed region: accept whole, checked chunks of this epoch.
+  const size_t committed_chunks = r.chunks.size();
   std::string torn_reason;
   while (pos < size) {
     ScannedChunk c;
-    size_t before = r.tokens.size();
     Status st = ReadChunkHead(file, r.header, layouts, pos, size, &c, &r.section_checksums, &chunk_tokens, &buf);
     if (st.ok() && c.info.epoch != r.commit.epoch)
       st = Status::Corruption("stale chunk of epoch " + std::to_string(c.info.epoch) +
                               " (current epoch " + std::to_string(r.commit.epoch) + ")");
-    if (st.ok() && c.info.first_token != before)
+    if (st.ok() && c.info.first_token != chain_next)
       st = Status::Corruption("chunk starts at token " + std::to_string(c.info.first_token) +
-                              " but " + std::to_string(before) + " tokens precede it");
+                              " but " + std::to_string(chain_next) + " tokens precede it");
     if (st.ok()) st = ReadAndCheckChunk(file, r.header.geometry, layouts, c, r.SectionChecksums(r.chunks.size()), &whole);
     if (!st.ok()) r.section_checksums.resize(r.chunks.size() * r.sections);
     if (!st.ok()) {
       torn_reason = ChunkWhere(r.chunks.size(), pos) + ": " + st.message();
       break;
     }
+    if (!cut_tokens.empty()) {
+      // The appends go on past the commit record's cut: undo it.
+      r.chunks.back().info.live_tokens = r.chunks.back().info.stored_tokens;
+      r.tokens.insert(r.tokens.end(), cut_tokens.begin(), cut_tokens.end());
+      cut_tokens.clear();
+    }
     r.tokens.insert(r.tokens.end(), chunk_tokens.begin(), chunk_tokens.end());
+    chain_next = c.info.first_token + c.info.stored_tokens;
     pos += c.info.bytes;
     r.chunks.push_back(std::move(c));
+  }
+  const uint64_t scan_stop = pos;  // where the first chunk that failed starts
+  if (append_ends && r.chunks.size() > committed_chunks) {
+    // Past the commit record, the data ends at the last append end: whole
+    // chunks after it hold part of an append that never finished.
+    size_t keep = r.chunks.size();
+    while (keep > committed_chunks && r.chunks[keep - 1].append_end == 0) --keep;
+    if (keep < r.chunks.size()) {
+      const ChunkInfo& first_dropped = r.chunks[keep].info;
+      torn_reason = ChunkWhere(keep, first_dropped.offset) +
+                    ": part of an append that did not finish (no append ends in it or after it)";
+      pos = first_dropped.offset;
+    }
+    uint64_t end_tokens;
+    if (keep > committed_chunks) {
+      ScannedChunk& k = r.chunks[keep - 1];
+      k.info.live_tokens = k.append_end;
+      end_tokens = k.info.first_token + k.append_end;
+    } else {
+      // No append ended past the record: back to what the record says.
+      if (committed_chunks > 0) {
+        ChunkInfo& last = r.chunks[committed_chunks - 1].info;
+        last.live_tokens = static_cast<uint32_t>(r.commit.tokens - last.first_token);
+      }
+      end_tokens = r.commit.tokens;
+    }
+    r.chunks.resize(keep);
+    r.section_checksums.resize(keep * r.sections);
+    r.tokens.resize(end_tokens);
   }
   r.tail.valid_end = pos;
   r.tail.torn_tail_bytes = size - pos;
   r.tail.torn_reason = torn_reason;
-  if (pos < size) {
+  if (scan_stop < size) {
     // Past the commit record a crash can leave a damaged chunk before a
     // whole one (writes reach the disk in any order until a sync), so this
     // is not an open error: nothing acknowledged is lost. It is recorded,
     // and verify reports it, because a bit flip looks the same.
     uint64_t found_at;
-    if (ValidChunkFollows(file, r, layouts, pos + 1, size, &found_at)) {
+    if (ValidChunkFollows(file, r, layouts, scan_stop + 1, size, &found_at)) {
       r.tail.valid_data_follows = true;
       r.tail.valid_data_offset = found_at;
     }

@@ -25,6 +25,7 @@ namespace kvfile::internal {
 
 struct ScannedChunk {
   ChunkInfo info;
+  uint32_t append_end = 0;  // the chunk header's field (FORMAT.md 5.1), 0 in 2.0 files
 };
 
 struct ScanResult {

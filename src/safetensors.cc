@@ -586,6 +586,8 @@ Status AppendAll(SafetensorsFile& f, const KvTensors& kv, std::span<const uint32
     uint64_t n = std::min(block_tokens, kv.tokens - t0);
     AppendBatch batch;
     batch.tokens = token_ids.subspan(t0, n);
+    // One append, whatever the number of blocks: all or nothing.
+    batch.continued = t0 + n < kv.tokens;
     for (uint32_t l = 0; l < g.layers; ++l) {
       for (size_t s = 0; s < S; ++s) {
         const KvStream& src = kv.streams[stream_of[s]];

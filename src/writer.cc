@@ -101,7 +101,18 @@ struct Writer::Impl {
   };
   std::vector<WrittenChunk> chunks;  // every chunk of the sequence, in order
   std::vector<uint32_t> tokens;      // every token id, staged ones included
+  // Append ends (spec/RECOVERY.md, "Atomic appends"): tokens before
+  // append_end belong to finished appends; those after it to the append
+  // still open (AppendBatch::continued), if any. Files with
+  // kFlagAppendEnds record it in every chunk head and commit only up to it.
+  bool append_ends = false;
+  uint64_t append_end = 0;
+  bool append_open = false;
+  uint64_t disk_append_end = 0;  // the last append end inside a chunk written to the file
   CommitRecord commit;       // the last durable commit record
+  // The end of the last record written to a slot, durable or not: after a
+  // failed sync the file may hold it, so a failed append cuts nothing below.
+  uint64_t written_commit_end = 0;
   Status failure;            // set once an I/O error makes the writer unusable
   bool closed = false;
   RecoveryReport recovery;
@@ -138,6 +149,8 @@ struct Writer::Impl {
   Status CreateFile(const std::string& write_path, uint32_t epoch);
   Status UpgradeFrom(File& v1, const internal::ScanResult& scan);
   Status AppendTokens(const AppendBatch& batch, bool* wrote_chunk = nullptr);
+  Status AbandonAppend(Status why);
+  uint64_t CommitTarget() const;
   Status Recover(const internal::ScanResult& scan);
   Status RewindTo(uint64_t n);
 };
@@ -150,6 +163,7 @@ Status Writer::Impl::Init(const std::string& p, const WriterOptions& o, FileHead
   fs = o.fs ? o.fs : FileSystem::Default();
   options = o;
   header = std::move(h);
+  append_ends = (header.required_flags & kFlagAppendEnds) != 0;
   // Chunks say their own token count, so a writer may stage fewer tokens
   // than the header's nominal count (FORMAT.md, "Limits").
   uint32_t chunk_tokens = header.chunk_tokens;
@@ -324,6 +338,11 @@ Status Writer::Impl::WriteStagedChunk() {
   ch.chunk_offset = end;
   ch.chunk_bytes = layout->chunk_bytes;
   ch.epoch = commit.epoch;
+  // append_end <= disk_tokens + staged always: it counts finished appends.
+  if (append_ends && append_end > disk_tokens) {
+    ch.append_end = static_cast<uint32_t>(append_end - disk_tokens);
+    disk_append_end = append_end;
+  }
   EncodeChunkHeader(ch, std::span<uint8_t, ch::kHeaderSize>(base, ch::kHeaderSize));
   for (size_t i = 0; i < layout->sections.size(); ++i) {
     const SectionLayout& sec = layout->sections[i];
@@ -370,14 +389,57 @@ Status Writer::Impl::WaitInFlight() {
 // Data first, then the commit record into the older slot, each made durable
 // before the next step: a commit record never vouches for bytes that are not
 // on disk, and a torn slot write leaves the other slot intact.
+//
+// In a file with append ends the record vouches only for finished appends:
+// it ends at the last append end that lies in a chunk on disk, which may
+// cut the chunk it falls in (FORMAT.md 5.3; later chunks of the same epoch
+// go on after that chunk's stored tokens, 5.4).
 Status Writer::Impl::CommitDurably(bool force) {
   KVFILE_RETURN_IF_ERROR(WaitInFlight());
-  if (!force && commit.tokens == disk_tokens && commit.end == end) return Status::OK();
+  uint64_t target = CommitTarget();
+  // The chunks holding tokens [0, target).
+  auto past = std::partition_point(chunks.begin(), chunks.end(),
+                                   [&](const WrittenChunk& c) { return c.first_token < target; });
+  uint64_t n = static_cast<uint64_t>(past - chunks.begin());
+  uint64_t target_end = n == 0 ? kDataOffset : chunks[n - 1].offset + chunks[n - 1].bytes;
+  if (!force && commit.tokens == target && commit.end == target_end) return Status::OK();
   CommitRecord next = commit;
-  next.tokens = disk_tokens;
-  next.end = end;
-  next.chunks = chunks.size();
+  next.tokens = target;
+  next.end = target_end;
+  next.chunks = n;
   return WriteCommit(next);
+}
+
+// How many tokens the next commit vouches for.
+uint64_t Writer::Impl::CommitTarget() const {
+  return append_ends ? disk_append_end : disk_tokens;
+}
+
+// A failed Append() fails the whole append it belongs to. After an I/O
+// error the writer is unusable: the file is cut back to its last commit
+// (best effort; a file with append ends drops the unfinished append at the
+// next open anyway). Otherwise the writer goes back to the last append end.
+Status Writer::Impl::AbandonAppend(Status why) {
+  bool was_open = append_open;
+  append_open = false;
+  if (!failure.ok()) {
+    if (file) {
+      (void)file->WaitWrites();
+      uint64_t keep = std::max(commit.end, written_commit_end);
+      if (keep < end && file->Truncate(keep).ok()) (void)file->Sync();
+    }
+    return why;
+  }
+  if (!was_open) return why;  // a single failed call leaves no trace by itself
+  uint64_t dropped = tokens.size() - append_end;
+  if (append_end >= disk_tokens) {
+    staged = static_cast<uint32_t>(append_end - disk_tokens);
+    tokens.resize(append_end);
+  } else {
+    Status st = RewindTo(append_end);
+    if (!st.ok()) return why.WithContext("dropping the unfinished append failed too (" + st.message() + ")");
+  }
+  return why.WithContext("append dropped whole (" + std::to_string(dropped) + " tokens of its earlier calls)");
 }
 
 // Syncs the data, then writes `next` (with the next sequence number) into
@@ -393,6 +455,7 @@ Status Writer::Impl::WriteCommit(CommitRecord next) {
   next.sequence = commit.sequence + 1;
   std::vector<uint8_t> slot(kCommitSlotSize);
   EncodeCommitRecord(next, std::span<uint8_t, kCommitSlotSize>(slot.data(), kCommitSlotSize));
+  written_commit_end = next.end;
   st = file->WriteAt(kCommitSlotOffset[next.sequence % 2], slot.data(), slot.size());
   if (st.ok()) st = file->Sync();
   if (!st.ok()) return Fail(st);
@@ -410,6 +473,7 @@ Status Writer::Impl::Recover(const internal::ScanResult& scan) {
   disk_tokens = scan.tokens.size();
   for (const auto& c : scan.chunks) chunks.push_back({c.info.offset, c.info.bytes, c.info.first_token});
   end = scan.tail.valid_end;
+  append_end = disk_append_end = disk_tokens;
   if (scan.tail.torn_tail_bytes > 0) {
     // Nothing in the tail was acknowledged: the commit record does not
     // cover it (or, cut inside committed data, it is a partial chunk that
@@ -460,6 +524,9 @@ Status Writer::Impl::RewindTo(uint64_t n) {
   if (n > tokens.size())
     return Status::InvalidArgument(path + ": cannot rewind to " + std::to_string(n) +
                                    " tokens; the file has " + std::to_string(tokens.size()));
+  // A rewind ends any open append: its n tokens are what the file holds.
+  append_open = false;
+  append_end = n;
   if (n >= disk_tokens) {
     // Only staged tokens go: nothing on disk changes.
     staged = static_cast<uint32_t>(n - disk_tokens);
@@ -483,7 +550,7 @@ Status Writer::Impl::RewindTo(uint64_t n) {
   KVFILE_RETURN_IF_ERROR(WriteCommit(next));
   chunks.resize(keep);
   tokens.resize(n);
-  disk_tokens = n;
+  disk_tokens = disk_append_end = n;
   end = new_end;
   staged = 0;
   Status st = file->Truncate(new_end);
@@ -552,6 +619,7 @@ FileHeader NewHeader(const Geometry& geometry, const ModelIdentity& identity, ui
   FileHeader h;
   h.major = major;
   h.minor = major == kMajorV2 ? kMinorV2 : 0;
+  if (major == kMajorV2) h.required_flags = kFlagAppendEnds;
   h.identity = identity;
   h.geometry = geometry;
   h.chunk_tokens = chunk_tokens;
@@ -765,7 +833,11 @@ Status Writer::Open(const std::string& path, const WriterOptions& options,
 Status Writer::Impl::AppendTokens(const AppendBatch& batch, bool* wrote_chunk) {
   KVFILE_RETURN_IF_ERROR(CheckUsable());
   uint64_t n = batch.tokens.size();
-  if (n == 0) return Status::OK();
+  if (n == 0) {
+    // An empty last batch still ends the append it belongs to.
+    if (!batch.continued) append_end = tokens.size();
+    return Status::OK();
+  }
   KVFILE_RETURN_IF_ERROR(AllocateStaging());
   uint32_t room = full_layout.token_count - staged;
   // An append that fits the staging buffer is checked while it is staged; a
@@ -777,6 +849,8 @@ Status Writer::Impl::AppendTokens(const AppendBatch& batch, bool* wrote_chunk) {
     uint32_t piece = static_cast<uint32_t>(std::min<uint64_t>(n - done, full_layout.token_count - staged));
     KVFILE_RETURN_IF_ERROR(StageTokens(batch, done, piece));
     done += piece;
+    // The append is whole in memory: the chunk written next records its end.
+    if (done == n && !batch.continued) append_end = tokens.size();
     if (staged == full_layout.token_count) {
       KVFILE_RETURN_IF_ERROR(WriteStagedChunk());
       if (wrote_chunk) *wrote_chunk = true;
@@ -786,11 +860,14 @@ Status Writer::Impl::AppendTokens(const AppendBatch& batch, bool* wrote_chunk) {
 }
 
 Status Writer::Append(const AppendBatch& batch) {
+  Impl& w = *impl_;
   bool wrote_chunk = false;
-  KVFILE_RETURN_IF_ERROR(impl_->AppendTokens(batch, &wrote_chunk));
-  // Sync mode chunk: every chunk this append completed is durable and
-  // committed before the append is acknowledged.
-  if (wrote_chunk && impl_->options.sync == SyncMode::kChunk) return impl_->CommitDurably();
+  Status st = w.AppendTokens(batch, &wrote_chunk);
+  if (!st.ok()) return w.closed ? st : w.AbandonAppend(st);
+  w.append_open = batch.continued;
+  // Sync mode chunk: the appends that end in the chunks written so far are
+  // durable and committed before the call returns.
+  if (wrote_chunk && w.options.sync == SyncMode::kChunk) return w.CommitDurably();
   return Status::OK();
 }
 
@@ -809,11 +886,34 @@ Status Writer::Close() {
   Impl& w = *impl_;
   if (w.closed) return Status::OK();
   Status st = w.CheckUsable();
+  // An unfinished append is dropped: its staged tokens go, and what of it
+  // is in chunks already is neither committed nor kept.
+  uint64_t dropped = 0;
+  bool cut_back = false;
+  if (st.ok() && w.append_open) {
+    w.append_open = false;
+    dropped = w.tokens.size() - w.append_end;
+    if (w.append_end >= w.disk_tokens) {
+      w.staged = static_cast<uint32_t>(w.append_end - w.disk_tokens);
+    } else {
+      w.staged = 0;
+      cut_back = true;
+    }
+    w.tokens.resize(std::max(w.append_end, w.disk_tokens));
+  }
   if (st.ok()) st = w.WriteStagedChunk();
   if (st.ok()) st = w.WaitInFlight();
-  if (st.ok() && w.options.sync != SyncMode::kNone) st = w.CommitDurably();
+  if (st.ok() && (w.options.sync != SyncMode::kNone || cut_back)) st = w.CommitDurably();
+  if (st.ok() && cut_back) {
+    // The chunks after the commit hold only the dropped append.
+    st = w.file->Truncate(w.commit.end);
+    if (st.ok()) st = w.file->Sync();
+  }
   w.closed = true;
   w.file.reset();
+  if (st.ok() && dropped > 0)
+    return Status::Failed(w.path + ": closed with an unfinished append; its " + std::to_string(dropped) +
+                          " tokens were dropped");
   return st;
 }
 

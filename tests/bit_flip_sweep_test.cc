@@ -233,7 +233,10 @@ void SweepReserved(bool quick) {
       uint64_t head_end = c.sections[0].first;
       uint64_t tokens_end = c.begin + ch::kHeaderSize + 8 * c.sections.size() +
                             4 * LoadU32(f.bytes.data() + c.begin + ch::kTokenCount);
-      std::vector<Range> r = {{c.begin + ch::kEpoch + 4, c.begin + ch::kHeaderSize}, {tokens_end, head_end - 8}};
+      // In files with append ends (2.1) the four bytes after the epoch are a field.
+      const bool append_ends = (LoadU64(f.bytes.data() + hdr::kRequiredFlags) & kFlagAppendEnds) != 0;
+      const uint64_t reserved = append_ends ? ch::kAppendEnd + 4 : ch::kEpoch + 4;
+      std::vector<Range> r = {{c.begin + reserved, c.begin + ch::kHeaderSize}, {tokens_end, head_end - 8}};
       heads += FlipReservedWithChecksums(f, r, Refuser::kOpen);
       // Section padding: after the rows (and after the scales of fp8
       // sections) up to the next 64-byte boundary, and the last section's

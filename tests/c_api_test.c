@@ -244,7 +244,7 @@ static void test_read(void) {
 
   kvfile_info info;
   CHECK_STATUS(kvfile_reader_info(r, &info), KVFILE_OK);
-  CHECK(info.major_version == 2 && info.minor_version == 0);
+  CHECK(info.major_version == 2 && info.minor_version == 1);
   CHECK(strcmp(info.model_id, "test/tiny") == 0 && info.fingerprint == 0xfeedULL);
   CHECK(info.geometry.layers == kLayers && info.geometry.stream_count == kStreams);
   CHECK(strcmp(info.geometry.streams[1].name, "v") == 0 && info.geometry.streams[1].dtype == KVFILE_E4M3);

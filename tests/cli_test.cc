@@ -40,7 +40,7 @@ TEST_F(CliTest, SynthInfoAndCheck) {
   CliRun info = Kvfile("info --json " + P("a.kv"));
   ASSERT_EQ(info.exit_code, 0) << info.err;
   auto j = nlohmann::json::parse(info.out);
-  EXPECT_EQ(j["version"], "2.0");
+  EXPECT_EQ(j["version"], "2.1");
   EXPECT_EQ(j["model"], "synthetic/tiny");
   EXPECT_EQ(j["fingerprint"], "0000000000000007");
   EXPECT_EQ(j["layers"], 2);

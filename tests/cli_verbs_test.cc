@@ -599,7 +599,7 @@ TEST_F(CliVerbsTest, ConvertsToV1AndBackAndAppendUpgrades) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(ReadFile(P("v1.kv")), v1) << "read-only verbs never write a v1 input";
   auto info2 = nlohmann::json::parse(Kvfile("info --json " + P("v2.kv")).out);
-  EXPECT_EQ(info2["version"], "2.0");
+  EXPECT_EQ(info2["version"], "2.1");
   EXPECT_EQ(info2["streams"][0]["dtype"], "e4m3");
   EXPECT_EQ(info2["streams"][2]["dtype"], "e4m3");  // every v1 stream is quantized unless --keep-raw
   // The codes of the converted file are exactly the codec's for the v1 rows.
@@ -625,7 +625,7 @@ TEST_F(CliVerbsTest, ConvertsToV1AndBackAndAppendUpgrades) {
   r = Kvfile("append " + P("v1.kv") + " " + P("more.safetensors"));
   EXPECT_EQ(r.exit_code, 0) << r.err;
   auto info3 = nlohmann::json::parse(Kvfile("info --json " + P("v1.kv")).out);
-  EXPECT_EQ(info3["version"], "2.0");
+  EXPECT_EQ(info3["version"], "2.1");
   EXPECT_EQ(info3["tokens"], 18);
   EXPECT_FALSE(fs::exists(P("v1.kv.kvupgrade")));
 }
@@ -947,8 +947,8 @@ TEST_F(CliVerbsTest, DumpJsonHasEverySelectedPart) {
   EXPECT_FALSE(j.contains("tokens"));
   EXPECT_FALSE(j.contains("rows"));
   const json& h = j["header"];
-  EXPECT_EQ(h["version"], "2.0");
-  EXPECT_EQ(h["required_flags"], "0000000000000000");
+  EXPECT_EQ(h["version"], "2.1");
+  EXPECT_EQ(h["required_flags"], "0000000000000001");
   EXPECT_EQ(h["optional_flags"], "0000000000000000");
   EXPECT_EQ(h["salt"].get<std::string>().size(), 16u);
   EXPECT_NE(h["salt"], "0000000000000000");
@@ -1031,7 +1031,7 @@ TEST_F(CliVerbsTest, DumpTextAndErrors) {
   Snap a = TakeSnap(P("a.kv"));
   CliRun r = Kvfile("dump " + P("a.kv"));
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_EQ(r.out.rfind("header:\n  version           2.0\n", 0), 0u) << r.out;
+  EXPECT_EQ(r.out.rfind("header:\n  version           2.1\n", 0), 0u) << r.out;
   EXPECT_NE(r.out.find("  model id          synthetic/tiny\n"), std::string::npos);
   EXPECT_NE(r.out.find("  stream 1          v: 2 rows x 16, e4m3\n"), std::string::npos);
   EXPECT_NE(r.out.find("  commit slot 1     valid, sequence 3 (active)\n"), std::string::npos);

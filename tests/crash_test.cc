@@ -8,6 +8,7 @@
 // then keep exactly those tokens and accept new appends.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -69,12 +70,22 @@ class Workload {
     ASSERT_TRUE(st.ok()) << st.ToString();
     Checkpoint();
   }
-  void Append(uint32_t n) {
+  void Append(uint32_t n) { AppendInCalls({n}); }
+  // One append made of several calls (AppendBatch::continued on all but
+  // the last): only its end is an append end.
+  void AppendInCalls(std::vector<uint32_t> parts) {
+    for (size_t i = 0; i < parts.size(); ++i) {
+      AppendCall(parts[i], i + 1 < parts.size());
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+  }
+  void AppendCall(uint32_t n, bool continued) {
     std::vector<uint32_t> ids;
     for (uint32_t i = 0; i < n; ++i) ids.push_back(next_id_++);
     std::vector<std::vector<float>> data;
     AppendBatch b;
     b.tokens = ids;
+    b.continued = continued;
     for (uint32_t l = 0; l < g_.layers; ++l)
       for (uint32_t s = 0; s < g_.streams.size(); ++s) {
         std::vector<float> block;
@@ -88,6 +99,7 @@ class Workload {
     ASSERT_TRUE(w_->Append(b).ok());
     auto& cur = versions_.back().tokens;
     cur.insert(cur.end(), ids.begin(), ids.end());
+    if (!continued) versions_.back().ends.push_back(cur.size());
     Checkpoint();
   }
   void Sync() {
@@ -103,7 +115,11 @@ class Workload {
     // when it only dropped staged tokens, which were never durable).
     Version next{std::vector<uint32_t>(versions_.back().tokens.begin(),
                                        versions_.back().tokens.begin() + static_cast<ptrdiff_t>(n)),
-                 std::min<uint64_t>(n, w_->durable_tokens())};
+                 std::min<uint64_t>(n, w_->durable_tokens()), {}};
+    // The append ends before n stay ends; n itself becomes one.
+    for (uint64_t e : versions_.back().ends)
+      if (e < n) next.ends.push_back(e);
+    next.ends.push_back(n);
     versions_.push_back(std::move(next));
     ASSERT_TRUE(w_->Rewind(n).ok());
     versions_.back().rewound_to = w_->durable_tokens();
@@ -129,6 +145,9 @@ class Workload {
   struct Version {
     std::vector<uint32_t> tokens;
     uint64_t rewound_to;  // tokens every crash state of this version keeps
+    // Token counts at which an append of this version ended (0 included):
+    // a crash state must hold exactly one of them (RECOVERY.md, atomic appends).
+    std::vector<uint64_t> ends = {0};
   };
   struct Point {
     size_t ops;
@@ -173,10 +192,12 @@ class Workload {
       uint64_t need = v == first_version && last ? last->acked : versions_[v].rewound_to;
       if (v == first_version && last && versions_[v].rewound_to > need) need = versions_[v].rewound_to;
       if (got.size() < need || got.size() > want.size()) continue;
+      const auto& ends = versions_[v].ends;
+      if (std::find(ends.begin(), ends.end(), got.size()) == ends.end()) continue;
       matched = std::equal(got.begin(), got.end(), want.begin());
     }
-    ASSERT_TRUE(matched) << "file holds " << got.size() << " tokens, not a prefix of an allowed sequence with "
-                         << (last ? last->acked : 0) << " acknowledged";
+    ASSERT_TRUE(matched) << "file holds " << got.size() << " tokens, not a prefix of whole appends of an allowed "
+                         << "sequence with " << (last ? last->acked : 0) << " acknowledged";
     CheckRows(*r, got);
     // Recovery: a writable open keeps exactly these tokens and appends after them.
     std::unique_ptr<Writer> w;
@@ -350,6 +371,43 @@ TEST_F(CrashTest, ReopenAndAppend) {
     w.Reopen();
     w.Append(6);
     w.Rewind(12);
+    w.Append(2);
+    w.Close();
+    Check(w);
+  }
+}
+
+// Appends that span several calls (AppendBatch::continued) and several
+// chunks, in every sync mode: a crash never leaves a part of one, even
+// where whole chunks of it reached the disk.
+TEST_F(CrashTest, MultiCallAppendsAreAllOrNothingInEverySyncMode) {
+  for (SyncMode mode : {SyncMode::kChunk, SyncMode::kClose, SyncMode::kNone}) {
+    for (uint32_t chunk : {2u, 3u, 5u}) {
+      Workload w(mode, chunk);
+      w.Create();
+      w.Append(2);
+      w.AppendInCalls({3, 4, 2});
+      if (mode == SyncMode::kNone) w.Sync();
+      w.AppendInCalls({1, 6});
+      w.Append(4);
+      w.AppendInCalls({5, 1, 1});
+      w.Close();
+      Check(w);
+    }
+  }
+}
+
+// Sync() while an append is open commits only the appends that ended, and
+// the open one goes on after it.
+TEST_F(CrashTest, SyncInsideAnOpenAppendCommitsOnlyFinishedOnes) {
+  for (SyncMode mode : {SyncMode::kChunk, SyncMode::kClose, SyncMode::kNone}) {
+    Workload w(mode, 4);
+    w.Create();
+    w.Append(3);
+    w.AppendCall(6, /*continued=*/true);
+    w.Sync();
+    w.AppendCall(3, /*continued=*/false);
+    w.Sync();
     w.Append(2);
     w.Close();
     Check(w);

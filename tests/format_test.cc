@@ -107,6 +107,7 @@ ChunkHeader SampleChunkHeader() {
   c.chunk_offset = 12288 + 8192;
   c.chunk_bytes = 8192;
   c.epoch = 2;
+  c.append_end = 100;
   return c;
 }
 
@@ -117,14 +118,16 @@ ChunkHeadBytes EncodeChunk(const ChunkHeader& c) {
   return b;
 }
 
-Status DecodeChunk(const ChunkHeadBytes& b, ChunkHeader* out = nullptr) {
+// append_ends: the file header sets kFlagAppendEnds (version 2.1).
+Status DecodeChunk(const ChunkHeadBytes& b, ChunkHeader* out = nullptr, bool append_ends = true) {
   ChunkHeader tmp;
-  return DecodeChunkHeader(std::span<const uint8_t, 64>(b), out ? out : &tmp);
+  return DecodeChunkHeader(std::span<const uint8_t, 64>(b), append_ends, out ? out : &tmp);
 }
 
 bool SameChunk(const ChunkHeader& a, const ChunkHeader& b) {
   return a.token_count == b.token_count && a.salt == b.salt && a.first_token == b.first_token &&
-         a.chunk_offset == b.chunk_offset && a.chunk_bytes == b.chunk_bytes && a.epoch == b.epoch;
+         a.chunk_offset == b.chunk_offset && a.chunk_bytes == b.chunk_bytes && a.epoch == b.epoch &&
+         a.append_end == b.append_end;
 }
 
 // Header byte offset of stream descriptor i.
@@ -213,7 +216,7 @@ TEST(FileHeader, RoundTrip) {
   ASSERT_TRUE(DecodeHeader(b, &d).ok()) << DecodeHeader(b).ToString();
   EXPECT_TRUE(SameHeader(h, d));
   EXPECT_EQ(d.major, 2);
-  EXPECT_EQ(d.minor, 0);
+  EXPECT_EQ(d.minor, 1);
   EXPECT_EQ(d.identity.model_id, "meta-llama/Llama-3.1-8B");
   EXPECT_EQ(d.geometry.streams.size(), 3u);
   EXPECT_EQ(d.geometry.streams[2].name, "idx.x-1_");
@@ -277,7 +280,7 @@ TEST(FileHeader, BytesSitWhereTheSpecSays) {
   EXPECT_EQ(std::memcmp(b.data(), magic, 8), 0);
   EXPECT_EQ(b[8], 2);  // major, little-endian u16
   EXPECT_EQ(b[9], 0);
-  EXPECT_EQ(LoadU16(b.data() + 10), 0);         // minor
+  EXPECT_EQ(LoadU16(b.data() + 10), 1);         // minor
   EXPECT_EQ(LoadU32(b.data() + 12), 4096u);     // header bytes
   EXPECT_EQ(LoadU64(b.data() + 16), 0u);        // required flags
   EXPECT_EQ(LoadU64(b.data() + 24), 0xA1B2u);   // optional flags
@@ -536,8 +539,20 @@ TEST(FileHeader, NewerMinorVersionIsAccepted) {
   EXPECT_EQ(d.minor, 7);
 }
 
+TEST(FileHeader, TheAppendEndsFlagIsKnownInV2Only) {
+  HeaderBytes b = EncodeHeader(SampleHeader());
+  StoreU64(b.data() + 16, kFlagAppendEnds);
+  Reseal(b);
+  FileHeader d;
+  ASSERT_TRUE(DecodeHeader(b, &d).ok());
+  EXPECT_EQ(d.required_flags, kFlagAppendEnds);
+  StoreU16(b.data() + 8, 1);  // the same flag in a v1 header
+  Reseal(b);
+  EXPECT_TRUE(HasCode(DecodeHeader(b), Code::kUnsupported, "required flags"));
+}
+
 TEST(FileHeader, UnknownRequiredFlagsAreUnsupported) {
-  for (uint64_t flags : {uint64_t{1}, uint64_t{0x10}, uint64_t{1} << 63, ~uint64_t{0}}) {
+  for (uint64_t flags : {uint64_t{2}, uint64_t{0x10}, uint64_t{3}, uint64_t{1} << 63, ~uint64_t{0}}) {
     HeaderBytes b = EncodeHeader(SampleHeader());
     StoreU64(b.data() + 16, flags);
     Reseal(b);
@@ -746,10 +761,12 @@ TEST(ChunkHeader, RoundTrip) {
   e.chunk_offset = ~0ull;
   e.chunk_bytes = 1ull << 30;
   e.epoch = ~0u;
+  e.append_end = 65536;
   ASSERT_TRUE(DecodeChunk(EncodeChunk(e), &d).ok());
   EXPECT_TRUE(SameChunk(e, d));
   e.token_count = 1;
   e.chunk_bytes = 4096;
+  e.append_end = 0;
   ASSERT_TRUE(DecodeChunk(EncodeChunk(e), &d).ok());
   EXPECT_TRUE(SameChunk(e, d));
 }
@@ -763,7 +780,8 @@ TEST(ChunkHeader, BytesSitWhereTheSpecSays) {
   EXPECT_EQ(LoadU64(b.data() + 24), 12288u + 8192);
   EXPECT_EQ(LoadU64(b.data() + 32), 8192u);
   EXPECT_EQ(LoadU32(b.data() + 40), 2u);
-  for (size_t i = 44; i < 64; ++i) EXPECT_EQ(b[i], 0) << i;
+  EXPECT_EQ(LoadU32(b.data() + 44), 100u);
+  for (size_t i = 48; i < 64; ++i) EXPECT_EQ(b[i], 0) << i;
 }
 
 TEST(ChunkHeader, EveryByteChangeIsRefusedOrDecodedDifferently) {
@@ -793,11 +811,36 @@ TEST(ChunkHeader, BadMagic) {
 }
 
 TEST(ChunkHeader, ReservedBytesMustBeZero) {
-  for (size_t i = 44; i < 64; ++i) {
+  for (size_t i = 48; i < 64; ++i) {
     ChunkHeadBytes b = EncodeChunk(SampleChunkHeader());
     b[i] = 1;
     EXPECT_TRUE(HasCode(DecodeChunk(b), Code::kCorruption, "reserved")) << i;
   }
+}
+
+// In a 2.0 file (no kFlagAppendEnds) the append_end bytes are reserved.
+TEST(ChunkHeader, AppendEndIsReservedWithoutTheFlag) {
+  ChunkHeader c = SampleChunkHeader();
+  ChunkHeader d;
+  EXPECT_TRUE(HasCode(DecodeChunk(EncodeChunk(c), &d, /*append_ends=*/false), Code::kCorruption, "reserved"));
+  c.append_end = 0;
+  ASSERT_TRUE(DecodeChunk(EncodeChunk(c), &d, /*append_ends=*/false).ok());
+  EXPECT_EQ(d.append_end, 0u);
+  for (size_t i = 44; i < 64; ++i) {
+    ChunkHeadBytes b = EncodeChunk(c);
+    b[i] = 1;
+    EXPECT_TRUE(HasCode(DecodeChunk(b, nullptr, false), Code::kCorruption, "reserved")) << i;
+  }
+}
+
+TEST(ChunkHeader, AppendEndAtMostTheTokenCount) {
+  ChunkHeader c = SampleChunkHeader();
+  c.append_end = c.token_count;
+  EXPECT_TRUE(DecodeChunk(EncodeChunk(c)).ok());
+  c.append_end = c.token_count + 1;
+  EXPECT_TRUE(HasCode(DecodeChunk(EncodeChunk(c)), Code::kCorruption, "append end"));
+  c.append_end = ~0u;
+  EXPECT_TRUE(HasCode(DecodeChunk(EncodeChunk(c)), Code::kCorruption, "append end"));
 }
 
 TEST(ChunkHeader, TokenCountLimits) {

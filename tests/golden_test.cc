@@ -1,5 +1,6 @@
 // The golden fixture: the worked example of spec/FORMAT.md, written by the
-// library and compared byte for byte with tests/fixtures/example_v2.kv.
+// library and compared byte for byte with tests/fixtures/example_v2.kv
+// (version 2.1; example_v2_0.kv is the same example as 2.0 wrote it).
 //
 // KVFILE_REGENERATE_GOLDEN=1 rewrites the fixture instead (only when the
 // format changes on purpose, which also means a new version number).
@@ -91,11 +92,17 @@ TEST(Golden, ExampleV1ReadsBackAndQuantizesLikeV2) {
   EXPECT_EQ(scales[1], 1.0f);
 }
 
-TEST(Golden, ExampleFileReadsBack) {
-  std::string fixture = std::string(KVFILE_TEST_DATA) + "/fixtures/example_v2.kv";
+// example_v2.kv is version 2.1; example_v2_0.kv is the same example as
+// version 2.0 wrote it (no append ends), kept to prove 2.0 files still read.
+class GoldenV2 : public ::testing::TestWithParam<std::pair<const char*, int>> {};
+
+TEST_P(GoldenV2, ExampleFileReadsBack) {
+  std::string fixture = std::string(KVFILE_TEST_DATA) + "/fixtures/" + GetParam().first;
   std::unique_ptr<Reader> r;
   Status st = Reader::Open(fixture, {}, &r);
   ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(r->major_version(), 2);
+  EXPECT_EQ(r->minor_version(), GetParam().second);
   EXPECT_EQ(r->identity().model_id, "example/tiny");
   EXPECT_EQ(r->identity().fingerprint, 0x0123456789ABCDEFull);
   EXPECT_EQ(r->geometry(), ExampleGeometry());
@@ -116,6 +123,9 @@ TEST(Golden, ExampleFileReadsBack) {
   EXPECT_EQ(idx[2], 0x3E80);
   EXPECT_EQ(idx[3], 0x42C8);
 }
+
+INSTANTIATE_TEST_SUITE_P(Versions, GoldenV2,
+                         ::testing::Values(std::pair{"example_v2.kv", 1}, std::pair{"example_v2_0.kv", 0}));
 
 }  // namespace
 }  // namespace kvfile

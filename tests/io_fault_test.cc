@@ -730,11 +730,11 @@ const Case kWriterErrors[] = {
 };
 
 // The workload's writes and fsyncs (each kind counted from 0).
-constexpr int kWorkloadOps = 25;
+constexpr int kWorkloadOps = 23;
 
 class WriterErrorTest : public BackendCaseTest {};
 
-// The workload makes 25 writes and 25 fsyncs: each of them fails in turn
+// The workload makes 23 writes and 23 fsyncs: each of them fails in turn
 // (EIO), or every third one (the other errors: the workload is fsync-bound).
 // The first failure names the path and the errno; later calls fail, nothing
 // more is acknowledged, and the file opens with every acknowledged token

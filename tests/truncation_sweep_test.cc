@@ -32,11 +32,13 @@ using testing::SweepFixture;
 
 constexpr uint64_t kFixedRegion = 12288;
 
-// The tokens and the end offset of the longest chain of whole chunks in [0, n).
+// The tokens and the end offset a reader keeps of [0, n): the longest chain
+// of whole chunks, committed ones; uncommitted ones in a file with append
+// ends only up to the last append end in them.
 std::pair<uint64_t, uint64_t> WholeChunksIn(const SweepFixture& f, uint64_t n) {
   std::pair<uint64_t, uint64_t> r{0, kFixedRegion};
   for (const auto& c : f.chunks)
-    if (c.end <= n) r = {c.tokens_after, c.end};
+    if (c.end <= n) r = f.committed ? std::pair{c.tokens_after, c.end} : std::pair{c.uncommitted_tokens, c.uncommitted_end};
   return r;
 }
 

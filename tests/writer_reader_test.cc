@@ -326,7 +326,7 @@ void CheckFile(const std::string& path, const Sequence& q, const Expected& e, ui
   std::unique_ptr<Reader> r;
   ASSERT_OK(Reader::Open(path, {}, &r));
   EXPECT_EQ(r->major_version(), 2);
-  EXPECT_EQ(r->minor_version(), 0);
+  EXPECT_EQ(r->minor_version(), 1);
   EXPECT_EQ(r->geometry(), q.g);
   EXPECT_EQ(r->identity(), kIdentity);
   EXPECT_EQ(r->salt(), kSalt);
@@ -523,8 +523,23 @@ TEST(Presets, AreTheDocumentedShapes) {
   EXPECT_TRUE(HasCode(GetPreset("tiny", Dtype::kBF16, &unused), Code::kInvalidArgument));
 }
 
+// The bytes of a file with every chunk head's append end and head checksum
+// (which covers it) zeroed: what does not depend on where appends ended.
+Bytes WithoutAppendEnds(const std::string& path, const Geometry& g) {
+  Bytes b = ReadFileBytes(path);
+  std::unique_ptr<Reader> r;
+  EXPECT_TRUE(Reader::Open(path, {}, &r).ok());
+  if (!r) return b;
+  for (const ChunkInfo& c : r->chunks()) {
+    std::memset(b.data() + c.offset + format::ch::kAppendEnd, 0, 4);
+    std::memset(b.data() + c.offset + format::HeadBytes(g, c.stored_tokens) - 8, 0, 8);
+  }
+  return b;
+}
+
 // Writing one token at a time, in one append, or in mixed appends gives the
-// same bytes; so does writing twice.
+// same bytes but for the append ends in the chunk heads (and the head
+// checksums over them); writing twice the same way gives the same bytes.
 TEST_F(KvFileTest, DeterministicAndIndependentOfAppendSizes) {
   Geometry g = Preset("dsa-mixed", Dtype::kE4M3);
   Sequence q = MakeSequence(g, Dtype::kF32, 11);
@@ -532,16 +547,17 @@ TEST_F(KvFileTest, DeterministicAndIndependentOfAppendSizes) {
   WriteSequence(Path("mixed.kv"), q, Options(4), Sizes(Schedule::kMixed, q.n, 4));
   WriteSequence(Path("all.kv"), q, Options(4), Sizes(Schedule::kAllAtOnce, q.n, 4));
   WriteSequence(Path("again.kv"), q, Options(4), Sizes(Schedule::kAllAtOnce, q.n, 4));
-  Bytes one = ReadFileBytes(Path("one.kv"));
+  Bytes one = WithoutAppendEnds(Path("one.kv"), g);
   ASSERT_GT(one.size(), format::kDataOffset);
-  EXPECT_TRUE(one == ReadFileBytes(Path("mixed.kv")));
-  EXPECT_TRUE(one == ReadFileBytes(Path("all.kv")));
-  EXPECT_TRUE(one == ReadFileBytes(Path("again.kv")));
+  EXPECT_TRUE(one == WithoutAppendEnds(Path("mixed.kv"), g));
+  EXPECT_TRUE(one == WithoutAppendEnds(Path("all.kv"), g));
+  EXPECT_FALSE(ReadFileBytes(Path("one.kv")) == ReadFileBytes(Path("all.kv"))) << "append ends are not recorded";
+  EXPECT_TRUE(ReadFileBytes(Path("all.kv")) == ReadFileBytes(Path("again.kv")));
   // Another salt changes the file (salt fields and checksums), not the data.
   WriterOptions o = Options(4);
   o.salt = kSalt + 1;
   WriteSequence(Path("salt.kv"), q, o, {q.n});
-  EXPECT_FALSE(one == ReadFileBytes(Path("salt.kv")));
+  EXPECT_FALSE(ReadFileBytes(Path("all.kv")) == ReadFileBytes(Path("salt.kv")));
   // A random salt is nonzero and differs between files.
   o.salt = 0;
   WriteSequence(Path("r1.kv"), q, o, {q.n});
@@ -794,7 +810,8 @@ TEST_F(KvFileTest, NonFiniteAppendSpanningSeveralChunks) {
 
 TEST_F(KvFileTest, FailedAppendLeavesNoTraceInLaterChunks) {
   // After a refused append (part of which was already staged), later
-  // appends produce exactly the file that never saw it.
+  // appends produce exactly the file that never saw it (written with the
+  // same appends: chunk heads record where appends end).
   for (Dtype in : {Dtype::kBF16, Dtype::kF32}) {
     Geometry g = Preset("tiny", Dtype::kE5M2);
     Sequence q = MakeSequence(g, in, 20, 3);
@@ -810,7 +827,7 @@ TEST_F(KvFileTest, FailedAppendLeavesNoTraceInLaterChunks) {
     EXPECT_TRUE(HasCode(w->Append(Batch(bad, 12, 8)), Code::kNonFinite));  // spans a chunk
     ASSERT_OK(w->Append(Batch(q, 6, 14)));
     ASSERT_OK(w->Close());
-    WriteSequence(Path("ref.kv"), q, Options(8), {20});
+    WriteSequence(Path("ref.kv"), q, Options(8), {5, 1, 14});
     EXPECT_TRUE(ReadFileBytes(Path("x.kv")) == ReadFileBytes(Path("ref.kv")));
     CheckFile(Path("x.kv"), q, ComputeExpected(q), 8, true);
     std::filesystem::remove(Path("x.kv"));
@@ -1016,14 +1033,16 @@ TEST_F(DamageTest, EveryBitOfACommittedChunkHeadIsChecked) {
 
 TEST_F(DamageTest, UncommittedChunks) {
   // sync kNone: no chunk is committed. Damage in an uncommitted chunk ends
-  // the valid data there (nothing acknowledged is lost); a valid chunk after
-  // the damage is reported in the tail info.
+  // the valid data there (nothing acknowledged is lost), and the data before
+  // it ends at the last append end (appends of 1, 10, 3 and 6 tokens: ends
+  // at 1, 11, 14, 20); a valid chunk after the damage is reported in the
+  // tail info.
   ASSERT_NO_FATAL_FAILURE(Write(SyncMode::kNone));
   XorByte(Path(), ChunkOffset(2) + layout8_.tokens_offset, 0x01);
   {
     std::unique_ptr<Reader> r;
     ASSERT_OK(Reader::Open(Path(), {}, &r));
-    EXPECT_EQ(r->token_count(), 16u);
+    EXPECT_EQ(r->token_count(), 14u);
     EXPECT_EQ(r->chunks().size(), 2u);
     EXPECT_EQ(r->tail().valid_end, ChunkOffset(2));
     EXPECT_EQ(r->tail().torn_tail_bytes, 4096u);
@@ -1037,7 +1056,7 @@ TEST_F(DamageTest, UncommittedChunks) {
   XorByte(Path(), ChunkOffset(1) + layout8_.section(1, 1).offset + 3, 0x01);
   std::unique_ptr<Reader> r;
   ASSERT_OK(Reader::Open(Path(), {}, &r));
-  EXPECT_EQ(r->token_count(), 8u);
+  EXPECT_EQ(r->token_count(), 1u);
   EXPECT_EQ(r->chunks().size(), 1u);
   EXPECT_EQ(r->tail().valid_end, ChunkOffset(1));
   EXPECT_EQ(r->tail().torn_tail_bytes, 8192u);
@@ -1047,9 +1066,9 @@ TEST_F(DamageTest, UncommittedChunks) {
       << r->tail().torn_reason;
   EXPECT_TRUE(r->tail().valid_data_follows);
   EXPECT_EQ(r->tail().valid_data_offset, ChunkOffset(2));
-  CheckRange(*r, q_, e_, 1, 1, 0, 8, Dtype::kF32);
+  CheckRange(*r, q_, e_, 1, 1, 0, 1, Dtype::kF32);
   Bytes dst(32 * 4, 0x77);
-  EXPECT_TRUE(HasCode(r->ReadRows(1, 1, 0, 9, Dtype::kF32, dst.data()), Code::kInvalidArgument));
+  EXPECT_TRUE(HasCode(r->ReadRows(1, 1, 0, 2, Dtype::kF32, dst.data()), Code::kInvalidArgument));
 }
 
 // Writes a header and two empty commit slots, as Create would, for `h`.
@@ -1356,12 +1375,15 @@ TEST_F(KvFileTest, SyncChunkMakesEveryFullChunkDurable) {
   ASSERT_OK(Writer::Create(Path(), g, kIdentity, Options(8, SyncMode::kChunk), &w));
   for (uint64_t t = 0; t < 12; ++t) {
     ASSERT_OK(w->Append(Batch(q, t, 1)));
+    // An append is durable once a chunk holding its end is written.
     EXPECT_EQ(w->durable_tokens(), (t + 1) / 8 * 8) << t;
   }
   ASSERT_OK(w->Sync());  // the 4 staged tokens become a short, durable chunk
   EXPECT_EQ(w->durable_tokens(), 12u);
-  ASSERT_OK(w->Append(Batch(q, 12, 9)));  // one full chunk (8) + 1 staged
-  EXPECT_EQ(w->durable_tokens(), 20u);
+  ASSERT_OK(w->Append(Batch(q, 12, 9)));  // one full chunk (8) + 1 staged: no append ends in it
+  EXPECT_EQ(w->durable_tokens(), 12u);
+  ASSERT_OK(w->Append(Batch(q, 21, 0)));  // an empty append commits nothing either
+  EXPECT_EQ(w->durable_tokens(), 12u);
   ASSERT_OK(w->Close());
   EXPECT_EQ(w->durable_tokens(), 21u);
   std::unique_ptr<Reader> r;
@@ -1411,19 +1433,19 @@ TEST_F(DamageTest, TruncatedUncommittedTailIsDropped) {
     std::filesystem::resize_file(Path("t.kv"), ChunkOffset(2) + cut);
     std::unique_ptr<Reader> r;
     ASSERT_OK(Reader::Open(Path("t.kv"), {}, &r));
-    EXPECT_EQ(r->token_count(), 16u);
+    EXPECT_EQ(r->token_count(), 14u);  // the last append end in chunks 0-1
     EXPECT_EQ(r->chunks().size(), 2u);
     EXPECT_EQ(r->tail().valid_end, ChunkOffset(2));
     EXPECT_EQ(r->tail().file_size, ChunkOffset(2) + cut);
     EXPECT_EQ(r->tail().torn_tail_bytes, cut);
     EXPECT_FALSE(r->tail().torn_reason.empty());
-    for (uint32_t s = 0; s < 2; ++s) CheckRange(*r, q_, e_, 1, s, 0, 16, Dtype::kF32);
+    for (uint32_t s = 0; s < 2; ++s) CheckRange(*r, q_, e_, 1, s, 0, 14, Dtype::kF32);
   }
   // Cut exactly at a chunk boundary: nothing torn.
   std::filesystem::resize_file(Path(), ChunkOffset(2));
   std::unique_ptr<Reader> r;
   ASSERT_OK(Reader::Open(Path(), {}, &r));
-  EXPECT_EQ(r->token_count(), 16u);
+  EXPECT_EQ(r->token_count(), 14u);
   EXPECT_EQ(r->tail().torn_tail_bytes, 0u);
 }
 

@@ -28,7 +28,8 @@ k convert "$TMP/rewound.kv" "$TMP/f16.safetensors" --dtype f16
 rm -rf "${CORPUS:?}"/{read,verify,upgrade,safetensors}
 mkdir -p "$CORPUS"/{read,verify,upgrade,safetensors}
 for t in read verify upgrade; do
-  cp "$ROOT/tests/fixtures/example_v1.kv" "$ROOT/tests/fixtures/example_v2.kv" "$CORPUS/$t/"
+  cp "$ROOT/tests/fixtures/example_v1.kv" "$ROOT/tests/fixtures/example_v2.kv" \
+    "$ROOT/tests/fixtures/example_v2_0.kv" "$CORPUS/$t/"
 done
 for t in read verify; do
   cp "$TMP"/{chunks,rewound,torn,e5m2,raw_v,dsa,v1_bf16,v1_f32}.kv "$CORPUS/$t/"

@@ -67,6 +67,7 @@ Status BuildFixture(const FixtureSpec& spec, SweepFixture* out) {
   std::unique_ptr<Writer> w;
   KVFILE_RETURN_IF_ERROR(Writer::Create(kSweepPath, g, {"sweep/" + spec.name, spec.seed}, opt, &w));
   SplitMix rng(spec.seed);
+  std::vector<uint64_t> append_ends;  // token counts after each append
   // Appended in pieces of 1..3 tokens, so that chunks fill across appends.
   for (uint32_t done = 0; done < spec.tokens;) {
     uint32_t n = std::min<uint32_t>(spec.tokens - done, 1 + static_cast<uint32_t>(rng.Below(3)));
@@ -81,6 +82,7 @@ Status BuildFixture(const FixtureSpec& spec, SweepFixture* out) {
     KVFILE_RETURN_IF_ERROR(w->Append(b));
     f.tokens.insert(f.tokens.end(), ids.begin(), ids.end());
     done += n;
+    append_ends.push_back(done);
   }
   KVFILE_RETURN_IF_ERROR(w->Close());
   w.reset();
@@ -99,7 +101,23 @@ Status BuildFixture(const FixtureSpec& spec, SweepFixture* out) {
     if (c.committed != spec.committed) return Status::Corruption(spec.name + ": unexpected commit state");
     format::ChunkLayout layout;
     KVFILE_RETURN_IF_ERROR(format::ComputeChunkLayout(g, c.stored_tokens, &layout));
-    ChunkSpan span{c.offset, c.offset + c.bytes, c.first_token + c.live_tokens, {}};
+    ChunkSpan span{c.offset, c.offset + c.bytes, c.first_token + c.live_tokens, 0, format::kDataOffset, {}};
+    if (spec.major == 1) {
+      span.uncommitted_tokens = span.tokens_after;
+      span.uncommitted_end = span.end;
+    } else {
+      for (uint64_t e : append_ends)
+        if (e <= span.tokens_after) span.uncommitted_tokens = e;
+      // The end of the first chunk that holds that many tokens.
+      if (span.uncommitted_tokens > 0) {
+        span.uncommitted_end = span.end;
+        for (const ChunkSpan& before : f.chunks)
+          if (before.tokens_after >= span.uncommitted_tokens) {
+            span.uncommitted_end = before.end;
+            break;
+          }
+      }
+    }
     for (const format::SectionLayout& sec : layout.sections)
       span.sections.emplace_back(c.offset + sec.offset, c.offset + sec.end);
     f.chunks.push_back(std::move(span));

@@ -32,6 +32,12 @@ struct StreamData {
 struct ChunkSpan {
   uint64_t begin = 0, end = 0;  // file offsets
   uint64_t tokens_after = 0;    // tokens of the chain up to and including this chunk
+  // What a reader returns when this chunk is the last whole one and none is
+  // committed: in a file with append ends (2.1), the tokens up to the last
+  // append end in the chunks so far, and the end of the chunk holding it
+  // (12288 if none); in other files, tokens_after and `end`.
+  uint64_t uncommitted_tokens = 0;
+  uint64_t uncommitted_end = 0;
   // Where each section (layer-major) spans, as file offsets [begin, end).
   std::vector<std::pair<uint64_t, uint64_t>> sections;
 };

@@ -175,7 +175,8 @@ Status ReadStreamSlab(SafetensorsFile& f, const KvTensors& kv, const KvStream& s
 // kv.streams of the writer's stream i. Values go in as they are (the writer
 // quantizes or converts them); codes of the writer stream's own fp8 dtype go
 // in exactly, as pre-quantized rows; codes of another dtype are decoded to
-// f32 first. `block_tokens` tokens per append.
+// f32 first. `block_tokens` tokens per Append() call, all of them one
+// append (AppendBatch::continued): on failure, none of it stays.
 Status AppendAll(SafetensorsFile& f, const KvTensors& kv, std::span<const uint32_t> token_ids,
                  const std::vector<size_t>& stream_of, Writer& w, uint64_t block_tokens);
 

@@ -58,9 +58,15 @@ struct RowBlock {
 
 // One append: token ids and, for every layer and stream, a RowBlock.
 // blocks[layer * stream_count + stream].
+//
+// An append is all or nothing (spec/RECOVERY.md): after a failure or a
+// crash the file holds whole appends only. An append too large to hold in
+// memory at once can span several calls: every batch but the last sets
+// `continued`; the append ends with the first batch that does not.
 struct AppendBatch {
   std::span<const uint32_t> tokens;
   std::vector<RowBlock> blocks;
+  bool continued = false;  // more of this same append follows in the next Append()
 };
 
 class Writer {
@@ -92,13 +98,20 @@ class Writer {
 
   // Appends tokens. Validates every block first: a non-finite row or a
   // wrong dtype fails the whole append (nothing of it is written; the
-  // message names layer, stream, token and row).
+  // message names layer, stream, token and row). A failed call fails the
+  // whole append it belongs to, earlier `continued` batches included: the
+  // writer is left as it was before the append began (if part of it was
+  // already in chunks on disk, by a durable rewind), or, after an I/O
+  // error, unusable with the file cut back to its last commit.
   Status Append(const AppendBatch& batch);
   // Writes the staged tokens as a (possibly short) chunk; no fsync.
   Status Flush();
-  // Flush, then make every appended token durable and committed.
+  // Flush, then make every finished append durable and committed (an
+  // unfinished `continued` append is not acknowledged).
   Status Sync();
   // Flush, and Sync() unless the mode is kNone. The writer is unusable after.
+  // An unfinished `continued` append is dropped (kFailed says so; the
+  // finished appends are still made durable as usual).
   Status Close();
   // Keeps the first n tokens and drops the rest, durably: when it returns OK
   // the file holds exactly those n tokens (plus what is appended later). A

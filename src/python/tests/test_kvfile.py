@@ -281,7 +281,7 @@ def test_info(tmp_path):
     write_tiny(path, [list(range(10))], chunk_tokens=4)
     with kvfile.open(path) as r:
         info = r.info()
-    assert info["version"] == "2.0" and (info["major_version"], info["minor_version"]) == (2, 0)
+    assert info["version"] == "2.1" and (info["major_version"], info["minor_version"]) == (2, 1)
     assert info["model"] == "test/tiny" and info["fingerprint"] == 7
     assert info["fingerprint_hex"] == "0000000000000007"
     assert info["geometry"] == TINY
@@ -513,7 +513,8 @@ EXAMPLE_K_CODES = [[0x38, 0xC0, 0x30, 0x7E], [0x00, 0x00, 0x00, 0x80]]
 EXAMPLE_IDX_BITS = [[0x3FC0, 0xC040], [0x3E80, 0x42C8]]
 
 
-@pytest.mark.parametrize("name,version,k_dtype", [("example_v2.kv", "2.0", "e4m3"), ("example_v1.kv", "1.0", "f32")])
+@pytest.mark.parametrize("name,version,k_dtype", [("example_v2.kv", "2.1", "e4m3"), ("example_v2_0.kv", "2.0", "e4m3"),
+                                                  ("example_v1.kv", "1.0", "f32")])
 def test_fixtures_read_back(name, version, k_dtype):
     with kvfile.open(FIXTURES / name) as r:
         info = r.info()
@@ -538,7 +539,7 @@ def test_appending_to_a_v1_file_upgrades_it(tmp_path):
         assert w.recovery["upgraded_from_v1"]
         w.append([303], {"k": np.full((1, 1, 1, 4), 2.0, np.float32), "idx": np.zeros((1, 1, 1, 2), np.uint16)})
     with kvfile.open(path) as r:
-        assert r.info()["version"] == "2.0"
+        assert r.info()["version"] == "2.1"
         assert [s["dtype"] for s in r.geometry["streams"]] == ["e4m3", "bf16"]
         assert r.tokens.tolist() == [101, 202, 303]
         assert r.codes("k", 0)[0][:, 0].tolist() == EXAMPLE_K_CODES + [[0x7E] * 4]
