@@ -12,7 +12,11 @@ namespace kvfile::internal {
 FileSystem* PosixFileSystemInstance();
 
 // What both backends do the same way on a file descriptor.
+// Opens without blocking (O_NONBLOCK) and refuses anything but a regular
+// file with NotRegularFile.
 Status OpenFd(const std::string& path, OpenMode mode, int* fd);
+// "PATH: not a regular file (a FIFO)", kInvalidArgument (the CLI's exit 2).
+Status NotRegularFile(const std::string& path, unsigned mode);
 Status LockFd(int fd, const std::string& path);
 Status FdId(int fd, const std::string& path, FileId* id);
 

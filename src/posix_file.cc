@@ -10,6 +10,7 @@
 // fdatasync error is returned at once and never retried. Each of these
 // system calls first asks the fault hook (io_fault_hook.h), which tests use
 // to fake errors and short counts.
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -40,6 +41,29 @@ Status File::WaitWrites() { return Status::OK(); }
 
 Status File::ReadBatch(std::span<const ReadRequest> requests) {
   for (const ReadRequest& r : requests) KVFILE_RETURN_IF_ERROR(ReadAt(r.offset, r.buf, r.n));
+  return Status::OK();
+}
+
+Status FileSystem::Stat(const std::string& path, PathInfo* info) {
+  *info = PathInfo{};
+  KVFILE_RETURN_IF_ERROR(Exists(path, &info->exists));
+  if (!info->exists) return Status::OK();
+  KVFILE_RETURN_IF_ERROR(PathId(path, &info->id));
+  info->regular = true;
+  info->mode = 0644;
+  info->links = 1;
+  return Status::OK();
+}
+
+Status FileSystem::ResolveSymlinks(const std::string& path, std::string* target) {
+  *target = path;
+  return Status::OK();
+}
+
+Status FileSystem::CopyAttributes(const PathInfo&, const std::string&) { return Status::OK(); }
+
+Status FileSystem::ListDir(const std::string&, std::vector<std::string>* names) {
+  names->clear();
   return Status::OK();
 }
 
@@ -207,6 +231,70 @@ class PosixFileSystem final : public FileSystem {
     return Status::OK();
   }
 
+  Status Stat(const std::string& path, PathInfo* info) override {
+    *info = PathInfo{};
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0) {
+      if (errno == ENOENT) return Status::OK();
+      return ErrnoStatus(path, errno);
+    }
+    info->exists = true;
+    info->regular = S_ISREG(st.st_mode);
+    info->id = {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)};
+    info->mode = st.st_mode & 07777;
+    info->uid = st.st_uid;
+    info->gid = st.st_gid;
+    info->links = st.st_nlink;
+    return Status::OK();
+  }
+
+  // Follows the chain link by link (a relative link is relative to its own
+  // directory), so that a dangling link resolves to the path it names.
+  Status ResolveSymlinks(const std::string& path, std::string* target) override {
+    std::string p = path;
+    for (int hops = 0; hops < 40; ++hops) {
+      struct stat st;
+      if (::lstat(p.c_str(), &st) != 0) {
+        if (errno == ENOENT) break;
+        return ErrnoStatus(p, errno);
+      }
+      if (!S_ISLNK(st.st_mode)) break;
+      std::string link(static_cast<size_t>(st.st_size > 0 ? st.st_size : 4096) + 1, '\0');
+      ssize_t n = ::readlink(p.c_str(), link.data(), link.size());
+      if (n < 0) return ErrnoStatus(p + ": readlink", errno);
+      if (static_cast<size_t>(n) >= link.size()) return Status::IOError(p + ": symlink changed while reading it");
+      link.resize(static_cast<size_t>(n));
+      p = link.starts_with('/') || p.find('/') == std::string::npos ? link : DirName(p) + "/" + link;
+      if (hops == 39) return ErrnoStatus(path, ELOOP);
+    }
+    *target = p;
+    return Status::OK();
+  }
+
+  // Owner and group first: chown may clear the set-user-id bits, which the
+  // chmod after it restores.
+  Status CopyAttributes(const PathInfo& like, const std::string& path) override {
+    if (::chown(path.c_str(), like.uid, like.gid) != 0)
+      return ErrnoStatus(path + ": chown to " + std::to_string(like.uid) + ":" + std::to_string(like.gid), errno);
+    if (::chmod(path.c_str(), static_cast<mode_t>(like.mode)) != 0) return ErrnoStatus(path + ": chmod", errno);
+    return Status::OK();
+  }
+
+  Status ListDir(const std::string& dir, std::vector<std::string>* names) override {
+    names->clear();
+    DIR* d = ::opendir(dir.c_str());
+    if (d == nullptr) return ErrnoStatus(dir + ": open directory", errno);
+    errno = 0;
+    while (const dirent* e = ::readdir(d)) {
+      std::string name = e->d_name;
+      if (name != "." && name != "..") names->push_back(std::move(name));
+    }
+    int err = errno;
+    ::closedir(d);
+    if (err != 0) return ErrnoStatus(dir + ": read directory", err);
+    return Status::OK();
+  }
+
   Status Exists(const std::string& path, bool* exists) override {
     struct stat st;
     if (::stat(path.c_str(), &st) == 0) {
@@ -225,8 +313,20 @@ class PosixFileSystem final : public FileSystem {
 
 namespace internal {
 
+Status NotRegularFile(const std::string& path, unsigned mode) {
+  const char* what = S_ISDIR(mode)    ? "a directory"
+                     : S_ISFIFO(mode) ? "a FIFO"
+                     : S_ISCHR(mode)  ? "a character device"
+                     : S_ISBLK(mode)  ? "a block device"
+                     : S_ISSOCK(mode) ? "a socket"
+                                      : "a special file";
+  return Status::InvalidArgument(path + ": not a regular file (" + what + ")");
+}
+
+// O_NONBLOCK so that opening a FIFO never waits for a writer; anything but
+// a regular file is then refused, and the flag is cleared again.
 Status OpenFd(const std::string& path, OpenMode mode, int* out) {
-  int flags = O_CLOEXEC;
+  int flags = O_CLOEXEC | O_NONBLOCK;
   switch (mode) {
     case OpenMode::kRead: flags |= O_RDONLY; break;
     case OpenMode::kReadWrite: flags |= O_RDWR; break;
@@ -238,9 +338,19 @@ Status OpenFd(const std::string& path, OpenMode mode, int* out) {
   } while (fd < 0 && errno == EINTR);
   if (fd < 0) return ErrnoStatus(path, errno);
   struct stat st;
-  if (::fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
+  if (::fstat(fd, &st) != 0) {
+    int err = errno;
     ::close(fd);
-    return Status::InvalidArgument(path + ": is a directory");
+    return ErrnoStatus(path + ": stat", err);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return NotRegularFile(path, st.st_mode);
+  }
+  if (::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0) {
+    int err = errno;
+    ::close(fd);
+    return ErrnoStatus(path + ": fcntl", err);
   }
   *out = fd;
   return Status::OK();

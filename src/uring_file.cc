@@ -669,6 +669,18 @@ class UringFileSystem final : public FileSystem {
   Status PathId(const std::string& path, FileId* id) override {
     return internal::PosixFileSystemInstance()->PathId(path, id);
   }
+  Status Stat(const std::string& path, PathInfo* info) override {
+    return internal::PosixFileSystemInstance()->Stat(path, info);
+  }
+  Status ResolveSymlinks(const std::string& path, std::string* target) override {
+    return internal::PosixFileSystemInstance()->ResolveSymlinks(path, target);
+  }
+  Status CopyAttributes(const PathInfo& like, const std::string& path) override {
+    return internal::PosixFileSystemInstance()->CopyAttributes(like, path);
+  }
+  Status ListDir(const std::string& dir, std::vector<std::string>* names) override {
+    return internal::PosixFileSystemInstance()->ListDir(dir, names);
+  }
 };
 
 // Can this process set up a ring, and does the kernel have the operations

@@ -14,6 +14,7 @@
 #include "kvfile/format/chunk_layout.h"
 #include "kvfile/format/endian.h"
 #include "kvfile/format/header.h"
+#include "atomic_replace.h"
 #include "file_scan.h"
 #include "page_buffer.h"
 
@@ -31,20 +32,7 @@ Status RandomSalt(uint64_t* salt) {
   return Status::OK();
 }
 
-// Takes the writer lock, waiting up to a second for it. A writer killed
-// with io_uring requests in flight keeps its lock until the kernel has torn
-// down its ring, which it does asynchronously shortly after the process
-// dies; a restarted engine must not fail on that. A live writer keeps the
-// lock, and the caller gets kBusy after the wait.
-Status LockWithGrace(File& file) {
-  Status st = file.LockExclusive();
-  for (int waited_ms = 0; st.code() == Status::Code::kBusy && waited_ms < 1000; waited_ms += 2) {
-    struct timespec ts = {0, 2'000'000};
-    nanosleep(&ts, nullptr);
-    st = file.LockExclusive();
-  }
-  return st;
-}
+using internal::LockWithGrace;  // atomic_replace.h
 
 // Staging buffers of a writer that opens an existing file hold at most this
 // much each, whatever nominal chunk size the file's header names.
@@ -646,22 +634,26 @@ Status Writer::Create(const std::string& path, const Geometry& geometry,
   // replaced, so no writer can start appending to it in between.
   std::unique_ptr<File> existing;
   if (options.overwrite) {
-    if (fs->Open(path, OpenMode::kReadWrite, &existing).ok())
-      KVFILE_RETURN_IF_ERROR(existing->LockExclusive());
+    st = fs->Open(path, OpenMode::kReadWrite, &existing);
+    if (st.ok()) KVFILE_RETURN_IF_ERROR(existing->LockExclusive());
+    else if (st.code() != Status::Code::kNotFound) return st;  // not a regular file, say
   } else {
     bool exists = false;
     KVFILE_RETURN_IF_ERROR(fs->Exists(path, &exists));
     if (exists) return Status::InvalidArgument(path + ": file exists");
   }
-  std::string tmp = path + ".kvnew";
+  // A symlink stays a link: what it leads to is replaced.
+  std::string target = path;
+  if (options.overwrite) KVFILE_RETURN_IF_ERROR(fs->ResolveSymlinks(path, &target));
+  std::string tmp = target + ".kvnew";
   KVFILE_RETURN_IF_ERROR(impl->CreateFile(tmp, /*epoch=*/1));
-  st = fs->Rename(tmp, path, options.overwrite);
+  st = fs->Rename(tmp, target, options.overwrite);
   if (!st.ok()) {
     impl->file.reset();
     (void)fs->Remove(tmp);
     return st;
   }
-  KVFILE_RETURN_IF_ERROR(fs->SyncDir(DirName(path)));
+  KVFILE_RETURN_IF_ERROR(fs->SyncDir(DirName(target)));
   out->reset(new Writer(std::move(impl)));
   return Status::OK();
 }
@@ -764,7 +756,9 @@ Status RemoveLeftoverUpgradeFile(const std::string& path, FileSystem* fs, bool* 
   if (fs == nullptr) fs = FileSystem::Default();
   std::unique_ptr<File> file;
   KVFILE_RETURN_IF_ERROR(OpenLocked(*fs, path, &file));
-  return RemoveLeftoverUpgrade(*fs, path, removed);
+  std::string real;
+  KVFILE_RETURN_IF_ERROR(fs->ResolveSymlinks(path, &real));
+  return RemoveLeftoverUpgrade(*fs, real, removed);
 }
 
 Status Writer::Open(const std::string& path, const WriterOptions& options,
@@ -772,9 +766,13 @@ Status Writer::Open(const std::string& path, const WriterOptions& options,
   FileSystem* fs = options.fs ? options.fs : FileSystem::Default();
   std::unique_ptr<File> file;
   KVFILE_RETURN_IF_ERROR(OpenLocked(*fs, path, &file));
-  std::string tmp = path + ".kvupgrade";
+  // An upgrade replaces the file a symlink leads to, not the link: the
+  // temporary file lives next to that file.
+  std::string real;
+  KVFILE_RETURN_IF_ERROR(fs->ResolveSymlinks(path, &real));
+  std::string tmp = real + ".kvupgrade";
   bool removed_stale = false;
-  KVFILE_RETURN_IF_ERROR(RemoveLeftoverUpgrade(*fs, path, &removed_stale));
+  KVFILE_RETURN_IF_ERROR(RemoveLeftoverUpgrade(*fs, real, &removed_stale));
   internal::ScanResult scan;
   Status st = internal::ScanFile(*file, &scan);
   if (!st.ok()) return st.WithContext(path);
@@ -802,16 +800,31 @@ Status Writer::Open(const std::string& path, const WriterOptions& options,
     KVFILE_RETURN_IF_ERROR(impl->Init(path, options, h, kOpenMaxChunkBytes));
     if (scan.commit.epoch == UINT32_MAX)
       return Status::Unsupported(path + ": the epoch counter is exhausted; convert the file instead");
+    // The upgrade renames a new file over the old one's name: another hard
+    // link would go on naming the old v1 data, so that is refused. The new
+    // file gets the old one's mode, owner and group.
+    PathInfo info;
+    FileId locked;
+    KVFILE_RETURN_IF_ERROR(fs->Stat(real, &info));
+    KVFILE_RETURN_IF_ERROR(file->Id(&locked));
+    if (!info.exists || !(info.id == locked))
+      return Status::Busy(path + ": the file was replaced while opening it; not upgraded");
+    if (info.links > 1)
+      return Status::InvalidArgument(
+          path + ": a v1 file with " + std::to_string(info.links) +
+          " hard links is not upgraded to v2 in place (the other names would keep the old v1 data); "
+          "write a v2 copy with `kvfile convert`, or remove the other links first");
     st = impl->CreateFile(tmp, scan.commit.epoch + 1);
     if (!st.ok()) return st.WithContext(path + ": upgrade to v2 failed, the v1 file is unchanged");
     st = impl->UpgradeFrom(*file, scan);
-    if (st.ok()) st = fs->Rename(tmp, path, /*replace=*/true);
+    if (st.ok()) st = fs->CopyAttributes(info, tmp);
+    if (st.ok()) st = fs->Rename(tmp, real, /*replace=*/true);
     if (!st.ok()) {
       impl->file.reset();
       (void)fs->Remove(tmp);
       return st.WithContext(path + ": upgrade to v2 failed, the v1 file is unchanged");
     }
-    KVFILE_RETURN_IF_ERROR(fs->SyncDir(DirName(path)));
+    KVFILE_RETURN_IF_ERROR(fs->SyncDir(DirName(real)));
     impl->recovery.upgraded_from_v1 = true;
     impl->recovery.dropped_committed_tokens = scan.tail.committed_tokens_missing;
     impl->recovery.removed_stale_upgrade = removed_stale;

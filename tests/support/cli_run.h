@@ -22,13 +22,14 @@ struct CliRun {
   std::string err;
 };
 
-// Runs `kvfile ARGS` through the shell. stderr goes through a file named
-// after the process, so that tests running in parallel never share one.
-inline CliRun Kvfile(const std::string& args) {
+// Runs `kvfile ARGS` through the shell (after `prefix`, e.g. "timeout 10").
+// stderr goes through a file named after the process, so that tests
+// running in parallel never share one.
+inline CliRun Kvfile(const std::string& args, const std::string& prefix = "") {
   static int counter = 0;
   std::string err_path = ::testing::TempDir() + "kvfile_cli_err_" + std::to_string(::getpid()) + "_" +
                          std::to_string(++counter);
-  std::string cmd = std::string(KVFILE_BINARY) + " " + args + " 2>" + err_path;
+  std::string cmd = prefix + " " + std::string(KVFILE_BINARY) + " " + args + " 2>" + err_path;
   CliRun r{};
   FILE* p = popen(cmd.c_str(), "r");
   std::array<char, 4096> buf;

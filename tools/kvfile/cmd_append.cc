@@ -11,6 +11,7 @@
 #include <optional>
 
 #include "kvfile/safetensors.h"
+#include "atomic_replace.h"
 #include "cli_common.h"
 #include "kvfile/reader.h"
 #include "kvfile/writer.h"
@@ -115,8 +116,20 @@ int RunAppend(const AppendArgs& a) {
   opt.sync = ParseSync(a.sync);
   if (!exists) opt.chunk_tokens = a.chunk_tokens ? *a.chunk_tokens : BoundedChunkTokens(file_geometry, 256, a.input);
   opt.upgrade_dtype = dtype.value_or(Dtype::kE4M3);
+  // A new FILE is written under a temporary name and renamed into place
+  // when complete and durable (sync mode close at least): a failure leaves
+  // no FILE.
+  std::unique_ptr<internal::PendingReplace> create;
   std::unique_ptr<Writer> w;
-  st = exists ? Writer::Open(a.path, opt, &w) : Writer::Create(a.path, file_geometry, id, opt, &w);
+  if (exists) {
+    st = Writer::Open(a.path, opt, &w);
+  } else {
+    if (opt.sync == SyncMode::kNone) opt.sync = SyncMode::kClose;
+    st = internal::PendingReplace::Begin(a.path, nullptr, &create);
+    if (st.ok() && create->original().exists)
+      st = Status::Busy(a.path + ": created by another process while appending was being prepared");
+    if (st.ok()) st = Writer::Create(create->temp_path(), file_geometry, id, opt, &w).WithContext(a.path);
+  }
   if (!st.ok()) return ReportError(st);
   if (w->geometry() != file_geometry) {  // replaced between the check and the open
     (void)w->Close();
@@ -129,6 +142,8 @@ int RunAppend(const AppendArgs& a) {
   st = safetensors::AppendAll(*in, kv, ids, stream_of, *w, safetensors::BlockTokens(per_token, uint64_t{256} << 20));
   Status close = w->Close();
   if (st.ok()) st = close;
+  if (!st.ok() && create) st = st.WithContext(a.path);  // the writer names the temporary file
+  if (st.ok() && create) st = create->Commit();
   if (!st.ok()) return ReportError(st);
   std::printf("%s: %sappended %llu tokens from %s (%llu in total)\n", a.path.c_str(), exists ? "" : "created; ",
               static_cast<unsigned long long>(kv.tokens), a.input.c_str(),

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "kvfile/safetensors.h"
+#include "atomic_replace.h"
 #include "cli_common.h"
 #include "progress.h"
 #include "kvfile/format/endian.h"
@@ -341,45 +342,25 @@ struct Outcome {
   std::string line;  // stdout line on success
 };
 
-std::string TempPath(const std::string& out) { return out + ".kvtmp-" + std::to_string(::getpid()); }
-
-void RemoveQuietly(const std::string& path) {
-  std::error_code ec;
-  fs::remove(path, ec);
-}
-
 Status ExistsError(const std::string& out) {
   return Status::InvalidArgument(out + ": file exists; use --force to replace it");
 }
 
 Outcome ConvertOne(const std::string& in, const std::string& out, Kind in_kind, Kind out_kind, const Plan& p,
                    bool force) {
-  FileSystem* fsys = FileSystem::Default();
-  bool exists = false;
-  Status st = fsys->Exists(out, &exists);
+  // OUT is written under a temporary name and replaces the destination
+  // only when complete (atomic_replace.h); on failure it is removed.
+  std::unique_ptr<internal::PendingReplace> replace;
+  Status st = internal::PendingReplace::Begin(out, nullptr, &replace);
   if (!st.ok()) return {st, ""};
-  if (exists && !force) return {ExistsError(out), ""};
-  std::string tmp = TempPath(out);
-  RemoveQuietly(tmp);  // a leftover of this pid number from an earlier crash
+  if (replace->original().exists && !force) return {ExistsError(out), ""};
+  const std::string& tmp = replace->temp_path();
   std::string summary;
   if (in_kind == Kind::kKv && out_kind == Kind::kKv) st = KvToKv(in, tmp, p, &summary);
   else if (in_kind == Kind::kSafetensors) st = Import(in, tmp, p, &summary);
   else st = Export(in, tmp, p, &summary);
-  if (st.ok()) {
-    st = fsys->Rename(tmp, out, force);
-    if (!st.ok()) {
-      bool now = false;
-      if (!force && fsys->Exists(out, &now).ok() && now) st = ExistsError(out);
-    } else {
-      st = fsys->SyncDir(DirName(out));
-      if (!st.ok()) return {st, ""};
-    }
-  }
-  if (!st.ok()) {
-    RemoveQuietly(tmp);
-    RemoveQuietly(tmp + ".kvnew");
-    return {st, ""};
-  }
+  if (st.ok()) st = replace->Commit();
+  if (!st.ok()) return {st, ""};
   return {st, in + " -> " + out + ": " + summary};
 }
 

@@ -4,6 +4,7 @@
 #include <thread>
 #include <vector>
 
+#include "atomic_replace.h"
 #include "cli_common.h"
 #include "kvfile/codec.h"
 #include "kvfile/presets.h"
@@ -50,13 +51,18 @@ int RunSynth(const SynthArgs& a) {
   Geometry g;
   Status st = GetPreset(a.preset, fp8, &g);
   if (!st.ok()) return ReportError(st);
+  // The session is written under a temporary name and replaces FILE only
+  // when complete: a failure leaves FILE as it was (or absent).
+  std::unique_ptr<internal::PendingReplace> replace;
+  st = internal::PendingReplace::Begin(a.path, nullptr, &replace);
+  if (!st.ok()) return ReportError(st);
+  if (replace->original().exists && !a.force) return ReportError(Status::InvalidArgument(a.path + ": file exists"));
   WriterOptions opt;
   opt.chunk_tokens = a.chunk_tokens;
-  opt.overwrite = a.force;
   ModelIdentity id{"synthetic/" + a.preset, a.seed};
   std::unique_ptr<Writer> w;
-  st = Writer::Create(a.path, g, id, opt, &w);
-  if (!st.ok()) return ReportError(st);
+  st = Writer::Create(replace->temp_path(), g, id, opt, &w);
+  if (!st.ok()) return ReportError(st.WithContext(a.path));
   size_t S = g.streams.size();
   std::vector<std::vector<uint16_t>> blocks(g.layers * S);
   std::vector<uint32_t> tokens;
@@ -75,6 +81,8 @@ int RunSynth(const SynthArgs& a) {
   }
   st = w->Close();
   progress.Finish();
+  if (!st.ok()) return ReportError(st.WithContext(a.path));
+  st = replace->Commit();
   if (!st.ok()) return ReportError(st);
   std::printf("wrote %s: %llu tokens of %s (%s), seed %llu\n", a.path.c_str(),
               static_cast<unsigned long long>(a.tokens), a.preset.c_str(), a.dtype.c_str(),

@@ -10,6 +10,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "kvfile/status.h"
 
@@ -21,6 +22,19 @@ struct FileId {
   uint64_t device = 0;
   uint64_t inode = 0;
   bool operator==(const FileId&) const = default;
+};
+
+// What a path names (symlinks followed), for replacing a whole file
+// (src/atomic_replace.h): whether it exists, whether it is a regular file,
+// which file it is, and what a replacement keeps.
+struct PathInfo {
+  bool exists = false;
+  bool regular = false;  // not a directory, FIFO, device or socket
+  FileId id;
+  uint32_t mode = 0;  // permission bits (07777)
+  uint32_t uid = 0;
+  uint32_t gid = 0;
+  uint64_t links = 0;  // hard links
 };
 
 // One read of File::ReadBatch.
@@ -82,6 +96,19 @@ class FileSystem {
   virtual Status SyncDir(const std::string& dir) = 0;
   virtual Status Exists(const std::string& path, bool* exists) = 0;
   virtual Status PathId(const std::string& path, FileId* id) = 0;
+
+  // For replacing whole files. The defaults suit a file system without
+  // links, owners or directory listings (an in-memory one): Stat from
+  // Exists and PathId (a regular file, mode 0644, one link); the path is
+  // its own target; attributes are not kept; directories list as empty.
+  virtual Status Stat(const std::string& path, PathInfo* info);
+  // The path a symlink chain ends at (the path itself if it is no symlink);
+  // the end may not exist.
+  virtual Status ResolveSymlinks(const std::string& path, std::string* target);
+  // Gives `path` the mode, owner and group of `like`.
+  virtual Status CopyAttributes(const PathInfo& like, const std::string& path);
+  // The names in `dir` (no "." or "..").
+  virtual Status ListDir(const std::string& dir, std::vector<std::string>* names);
 
   // The process-wide default: io_uring where the kernel allows it, else
   // pread/pwrite; KVFILE_IO=uring or KVFILE_IO=posix forces one.

@@ -29,7 +29,13 @@ struct WriterOptions {
   SyncMode sync = SyncMode::kClose;
   FileSystem* fs = nullptr;     // nullptr: FileSystem::Default()
   uint64_t salt = 0;            // 0: random (tests pass a fixed salt for golden files)
-  bool overwrite = false;       // Create() replaces an existing file
+  // Create() replaces an existing regular file (through a symlink: its
+  // target) at once with the new, empty one: the old contents are gone
+  // when Create returns, before any token is appended. To replace a file
+  // only once its successor is complete, create the new file under another
+  // name in the same directory and rename it over the old one when closed
+  // (what the kvfile CLI does, spec/RECOVERY.md "Replacing a file").
+  bool overwrite = false;
   // Create(): the format to write: 2, or 1 (raw streams only, for engines
   // that must stay raw and for tests of the upgrade).
   uint16_t format_major = 2;

@@ -1,0 +1,165 @@
+// PendingReplace: whole-file replacement through a temporary file in the
+// destination's directory (see atomic_replace.h and spec/RECOVERY.md,
+// "Replacing a file").
+#include "atomic_replace.h"
+
+#include <signal.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdint>
+#include <cstdlib>
+#include <vector>
+
+namespace kvfile::internal {
+
+Status LockWithGrace(File& file) {
+  Status st = file.LockExclusive();
+  for (int waited_ms = 0; st.code() == Status::Code::kBusy && waited_ms < 1000; waited_ms += 2) {
+    struct timespec ts = {0, 2'000'000};
+    nanosleep(&ts, nullptr);
+    st = file.LockExclusive();
+  }
+  return st;
+}
+
+namespace {
+
+std::string BaseName(const std::string& path) {
+  size_t slash = path.find_last_of('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+// Parses a run of decimal digits at s[*i], at most 18 of them.
+bool Digits(const std::string& s, size_t* i, long* value) {
+  size_t start = *i;
+  long v = 0;
+  while (*i < s.size() && s[*i] >= '0' && s[*i] <= '9' && *i - start < 18) v = v * 10 + (s[(*i)++] - '0');
+  *value = v;
+  return *i > start;
+}
+
+// Whether a process with this id exists (EPERM: it does, someone else's).
+// An id beyond pid_t names none.
+bool ProcessAlive(long pid) {
+  return pid > 0 && pid <= INT32_MAX && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM);
+}
+
+std::atomic<uint64_t> next_temp{0};
+
+}  // namespace
+
+bool IsReplaceTemp(const std::string& dest_name, const std::string& name, long* pid) {
+  *pid = 0;
+  if (name == dest_name + ".kvnew") return true;
+  std::string prefix = dest_name + ".kvtmp-";
+  if (!name.starts_with(prefix)) return false;
+  size_t i = prefix.size();
+  if (!Digits(name, &i, pid)) return false;
+  long n;
+  if (i < name.size() && name[i] == '-') {
+    ++i;
+    if (!Digits(name, &i, &n)) return false;
+  }
+  std::string rest = name.substr(i);
+  return rest.empty() || rest == ".kvnew";
+}
+
+Status PendingReplace::Begin(const std::string& dest, FileSystem* fs, std::unique_ptr<PendingReplace>* out) {
+  std::unique_ptr<PendingReplace> r(new PendingReplace());
+  r->fs_ = fs ? fs : FileSystem::Default();
+  r->dest_ = dest;
+  KVFILE_RETURN_IF_ERROR(r->fs_->ResolveSymlinks(dest, &r->target_));
+  KVFILE_RETURN_IF_ERROR(r->fs_->Stat(r->target_, &r->original_));
+  if (r->original_.exists && !r->original_.regular)
+    return Status::InvalidArgument(dest + ": not a regular file; not replaced");
+  KVFILE_RETURN_IF_ERROR(r->RemoveStaleTemps());
+  std::string stem = r->target_ + ".kvtmp-" + std::to_string(::getpid()) + "-";
+  for (;;) {
+    r->temp_ = stem + std::to_string(next_temp.fetch_add(1));
+    bool exists = false;
+    KVFILE_RETURN_IF_ERROR(r->fs_->Exists(r->temp_, &exists));
+    if (!exists) break;
+  }
+  *out = std::move(r);
+  return Status::OK();
+}
+
+// A temporary file is stale when the process its name names is gone (or
+// the name names none) and no process holds its writer lock: a live
+// creator holds the lock while its Writer writes the file, and is alive
+// from the first byte to the rename. It is removed while locked, and only
+// if the name still refers to the file locked.
+Status PendingReplace::RemoveStaleTemps() {
+  std::string dir = DirName(target_);
+  std::string base = BaseName(target_);
+  std::vector<std::string> names;
+  KVFILE_RETURN_IF_ERROR(fs_->ListDir(dir, &names));
+  for (const std::string& name : names) {
+    long pid;
+    if (!IsReplaceTemp(base, name, &pid)) continue;
+    if (pid != 0 && (pid == ::getpid() || ProcessAlive(pid))) continue;
+    std::string path = dir + "/" + name;
+    std::unique_ptr<File> stale;
+    if (!fs_->Open(path, OpenMode::kReadWrite, &stale).ok() || !stale->LockExclusive().ok()) continue;
+    FileId locked, named;
+    if (!stale->Id(&locked).ok() || !fs_->PathId(path, &named).ok() || !(locked == named)) continue;
+    KVFILE_RETURN_IF_ERROR(fs_->Remove(path));
+    ++removed_stale_;
+  }
+  if (removed_stale_ > 0) KVFILE_RETURN_IF_ERROR(fs_->SyncDir(dir));
+  return Status::OK();
+}
+
+Status PendingReplace::Commit() {
+  if (committed_) return Status::OK();
+  std::unique_ptr<File> temp;
+  KVFILE_RETURN_IF_ERROR(fs_->Open(temp_, OpenMode::kReadWrite, &temp));
+  Status st = temp->LockExclusive();
+  if (st.code() == Status::Code::kBusy) return Status::Busy(temp_ + ": still open for writing; not committed");
+  KVFILE_RETURN_IF_ERROR(st);
+  KVFILE_RETURN_IF_ERROR(temp->Sync());
+  // The destination stays locked until it has been replaced, so that no
+  // writer can open it in between and append to a file about to vanish.
+  std::unique_ptr<File> held;
+  if (original_.exists) {
+    st = fs_->Open(target_, OpenMode::kReadWrite, &held);
+    if (st.code() == Status::Code::kNotFound)
+      return Status::Busy(dest_ + ": removed by another process while the new file was written; not replaced");
+    KVFILE_RETURN_IF_ERROR(st);
+    st = LockWithGrace(*held);
+    if (st.code() == Status::Code::kBusy)
+      return Status::Busy(dest_ + ": another writer has the file open; not replaced");
+    KVFILE_RETURN_IF_ERROR(st);
+    FileId locked;
+    PathInfo now;
+    KVFILE_RETURN_IF_ERROR(held->Id(&locked));
+    KVFILE_RETURN_IF_ERROR(fs_->Stat(target_, &now));
+    if (!(locked == original_.id) || !now.exists || !(now.id == original_.id))
+      return Status::Busy(dest_ + ": replaced by another process while the new file was written; not replaced");
+    KVFILE_RETURN_IF_ERROR(fs_->CopyAttributes(now, temp_));
+    KVFILE_RETURN_IF_ERROR(fs_->Rename(temp_, target_, /*replace=*/true));
+  } else {
+    st = fs_->Rename(temp_, target_, /*replace=*/false);
+    if (!st.ok()) {
+      bool exists = false;
+      if (fs_->Exists(target_, &exists).ok() && exists)
+        return Status::Busy(dest_ + ": created by another process while the new file was written; not replaced");
+      return st;
+    }
+  }
+  committed_ = true;
+  return fs_->SyncDir(DirName(target_));
+}
+
+PendingReplace::~PendingReplace() {
+  if (committed_) return;
+  for (const std::string& path : {temp_, temp_ + ".kvnew"}) {
+    bool exists = false;
+    if (fs_->Exists(path, &exists).ok() && exists) (void)fs_->Remove(path);
+  }
+}
+
+}  // namespace kvfile::internal

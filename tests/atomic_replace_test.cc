@@ -1,0 +1,301 @@
+// PendingReplace (src/atomic_replace.h): whole-file replacement. Faults at
+// every step on the fault-injecting file system, and the real file system
+// for what it alone has: symlinks, special files, locks held by other open
+// files, owners and modes, stale temporary files.
+#include "atomic_replace.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "support/fault_fs.h"
+
+namespace kvfile::internal {
+namespace {
+
+namespace fs = std::filesystem;
+using kvfile::testing::DiskImage;
+using kvfile::testing::FaultFs;
+using kvfile::testing::FsOp;
+
+const std::vector<uint8_t> kOld = {'o', 'l', 'd', ' ', 'f', 'i', 'l', 'e'};
+const std::vector<uint8_t> kNew(10000, 'n');
+
+// Writes `bytes` as a new file at `path` through `fs`, synced.
+Status WriteWhole(FileSystem& fs, const std::string& path, const std::vector<uint8_t>& bytes) {
+  std::unique_ptr<File> f;
+  KVFILE_RETURN_IF_ERROR(fs.Open(path, OpenMode::kCreateExclusive, &f));
+  KVFILE_RETURN_IF_ERROR(f->WriteAt(0, bytes.data(), bytes.size()));
+  return f->Sync();
+}
+
+// One whole replacement of "d/x.kv" with kNew: Begin, write, Commit.
+Status ReplaceOnce(FaultFs& ffs) {
+  std::unique_ptr<PendingReplace> r;
+  KVFILE_RETURN_IF_ERROR(PendingReplace::Begin("d/x.kv", &ffs, &r));
+  KVFILE_RETURN_IF_ERROR(WriteWhole(ffs, r->temp_path(), kNew));
+  return r->Commit();
+}
+
+// A fault (ENOSPC, EIO) at each operation of each kind: the destination is
+// the old file (or, once the rename is done, the new one), and no temporary
+// file is left, whatever fails.
+TEST(AtomicReplaceTest, FaultAtEveryStepLeavesTheOldFileAndNoTemp) {
+  const FsOp::Kind kinds[] = {FsOp::kCreate, FsOp::kWrite, FsOp::kSync, FsOp::kRename, FsOp::kRemove,
+                              FsOp::kSyncDir};
+  for (bool existed : {true, false}) {
+    int failures = 0;
+    for (FsOp::Kind kind : kinds) {
+      for (int nth = 0;; ++nth) {
+        DiskImage start;
+        if (existed) start["d/x.kv"] = kOld;
+        FaultFs ffs(start);
+        ffs.FailOn(kind, nth, ENOSPC, /*persistent=*/false);
+        Status st = ReplaceOnce(ffs);
+        DiskImage img = ffs.Image();
+        SCOPED_TRACE("kind " + std::to_string(kind) + " nth " + std::to_string(nth) + ": " + st.ToString());
+        EXPECT_LE(img.size(), 1u) << "a temporary file was left";
+        bool renamed = false;
+        for (const FsOp& op : ffs.log()) renamed |= op.kind == FsOp::kRename;
+        if (st.ok() || renamed) {
+          ASSERT_TRUE(img.count("d/x.kv"));
+          EXPECT_EQ(img["d/x.kv"], kNew);
+          EXPECT_TRUE(st.ok() || kind == FsOp::kSyncDir);
+        } else if (existed) {
+          ASSERT_TRUE(img.count("d/x.kv"));
+          EXPECT_EQ(img["d/x.kv"], kOld);
+        } else {
+          EXPECT_TRUE(img.empty());
+        }
+        if (st.ok()) break;  // the fault was never reached: every step of this kind is covered
+        ++failures;
+        ASSERT_LT(nth, 100);
+      }
+    }
+    // Create, write, sync (twice: writer and commit), rename and directory
+    // sync can each fail.
+    EXPECT_GE(failures, 5);
+  }
+}
+
+TEST(AtomicReplaceTest, TempNames) {
+  long pid;
+  EXPECT_TRUE(IsReplaceTemp("x.kv", "x.kv.kvtmp-123-4", &pid));
+  EXPECT_EQ(pid, 123);
+  EXPECT_TRUE(IsReplaceTemp("x.kv", "x.kv.kvtmp-123-4.kvnew", &pid));
+  EXPECT_TRUE(IsReplaceTemp("x.kv", "x.kv.kvtmp-77", &pid));
+  EXPECT_EQ(pid, 77);
+  EXPECT_TRUE(IsReplaceTemp("x.kv", "x.kv.kvnew", &pid));
+  EXPECT_EQ(pid, 0);
+  EXPECT_FALSE(IsReplaceTemp("x.kv", "x.kv", &pid));
+  EXPECT_FALSE(IsReplaceTemp("x.kv", "y.kv.kvtmp-1-2", &pid));
+  EXPECT_FALSE(IsReplaceTemp("x.kv", "x.kv.kvtmp-", &pid));
+  EXPECT_FALSE(IsReplaceTemp("x.kv", "x.kv.kvtmp-abc", &pid));
+  EXPECT_FALSE(IsReplaceTemp("x.kv", "x.kv.kvtmp-1-2.bak", &pid));
+  EXPECT_FALSE(IsReplaceTemp("x.kv", "x.kv.kvtmp-1-", &pid));
+  EXPECT_FALSE(IsReplaceTemp("x", "x.kv.kvtmp-1-2", &pid));
+}
+
+class AtomicReplaceFsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::path(::testing::TempDir()) / ("kvfile_replace_" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string P(const std::string& name) const { return (dir_ / name).string(); }
+  static std::string Read(const std::string& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+  static void Write(const std::string& p, const std::string& s) { std::ofstream(p, std::ios::binary) << s; }
+  std::vector<std::string> Names() const {
+    std::vector<std::string> n;
+    for (const auto& e : fs::directory_iterator(dir_)) n.push_back(e.path().filename().string());
+    std::sort(n.begin(), n.end());
+    return n;
+  }
+  // Replaces `dest` with `content` through a PendingReplace.
+  static Status Replace(const std::string& dest, const std::string& content) {
+    std::unique_ptr<PendingReplace> r;
+    KVFILE_RETURN_IF_ERROR(PendingReplace::Begin(dest, nullptr, &r));
+    Write(r->temp_path(), content);
+    return r->Commit();
+  }
+  fs::path dir_;
+};
+
+TEST_F(AtomicReplaceFsTest, ReplacesAndCreates) {
+  ASSERT_TRUE(Replace(P("x.kv"), "first").ok());
+  EXPECT_EQ(Read(P("x.kv")), "first");
+  ASSERT_TRUE(Replace(P("x.kv"), "second").ok());
+  EXPECT_EQ(Read(P("x.kv")), "second");
+  EXPECT_EQ(Names(), std::vector<std::string>{"x.kv"});
+}
+
+TEST_F(AtomicReplaceFsTest, UncommittedTempIsRemoved) {
+  Write(P("x.kv"), "old");
+  std::string temp;
+  {
+    std::unique_ptr<PendingReplace> r;
+    ASSERT_TRUE(PendingReplace::Begin(P("x.kv"), nullptr, &r).ok());
+    temp = r->temp_path();
+    EXPECT_EQ(fs::path(temp).parent_path(), dir_);
+    Write(temp, "half");
+    Write(temp + ".kvnew", "header");
+  }
+  EXPECT_EQ(Names(), std::vector<std::string>{"x.kv"});
+  EXPECT_EQ(Read(P("x.kv")), "old");
+}
+
+TEST_F(AtomicReplaceFsTest, SymlinkStaysALinkAndItsTargetIsReplaced) {
+  fs::create_directories(dir_ / "real");
+  Write(P("real/t.kv"), "old");
+  fs::create_symlink("real/t.kv", dir_ / "link.kv");
+  ASSERT_TRUE(Replace(P("link.kv"), "new").ok());
+  EXPECT_TRUE(fs::is_symlink(dir_ / "link.kv"));
+  EXPECT_EQ(fs::read_symlink(dir_ / "link.kv"), "real/t.kv");
+  EXPECT_EQ(Read(P("real/t.kv")), "new");
+  EXPECT_EQ(Names(), (std::vector<std::string>{"link.kv", "real"}));
+  EXPECT_EQ(fs::directory_iterator(dir_ / "real")->path().filename(), "t.kv");
+  // A dangling link: its target is created, the link kept.
+  fs::create_symlink("real/new.kv", dir_ / "dangling.kv");
+  ASSERT_TRUE(Replace(P("dangling.kv"), "created").ok());
+  EXPECT_TRUE(fs::is_symlink(dir_ / "dangling.kv"));
+  EXPECT_EQ(Read(P("real/new.kv")), "created");
+}
+
+TEST_F(AtomicReplaceFsTest, RefusesWhatIsNotARegularFileAtOnce) {
+  ASSERT_EQ(::mkfifo(P("fifo.kv").c_str(), 0644), 0);
+  fs::create_directories(dir_ / "dir.kv");
+  // A device node of the test's own (a copy of /dev/null), so that a
+  // regression replaces nothing outside the test directory.
+  if (::mknod(P("dev").c_str(), S_IFCHR | 0666, makedev(1, 3)) != 0)
+    GTEST_SKIP() << "mknod needs root: " << std::strerror(errno);
+  fs::create_symlink("dev", dir_ / "null.kv");
+  for (const char* name : {"fifo.kv", "dir.kv", "null.kv"}) {
+    auto t0 = std::chrono::steady_clock::now();
+    std::unique_ptr<PendingReplace> r;
+    Status st = PendingReplace::Begin(P(name), nullptr, &r);
+    EXPECT_EQ(st.code(), Status::Code::kInvalidArgument) << name;
+    EXPECT_EQ(st.message(), P(name) + ": not a regular file; not replaced");
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1));
+  }
+  EXPECT_TRUE(fs::is_fifo(dir_ / "fifo.kv"));
+  EXPECT_TRUE(fs::is_character_file(P("dev")));
+  // The backends' opens refuse them too, without waiting for a FIFO writer.
+  for (const char* name : {"fifo.kv", "null.kv", "dir.kv"}) {
+    std::unique_ptr<File> f;
+    Status st = FileSystem::Default()->Open(P(name), OpenMode::kRead, &f);
+    EXPECT_EQ(st.code(), Status::Code::kInvalidArgument) << name;
+    EXPECT_NE(st.message().find(": not a regular file ("), std::string::npos) << st.message();
+  }
+  std::unique_ptr<File> f;
+  EXPECT_EQ(FileSystem::Default()->Open(P("fifo.kv"), OpenMode::kRead, &f).message(),
+            P("fifo.kv") + ": not a regular file (a FIFO)");
+  EXPECT_EQ(FileSystem::Default()->Open(P("dev"), OpenMode::kReadWrite, &f).message(),
+            P("dev") + ": not a regular file (a character device)");
+}
+
+TEST_F(AtomicReplaceFsTest, LockedDestinationIsNotReplaced) {
+  Write(P("x.kv"), "old");
+  std::unique_ptr<PendingReplace> r;
+  ASSERT_TRUE(PendingReplace::Begin(P("x.kv"), nullptr, &r).ok());
+  Write(r->temp_path(), "new");
+  // Another open file description holds the writer lock, as a writer does.
+  int fd = ::open(P("x.kv").c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);
+  auto t0 = std::chrono::steady_clock::now();
+  Status st = r->Commit();
+  auto waited = std::chrono::steady_clock::now() - t0;
+  EXPECT_EQ(st.code(), Status::Code::kBusy);
+  EXPECT_EQ(st.message(), P("x.kv") + ": another writer has the file open; not replaced");
+  EXPECT_GE(waited, std::chrono::milliseconds(900));  // it waited for the lock
+  r.reset();
+  ::close(fd);
+  EXPECT_EQ(Read(P("x.kv")), "old");
+  EXPECT_EQ(Names(), std::vector<std::string>{"x.kv"});
+}
+
+TEST_F(AtomicReplaceFsTest, DestinationReplacedOrCreatedMeanwhileIsKept) {
+  Write(P("x.kv"), "old");
+  {
+    std::unique_ptr<PendingReplace> r;
+    ASSERT_TRUE(PendingReplace::Begin(P("x.kv"), nullptr, &r).ok());
+    Write(r->temp_path(), "mine");
+    Write(P("other"), "theirs");
+    fs::rename(P("other"), P("x.kv"));
+    Status st = r->Commit();
+    EXPECT_EQ(st.code(), Status::Code::kBusy);
+    EXPECT_EQ(st.message(), P("x.kv") + ": replaced by another process while the new file was written; not replaced");
+  }
+  EXPECT_EQ(Read(P("x.kv")), "theirs");
+  {
+    std::unique_ptr<PendingReplace> r;
+    ASSERT_TRUE(PendingReplace::Begin(P("y.kv"), nullptr, &r).ok());
+    Write(r->temp_path(), "mine");
+    Write(P("y.kv"), "theirs");
+    Status st = r->Commit();
+    EXPECT_EQ(st.code(), Status::Code::kBusy);
+    EXPECT_EQ(st.message(), P("y.kv") + ": created by another process while the new file was written; not replaced");
+  }
+  EXPECT_EQ(Read(P("y.kv")), "theirs");
+  EXPECT_EQ(Names(), (std::vector<std::string>{"x.kv", "y.kv"}));
+}
+
+TEST_F(AtomicReplaceFsTest, KeepsModeOwnerAndGroup) {
+  Write(P("x.kv"), "old");
+  ASSERT_EQ(::chmod(P("x.kv").c_str(), 0600), 0);
+  if (::chown(P("x.kv").c_str(), 4321, 8765) != 0) GTEST_SKIP() << "chown needs root: " << std::strerror(errno);
+  ASSERT_TRUE(Replace(P("x.kv"), "new").ok());
+  struct stat st;
+  ASSERT_EQ(::stat(P("x.kv").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
+  EXPECT_EQ(st.st_uid, 4321u);
+  EXPECT_EQ(st.st_gid, 8765u);
+  EXPECT_EQ(Read(P("x.kv")), "new");
+}
+
+// Temporary files of this destination whose creator is gone and that no
+// one holds locked are removed; live ones and other names are not.
+TEST_F(AtomicReplaceFsTest, RemovesStaleTempsOnly) {
+  Write(P("x.kv"), "old");
+  const std::string dead = "999999999";  // above any pid_max
+  for (const std::string& n : std::vector<std::string>{"x.kv.kvtmp-" + dead + "-0", "x.kv.kvtmp-" + dead + "-3.kvnew",
+                               "x.kv.kvtmp-" + dead, "x.kv.kvnew"})
+    Write(P(n), "stale");
+  // Kept: another destination's, an unrelated name, one of a live process
+  // (this one's parent), and one a live process holds locked.
+  const std::string live = "x.kv.kvtmp-" + std::to_string(::getppid()) + "-1";
+  const std::string locked = "x.kv.kvtmp-" + dead + "-7";
+  for (const std::string& n : {std::string("y.kv.kvtmp-") + dead + "-0", std::string("x.kv.kvtmp-old"), live, locked})
+    Write(P(n), "keep");
+  int fd = ::open(P(locked).c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);
+  std::unique_ptr<PendingReplace> r;
+  ASSERT_TRUE(PendingReplace::Begin(P("x.kv"), nullptr, &r).ok());
+  EXPECT_EQ(r->removed_stale(), 4);
+  ::close(fd);
+  std::vector<std::string> want = {"x.kv", "x.kv.kvtmp-old", live, locked, "y.kv.kvtmp-" + dead + "-0"};
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(Names(), want);
+}
+
+}  // namespace
+}  // namespace kvfile::internal
