@@ -19,6 +19,8 @@ Status OpenFd(const std::string& path, OpenMode mode, int* fd);
 Status NotRegularFile(const std::string& path, unsigned mode);
 Status LockFd(int fd, const std::string& path);
 Status FdId(int fd, const std::string& path, FileId* id);
+// File::NextData by lseek(SEEK_DATA).
+Status FdNextData(int fd, const std::string& path, uint64_t from, uint64_t* next);
 
 // io_uring (liburing): reads, writes and fdatasync go through one ring per
 // open File; directory operations are the POSIX ones. Fails (kIOError or

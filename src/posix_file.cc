@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 
@@ -38,6 +39,11 @@ Status File::SubmitWrite(uint64_t offset, const void* buf, size_t n, bool sync_a
 }
 
 Status File::WaitWrites() { return Status::OK(); }
+
+Status File::NextData(uint64_t from, uint64_t* next) {
+  *next = from;
+  return Status::OK();
+}
 
 Status File::ReadBatch(std::span<const ReadRequest> requests) {
   for (const ReadRequest& r : requests) KVFILE_RETURN_IF_ERROR(ReadAt(r.offset, r.buf, r.n));
@@ -184,6 +190,7 @@ class PosixFile final : public File {
 
   Status LockExclusive() override { return internal::LockFd(fd_, path_); }
   Status Id(FileId* id) override { return internal::FdId(fd_, path_, id); }
+  Status NextData(uint64_t from, uint64_t* next) override { return internal::FdNextData(fd_, path_, from, next); }
 
   const char* backend() const override { return "posix"; }
   const std::string& path() const override { return path_; }
@@ -368,6 +375,23 @@ Status FdId(int fd, const std::string& path, FileId* id) {
   struct stat st;
   if (::fstat(fd, &st) != 0) return ErrnoStatus(path + ": stat", errno);
   *id = {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)};
+  return Status::OK();
+}
+
+Status FdNextData(int fd, const std::string& path, uint64_t from, uint64_t* next) {
+  off_t at = ::lseek(fd, static_cast<off_t>(from), SEEK_DATA);
+  if (at >= 0) {
+    *next = std::max(from, static_cast<uint64_t>(at));
+    return Status::OK();
+  }
+  if (errno != ENXIO) {
+    *next = from;  // EINVAL: the file system cannot tell; every byte may be data
+    return Status::OK();
+  }
+  // ENXIO: no data at or after `from` (a hole to the end, or past the end).
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return ErrnoStatus(path + ": stat", errno);
+  *next = std::max(from, static_cast<uint64_t>(st.st_size));
   return Status::OK();
 }
 

@@ -41,6 +41,9 @@ constexpr DTypeEntry kDTypes[] = {
 // Newer versions of the format define packed sub-byte types; a byte-level
 // tensor layout cannot describe them, so they are refused as unsupported.
 constexpr int kMaxJsonDepth = 128;
+// The values (numbers, strings, arrays) one tensor entry's known fields may
+// hold: a shape of up to a thousand dimensions.
+constexpr size_t kMaxEntryValues = 1024;
 
 bool IsSubByteDType(std::string_view name) {
   return name == "F4" || name == "F6_E2M3" || name == "F6_E3M2";
@@ -152,6 +155,202 @@ const TensorInfo* Header::Find(std::string_view name) const {
   return nullptr;
 }
 
+namespace {
+
+// The header read as a stream of events (nlohmann's SAX interface), in one
+// pass and keeping only what the importer uses: tensor names, each entry's
+// "dtype", "shape" and "data_offsets", and the metadata strings. A DOM of
+// the whole header cost 20-30 bytes of memory per byte of a header of
+// short keys; here memory is bounded by the caps below and the bytes of
+// what is kept. Unknown keys of an entry are skipped unread, as the
+// reference parser ignores them (their nesting is still bounded).
+// Duplicates are refused where they would be ambiguous: tensor names,
+// metadata keys and an entry's own fields. After the first error the rest
+// is only lexed, so that a header that is not JSON is reported as such.
+class HeaderReader final : public nlohmann::json_sax<nlohmann::json> {
+ public:
+  using json = nlohmann::json;
+  explicit HeaderReader(uint64_t data_bytes) : data_bytes_(data_bytes) {}
+
+  bool null() override { return Scalar([] { return json(); }); }
+  bool boolean(bool b) override { return Scalar([b] { return json(b); }); }
+  bool number_integer(number_integer_t v) override { return Scalar([v] { return json(v); }); }
+  bool number_unsigned(number_unsigned_t v) override { return Scalar([v] { return json(v); }); }
+  bool number_float(number_float_t v, const string_t&) override { return Scalar([v] { return json(v); }); }
+  bool string(string_t& s) override;
+  bool binary(binary_t&) override { return Scalar([] { return json(); }); }  // not in JSON text
+  bool start_object(std::size_t) override { return Open(true); }
+  bool start_array(std::size_t) override { return Open(false); }
+  bool end_object() override { return Close(); }
+  bool end_array() override { return Close(); }
+  bool key(string_t& k) override;
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) override {
+    syntax_error_ = CleanJsonError(e.what());
+    return false;
+  }
+
+  bool too_deep() const { return too_deep_; }
+  const std::string& syntax_error() const { return syntax_error_; }
+  const Status& error() const { return error_; }
+  Header& header() { return header_; }
+
+ private:
+  enum class Section { kNone, kMetadata, kTensor, kSkipped };
+  static constexpr const char* kFields[] = {"dtype", "shape", "data_offsets"};
+
+  bool failed() const { return !error_.ok(); }
+  void Fail(Status st) {
+    if (!failed()) error_ = std::move(st);
+    build_.clear();
+    section_ = Section::kSkipped;
+  }
+  std::string Where() const { return "tensor " + Quote(key_); }
+  // Adds a value of a known field (at depth 2 or inside one being built).
+  json* Store(json v);
+  template <typename Make>
+  bool Scalar(Make make);
+  bool Open(bool object);
+  bool Close();
+
+  uint64_t data_bytes_;
+  Header header_;
+  Status error_;
+  std::string syntax_error_;
+  bool too_deep_ = false;
+  int depth_ = 0;                  // open objects and arrays
+  Section section_ = Section::kNone;
+  std::string key_;                // the current top-level key
+  std::set<std::string> names_;    // top-level keys so far
+  std::string meta_key_;           // the current __metadata__ key
+  int field_ = -1;                 // the current entry key's index in kFields, or -1 (skipped)
+  json entry_;                     // the current tensor entry's known fields
+  size_t entry_values_ = 0;
+  std::vector<json*> build_;       // containers of a known field being built
+  std::string build_key_;          // the current key in the innermost of them
+};
+
+nlohmann::json* HeaderReader::Store(json v) {
+  if (++entry_values_ > kMaxEntryValues) {
+    Fail(Status::Corruption(Where() + ": entry holds more than " + std::to_string(kMaxEntryValues) + " values"));
+    return nullptr;
+  }
+  if (build_.empty()) return &(entry_[kFields[field_]] = std::move(v));
+  json& top = *build_.back();
+  if (top.is_array()) {
+    top.push_back(std::move(v));
+    return &top.back();
+  }
+  return &(top[build_key_] = std::move(v));
+}
+
+template <typename Make>
+bool HeaderReader::Scalar(Make make) {
+  if (failed() || section_ == Section::kSkipped) return true;
+  if (depth_ == 0) {
+    Fail(Status::Corruption("header is not a JSON object"));
+  } else if (depth_ == 1) {
+    Fail(Status::Corruption(key_ == "__metadata__" ? std::string("__metadata__ is not a JSON object")
+                                                   : Where() + ": entry is not a JSON object"));
+  } else if (depth_ == 2 && section_ == Section::kMetadata) {
+    Fail(Status::Corruption("__metadata__ value of " + Quote(meta_key_) + " is not a string"));
+  } else if (section_ == Section::kTensor && (depth_ == 2 ? field_ >= 0 : !build_.empty())) {
+    Store(make());
+  }
+  return true;
+}
+
+bool HeaderReader::string(string_t& s) {
+  if (!failed() && depth_ == 2 && section_ == Section::kMetadata) {
+    header_.metadata.emplace(meta_key_, std::move(s));
+    return true;
+  }
+  return Scalar([&s] { return json(std::move(s)); });
+}
+
+bool HeaderReader::key(string_t& k) {
+  if (failed()) return true;
+  if (depth_ == 1) {
+    if (!names_.insert(k).second) {
+      Fail(Status::Corruption("tensor " + Quote(k) + " appears twice in the header"));
+    } else if (names_.size() > kMaxTensors + 1) {  // + 1: __metadata__
+      Fail(Status::Corruption("header lists more than " + std::to_string(kMaxTensors) + " tensors"));
+    } else {
+      key_ = std::move(k);
+    }
+  } else if (depth_ == 2 && section_ == Section::kMetadata) {
+    if (header_.metadata.contains(k)) {
+      Fail(Status::Corruption("duplicate key " + Quote(k) + " in the header"));
+    } else if (header_.metadata.size() >= kMaxMetadataEntries) {
+      Fail(Status::Corruption("__metadata__ holds more than " + std::to_string(kMaxMetadataEntries) + " entries"));
+    } else {
+      meta_key_ = std::move(k);
+    }
+  } else if (depth_ == 2 && section_ == Section::kTensor) {
+    field_ = -1;
+    for (int i = 0; i < 3; ++i)
+      if (k == kFields[i]) field_ = i;
+    if (field_ >= 0 && entry_.contains(k)) Fail(Status::Corruption("duplicate key " + Quote(k) + " in the header"));
+  } else if (!build_.empty()) {
+    build_key_ = std::move(k);
+  }
+  return true;
+}
+
+bool HeaderReader::Open(bool object) {
+  // Nesting is bounded as in the format's reference parser (128 levels; a
+  // header needs 3): a deep header stops the parse at once.
+  if (depth_ >= kMaxJsonDepth) {
+    too_deep_ = true;
+    return false;
+  }
+  int d = depth_++;
+  if (failed() || (d > 0 && section_ == Section::kSkipped)) return true;
+  if (d == 0) {
+    if (!object) Fail(Status::Corruption("header is not a JSON object"));
+  } else if (d == 1) {
+    if (key_ == "__metadata__") {
+      if (object) section_ = Section::kMetadata;
+      else Fail(Status::Corruption("__metadata__ is not a JSON object"));
+    } else if (object) {
+      section_ = Section::kTensor;
+      entry_ = json::object();
+      entry_values_ = 0;
+      field_ = -1;
+    } else {
+      Fail(Status::Corruption(Where() + ": entry is not a JSON object"));
+    }
+  } else if (d == 2 && section_ == Section::kMetadata) {
+    Fail(Status::Corruption("__metadata__ value of " + Quote(meta_key_) + " is not a string"));
+  } else if (section_ == Section::kTensor && (d == 2 ? field_ >= 0 : !build_.empty())) {
+    json* c = Store(object ? json::object() : json::array());
+    if (c != nullptr) build_.push_back(c);
+  }  // else an unknown key's value, skipped
+  return true;
+}
+
+bool HeaderReader::Close() {
+  int d = --depth_;
+  if (failed()) return true;
+  if (!build_.empty()) {
+    build_.pop_back();
+  } else if (d == 1) {
+    if (section_ == Section::kTensor) {
+      TensorInfo t;
+      Status st = ParseTensor(key_, entry_, data_bytes_, &t);
+      if (!st.ok()) {
+        Fail(std::move(st));
+        return true;
+      }
+      header_.tensors.push_back(std::move(t));
+      entry_ = json();
+    }
+    section_ = Section::kNone;
+  }
+  return true;
+}
+
+}  // namespace
+
 Status ParseHeader(std::string_view json, uint64_t data_bytes, Header* out) {
   if (json.empty()) return Status::Corruption("header is empty");
   if (json[0] != '{') {
@@ -159,57 +358,17 @@ Status ParseHeader(std::string_view json, uint64_t data_bytes, Header* out) {
     std::snprintf(first, sizeof first, "0x%02x", static_cast<unsigned char>(json[0]));
     return Status::Corruption(std::string("header does not start with '{' (first byte ") + first + ")");
   }
-  // Duplicate keys: the JSON library keeps the last one silently, the
-  // format forbids them. One set of keys per open object.
-  std::vector<std::set<std::string>> open_objects;
-  std::optional<std::pair<int, std::string>> duplicate;
-  // Nesting is bounded as in the format's reference parser (128 levels; a
-  // header needs 3), so a deep header fails early instead of growing a DOM.
-  struct TooDeep {};
-  auto callback = [&](int depth, nlohmann::json::parse_event_t ev, nlohmann::json& parsed) {
-    using E = nlohmann::json::parse_event_t;
-    if ((ev == E::object_start || ev == E::array_start) && depth >= kMaxJsonDepth) throw TooDeep{};
-    if (ev == E::object_start) {
-      open_objects.emplace_back();
-    } else if (ev == E::object_end) {
-      if (!open_objects.empty()) open_objects.pop_back();
-    } else if (ev == E::key && !open_objects.empty() && parsed.is_string()) {
-      if (!open_objects.back().insert(parsed.get<std::string>()).second && !duplicate)
-        duplicate.emplace(depth, parsed.get<std::string>());
-    }
-    return true;
-  };
-  nlohmann::json root;
+  HeaderReader reader(data_bytes);
   try {
-    root = nlohmann::json::parse(json.begin(), json.end(), callback);
-  } catch (const TooDeep&) {
-    return Status::Corruption("header nests JSON deeper than " + std::to_string(kMaxJsonDepth) + " levels");
-  } catch (const nlohmann::json::exception& e) {
-    return Status::Corruption("header is not valid JSON: " + CleanJsonError(e.what()));
+    nlohmann::json::sax_parse(json.begin(), json.end(), &reader);
   } catch (const std::bad_alloc&) {
     return Status::IOError("out of memory parsing a header of " + std::to_string(json.size()) + " bytes");
   }
-  if (!root.is_object()) return Status::Corruption("header is not a JSON object");
-  if (duplicate) {
-    if (duplicate->first == 1)
-      return Status::Corruption("tensor " + Quote(duplicate->second) + " appears twice in the header");
-    return Status::Corruption("duplicate key " + Quote(duplicate->second) + " in the header");
-  }
-  Header h;
-  for (const auto& [key, value] : root.items()) {
-    if (key == "__metadata__") {
-      if (!value.is_object()) return Status::Corruption("__metadata__ is not a JSON object");
-      for (const auto& [mk, mv] : value.items()) {
-        if (!mv.is_string())
-          return Status::Corruption("__metadata__ value of " + Quote(mk) + " is not a string");
-        h.metadata[mk] = mv.get<std::string>();
-      }
-      continue;
-    }
-    TensorInfo t;
-    KVFILE_RETURN_IF_ERROR(ParseTensor(key, value, data_bytes, &t));
-    h.tensors.push_back(std::move(t));
-  }
+  if (reader.too_deep())
+    return Status::Corruption("header nests JSON deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+  if (!reader.syntax_error().empty()) return Status::Corruption("header is not valid JSON: " + reader.syntax_error());
+  if (!reader.error().ok()) return reader.error();
+  Header h = std::move(reader.header());
   std::stable_sort(h.tensors.begin(), h.tensors.end(), [](const TensorInfo& a, const TensorInfo& b) {
     return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
   });

@@ -230,6 +230,10 @@ class UringFile final : public File {
 
   Status LockExclusive() override { return internal::LockFd(fd_, path_); }
   Status Id(FileId* id) override { return internal::FdId(fd_, path_, id); }
+  Status NextData(uint64_t from, uint64_t* next) override {
+    Drain();
+    return internal::FdNextData(fd_, path_, from, next);
+  }
 
   Status SubmitWrite(uint64_t offset, const void* buf, size_t n, bool sync_after) override {
     if (!ring_error_.ok()) return ring_error_;

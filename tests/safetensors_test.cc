@@ -8,8 +8,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <new>
@@ -110,6 +112,102 @@ TEST(SafetensorsParse, RefusesDuplicateNames) {
   EXPECT_TRUE(Fails(Parse(inner, 1), Code::kCorruption, "duplicate key 'dtype' in the header"));
   EXPECT_TRUE(Fails(Parse("{\"__metadata__\":{\"k\":\"1\",\"k\":\"2\"}}", 0), Code::kCorruption,
                     "duplicate key 'k'"));
+}
+
+// Headers near the format's 100 MB cap must parse in time linear in their
+// size and in memory bounded by it (spec/FORMAT.md 7.1). The old parser
+// (a DOM with a callback) took 36 s for 960 KB of empty objects (its
+// callback parser rescans the parent of every object it closes) and 2.8 GB
+// for 99 MB of short keys.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr double kLinearSeconds = 30.0;  // sanitizers run this 10x slower
+#else
+constexpr double kLinearSeconds = 2.0;
+#endif
+
+double ThreadCpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+// Parses `json` and checks the time and the memory it took: the CPU time of
+// this thread (the parse is single-threaded; wall time would measure the
+// machine's load), and every byte allocated, summed (an upper bound of the
+// peak), under 64 MiB.
+Status ParseBounded(const std::string& what, const std::string& json, uint64_t data) {
+  double t0 = ThreadCpuSeconds();
+  kvfile::testing::StartAllocTracking();
+  Status st = Parse(json, data);
+  kvfile::testing::AllocStats a = kvfile::testing::StopAllocTracking();
+  double s = ThreadCpuSeconds() - t0;
+  std::printf("%-40s %9zu B: %.3f s, %zu B allocated in %zu: %s\n", what.c_str(), json.size(), s, a.total, a.count,
+              st.ok() ? "OK" : st.message().c_str());
+  EXPECT_LT(s, kLinearSeconds) << what;
+  EXPECT_LT(a.total, size_t{64} << 20) << what;
+  return st;
+}
+
+// Unique short keys: "0", "1", ..., in base 36.
+std::string ShortKey(uint64_t i) {
+  std::string k;
+  do {
+    k += "0123456789abcdefghijklmnopqrstuvwxyz"[i % 36];
+    i /= 36;
+  } while (i != 0);
+  return k;
+}
+
+TEST(SafetensorsParse, ManyEmptyObjectsInLinearTime) {
+  // 1 MB of {} in an unknown key of a valid entry: skipped, accepted.
+  std::string objects = "[{}";
+  while (objects.size() < 1'000'000) objects += ",{}";
+  objects += "]";
+  std::string json = "{\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1],\"x\":" + objects + "}}";
+  EXPECT_TRUE(ParseBounded("1 MB of {} in an unknown key", json, 1).ok());
+  // The same as tensor entries: the first one is refused.
+  json = "{";
+  for (uint64_t i = 0; json.size() < 1'000'000; ++i) json += (i ? ",\"" : "\"") + ShortKey(i) + "\":{}";
+  json += "}";
+  EXPECT_TRUE(Fails(ParseBounded("1 MB of {} entries", json, 0), Code::kCorruption, "tensor '0': no \"dtype\""));
+  // As metadata values, which must be strings.
+  json = "{\"__metadata__\":{\"k\":" + objects + "}}";
+  EXPECT_TRUE(Fails(ParseBounded("1 MB of {} as a metadata value", json, 0), Code::kCorruption,
+                    "__metadata__ value of 'k' is not a string"));
+}
+
+TEST(SafetensorsParse, ManyShortKeysInBoundedMemory) {
+  // 100 MB (the cap) of unique short keys, in an unknown key of a valid
+  // entry: skipped, accepted, nothing kept.
+  auto keys = [](const std::string& value) {
+    std::string body = "{";
+    for (uint64_t i = 0; body.size() < kMaxHeaderBytes - 200; ++i)
+      body += (i ? ",\"" : "\"") + ShortKey(i) + "\":" + value;
+    return body + "}";
+  };
+  std::string json =
+      "{\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1],\"x\":" + keys("0") + "}}";
+  ASSERT_LE(json.size(), kMaxHeaderBytes);
+  EXPECT_TRUE(ParseBounded("100 MB of short keys, unknown key", json, 1).ok());
+  // As metadata: refused past kMaxMetadataEntries.
+  json = "{\"__metadata__\":" + keys("\"\"") + "}";
+  EXPECT_TRUE(Fails(ParseBounded("100 MB of short metadata keys", json, 0), Code::kCorruption,
+                    "__metadata__ holds more than 65536 entries"));
+  // As tensors (each a valid entry of an empty tensor): refused past
+  // kMaxTensors.
+  json = "{";
+  for (uint64_t i = 0; json.size() < kMaxHeaderBytes - 200; ++i)
+    json += (i ? "," : "") + T(ShortKey(i), "U8", "[0]", 0, 0);
+  json += "}";
+  EXPECT_TRUE(Fails(ParseBounded("100 MB of short tensor entries", json, 0), Code::kCorruption,
+                    "header lists more than 65536 tensors"));
+  // Up to the cap, they are accepted.
+  json = "{";
+  for (uint64_t i = 0; i < kMaxTensors; ++i) json += (i ? "," : "") + T(ShortKey(i), "U8", "[0]", 0, 0);
+  json += "}";
+  Header h;
+  ASSERT_TRUE(Parse(json, 0, &h).ok());
+  EXPECT_EQ(h.tensors.size(), kMaxTensors);
 }
 
 TEST(SafetensorsParse, RefusesBadTensorEntries) {

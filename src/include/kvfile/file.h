@@ -61,6 +61,11 @@ class File {
   virtual Status Sync() = 0;
   virtual Status Truncate(uint64_t size) = 0;
   virtual Status Size(uint64_t* size) = 0;
+  // Where data may start at or after `from`: *next is the first offset >=
+  // `from` that is not inside a hole of a sparse file (SEEK_DATA), or the
+  // file's size if only a hole follows. Bytes in [from, *next) read as
+  // zeros. The default, for files that cannot tell, is `from` itself.
+  virtual Status NextData(uint64_t from, uint64_t* next);
   // Takes an exclusive advisory lock without waiting; kBusy if another
   // process (or another open file description) holds it.
   virtual Status LockExclusive() = 0;

@@ -27,6 +27,7 @@
 // kInvalidArgument.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -57,6 +58,10 @@ size_t DTypeSize(DType d);           // bytes per element
 bool ParseDType(std::string_view name, DType* out);
 
 inline constexpr uint64_t kMaxHeaderBytes = 100'000'000;  // the format's own cap
+// What a header may list (spec/FORMAT.md 7.1): with these caps, what
+// ParseHeader keeps stays within a few bytes per header byte plus a few MB.
+inline constexpr size_t kMaxTensors = 65536;
+inline constexpr size_t kMaxMetadataEntries = 65536;
 
 struct TensorInfo {
   std::string name;
