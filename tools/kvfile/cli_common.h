@@ -22,8 +22,9 @@ inline constexpr int kExitUsage = 2;
 
 // Prints "kvfile: error: <message>" to stderr and returns the exit status
 // for the status's code, or 128 + the signal once one was received
-// (signals.h: 130 SIGINT, 143 SIGTERM, 129 SIGHUP).
-int ReportError(const Status& st);
+// (signals.h: 130 SIGINT, 143 SIGTERM, 129 SIGHUP). A non-empty `after`
+// is added to the same line as " (after <after>)".
+int ReportError(const Status& st, const std::string& after = "");
 // For failures that carry no Status (for example a bad flag combination).
 int UsageError(const std::string& message);
 // Writes "kvfile: <kind>: <message>" as exactly one line (EscapeLine).
@@ -59,9 +60,11 @@ std::string MissingCommittedData(const TailInfo& tail);
 Status CheckStreamNames(const std::string& path, const Geometry& g, const std::vector<std::string>& names);
 // "format 1.0 (k bf16, v bf16)".
 std::string FormatAndDtypes(uint16_t major, uint16_t minor, const Geometry& g);
-// The one stderr line of an upgrade on open (append, rewind, repair):
-// "kvfile: note: PATH: upgraded from format 1.0 (k bf16, v bf16) to format 2 (k e4m3, v e4m3)".
-void ReportUpgrade(const std::string& path, const std::string& old_format, const Geometry& now);
+// What an upgrade on open did (append, rewind, repair): "upgraded from
+// format 1.0 (k bf16, v bf16) to format 2 (k e4m3, v e4m3)". The verb
+// prints it as its one stderr line on success ("kvfile: note: PATH: ..."),
+// or adds it to its error line (ReportError's `after`).
+std::string UpgradeNote(const std::string& old_format, const Geometry& now);
 
 // Each subcommand registers itself; its callback stores the exit status.
 void RegisterSynth(CLI::App& app, int* exit_code);

@@ -72,10 +72,10 @@ Geometry WantedGeometry(const KvTensors& kv, const std::vector<size_t>& order, s
 // that fails, the writer is left unclosed on purpose (the process exits
 // right after, releasing its lock) and what it wrote past the commit
 // record is left to the next open's recovery.
-int UndoAppend(std::unique_ptr<Writer> w, uint64_t before, const Status& st) {
-  if (w->Rewind(before).ok() && w->Close().ok()) return ReportError(st);
+int UndoAppend(std::unique_ptr<Writer> w, uint64_t before, const Status& st, const std::string& upgraded) {
+  if (w->Rewind(before).ok() && w->Close().ok()) return ReportError(st, upgraded);
   (void)w.release();
-  return ReportError(st);
+  return ReportError(st, upgraded);
 }
 
 int RunAppend(const AppendArgs& a) {
@@ -154,10 +154,11 @@ int RunAppend(const AppendArgs& a) {
   st = CheckInterrupt(a.path);
   if (st.ok()) st = exists ? Writer::Open(a.path, opt, &w) : Writer::Create(a.path, file_geometry, id, opt, &w);
   if (!st.ok()) return ReportError(st);
-  if (w->recovery().upgraded_from_v1) ReportUpgrade(a.path, old_format, w->geometry());
+  // Said once: on stderr when the append succeeds, else in its error line.
+  std::string upgraded = w->recovery().upgraded_from_v1 ? UpgradeNote(old_format, w->geometry()) : "";
   if (w->geometry() != file_geometry) {  // replaced between the check and the open
     (void)w->Close();
-    return ReportError(Status::Mismatch(a.path + ": the file changed while appending was being prepared"));
+    return ReportError(Status::Mismatch(a.path + ": the file changed while appending was being prepared"), upgraded);
   }
   uint64_t before = w->token_count();
   uint64_t per_token = 0;
@@ -165,9 +166,10 @@ int RunAppend(const AppendArgs& a) {
   per_token *= file_geometry.layers;
   st = safetensors::AppendAll(*in, kv, ids, stream_of, *w, safetensors::BlockTokens(per_token, uint64_t{256} << 20),
                               [&a] { return CheckInterrupt(a.path); });
-  if (!st.ok()) return UndoAppend(std::move(w), before, st);
+  if (!st.ok()) return UndoAppend(std::move(w), before, st, upgraded);
   st = w->Close();
-  if (!st.ok()) return ReportError(st);
+  if (!st.ok()) return ReportError(st, upgraded);
+  if (!upgraded.empty()) PrintLine("note", a.path + ": " + upgraded);
   std::printf("%s: %sappended %llu tokens from %s (%llu in total)\n", a.path.c_str(), exists ? "" : "created; ",
               static_cast<unsigned long long>(kv.tokens), a.input.c_str(),
               static_cast<unsigned long long>(before + kv.tokens));

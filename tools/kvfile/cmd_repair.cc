@@ -98,9 +98,11 @@ int RunRepair(const RepairArgs& a) {
   if (st.ok()) st = Writer::Open(a.path, options, &w);
   if (!st.ok()) return ReportError(st);
   const Writer::RecoveryReport& r = w->recovery();
-  if (r.upgraded_from_v1) ReportUpgrade(a.path, old_format, w->geometry());
+  // Said once: on stderr when the repair succeeds, else in its error line.
+  std::string upgraded = r.upgraded_from_v1 ? UpgradeNote(old_format, w->geometry()) : "";
   st = w->Close();
-  if (!st.ok()) return ReportError(st);
+  if (!st.ok()) return ReportError(st, upgraded);
+  if (!upgraded.empty()) PrintLine("note", a.path + ": " + upgraded);
   if (r.truncated_bytes > 0)
     std::printf("%s: cut a torn tail of %llu bytes at offset %llu\n", a.path.c_str(),
                 static_cast<unsigned long long>(r.truncated_bytes), static_cast<unsigned long long>(rep.valid_end));

@@ -49,15 +49,17 @@ int RunRewind(const RewindArgs& a) {
   if (st.ok()) st = Writer::Open(a.path, opt, &w);
   if (!st.ok()) return ReportError(st);
   const Writer::RecoveryReport& rec = w->recovery();
-  if (rec.upgraded_from_v1) ReportUpgrade(a.path, old_format, w->geometry());
+  // Said once: on stderr when the rewind succeeds, else in its error line.
+  std::string upgraded = rec.upgraded_from_v1 ? UpgradeNote(old_format, w->geometry()) : "";
   uint64_t before = w->token_count();
   if (a.to > before) {  // another writer changed the file in between
     (void)w->Close();
-    return UsageError(TooFar(a.path, a.to, before));
+    return ReportError(Status::InvalidArgument(TooFar(a.path, a.to, before)), upgraded);
   }
   st = w->Rewind(a.to);
   if (st.ok()) st = w->Close();
-  if (!st.ok()) return ReportError(st);
+  if (!st.ok()) return ReportError(st, upgraded);
+  if (!upgraded.empty()) PrintLine("note", a.path + ": " + upgraded);
   if (rec.truncated_bytes > 0)
     std::printf("%s: cut a torn tail of %llu bytes first\n", a.path.c_str(),
                 static_cast<unsigned long long>(rec.truncated_bytes));

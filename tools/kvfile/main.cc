@@ -45,8 +45,8 @@ void PrintLine(const char* kind, std::string_view message) {
   std::fwrite(line.data(), 1, line.size(), stderr);
 }
 
-int ReportError(const Status& st) {
-  PrintLine("error", st.message());
+int ReportError(const Status& st, const std::string& after) {
+  PrintLine("error", after.empty() ? st.message() : st.message() + " (after " + after + ")");
   if (int sig = PendingSignal()) return 128 + sig;
   return st.IsDataError() ? kExitData : kExitUsage;
 }
@@ -118,9 +118,8 @@ std::string FormatAndDtypes(uint16_t major, uint16_t minor, const Geometry& g) {
   return "format " + std::to_string(major) + "." + std::to_string(minor) + " " + Dtypes(g);
 }
 
-void ReportUpgrade(const std::string& path, const std::string& old_format, const Geometry& now) {
-  PrintLine("note", path + ": upgraded from " + (old_format.empty() ? "format 1" : old_format) + " to format 2 " +
-                        Dtypes(now));
+std::string UpgradeNote(const std::string& old_format, const Geometry& now) {
+  return "upgraded from " + (old_format.empty() ? std::string("format 1") : old_format) + " to format 2 " + Dtypes(now);
 }
 
 }  // namespace kvfile::cli
