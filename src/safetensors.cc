@@ -731,7 +731,8 @@ Status CheckValues(SafetensorsFile& f, const KvTensors& kv) {
 }
 
 Status AppendAll(SafetensorsFile& f, const KvTensors& kv, std::span<const uint32_t> token_ids,
-                 const std::vector<size_t>& stream_of, Writer& w, uint64_t block_tokens) {
+                 const std::vector<size_t>& stream_of, Writer& w, uint64_t block_tokens,
+                 const std::function<Status()>& between) {
   const Geometry& g = w.geometry();
   size_t S = g.streams.size();
   if (stream_of.size() != S || g.layers != kv.layers || token_ids.size() != kv.tokens)
@@ -781,6 +782,7 @@ Status AppendAll(SafetensorsFile& f, const KvTensors& kv, std::span<const uint32
     }
     Status st = w.Append(batch);
     if (!st.ok()) return st.WithContext(f.path());
+    if (between) KVFILE_RETURN_IF_ERROR(between());
   }
   return Status::OK();
 }

@@ -5,7 +5,8 @@
 // Everything is checked before the first byte is appended: the input's
 // structure and token ids, its model and geometry against the existing
 // file, and every value (finite; codes and scales valid). A refusal leaves
-// FILE exactly as it was (or absent).
+// FILE exactly as it was (or absent). A v1 FILE is upgraded to v2 first
+// (--upgrade-dtype, --keep-raw), and stderr says so.
 #include <algorithm>
 #include <cstdio>
 #include <optional>
@@ -13,6 +14,7 @@
 #include "kvfile/safetensors.h"
 #include "atomic_replace.h"
 #include "cli_common.h"
+#include "signals.h"
 #include "kvfile/reader.h"
 #include "kvfile/writer.h"
 
@@ -30,6 +32,8 @@ struct AppendArgs {
   std::string sync = "close";
   std::optional<std::string> model;
   std::optional<std::string> dtype;
+  std::optional<std::string> upgrade_dtype;
+  std::vector<std::string> keep_raw;
   std::optional<uint32_t> chunk_tokens;  // default: BoundedChunkTokens(256)
 };
 
@@ -43,8 +47,9 @@ SyncMode ParseSync(const std::string& s) {
 // A stream's dtype: --dtype for fp8 streams if given; else the codes'
 // dtype for codes; else the existing file's dtype for that stream (`file`,
 // may be null), else e4m3.
+// Streams named in `keep_raw` of a new FILE are stored raw (bf16).
 Geometry WantedGeometry(const KvTensors& kv, const std::vector<size_t>& order, std::optional<Dtype> dtype,
-                        const Geometry* file) {
+                        const Geometry* file, const std::vector<std::string>& keep_raw) {
   Geometry g;
   g.layers = kv.layers;
   for (size_t i : order) {
@@ -55,14 +60,30 @@ Geometry WantedGeometry(const KvTensors& kv, const std::vector<size_t>& order, s
     else if (in_file && !format::IsFp8(file->streams[*in_file].dtype)) spec.dtype = file->streams[*in_file].dtype;
     else if (dtype) spec.dtype = *dtype;
     else if (in_file) spec.dtype = file->streams[*in_file].dtype;
+    if (!file && std::find(keep_raw.begin(), keep_raw.end(), s.name) != keep_raw.end()) spec.dtype = Dtype::kBF16;
     g.streams.push_back(spec);
   }
   return g;
 }
 
+// An append that failed or was interrupted is dropped whole by the
+// library: AppendAll's batches are one append (AppendBatch::continued), a
+// failed batch drops it, and Close() drops one left unfinished (an
+// interrupt between batches), committing nothing of it (its kFailed says
+// so; the error reported is the first one). After an I/O error the writer
+// has cut the file back to its last commit itself.
+int UndoAppend(std::unique_ptr<Writer> w, const Status& st, const std::string& upgraded) {
+  (void)w->Close();
+  return ReportError(st, upgraded);
+}
+
 int RunAppend(const AppendArgs& a) {
+  InstallSignalHandlers();
+  SetCurrentPath(a.path);
   std::optional<Dtype> dtype;
   if (a.dtype) dtype = *a.dtype == "e5m2" ? Dtype::kE5M2 : Dtype::kE4M3;
+  Dtype upgrade = a.upgrade_dtype ? (*a.upgrade_dtype == "e5m2" ? Dtype::kE5M2 : Dtype::kE4M3)
+                                  : dtype.value_or(Dtype::kE4M3);
   std::unique_ptr<SafetensorsFile> in;
   Status st = SafetensorsFile::Open(a.input, nullptr, &in);
   if (!st.ok()) return ReportError(st);
@@ -77,6 +98,7 @@ int RunAppend(const AppendArgs& a) {
   st = FileSystem::Default()->Exists(a.path, &exists);
   if (!st.ok()) return ReportError(st);
   Geometry file_geometry;
+  std::string old_format;  // a v1 FILE: its format and dtypes, for the upgrade line
   ModelIdentity id;
   std::vector<size_t> stream_of;  // writer stream -> kv.streams index
   if (exists) {
@@ -84,10 +106,16 @@ int RunAppend(const AppendArgs& a) {
     st = Reader::Open(a.path, {}, &r);
     if (!st.ok()) return ReportError(st);
     file_geometry = r->geometry();
+    st = CheckStreamNames(a.path, file_geometry, a.keep_raw);
+    if (!st.ok()) return ReportError(st);
     // A v1 file is upgraded by the writable open below: its streams become
-    // fp8 (--dtype, e4m3 by default), and appends are checked against that.
-    if (r->major_version() == 1)
-      for (StreamSpec& s : file_geometry.streams) s.dtype = dtype.value_or(Dtype::kE4M3);
+    // fp8 (--upgrade-dtype, else --dtype, else e4m3) except the --keep-raw
+    // ones, and appends are checked against that.
+    if (r->major_version() == 1) {
+      old_format = FormatAndDtypes(r->major_version(), r->minor_version(), file_geometry);
+      for (StreamSpec& s : file_geometry.streams)
+        if (std::find(a.keep_raw.begin(), a.keep_raw.end(), s.name) == a.keep_raw.end()) s.dtype = upgrade;
+    }
     // Streams are matched by name: the file's order first, then any the
     // file lacks (which CheckExpected then reports).
     std::vector<size_t> order;
@@ -96,7 +124,7 @@ int RunAppend(const AppendArgs& a) {
         if (kv.streams[i].name == fs.name) order.push_back(i);
     for (size_t i = 0; i < kv.streams.size(); ++i)
       if (std::find(order.begin(), order.end(), i) == order.end()) order.push_back(i);
-    Geometry want = WantedGeometry(kv, order, dtype, &file_geometry);
+    Geometry want = WantedGeometry(kv, order, dtype, &file_geometry, a.keep_raw);
     id = r->identity();
     ModelIdentity want_id{a.model ? *a.model : kv.model_id.value_or(id.model_id), kv.fingerprint.value_or(id.fingerprint)};
     st = CheckExpected(id, file_geometry, want_id, want);
@@ -104,7 +132,11 @@ int RunAppend(const AppendArgs& a) {
     stream_of = order;
   } else {
     for (size_t i = 0; i < kv.streams.size(); ++i) stream_of.push_back(i);
-    file_geometry = WantedGeometry(kv, stream_of, dtype, nullptr);
+    file_geometry = WantedGeometry(kv, stream_of, dtype, nullptr, a.keep_raw);
+    Geometry names;
+    for (const KvStream& s : kv.streams) names.streams.push_back({s.name, 1, 1, Dtype::kBF16});
+    st = CheckStreamNames(a.input, names, a.keep_raw);
+    if (!st.ok()) return ReportError(st);
     id = {a.model ? *a.model : kv.model_id.value_or(""), kv.fingerprint.value_or(0)};
     st = file_geometry.Validate();
     if (!st.ok()) return ReportError(st.WithContext(a.input));
@@ -115,15 +147,17 @@ int RunAppend(const AppendArgs& a) {
   WriterOptions opt;
   opt.sync = ParseSync(a.sync);
   if (!exists) opt.chunk_tokens = a.chunk_tokens ? *a.chunk_tokens : BoundedChunkTokens(file_geometry, 256, a.input);
-  opt.upgrade_dtype = dtype.value_or(Dtype::kE4M3);
+  opt.upgrade_dtype = upgrade;
+  opt.keep_raw = a.keep_raw;
   // A new FILE is written under a temporary name and renamed into place
   // when complete and durable (sync mode close at least): a failure leaves
   // no FILE.
   std::unique_ptr<internal::PendingReplace> create;
   std::unique_ptr<Writer> w;
-  if (exists) {
+  st = CheckInterrupt(a.path);
+  if (st.ok() && exists) {
     st = Writer::Open(a.path, opt, &w);
-  } else {
+  } else if (st.ok()) {
     if (opt.sync == SyncMode::kNone) opt.sync = SyncMode::kClose;
     st = internal::PendingReplace::Begin(a.path, nullptr, &create);
     if (st.ok() && create->original().exists)
@@ -131,20 +165,24 @@ int RunAppend(const AppendArgs& a) {
     if (st.ok()) st = Writer::Create(create->temp_path(), file_geometry, id, opt, &w).WithContext(a.path);
   }
   if (!st.ok()) return ReportError(st);
+  // Said once: on stderr when the append succeeds, else in its error line.
+  std::string upgraded = w->recovery().upgraded_from_v1 ? UpgradeNote(old_format, w->geometry()) : "";
   if (w->geometry() != file_geometry) {  // replaced between the check and the open
     (void)w->Close();
-    return ReportError(Status::Mismatch(a.path + ": the file changed while appending was being prepared"));
+    return ReportError(Status::Mismatch(a.path + ": the file changed while appending was being prepared"), upgraded);
   }
   uint64_t before = w->token_count();
   uint64_t per_token = 0;
   for (const StreamSpec& s : file_geometry.streams) per_token += s.ElementsPerToken() * 12;  // input + f32 + codes
   per_token *= file_geometry.layers;
-  st = safetensors::AppendAll(*in, kv, ids, stream_of, *w, safetensors::BlockTokens(per_token, uint64_t{256} << 20));
-  Status close = w->Close();
-  if (st.ok()) st = close;
+  st = safetensors::AppendAll(*in, kv, ids, stream_of, *w, safetensors::BlockTokens(per_token, uint64_t{256} << 20),
+                              [&a] { return CheckInterrupt(a.path); });
+  if (!st.ok()) return UndoAppend(std::move(w), create ? st.WithContext(a.path) : st, upgraded);
+  st = w->Close();
   if (!st.ok() && create) st = st.WithContext(a.path);  // the writer names the temporary file
   if (st.ok() && create) st = create->Commit();
-  if (!st.ok()) return ReportError(st);
+  if (!st.ok()) return ReportError(st, upgraded);
+  if (!upgraded.empty()) PrintLine("note", a.path + ": " + upgraded);
   std::printf("%s: %sappended %llu tokens from %s (%llu in total)\n", a.path.c_str(), exists ? "" : "created; ",
               static_cast<unsigned long long>(kv.tokens), a.input.c_str(),
               static_cast<unsigned long long>(before + kv.tokens));
@@ -161,7 +199,8 @@ void RegisterAppend(CLI::App& app, int* exit_code) {
       "if it does not exist. Input: one tensor per stream [layers, tokens, rows, width] (BF16, F16, F32),\n"
       "or <stream>.codes + <stream>.scales; a 'tokens' tensor; __metadata__ kvfile.model and\n"
       "kvfile.fingerprint. Streams are matched by name. A model or geometry mismatch, or a non-finite\n"
-      "value, is refused before anything is written (exit 1, FILE untouched).\n"
+      "value, is refused before anything is written (exit 1, FILE untouched). A v1 FILE is upgraded to\n"
+      "v2 first (its streams quantized to --upgrade-dtype, except --keep-raw ones); stderr says so.\n"
       "Example: kvfile append session.kv turn2.safetensors --sync chunk");
   cmd->add_option("FILE", args->path, "the .kv file to append to (created if missing)")->required();
   cmd->add_option("INPUT", args->input, "the .safetensors file with the new tokens")->required();
@@ -173,10 +212,16 @@ void RegisterAppend(CLI::App& app, int* exit_code) {
                   "fp8 dtype of a new FILE's streams (default e4m3; codes keep theirs); "
                   "for an existing FILE it must match")
       ->check(CLI::IsMember({"e4m3", "e5m2"}));
+  cmd->add_option("--upgrade-dtype", args->upgrade_dtype,
+                  "a v1 FILE is upgraded to v2 first: the fp8 dtype of its streams (default: --dtype, else e4m3)")
+      ->check(CLI::IsMember({"e4m3", "e5m2"}));
+  cmd->add_option("--keep-raw", args->keep_raw,
+                  "streams kept raw by the upgrade of a v1 FILE, or stored raw (bf16) in a new FILE; comma separated")
+      ->delimiter(',');
   cmd->add_option("--chunk-tokens", args->chunk_tokens,
                   "tokens per chunk of a new FILE (default 256, halved while a chunk exceeds "
                   "max(64 MiB, INPUT's size))")
-      ->check(CLI::Range(1u, 65536u));
+      ->check(Count(1, 65536));
   cmd->callback([args, exit_code] { *exit_code = RunAppend(*args); });
 }
 

@@ -25,6 +25,7 @@
 #include "kvfile/reader.h"
 #include "kvfile/verify.h"
 #include "kvfile/writer.h"
+#include "signals.h"
 #include "synth_data.h"
 
 namespace kvfile::cli {
@@ -125,6 +126,7 @@ Status WriteSession(const Session& s, const Geometry& g, const std::string& path
         b.blocks[k] = {Dtype::kBF16, s.BlockRows(k) + from * s.ElementsPerToken(st), nullptr};
       }
     KVFILE_RETURN_IF_ERROR(w->Append(b));
+    KVFILE_RETURN_IF_ERROR(CheckInterrupt(path));
     if (count < batch) t -= batch - count;  // wrapped around the session: continue from token 0
   }
   return w->Close();
@@ -136,6 +138,7 @@ Status Measure(int reps, Row* row, const std::function<Status()>& body,
                const std::function<Status()>& before = nullptr) {
   bench::PeakMemory peak;
   for (int i = 0; i < reps; ++i) {
+    KVFILE_RETURN_IF_ERROR(CheckInterrupt(CurrentPath()));
     if (before) KVFILE_RETURN_IF_ERROR(before());
     if (i == reps - 1) peak.Start();
     double t0 = Now();
@@ -557,13 +560,14 @@ void Bench::PrintJson() const {
 }
 
 int Bench::Run() {
-  if (a_.reps < 1) return UsageError("--reps must be at least 1");
-  if (a_.tokens == 0) return UsageError("--tokens must be at least 1");
+  InstallSignalHandlers();
+  SetCurrentPath(a_.dir);
   std::error_code ec;
   if (!std::filesystem::is_directory(a_.dir, ec)) return UsageError(a_.dir + ": not a directory");
   auto step = [&](const char* what, const std::function<Status()>& fn) {
     if (!a_.json) std::fprintf(stderr, "kvfile bench: %s\n", what);
-    return fn();
+    Status st = CheckInterrupt(a_.dir);
+    return st.ok() ? fn() : st;
   };
   Status st = step("generating the session", [&] { return MakeSession(a_.preset, a_.tokens, &s_); });
   if (st.ok()) st = step("memory copy", [&] { return Limits(); });
@@ -572,7 +576,10 @@ int Bench::Run() {
   if (st.ok()) st = step("resume, verify and raw reads", [&] { return ReadPaths(); });
   if (st.ok()) st = step("upgrade v1 -> v2", [&] { return UpgradePath(); });
   if (st.ok()) st = step("open", [&] { return OpenPath(); });
-  for (const char* name : {"session.kv", "raw-bf16.bin"}) std::filesystem::remove(P(name), ec);
+  // Every file a step writes (one that failed or was interrupted leaves its own).
+  for (const char* name : {"session.kv", "raw-bf16.bin", "raw.bin", "session-v1.kv", "upgrade.kv", "copy.kv",
+                           "chunks.kv", "upgrade.kv.kvupgrade"})
+    std::filesystem::remove(P(name), ec);
   if (!st.ok()) return ReportError(st);
   if (a_.json) {
     PrintJson();
@@ -593,10 +600,16 @@ void RegisterBench(CLI::App& app, int* exit_code) {
   auto args = std::make_shared<BenchArgs>();
   CLI::App* cmd = app.add_subcommand("bench", "measure every path against this machine's limits, in one run");
   cmd->add_option("--preset", args->preset, "geometry of the synthetic session")->capture_default_str();
-  cmd->add_option("--tokens", args->tokens, "tokens in the session")->capture_default_str();
+  cmd->add_option("--tokens", args->tokens, "tokens in the session")
+      ->check(Count(1, uint64_t{1} << 32))
+      ->capture_default_str();
   cmd->add_option("--dir", args->dir, "directory for the files it writes (removed after)")->capture_default_str();
-  cmd->add_option("--reps", args->reps, "repetitions of each figure (median, min, max)")->capture_default_str();
-  cmd->add_option("--open-chunks", args->open_chunks, "chunks in the file the open figure uses")->capture_default_str();
+  cmd->add_option("--reps", args->reps, "repetitions of each figure (median, min, max)")
+      ->check(Count(1, 1000))
+      ->capture_default_str();
+  cmd->add_option("--open-chunks", args->open_chunks, "chunks in the file the open figure uses")
+      ->check(Count(1, UINT32_MAX))
+      ->capture_default_str();
   cmd->add_flag("--json", args->json, "one JSON document on stdout instead of the table");
   cmd->callback([args, exit_code] { *exit_code = Bench(*args).Run(); });
 }

@@ -20,8 +20,10 @@
 #include "atomic_replace.h"
 #include "cli_common.h"
 #include "progress.h"
+#include "signals.h"
 #include "kvfile/format/endian.h"
 #include "kvfile/reader.h"
+#include "kvfile/verify.h"
 #include "kvfile/writer.h"
 
 namespace kvfile::cli {
@@ -44,6 +46,7 @@ struct ConvertArgs {
   bool codes = false;
   std::optional<uint32_t> chunk_tokens;
   bool force = false;
+  bool salvage = false;
   unsigned jobs = 1;
   std::string format = "v2";
 };
@@ -55,6 +58,7 @@ struct Plan {
   std::set<std::string> keep_raw;
   bool codes = false;
   std::optional<uint32_t> chunk_tokens;
+  bool salvage = false;
 };
 
 constexpr uint64_t kBufferBudget = uint64_t{128} << 20;
@@ -125,11 +129,44 @@ uint64_t FileSize(const std::string& path) {
   return ec ? 0 : n;
 }
 
+// A .kv input is converted only if `kvfile verify` passes it: damage is
+// never converted silently. With --salvage, *tokens is the verified prefix
+// (the tokens of the chunks before the first damaged one) and *warning says
+// how many committed tokens that drops. Otherwise *tokens is r's count.
+Status CheckInput(const std::string& in, const Reader& r, const Plan& p, uint64_t* tokens, std::string* warning) {
+  *tokens = r.token_count();
+  VerifyReport rep;
+  VerifyOptions vo;
+  vo.threads = 4;
+  KVFILE_RETURN_IF_ERROR(VerifyFile(in, vo, &rep));
+  const VerifyFinding* first = nullptr;
+  for (const VerifyFinding& f : rep.findings) {
+    if (!f.error) continue;
+    if (!first) first = &f;
+    if (f.chunk >= 0 && static_cast<uint64_t>(f.chunk) < r.chunks().size())
+      *tokens = std::min<uint64_t>(*tokens, r.chunks()[static_cast<size_t>(f.chunk)].first_token);
+  }
+  if (!first) return Status::OK();
+  if (!p.salvage)
+    return Status::Corruption(in + ": " + first->message + "; not converted (kvfile verify fails on it; --salvage "
+                              "converts the " + std::to_string(*tokens) + " tokens before the damage)");
+  uint64_t committed = r.tail().committed_tokens_missing;
+  for (const ChunkInfo& c : r.chunks())
+    if (c.committed) committed += c.live_tokens;
+  *warning = in + ": --salvage: converted the verified prefix of " + std::to_string(*tokens) + " tokens; " +
+             std::to_string(committed - std::min(committed, *tokens)) + " committed tokens were dropped (" +
+             first->message + ")";
+  return Status::OK();
+}
+
 // ---- .kv -> .kv ------------------------------------------------------------------------
 
-Status KvToKv(const std::string& in, const std::string& tmp, const Plan& p, std::string* summary) {
+Status KvToKv(const std::string& in, const std::string& tmp, const Plan& p, std::string* summary,
+              std::string* warning) {
   std::unique_ptr<Reader> r;
   KVFILE_RETURN_IF_ERROR(Reader::Open(in, {}, &r));
+  uint64_t total = 0;
+  KVFILE_RETURN_IF_ERROR(CheckInput(in, *r, p, &total, warning));
   const Geometry& gi = r->geometry();
   std::vector<std::string> names;
   for (const StreamSpec& s : gi.streams) names.push_back(s.name);
@@ -158,7 +195,6 @@ Status KvToKv(const std::string& in, const std::string& tmp, const Plan& p, std:
   uint64_t block = safetensors::BlockTokens(per_token * gi.layers, kBufferBudget);
   std::vector<std::vector<uint8_t>> data(gi.layers * S);
   std::vector<std::vector<float>> scales(gi.layers * S);
-  uint64_t total = r->token_count();
   auto ids = r->tokens();
   Progress progress("convert " + in, total);
   for (uint64_t t0 = 0; t0 < total; t0 += block) {
@@ -190,6 +226,7 @@ Status KvToKv(const std::string& in, const std::string& tmp, const Plan& p, std:
     }
     Status st = w->Append(batch);
     if (!st.ok()) return st.WithContext(in);
+    KVFILE_RETURN_IF_ERROR(CheckInterrupt(in));
   }
   KVFILE_RETURN_IF_ERROR(w->Close());
   *summary = std::to_string(total) + " tokens; " + StreamList(go) + "; " + std::to_string(wo.chunk_tokens) +
@@ -242,7 +279,8 @@ Status Import(const std::string& in, const std::string& tmp, const Plan& p, std:
   uint64_t per_token = 0;
   for (const StreamSpec& s : g.streams) per_token += s.ElementsPerToken() * 12;
   KVFILE_RETURN_IF_ERROR(safetensors::AppendAll(*f, kv, ids, stream_of, *w,
-                                                safetensors::BlockTokens(per_token * g.layers, kBufferBudget)));
+                                                safetensors::BlockTokens(per_token * g.layers, kBufferBudget),
+                                                [&in] { return CheckInterrupt(in); }));
   KVFILE_RETURN_IF_ERROR(w->Close());
   *summary = std::to_string(kv.tokens) + " tokens; " + StreamList(g) + "; " + std::to_string(wo.chunk_tokens) +
              " tokens per chunk; " + std::to_string(FileSize(tmp)) + " bytes";
@@ -251,11 +289,13 @@ Status Import(const std::string& in, const std::string& tmp, const Plan& p, std:
 
 // ---- .kv -> .safetensors --------------------------------------------------------------------
 
-Status Export(const std::string& in, const std::string& tmp, const Plan& p, std::string* summary) {
+Status Export(const std::string& in, const std::string& tmp, const Plan& p, std::string* summary,
+              std::string* warning) {
   std::unique_ptr<Reader> r;
   KVFILE_RETURN_IF_ERROR(Reader::Open(in, {}, &r));
   const Geometry& g = r->geometry();
-  uint64_t T = r->token_count();
+  uint64_t T = 0;
+  KVFILE_RETURN_IF_ERROR(CheckInput(in, *r, p, &T, warning));
   Dtype out_dtype = p.dtype.value_or(Dtype::kBF16);
   // One entry per tensor to write: which stream, and what of it.
   enum class Part { kValues, kCodes, kScales };
@@ -296,6 +336,7 @@ Status Export(const std::string& in, const std::string& tmp, const Plan& p, std:
       buf.resize(n * 8);
       for (uint64_t i = 0; i < n; ++i) format::StoreU64(&buf[i * 8], ids[t0 + i]);
       KVFILE_RETURN_IF_ERROR(w->Write(0, t0 * 8, buf.data(), buf.size()));
+      KVFILE_RETURN_IF_ERROR(CheckInterrupt(in));
     }
   }
   std::vector<uint8_t> data;
@@ -308,6 +349,7 @@ Status Export(const std::string& in, const std::string& tmp, const Plan& p, std:
     uint64_t block = safetensors::BlockTokens(per_token, uint64_t{64} << 20);
     for (uint32_t l = 0; l < g.layers; ++l) {
       for (uint64_t t0 = 0; t0 < T; t0 += block) {
+        KVFILE_RETURN_IF_ERROR(CheckInterrupt(in));
         uint64_t n = std::min(block, T - t0);
         uint64_t rows = n * spec.rows_per_token;
         uint64_t first_row = (uint64_t{l} * T + t0) * spec.rows_per_token;
@@ -339,7 +381,8 @@ Status Export(const std::string& in, const std::string& tmp, const Plan& p, std:
 
 struct Outcome {
   Status status;
-  std::string line;  // stdout line on success
+  std::string line{};   // stdout line on success
+  std::string warning{};  // stderr line on success (--salvage), or ""
 };
 
 Status ExistsError(const std::string& out) {
@@ -355,13 +398,14 @@ Outcome ConvertOne(const std::string& in, const std::string& out, Kind in_kind, 
   if (!st.ok()) return {st, ""};
   if (replace->original().exists && !force) return {ExistsError(out), ""};
   const std::string& tmp = replace->temp_path();
-  std::string summary;
-  if (in_kind == Kind::kKv && out_kind == Kind::kKv) st = KvToKv(in, tmp, p, &summary);
+  std::string summary, warning;
+  if (in_kind == Kind::kKv && out_kind == Kind::kKv) st = KvToKv(in, tmp, p, &summary, &warning);
   else if (in_kind == Kind::kSafetensors) st = Import(in, tmp, p, &summary);
-  else st = Export(in, tmp, p, &summary);
+  else st = Export(in, tmp, p, &summary, &warning);
+  if (!st.ok() && PendingSignal()) st = CheckInterrupt(out);  // a signal ended it: OUT is as it was
   if (st.ok()) st = replace->Commit();
   if (!st.ok()) return {st, ""};
-  return {st, in + " -> " + out + ": " + summary};
+  return {st, in + " -> " + out + ": " + summary, warning};
 }
 
 int Report(const std::vector<Outcome>& outcomes) {
@@ -369,6 +413,10 @@ int Report(const std::vector<Outcome>& outcomes) {
   for (const Outcome& o : outcomes) {
     if (o.status.ok()) {
       std::printf("%s\n", o.line.c_str());
+      if (!o.warning.empty()) {
+        std::fflush(stdout);
+        PrintLine("warning", o.warning);
+      }
       continue;
     }
     int c = ReportError(o.status);
@@ -421,22 +469,39 @@ int ConvertTree(const ConvertArgs& a, const Plan& p) {
   }
   std::vector<Outcome> outcomes(files.size());
   std::atomic<size_t> next{0};
+  // After a signal no further file is started; the ones in flight stop at
+  // their next batch, and the signal is reported once, after the others.
   auto work = [&] {
-    for (size_t i; (i = next.fetch_add(1)) < files.size();)
-      outcomes[i] = ConvertOne(files[i], outs[i], Kind::kKv, Kind::kKv, p, a.force);
+    for (size_t i; !PendingSignal() && (i = next.fetch_add(1)) < files.size();) {
+      try {
+        outcomes[i] = ConvertOne(files[i], outs[i], Kind::kKv, Kind::kKv, p, a.force);
+      } catch (const std::bad_alloc&) {
+        outcomes[i] = {Status::Failed(files[i] + ": out of memory"), "", ""};
+      }
+      if (PendingSignal() && !outcomes[i].status.ok()) outcomes[i] = {};  // reported below, once
+    }
   };
   unsigned jobs = std::max(1u, std::min<unsigned>(a.jobs, static_cast<unsigned>(files.size())));
   std::vector<std::thread> pool;
   for (unsigned j = 1; j < jobs; ++j) pool.emplace_back(work);
   work();
   for (auto& t : pool) t.join();
-  int code = Report(outcomes);
-  size_t ok = std::count_if(outcomes.begin(), outcomes.end(), [](const Outcome& o) { return o.status.ok(); });
+  std::vector<Outcome> done;
+  for (const Outcome& o : outcomes)
+    if (!o.status.ok() || !o.line.empty()) done.push_back(o);
+  int code = Report(done);
+  size_t ok = std::count_if(done.begin(), done.end(), [](const Outcome& o) { return o.status.ok(); });
   std::printf("converted %zu of %zu files from %s to %s\n", ok, files.size(), a.in.c_str(), a.out.c_str());
+  if (PendingSignal()) {
+    std::fflush(stdout);
+    return ReportError(CheckInterrupt(a.out));
+  }
   return code;
 }
 
 int RunConvert(const ConvertArgs& a) {
+  InstallSignalHandlers();
+  SetCurrentPath(a.out);
   Plan p;
   p.major = a.format == "v1" ? 1 : 2;
   if (a.dtype) p.dtype = ParseDtype(*a.dtype);
@@ -446,6 +511,7 @@ int RunConvert(const ConvertArgs& a) {
   p.keep_raw.insert(a.keep_raw.begin(), a.keep_raw.end());
   p.codes = a.codes;
   p.chunk_tokens = a.chunk_tokens;
+  p.salvage = a.salvage;
   std::error_code ec;
   if (!fs::exists(a.in, ec)) return ReportError(Status::NotFound(a.in + ": No such file or directory"));
   Kind in_kind = KindOf(a.in);
@@ -493,6 +559,7 @@ void RegisterConvert(CLI::App& app, int* exit_code) {
       "  .kv -> .safetensors: streams decoded to --dtype (bf16 default), or with --codes fp8 streams as\n"
       "      <stream>.codes + <stream>.scales and raw streams as stored; token ids as I64.\n"
       "  directory -> directory: every *.kv under IN into the same tree under OUT (--jobs at a time).\n"
+      "A .kv IN that kvfile verify fails on is refused (exit 1, nothing written) unless --salvage.\n"
       "OUT is written under a temporary name and renamed into place when complete; an existing OUT\n"
       "is replaced only with --force. --format v1 writes the older raw layout (fp8 streams decoded to bf16\n"
       "or to a raw --dtype); a v1 input converted to v2 is quantized (e4m3 unless --dtype).\n"
@@ -508,10 +575,13 @@ void RegisterConvert(CLI::App& app, int* exit_code) {
   cmd->add_option("--chunk-tokens", args->chunk_tokens,
                   "tokens per chunk of a .kv OUT (default: IN's, or 256; halved while a chunk exceeds "
                   "max(64 MiB, IN's size))")
-      ->check(CLI::Range(1u, 65536u));
+      ->check(Count(1, 65536));
   cmd->add_flag("--force", args->force, "replace an existing OUT");
+  cmd->add_flag("--salvage", args->salvage,
+                "convert a .kv IN that kvfile verify fails on: only the tokens before the first damage\n"
+                "(stderr says how many committed tokens are dropped); without it such an IN is refused");
   cmd->add_option("--jobs", args->jobs, "files converted in parallel (directories)")
-      ->check(CLI::Range(1u, 256u))
+      ->check(Count(1, 256))
       ->capture_default_str();
   cmd->add_option("--format", args->format, "format of a .kv output")
       ->check(CLI::IsMember({"v1", "v2"}))

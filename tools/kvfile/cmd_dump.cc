@@ -337,6 +337,7 @@ Status DumpRows(const DumpArgs& a, Reader& r, const RowSelection& sel, ordered_j
 }
 
 int RunDump(DumpArgs a) {
+  SetCurrentPath(a.path);
   if (!a.rows && (a.layer || a.stream || a.token || a.codes))
     return UsageError("--layer, --stream, --token and --codes select rows: add --rows");
   if (!a.header && !a.chunks && !a.tokens && !a.rows) a.header = a.chunks = true;
@@ -418,7 +419,7 @@ void RegisterDump(CLI::App& app, int* exit_code) {
   cmd->add_flag("--chunks", args->chunks, "the chunk table");
   cmd->add_flag("--tokens", args->tokens, "the token ids");
   cmd->add_flag("--rows", args->rows, "rows of one layer and stream, decoded to f32 (one line per row)");
-  cmd->add_option("--layer", args->layer, "with --rows: the layer");
+  cmd->add_option("--layer", args->layer, "with --rows: the layer")->check(Count(0, UINT32_MAX));
   cmd->add_option("--stream", args->stream, "with --rows: the stream, by name or index");
   cmd->add_option("--token", args->token, "with --rows: token T, tokens T:T2 (T2 excluded) or T: (default: all)");
   cmd->add_flag("--codes", args->codes,

@@ -31,6 +31,7 @@ uint64_t Bf16Bytes(const Geometry& g, uint64_t tokens) {
 }
 
 int RunInfo(const InfoArgs& a) {
+  SetCurrentPath(a.path);
   std::unique_ptr<Reader> r;
   Status st = Reader::Open(a.path, {}, &r);
   if (!st.ok()) return a.json ? ReportErrorAsJson(a.path, st) : ReportError(st);

@@ -5,6 +5,8 @@
 #include <filesystem>
 
 #include "cli_common.h"
+#include "signals.h"
+#include "kvfile/reader.h"
 #include "kvfile/verify.h"
 #include "kvfile/writer.h"
 
@@ -19,8 +21,11 @@ struct RepairArgs {
 };
 
 int RunRepair(const RepairArgs& a) {
+  InstallSignalHandlers();
+  SetCurrentPath(a.path);
   VerifyReport rep;
   Status st = VerifyFile(a.path, {}, &rep);
+  if (st.ok()) st = CheckInterrupt(a.path);
   if (!st.ok()) return ReportError(st);
   // A leftover of an interrupted v1 -> v2 upgrade: the original is whole.
   std::error_code ec;
@@ -78,14 +83,26 @@ int RunRepair(const RepairArgs& a) {
       if (&f != tail) std::printf("%s: would rewrite: %s\n", a.path.c_str(), f.message.c_str());
     return kExitOk;
   }
+  // A v1 file is upgraded by the writable open: its format and dtypes
+  // before, for the line that says so.
+  std::string old_format;
+  if (rep.major == 1) {
+    std::unique_ptr<Reader> reader;
+    if (Reader::Open(a.path, {}, &reader).ok())
+      old_format = FormatAndDtypes(reader->major_version(), reader->minor_version(), reader->geometry());
+  }
   std::unique_ptr<Writer> w;
   WriterOptions options;
   options.drop_missing_committed = a.force && rep.committed_data_missing;
-  st = Writer::Open(a.path, options, &w);
+  st = CheckInterrupt(a.path);
+  if (st.ok()) st = Writer::Open(a.path, options, &w);
   if (!st.ok()) return ReportError(st);
   const Writer::RecoveryReport& r = w->recovery();
+  // Said once: on stderr when the repair succeeds, else in its error line.
+  std::string upgraded = r.upgraded_from_v1 ? UpgradeNote(old_format, w->geometry()) : "";
   st = w->Close();
-  if (!st.ok()) return ReportError(st);
+  if (!st.ok()) return ReportError(st, upgraded);
+  if (!upgraded.empty()) PrintLine("note", a.path + ": " + upgraded);
   if (r.truncated_bytes > 0)
     std::printf("%s: cut a torn tail of %llu bytes at offset %llu\n", a.path.c_str(),
                 static_cast<unsigned long long>(r.truncated_bytes), static_cast<unsigned long long>(rep.valid_end));

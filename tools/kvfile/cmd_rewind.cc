@@ -1,8 +1,11 @@
 // kvfile rewind: keep the first N tokens of a .kv file and drop the rest,
-// durably (spec/RECOVERY.md, "Rewind").
+// durably (spec/RECOVERY.md, "Rewind"). A v1 file is upgraded to v2 first
+// (--upgrade-dtype, --keep-raw), and stderr says so.
 #include <cstdio>
+#include <optional>
 
 #include "cli_common.h"
+#include "signals.h"
 #include "kvfile/reader.h"
 #include "kvfile/writer.h"
 
@@ -13,6 +16,8 @@ namespace {
 struct RewindArgs {
   std::string path;
   uint64_t to = 0;
+  std::optional<std::string> upgrade_dtype;
+  std::vector<std::string> keep_raw;
 };
 
 std::string TooFar(const std::string& path, uint64_t to, uint64_t have) {
@@ -20,28 +25,41 @@ std::string TooFar(const std::string& path, uint64_t to, uint64_t have) {
 }
 
 int RunRewind(const RewindArgs& a) {
+  InstallSignalHandlers();
+  SetCurrentPath(a.path);
   // A read-only look first: a request past the end is refused before the
   // writable open, which would already repair a torn tail.
   uint64_t have = 0;
+  std::string old_format;  // a v1 file: its format and dtypes, for the upgrade line
   {
     std::unique_ptr<Reader> r;
     Status st = Reader::Open(a.path, {}, &r);
     if (!st.ok()) return ReportError(st);
     have = r->token_count();
+    st = CheckStreamNames(a.path, r->geometry(), a.keep_raw);
+    if (!st.ok()) return ReportError(st);
+    if (r->major_version() == 1) old_format = FormatAndDtypes(r->major_version(), r->minor_version(), r->geometry());
   }
   if (a.to > have) return UsageError(TooFar(a.path, a.to, have));
+  WriterOptions opt;
+  if (a.upgrade_dtype) opt.upgrade_dtype = *a.upgrade_dtype == "e5m2" ? Dtype::kE5M2 : Dtype::kE4M3;
+  opt.keep_raw = a.keep_raw;
   std::unique_ptr<Writer> w;
-  Status st = Writer::Open(a.path, {}, &w);
+  Status st = CheckInterrupt(a.path);
+  if (st.ok()) st = Writer::Open(a.path, opt, &w);
   if (!st.ok()) return ReportError(st);
   const Writer::RecoveryReport& rec = w->recovery();
+  // Said once: on stderr when the rewind succeeds, else in its error line.
+  std::string upgraded = rec.upgraded_from_v1 ? UpgradeNote(old_format, w->geometry()) : "";
   uint64_t before = w->token_count();
   if (a.to > before) {  // another writer changed the file in between
     (void)w->Close();
-    return UsageError(TooFar(a.path, a.to, before));
+    return ReportError(Status::InvalidArgument(TooFar(a.path, a.to, before)), upgraded);
   }
   st = w->Rewind(a.to);
   if (st.ok()) st = w->Close();
-  if (!st.ok()) return ReportError(st);
+  if (!st.ok()) return ReportError(st, upgraded);
+  if (!upgraded.empty()) PrintLine("note", a.path + ": " + upgraded);
   if (rec.truncated_bytes > 0)
     std::printf("%s: cut a torn tail of %llu bytes first\n", a.path.c_str(),
                 static_cast<unsigned long long>(rec.truncated_bytes));
@@ -57,10 +75,16 @@ void RegisterRewind(CLI::App& app, int* exit_code) {
   CLI::App* cmd = app.add_subcommand(
       "rewind",
       "Keep the first N tokens of a .kv file and drop the rest, atomically and durably.\n"
-      "N beyond the file's token count is refused (exit 2, file untouched).\n"
+      "N beyond the file's token count is refused (exit 2, file untouched). A v1 file is upgraded to v2\n"
+      "first (its streams quantized to --upgrade-dtype, except --keep-raw ones); stderr says so.\n"
       "Example: kvfile rewind session.kv --to 1000");
   cmd->add_option("FILE", args->path, "the .kv file")->required();
-  cmd->add_option("--to", args->to, "number of tokens to keep")->required();
+  cmd->add_option("--to", args->to, "number of tokens to keep")->required()->check(Count(0, UINT64_MAX));
+  cmd->add_option("--upgrade-dtype", args->upgrade_dtype,
+                  "a v1 FILE is upgraded to v2 first: the fp8 dtype of its streams (default e4m3)")
+      ->check(CLI::IsMember({"e4m3", "e5m2"}));
+  cmd->add_option("--keep-raw", args->keep_raw, "streams kept raw by the upgrade of a v1 FILE; comma separated")
+      ->delimiter(',');
   cmd->callback([args, exit_code] { *exit_code = RunRewind(*args); });
 }
 

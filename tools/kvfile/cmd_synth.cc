@@ -11,6 +11,7 @@
 #include "kvfile/reader.h"
 #include "kvfile/writer.h"
 #include "progress.h"
+#include "signals.h"
 #include "synth_data.h"
 
 namespace kvfile::cli {
@@ -33,13 +34,12 @@ struct SynthArgs {
 void GenerateAll(const Geometry& g, uint64_t seed, uint64_t first, uint64_t n,
                  std::vector<std::vector<uint16_t>>& blocks) {
   size_t S = g.streams.size();
+  // Sized here, so that an allocation failure is thrown on this thread.
+  for (uint32_t l = 0; l < g.layers; ++l)
+    for (uint32_t s = 0; s < S; ++s) blocks[l * S + s].resize(n * g.streams[s].ElementsPerToken());
   auto work = [&](uint32_t parity) {
     for (uint32_t l = parity; l < g.layers; l += 2)
-      for (uint32_t s = 0; s < S; ++s) {
-        auto& b = blocks[l * S + s];
-        b.resize(n * g.streams[s].ElementsPerToken());
-        synth::GenerateRows(g, seed, l, s, first, n, b.data());
-      }
+      for (uint32_t s = 0; s < S; ++s) synth::GenerateRows(g, seed, l, s, first, n, blocks[l * S + s].data());
   };
   std::thread other(work, 1u);
   work(0u);
@@ -47,6 +47,8 @@ void GenerateAll(const Geometry& g, uint64_t seed, uint64_t first, uint64_t n,
 }
 
 int RunSynth(const SynthArgs& a) {
+  InstallSignalHandlers();
+  SetCurrentPath(a.path);
   Dtype fp8 = a.dtype == "e5m2" ? Dtype::kE5M2 : Dtype::kE4M3;
   Geometry g;
   Status st = GetPreset(a.preset, fp8, &g);
@@ -78,6 +80,8 @@ int RunSynth(const SynthArgs& a) {
     st = w->Append(batch);
     if (!st.ok()) return ReportError(st.WithContext(a.path));
     progress.Add(n);
+    st = CheckInterrupt(a.path);
+    if (!st.ok()) return ReportError(st);
   }
   st = w->Close();
   progress.Finish();
@@ -93,6 +97,7 @@ int RunSynth(const SynthArgs& a) {
 // Regenerates the data of an existing synthetic file and compares every
 // stored code and scale (raw streams: every stored element) with it.
 int RunCheck(const SynthArgs& a) {
+  SetCurrentPath(a.path);
   std::unique_ptr<Reader> r;
   Status st = Reader::Open(a.path, {}, &r);
   if (!st.ok()) return ReportError(st);
@@ -170,10 +175,12 @@ void RegisterSynth(CLI::App& app, int* exit_code) {
   cmd->add_option("--preset", args->preset, "geometry preset")
       ->check(CLI::IsMember({"llama-3.1-8b", "qwen2.5-7b", "deepseek-v3", "dsa-mixed", "tiny"}))
       ->capture_default_str();
-  cmd->add_option("--tokens", args->tokens, "number of tokens")->check(CLI::Range(uint64_t{1}, uint64_t{1} << 32))->capture_default_str();
-  cmd->add_option("--seed", args->seed, "generator seed (stored as the model fingerprint)")->capture_default_str();
+  cmd->add_option("--tokens", args->tokens, "number of tokens")->check(Count(1, uint64_t{1} << 32))->capture_default_str();
+  cmd->add_option("--seed", args->seed, "generator seed (stored as the model fingerprint)")
+      ->check(Count(0, UINT64_MAX))
+      ->capture_default_str();
   cmd->add_option("--dtype", args->dtype, "fp8 storage dtype")->check(CLI::IsMember({"e4m3", "e5m2"}))->capture_default_str();
-  cmd->add_option("--chunk-tokens", args->chunk_tokens, "tokens per chunk")->check(CLI::Range(1u, 65536u))->capture_default_str();
+  cmd->add_option("--chunk-tokens", args->chunk_tokens, "tokens per chunk")->check(Count(1, 65536))->capture_default_str();
   cmd->add_flag("--check", args->check, "regenerate the data and compare every stored code and scale");
   cmd->add_flag("--force", args->force, "replace FILE if it exists");
   cmd->callback([args, exit_code] { *exit_code = args->check ? RunCheck(*args) : RunSynth(*args); });

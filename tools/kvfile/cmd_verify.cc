@@ -11,6 +11,7 @@
 #include "json_output.h"
 #include "kvfile/verify.h"
 #include "progress.h"
+#include "signals.h"
 
 namespace kvfile::cli {
 
@@ -39,6 +40,7 @@ struct FileResult {
   std::string path;
   Status status;  // environment failure (file missing, I/O error)
   VerifyReport report;
+  bool done = false;  // false: not reached before a signal
 };
 
 // Expands directories into the *.kv files under them, in sorted order.
@@ -62,6 +64,8 @@ Status Expand(const std::vector<std::string>& paths, std::vector<std::string>* f
 }
 
 int RunVerify(const VerifyArgs& a) {
+  InstallSignalHandlers();
+  if (!a.paths.empty()) SetCurrentPath(a.paths[0]);
   std::vector<std::string> files;
   Status st = Expand(a.paths, &files);
   if (!st.ok()) {
@@ -80,12 +84,19 @@ int RunVerify(const VerifyArgs& a) {
     if (!size_ec) total_bytes += n;
   }
   Progress progress("verify", total_bytes);
+  // After a signal no further file is started; the signal is reported
+  // once, after the results of the files already checked.
   auto work = [&] {
-    for (size_t i; (i = next.fetch_add(1)) < files.size();) {
+    for (size_t i; !PendingSignal() && (i = next.fetch_add(1)) < files.size();) {
       results[i].path = files[i];
       VerifyOptions opt;
       opt.quick = a.quick;
-      results[i].status = VerifyFile(files[i], opt, &results[i].report);
+      try {
+        results[i].status = VerifyFile(files[i], opt, &results[i].report);
+      } catch (const std::bad_alloc&) {
+        results[i].status = Status::Failed(files[i] + ": out of memory");
+      }
+      results[i].done = true;
       progress.Add(results[i].report.bytes);
     }
   };
@@ -99,6 +110,7 @@ int RunVerify(const VerifyArgs& a) {
   int exit_code = kExitOk;
   nlohmann::ordered_json out = nlohmann::json::array();
   for (const FileResult& r : results) {
+    if (!r.done) continue;
     const VerifyReport& rep = r.report;
     bool bad = !r.status.ok() || rep.HasErrors() || (a.strict && rep.HasWarnings());
     if (!r.status.ok()) exit_code = kExitUsage;
@@ -132,7 +144,7 @@ int RunVerify(const VerifyArgs& a) {
     bool any_error = false;
     for (const VerifyFinding& f : rep.findings) {
       if (f.error || a.strict) {
-        std::fprintf(stderr, "kvfile: error: %s: %s\n", r.path.c_str(), Located(f).c_str());
+        PrintLine("error", r.path + ": " + Located(f));
         any_error = true;
       }
     }
@@ -144,6 +156,18 @@ int RunVerify(const VerifyArgs& a) {
     std::printf("\n");
   }
   if (a.json) PrintJson(out);
+  if (PendingSignal()) {
+    std::fflush(stdout);
+    // Names the argument given (a directory), or the first file not checked.
+    std::string where = a.paths.front();
+    if (a.paths.size() > 1)
+      for (size_t i = 0; i < files.size(); ++i)
+        if (!results[i].done) {
+          where = files[i];
+          break;
+        }
+    return ReportError(CheckInterrupt(where));
+  }
   return exit_code;
 }
 
@@ -161,7 +185,7 @@ void RegisterVerify(CLI::App& app, int* exit_code) {
   cmd->add_flag("--json", args->json, "print one JSON array, one object per file");
   cmd->add_flag("--quick", args->quick, "headers and structure only, without reading payloads");
   cmd->add_flag("--strict", args->strict, "treat a torn tail as an error");
-  cmd->add_option("--jobs", args->jobs, "files checked in parallel")->check(CLI::Range(1u, 256u))->capture_default_str();
+  cmd->add_option("--jobs", args->jobs, "files checked in parallel")->check(Count(1, 256))->capture_default_str();
   cmd->callback([args, exit_code] { *exit_code = RunVerify(*args); });
 }
 

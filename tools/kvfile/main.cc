@@ -1,24 +1,80 @@
 // The kvfile command line: dispatches to one subcommand per file.
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <new>
 #include <string_view>
 
 #include "cli_common.h"
 #include "kvfile/format/chunk_layout.h"
 #include "progress.h"
+#include "signals.h"
 
 namespace kvfile::cli {
 
-int ReportError(const Status& st) {
-  std::fprintf(stderr, "kvfile: error: %s\n", st.message().c_str());
+namespace {
+std::string g_current_path;
+}
+
+std::string EscapeLine(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (char c : text) {
+    auto b = static_cast<unsigned char>(c);
+    if (b >= 0x20 && b != 0x7f) {
+      out += c;
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", b);
+      out += buf;
+    }
+  }
+  return out;
+}
+
+void PrintLine(const char* kind, std::string_view message) {
+  std::string line = std::string("kvfile: ") + kind + ": " + EscapeLine(message) + "\n";
+  std::fwrite(line.data(), 1, line.size(), stderr);
+}
+
+int ReportError(const Status& st, const std::string& after) {
+  PrintLine("error", after.empty() ? st.message() : st.message() + " (after " + after + ")");
+  if (int sig = PendingSignal()) return 128 + sig;
   return st.IsDataError() ? kExitData : kExitUsage;
 }
 
 int UsageError(const std::string& message) {
-  std::fprintf(stderr, "kvfile: error: %s\n", message.c_str());
+  PrintLine("error", message);
+  if (int sig = PendingSignal()) return 128 + sig;
   return kExitUsage;
+}
+
+void SetCurrentPath(const std::string& path) { g_current_path = path; }
+const std::string& CurrentPath() { return g_current_path; }
+
+CLI::Validator Count(uint64_t min, uint64_t max) {
+  auto check = [min, max](std::string& s) -> std::string {
+    std::string_view v = s;
+    bool negative = v.starts_with('-');
+    std::string_view digits = negative ? v.substr(1) : v;
+    bool numeric = !digits.empty() && digits.find_first_not_of("0123456789") == std::string_view::npos;
+    if (negative && numeric) return "must be a non-negative integer, not " + EscapeLine(s);
+    if (!numeric) return "must be an integer, not '" + EscapeLine(s) + "'";
+    uint64_t n = 0;
+    auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), n);
+    if (ec != std::errc() || n > max) return "must be at most " + std::to_string(max) + ", not " + s;
+    if (n < min) return "must be at least " + std::to_string(min) + ", not " + s;
+    return "";
+  };
+  return CLI::Validator(check, "INT in [" + std::to_string(min) + ", " + std::to_string(max) + "]");
 }
 
 uint32_t BoundedChunkTokens(const Geometry& g, uint32_t wanted, const std::string& input) {
@@ -37,6 +93,33 @@ std::string MissingCommittedData(const TailInfo& tail) {
          std::to_string(tail.committed_bytes_missing) +
          " byte(s) the commit record vouched for are gone (kvfile verify reports it; kvfile repair --force "
          "keeps the readable prefix)";
+}
+
+Status CheckStreamNames(const std::string& path, const Geometry& g, const std::vector<std::string>& names) {
+  for (const std::string& n : names)
+    if (!g.FindStream(n)) {
+      std::string all;
+      for (const StreamSpec& s : g.streams) all += (all.empty() ? "" : ", ") + s.name;
+      return Status::InvalidArgument(path + ": --keep-raw: no stream '" + n + "' (streams: " + all + ")");
+    }
+  return Status::OK();
+}
+
+namespace {
+std::string Dtypes(const Geometry& g) {
+  std::string s = "(";
+  for (size_t i = 0; i < g.streams.size(); ++i)
+    s += (i ? ", " : "") + g.streams[i].name + " " + format::DtypeName(g.streams[i].dtype);
+  return s + ")";
+}
+}  // namespace
+
+std::string FormatAndDtypes(uint16_t major, uint16_t minor, const Geometry& g) {
+  return "format " + std::to_string(major) + "." + std::to_string(minor) + " " + Dtypes(g);
+}
+
+std::string UpgradeNote(const std::string& old_format, const Geometry& now) {
+  return "upgraded from " + (old_format.empty() ? std::string("format 1") : old_format) + " to format 2 " + Dtypes(now);
 }
 
 }  // namespace kvfile::cli
@@ -71,12 +154,15 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "kvfile: error: %s (see kvfile --help)\n", e.what());
+    PrintLine("error", std::string(e.what()) + " (see kvfile --help)");
     return kExitUsage;
+  } catch (const std::bad_alloc&) {
+    // Nothing in the library throws; a verb's own buffers can.
+    std::string path = CurrentPath().empty() ? "kvfile" : CurrentPath();
+    return UsageError(path + ": out of memory");
   } catch (const std::exception& e) {
-    // Nothing in the library throws; this catches allocation failures.
-    std::fprintf(stderr, "kvfile: error: %s\n", e.what());
-    return kExitUsage;
+    std::string path = CurrentPath().empty() ? "kvfile" : CurrentPath();
+    return UsageError(path + ": " + e.what());
   }
   return exit_code;
 }

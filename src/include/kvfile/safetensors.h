@@ -29,6 +29,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -181,9 +182,13 @@ Status ReadStreamSlab(SafetensorsFile& f, const KvTensors& kv, const KvStream& s
 // quantizes or converts them); codes of the writer stream's own fp8 dtype go
 // in exactly, as pre-quantized rows; codes of another dtype are decoded to
 // f32 first. `block_tokens` tokens per Append() call, all of them one
-// append (AppendBatch::continued): on failure, none of it stays.
+// append (AppendBatch::continued): on failure, none of it stays. `between`,
+// if set, is called after each call; a non-OK status it returns (the CLI's
+// "interrupted by a signal") ends the loop, with the append unfinished, and
+// is returned.
 Status AppendAll(SafetensorsFile& f, const KvTensors& kv, std::span<const uint32_t> token_ids,
-                 const std::vector<size_t>& stream_of, Writer& w, uint64_t block_tokens);
+                 const std::vector<size_t>& stream_of, Writer& w, uint64_t block_tokens,
+                 const std::function<Status()>& between = {});
 
 // Tokens per append that keep one append's buffers within `budget` bytes
 // when a token takes `bytes_per_token` bytes (at least 1, at most 65536).
