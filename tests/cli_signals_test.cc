@@ -155,9 +155,9 @@ TEST_F(CliSignalsTest, SynthForceInterruptedBySigint) {
   EXPECT_EQ(v.exit_code, 0) << v.err;
 }
 
-// Needs branch `replace` (synth writing under a temporary name): today
-// synth renames the new header over X before it writes the chunks.
-TEST_F(CliSignalsTest, DISABLED_SynthForceInterruptedBySigintLeavesTheOldBytes) {
+// synth --force writes under a temporary name (atomic_replace.h): until
+// the rename, X keeps its old bytes.
+TEST_F(CliSignalsTest, SynthForceInterruptedBySigintLeavesTheOldBytes) {
   std::string x = W("x.kv");
   ASSERT_EQ(Kvfile("-q synth " + x + " --preset tiny --tokens 100").exit_code, 0);
   std::string old = ReadFile(x);
