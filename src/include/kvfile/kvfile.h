@@ -129,7 +129,7 @@ typedef struct kvfile_writer_options {
   uint32_t chunk_tokens;     /* tokens per chunk, 1..65536; 0: 256. Create only */
   kvfile_sync_mode sync;     /* default KVFILE_SYNC_CLOSE */
   int overwrite;             /* nonzero: create replaces an existing file at once with the new,
-                                empty one (spec/RECOVERY.md, section 6) */
+                                empty one (spec/RECOVERY.md, section 7) */
 } kvfile_writer_options;
 
 /* Creates `path` for the given geometry and model identity (model_id: a
