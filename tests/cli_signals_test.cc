@@ -215,6 +215,42 @@ TEST_F(CliSignalsTest, DirectoryConvertInterruptedReportsOnceAndLeavesNoTempFile
   }
 }
 
+// SIGKILL cannot be handled: what the process left is what a crash leaves,
+// whole chunks of the append past the commit record, in the page cache.
+// The file is 2.1, so readers and recovery stop at the last append end:
+// the append is all or nothing (spec/RECOVERY.md, "Atomic appends").
+TEST_F(CliSignalsTest, AppendKilledBySigkillLeavesNoPartOfIt) {
+  std::string big = P("big.kv"), input = P("turn.safetensors"), x = W("x.kv");
+  MakeBig(big, 4096);
+  ASSERT_EQ(Kvfile("-q convert " + big + " " + input).exit_code, 0);
+  ASSERT_EQ(Kvfile("-q synth " + x + " --preset qwen2.5-7b --tokens 16").exit_code, 0);
+  for (uint64_t grown : {uint64_t{1}, uint64_t{40} << 20}) {  // the first chunk; about half the append
+    SCOPED_TRACE("killed once the file grew by " + std::to_string(grown) + " bytes");
+    uint64_t size = fs::file_size(x);
+    Start({"-q", "append", x, input});
+    ASSERT_TRUE(WaitUntil([&] { return fs::file_size(x) >= size + grown; })) << Stderr();
+    EXPECT_EQ(SignalAndWait(SIGKILL), 1000 + SIGKILL);
+    ASSERT_GT(fs::file_size(x), size) << "nothing reached the file: the kill proves nothing";
+    CliRun info = Kvfile("info --json " + x);
+    ASSERT_EQ(info.exit_code, 0) << info.err;
+    auto j = nlohmann::json::parse(info.out);
+    // Either none of the append or, had it finished before the kill, all of it.
+    ASSERT_TRUE(j["tokens"] == 16 || j["tokens"] == 16 + 4096) << j["tokens"];
+    if (j["tokens"] == 16) {
+      EXPECT_GT(j["torn_tail_bytes"].get<uint64_t>(), 0u);
+    }
+    CliRun v = Kvfile("verify " + x);
+    EXPECT_EQ(v.exit_code, 0) << v.err;
+    CliRun check = Kvfile("synth --check " + x);
+    EXPECT_EQ(check.exit_code, j["tokens"] == 16 ? 0 : 1) << check.out << check.err;
+    if (j["tokens"] != 16) return;  // the machine was fast: nothing more to prove here
+    CliRun repair = Kvfile("repair " + x);
+    EXPECT_EQ(repair.exit_code, 0) << repair.err;
+    EXPECT_EQ(nlohmann::json::parse(Kvfile("info --json " + x).out)["tokens"], 16);
+    EXPECT_EQ(fs::file_size(x), size) << "repair left the killed append's chunks";
+  }
+}
+
 TEST_F(CliSignalsTest, AppendInterruptedBySigtermKeepsOnlyTheOldTokens) {
   std::string big = P("big.kv"), input = P("turn.safetensors"), x = W("x.kv");
   MakeBig(big, 4096);
