@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs kvfile into a scratch prefix and builds the README's examples
+# Installs kvfile into a scratch prefix and builds the API examples of docs/api.md
 # (tests/consumer/example.cc and example.c) against the installed tree only,
 # as a project outside this repository would, four ways: CMake's
 # find_package(kvfile) with the shared and with the static library, and

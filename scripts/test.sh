@@ -2,7 +2,7 @@
 # Installs what is missing, builds with warnings as errors, and runs every
 # test: the unit tests and the long exhaustive codec checks with the default
 # I/O backend (io_uring where the kernel allows it), then an install into a
-# scratch prefix with the README examples built against it (install_test.sh),
+# scratch prefix with the API examples built against it (install_test.sh),
 # then the unit tests again with the POSIX backend forced, so both backends
 # run the whole suite, then the unit tests once more built with
 # AddressSanitizer and UndefinedBehaviorSanitizer (leak checking on): every
@@ -20,10 +20,10 @@ cd "$KVFILE_ROOT/build"
 echo "== every test but the exhaustive bit flips, default I/O backend"
 ctest --output-on-failure -j "$(nproc)" --timeout 1500 -LE exhaustive
 # The installed library as an outside project sees it: install the build
-# above into a scratch prefix, build the README's C++ and C examples against
+# above into a scratch prefix, build the C++ and C examples of docs/api.md against
 # it with find_package(kvfile) and with pkg-config (shared and static) and
 # run them. Reuses the build above: it compiles only the two examples.
-echo "== install, and build the README examples against the installed tree"
+echo "== install, and build the API examples against the installed tree"
 bash "$KVFILE_ROOT/scripts/install_test.sh" "$KVFILE_ROOT/build"
 echo "== unit tests, KVFILE_IO=posix"
 # (the damage sweeps and the codec tests do the same I/O on either backend:

@@ -13,7 +13,7 @@
 namespace kvfile::testing {
 namespace {
 
-// Every path the README's performance table lists.
+// Every path the performance table of docs/performance.md lists.
 const std::set<std::string> kPaths = {
     "limit: memcpy",
     "codec: encode bf16->e4m3 (scalar)",

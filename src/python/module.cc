@@ -1,6 +1,6 @@
 // The _kvfile extension module: kvfile's Reader, Writer and verify for
-// Python. The package kvfile/__init__.py re-exports it; see the README's
-// "Python" section for the conventions (array shapes, dtypes, errors).
+// Python. The package kvfile/__init__.py re-exports it; see docs/api.md,
+// section "Python", for the conventions (array shapes, dtypes, errors).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 

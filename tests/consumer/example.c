@@ -1,4 +1,4 @@
-/* The README's C example, compiled and run by CI: the same session as the
+/* The C example of docs/api.md, compiled and run by CI: the same session as the
  * C++ example through the C API (kvfile/kvfile.h), with f32 input rows.
  * Usage: example_c [FILE]; exit status 0 only if everything matches. */
 #include <math.h>

@@ -3,7 +3,7 @@
 // instead (write and read the KV raw as bf16).
 //
 // Each figure is the median of --reps repetitions (min and max beside it).
-// Ratios compare a path with the limit that bounds it (README, "Performance",
+// Ratios compare a path with the limit that bounds it (docs/performance.md
 // says which and why); peak memory is the rise of the resident high-water
 // mark during the path, over the buffers the bench holds throughout.
 #include <nlohmann/json.hpp>

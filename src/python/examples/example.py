@@ -1,4 +1,4 @@
-# Writes a small session, reads it back, and checks it (shown in the README).
+# Writes a small session, reads it back, and checks it (shown in docs/api.md).
 import os
 import tempfile
 

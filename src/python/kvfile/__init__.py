@@ -12,8 +12,8 @@ row_width] for Writer.append and for Reader.read(stream) of every layer;
 Reader.read(stream, layer) drops the layer axis. Row data is float32,
 float16, or uint16 holding bf16 bit patterns ("bf16" where a dtype is asked
 for). Library failures raise kvfile.Error subclasses carrying the library's
-message; bad arguments raise TypeError or ValueError. See the README's
-"Python" section.
+message; bad arguments raise TypeError or ValueError. See docs/api.md,
+section "Python".
 """
 
 from ._kvfile import (  # noqa: F401  (re-exported)

@@ -1,7 +1,7 @@
 # Tests of the Python module against the library's documented behaviour:
 # exact round trips, fp8 codes known from spec/CODEC.md, reads across chunk
 # boundaries, rewind, prefixes, info, verify of a damaged file, argument
-# checks, errors, the golden fixtures, and the README's example.
+# checks, errors, the golden fixtures, and the documented example (docs/api.md, README.md).
 #
 # Run by CTest (`ctest -L unit`) with PYTHONPATH set to build/python, or by
 # hand: PYTHONPATH=build/python /usr/bin/python3 -m pytest src/python/tests
@@ -545,24 +545,30 @@ def test_appending_to_a_v1_file_upgrades_it(tmp_path):
         assert r.codes("k", 0)[0][:, 0].tolist() == EXAMPLE_K_CODES + [[0x7E] * 4]
 
 
-# ---- the README's example -------------------------------------------------------
+# ---- the documented example (docs/api.md whole, README.md an excerpt) -----------
 
-def readme_block(marker, language):
-    """The fenced block that follows `marker` in the README."""
-    readme = (ROOT / "README.md").read_text()
-    block = re.search(re.escape(marker) + r"\s*```" + language + r"\n(.*?)```", readme, re.S)
-    assert block, f"the README must have a ```{language} block after {marker}"
+def doc_block(doc, marker, language):
+    """The fenced block that follows `marker` in `doc` (a path under the source root)."""
+    text = (ROOT / doc).read_text()
+    block = re.search(re.escape(marker) + r"\s*```" + language + r"\n(.*?)```", text, re.S)
+    assert block, f"{doc} must have a ```{language} block after {marker}"
     return block.group(1)
 
 
-def test_readme_example_is_the_example_file():
-    assert readme_block("<!-- example: src/python/examples/example.py -->", "python") == EXAMPLE.read_text()
+def test_docs_example_is_the_example_file():
+    assert doc_block("docs/api.md", "<!-- example: src/python/examples/example.py -->", "python") == EXAMPLE.read_text()
 
 
-def test_example_runs_and_prints_what_the_readme_shows(tmp_path):
+def test_readme_excerpt_is_whole_lines_of_the_example_file():
+    excerpt = doc_block("README.md", "<!-- excerpt: src/python/examples/example.py -->", "python")
+    assert excerpt and "\n" + excerpt in "\n" + EXAMPLE.read_text()
+
+
+def test_example_runs_and_prints_what_the_docs_show(tmp_path):
     # The kvfile this test imported, whatever the caller's PYTHONPATH was relative to.
     env = dict(os.environ, PYTHONPATH=str(Path(kvfile.__file__).resolve().parents[1]))
     out = subprocess.run([sys.executable, str(EXAMPLE)], cwd=tmp_path, capture_output=True, text=True,
                          timeout=120, env=env)
     assert out.returncode == 0, out.stderr
-    assert out.stdout == readme_block("<!-- output: src/python/examples/example.py -->", "")
+    for doc in ("docs/api.md", "README.md"):
+        assert out.stdout == doc_block(doc, "<!-- output: src/python/examples/example.py -->", "")
