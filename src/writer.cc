@@ -138,6 +138,7 @@ struct Writer::Impl {
   Status UpgradeFrom(File& v1, const internal::ScanResult& scan);
   Status AppendTokens(const AppendBatch& batch, bool* wrote_chunk = nullptr);
   Status AbandonAppend(Status why);
+  void CutBackAfterFailure();
   uint64_t CommitTarget() const;
   Status Recover(const internal::ScanResult& scan);
   Status RewindTo(uint64_t n);
@@ -398,6 +399,18 @@ Status Writer::Impl::CommitDurably(bool force) {
   return WriteCommit(next);
 }
 
+// After an I/O error: cuts the file back to its last commit record (best
+// effort), so that whole chunks written since, the failed append's among
+// them, cannot be taken for acknowledged data. A record whose write was
+// attempted may be on disk although its sync failed: nothing it covers is
+// cut (RECOVERY.md, "Errors").
+void Writer::Impl::CutBackAfterFailure() {
+  if (!file) return;
+  (void)file->WaitWrites();
+  uint64_t keep = std::max(commit.end, written_commit_end);
+  if (keep < end && file->Truncate(keep).ok()) (void)file->Sync();
+}
+
 // How many tokens the next commit vouches for.
 uint64_t Writer::Impl::CommitTarget() const {
   return append_ends ? disk_append_end : disk_tokens;
@@ -411,22 +424,14 @@ Status Writer::Impl::AbandonAppend(Status why) {
   bool was_open = append_open;
   append_open = false;
   if (!failure.ok()) {
-    if (file) {
-      (void)file->WaitWrites();
-      uint64_t keep = std::max(commit.end, written_commit_end);
-      if (keep < end && file->Truncate(keep).ok()) (void)file->Sync();
-    }
+    CutBackAfterFailure();
     return why;
   }
   if (!was_open) return why;  // a single failed call leaves no trace by itself
   uint64_t dropped = tokens.size() - append_end;
-  if (append_end >= disk_tokens) {
-    staged = static_cast<uint32_t>(append_end - disk_tokens);
-    tokens.resize(append_end);
-  } else {
-    Status st = RewindTo(append_end);
-    if (!st.ok()) return why.WithContext("dropping the unfinished append failed too (" + st.message() + ")");
-  }
+  // Staged tokens only, or (part of it in chunks on disk) a durable rewind.
+  Status st = RewindTo(append_end);
+  if (!st.ok()) return why.WithContext("dropping the unfinished append failed too (" + st.message() + ")");
   return why.WithContext("append dropped whole (" + std::to_string(dropped) + " tokens of its earlier calls)");
 }
 
@@ -516,9 +521,12 @@ Status Writer::Impl::RewindTo(uint64_t n) {
   append_open = false;
   append_end = n;
   if (n >= disk_tokens) {
-    // Only staged tokens go: nothing on disk changes.
+    // Only staged tokens go: nothing on disk changes. Rewound to the end
+    // of the chunks on disk, those hold finished appends only now, which
+    // no later chunk head could say.
     staged = static_cast<uint32_t>(n - disk_tokens);
     tokens.resize(n);
+    if (n == disk_tokens) disk_append_end = n;
     return Status::OK();
   }
   KVFILE_RETURN_IF_ERROR(WaitInFlight());
@@ -880,7 +888,10 @@ Status Writer::Append(const AppendBatch& batch) {
   w.append_open = batch.continued;
   // Sync mode chunk: the appends that end in the chunks written so far are
   // durable and committed before the call returns.
-  if (wrote_chunk && w.options.sync == SyncMode::kChunk) return w.CommitDurably();
+  if (wrote_chunk && w.options.sync == SyncMode::kChunk) {
+    st = w.CommitDurably();
+    if (!st.ok()) return w.AbandonAppend(st);
+  }
   return Status::OK();
 }
 
@@ -900,28 +911,18 @@ Status Writer::Close() {
   if (w.closed) return Status::OK();
   Status st = w.CheckUsable();
   // An unfinished append is dropped: its staged tokens go, and what of it
-  // is in chunks already is neither committed nor kept.
+  // is in chunks already is removed by a rewind to the last append end
+  // (durable; in a 2.0 file too, where no append end would drop it).
   uint64_t dropped = 0;
-  bool cut_back = false;
   if (st.ok() && w.append_open) {
     w.append_open = false;
     dropped = w.tokens.size() - w.append_end;
-    if (w.append_end >= w.disk_tokens) {
-      w.staged = static_cast<uint32_t>(w.append_end - w.disk_tokens);
-    } else {
-      w.staged = 0;
-      cut_back = true;
-    }
-    w.tokens.resize(std::max(w.append_end, w.disk_tokens));
+    st = w.RewindTo(w.append_end);
   }
   if (st.ok()) st = w.WriteStagedChunk();
   if (st.ok()) st = w.WaitInFlight();
-  if (st.ok() && (w.options.sync != SyncMode::kNone || cut_back)) st = w.CommitDurably();
-  if (st.ok() && cut_back) {
-    // The chunks after the commit hold only the dropped append.
-    st = w.file->Truncate(w.commit.end);
-    if (st.ok()) st = w.file->Sync();
-  }
+  if (st.ok() && w.options.sync != SyncMode::kNone) st = w.CommitDurably();
+  if (!st.ok() && !w.failure.ok()) w.CutBackAfterFailure();
   w.closed = true;
   w.file.reset();
   if (st.ok() && dropped > 0)

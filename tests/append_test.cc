@@ -158,6 +158,45 @@ TEST(AppendTest, CloseDropsAnUnfinishedAppend) {
   }
 }
 
+// In a 2.0 file (no append ends) Close() must remove the open append's
+// chunks itself: the next open would keep them whole.
+TEST(AppendTest, CloseDropsAnUnfinishedAppendOfA20File) {
+  std::ifstream in(std::string(KVFILE_TEST_DATA) + "/fixtures/example_v2_0.kv", std::ios::binary);
+  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), {});
+  ASSERT_EQ(bytes.size(), 16384u);
+  FaultFs fs({{kPath, bytes}});
+  WriterOptions o;
+  o.fs = &fs;
+  std::unique_ptr<Writer> w;
+  ASSERT_TRUE(Writer::Open(kPath, o, &w).ok());
+  std::vector<float> k(4 * 5, 1.0f);  // 5 tokens: chunks of 2 reach the disk
+  std::vector<uint16_t> idx(2 * 5, 0x3F80);
+  std::vector<uint32_t> ids = Ids(500, 5);
+  AppendBatch b;
+  b.tokens = ids;
+  b.continued = true;
+  b.blocks = {{Dtype::kF32, k.data(), nullptr}, {Dtype::kBF16, idx.data(), nullptr}};
+  ASSERT_TRUE(w->Append(b).ok());
+  EXPECT_EQ(w->Close().code(), Status::Code::kFailed);
+  TailInfo tail;
+  EXPECT_EQ(ReadTokens(&fs, &tail), (std::vector<uint32_t>{101, 202}));
+  EXPECT_EQ(tail.torn_tail_bytes, 0u);
+}
+
+// A rewind inside an open append to the end of the chunks on disk makes
+// that an append end: Close() commits it.
+TEST(AppendTest, RewindInsideAnOpenAppendToTheChunksOnDisk) {
+  FaultFs fs;
+  const Geometry g = Tiny();
+  std::unique_ptr<Writer> w;
+  ASSERT_TRUE(Writer::Create(kPath, g, {"m", 1}, Options(&fs, SyncMode::kClose, 4), &w).ok());
+  ASSERT_TRUE(w->Append(Tokens(g, 100, 10).Make(/*continued=*/true)).ok());  // 8 tokens in chunks
+  ASSERT_TRUE(w->Rewind(8).ok());
+  ASSERT_TRUE(w->Close().ok());
+  EXPECT_EQ(w->durable_tokens(), 8u);
+  EXPECT_EQ(ReadTokens(&fs), Ids(100, 8));
+}
+
 // Sync() inside an open append acknowledges the finished appends only.
 TEST(AppendTest, SyncAcknowledgesFinishedAppendsOnly) {
   FaultFs fs;

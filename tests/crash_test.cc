@@ -129,6 +129,22 @@ class Workload {
     ASSERT_TRUE(w_->Close().ok());
     Checkpoint();
   }
+  void Flush() {
+    ASSERT_TRUE(w_->Flush().ok());
+    Checkpoint();
+  }
+  // Close() with an append still open: it drops that append, as a rewind
+  // to the last append end would, and says so.
+  void CloseDroppingTheOpenAppend() {
+    uint64_t end = versions_.back().ends.back();
+    Version next{std::vector<uint32_t>(versions_.back().tokens.begin(),
+                                       versions_.back().tokens.begin() + static_cast<ptrdiff_t>(end)),
+                 std::min<uint64_t>(end, w_->durable_tokens()), versions_.back().ends};
+    versions_.push_back(std::move(next));
+    ASSERT_EQ(w_->Close().code(), Status::Code::kFailed);
+    versions_.back().rewound_to = w_->durable_tokens();
+    Checkpoint();
+  }
 
   // Checks every crash state after every operation prefix; returns how many.
   size_t CheckAllCrashStates() {
@@ -410,6 +426,25 @@ TEST_F(CrashTest, SyncInsideAnOpenAppendCommitsOnlyFinishedOnes) {
     w.Sync();
     w.Append(2);
     w.Close();
+    Check(w);
+  }
+}
+
+// The open append meets a Flush, a rewind (to the end of the chunks on
+// disk, inside it) and a Close that drops it.
+TEST_F(CrashTest, OpenAppendsMeetFlushRewindAndClose) {
+  for (SyncMode mode : {SyncMode::kChunk, SyncMode::kClose, SyncMode::kNone}) {
+    Workload w(mode, 4);
+    w.Create();
+    w.Append(3);
+    w.AppendCall(3, /*continued=*/true);
+    w.Flush();
+    w.AppendCall(6, /*continued=*/true);  // tokens 6..11: chunks up to token 12 on disk
+    w.Rewind(8);                           // inside the open append, at a chunk boundary
+    w.Append(2);
+    if (mode == SyncMode::kNone) w.Sync();
+    w.AppendCall(7, /*continued=*/true);
+    w.CloseDroppingTheOpenAppend();
     Check(w);
   }
 }

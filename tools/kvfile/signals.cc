@@ -18,6 +18,11 @@ std::atomic<bool> g_installed{false};
 extern "C" void OnSignal(int sig) {
   int none = 0;
   g_signal.compare_exchange_strong(none, sig);
+  // Any second signal of the three, not only the same one, takes the
+  // default action (signal() is async-signal-safe).
+  std::signal(SIGINT, SIG_DFL);
+  std::signal(SIGTERM, SIG_DFL);
+  std::signal(SIGHUP, SIG_DFL);
 }
 
 }  // namespace
@@ -28,8 +33,8 @@ void InstallSignalHandlers() {
   sa.sa_handler = OnSignal;
   sigemptyset(&sa.sa_mask);
   // SA_RESTART: system calls in flight resume instead of failing with EINTR.
-  // SA_RESETHAND: a second signal takes the default action.
-  sa.sa_flags = SA_RESTART | SA_RESETHAND;
+  // The handler resets all three: a second signal takes the default action.
+  sa.sa_flags = SA_RESTART;
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &sa, nullptr);
 }
 
