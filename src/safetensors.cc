@@ -781,7 +781,8 @@ Status AppendAll(SafetensorsFile& f, const KvTensors& kv, std::span<const uint32
       }
     }
     Status st = w.Append(batch);
-    if (!st.ok()) return st.WithContext(f.path());
+    // The writer's I/O errors name the file written, not this input.
+    if (!st.ok()) return st.code() == Status::Code::kIOError ? st : st.WithContext(f.path());
     if (between) KVFILE_RETURN_IF_ERROR(between());
   }
   return Status::OK();

@@ -111,6 +111,16 @@ TEST_F(CliTransactionTest, FullDiskLeavesTheOldFileAndNoTemp) {
   ExpectDiskFull(append, P("small/a.kv"));
   EXPECT_EQ(Names("small"), std::vector<std::string>{"x.kv"});
   EXPECT_TRUE(ReadFile(P("small/x.kv")) == before);
+
+  // An append to the existing file that fills the disk: none of it stays
+  // (the writer cuts the file back to its last commit), byte for byte.
+  Synth("same.kv", "--preset tiny --tokens 20000 --seed 1");  // x.kv's model and geometry
+  ASSERT_EQ(Kvfile("convert " + P("same.kv") + " " + P("same.safetensors")).exit_code, 0);
+  CliRun grow = Kvfile("append " + P("small/x.kv") + " " + P("same.safetensors"));
+  ExpectDiskFull(grow, P("small/x.kv"));
+  EXPECT_TRUE(ReadFile(P("small/x.kv")) == before) << "the failed append left bytes in the file";
+  EXPECT_EQ(Tokens(P("small/x.kv")), 1000u);
+  EXPECT_EQ(Names("small"), std::vector<std::string>{"x.kv"});
 }
 
 // `convert --force` onto a file another process holds the writer lock of
