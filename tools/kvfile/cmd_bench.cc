@@ -470,8 +470,9 @@ Status Bench::OpenPath() {
   o.chunk_tokens = 1;  // committed at close: the open reads chunk heads only
   KVFILE_RETURN_IF_ERROR(WriteSession(s_, s_.g, many, o, a_.open_chunks, 1));
   KVFILE_RETURN_IF_ERROR(bench::WarmPageCache(many));
-  for (const auto& [path, file] : {std::pair{"open, " + std::to_string(a_.open_chunks) + " chunks", many},
-                                   std::pair{std::string("open, the session file"), P("session.kv")}}) {
+  for (const auto& [path, named] : {std::pair{"open, " + std::to_string(a_.open_chunks) + " chunks", many},
+                                    std::pair{std::string("open, the session file"), P("session.kv")}}) {
+    const std::string& file = named;  // a lambda may not capture a structured binding before C++20 in clang 14
     Row r{.path = path, .bytes = static_cast<double>(bench::FileSize(file)), .bytes_of = "file"};
     uint64_t chunks = 0;
     auto open = [&] {
