@@ -18,7 +18,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "kvfile/format/geometry.h"
+#include "format/geometry.h"
 #include "kvfile/status.h"
 
 namespace kvfile::format {

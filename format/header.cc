@@ -1,5 +1,5 @@
 // Encoding and decoding of the file header, commit slots and chunk headers.
-#include "kvfile/format/header.h"
+#include "format/header.h"
 
 #include <xxhash.h>
 
@@ -7,7 +7,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "kvfile/format/endian.h"
+#include "format/endian.h"
 
 namespace kvfile::format {
 

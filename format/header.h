@@ -10,8 +10,8 @@
 #include <span>
 #include <string>
 
-#include "kvfile/format/geometry.h"
-#include "kvfile/format/kv_format.h"
+#include "format/geometry.h"
+#include "format/kv_format.h"
 #include "kvfile/status.h"
 
 namespace kvfile::format {

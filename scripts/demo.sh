@@ -6,9 +6,9 @@ set -euo pipefail
 KVFILE_ROOT=$(cd "$(dirname "$0")/.." && pwd)
 source "$KVFILE_ROOT/scripts/deps.sh"
 kvfile_install_deps
-kvfile_build "$KVFILE_ROOT/build" kvfile_cli
-kv="$KVFILE_ROOT/build/kvfile"
-out="$KVFILE_ROOT/build/demo"
+kvfile_build "$KVFILE_ROOT/build-release" --preset=release kvfile_cli
+kv="$KVFILE_ROOT/build-release/kvfile"
+out="$KVFILE_ROOT/build-release/demo"
 mkdir -p "$out"
 "$kv" synth "$out/session.kv" --preset llama-3.1-8b --tokens 32768 --force
 "$kv" info "$out/session.kv"

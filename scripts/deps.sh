@@ -28,22 +28,23 @@ kvfile_install_deps() {
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
 
-# Configures and builds into $1 with warnings as errors; further arguments
-# are CMake options (-D...) or the targets to build (all when none). The
-# build log goes to $1/build.log and is printed only if the build fails.
+# Configures and builds into $1 with a configure preset of CMakePresets.json
+# (--preset=NAME; default dev: warnings as errors); further arguments are
+# CMake options (-D...) or the targets to build (all when none). The build
+# log goes to $1/build.log and is printed only if the build fails.
 kvfile_build() {
   local build_dir=$1
   shift
-  local targets=() options=()
+  local targets=() options=() preset=dev
   for t in "$@"; do
     case "$t" in
+      --preset=*) preset=${t#--preset=} ;;
       -D*) options+=("$t") ;;
       *) targets+=(--target "$t") ;;
     esac
   done
   mkdir -p "$build_dir"
-  if ! { cmake -S "$KVFILE_ROOT" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-           -DKVFILE_WERROR=ON -DKVFILE_BUILD_BENCH=ON "${options[@]}" &&
+  if ! { (cd "$KVFILE_ROOT" && cmake --preset "$preset" -B "$build_dir" "${options[@]}") &&
          cmake --build "$build_dir" -j "$(nproc)" "${targets[@]}"; } >"$build_dir/build.log" 2>&1; then
     cat "$build_dir/build.log" >&2
     echo "kvfile: build failed (log: $build_dir/build.log)" >&2

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets (clang, -DKVFILE_FUZZING=ON, into
-# build-fuzz/) and runs each for a bounded time: `scripts/fuzz.sh [seconds]`
+# Builds the libFuzzer targets (the fuzz preset of CMakePresets.json: clang,
+# -DKVFILE_FUZZING=ON, into build-fuzz/) and runs each for a bounded time: `scripts/fuzz.sh [seconds]`
 # (default 60 per target). Targets run from a scratch copy of the seed corpus
 # (tests/fuzz/corpus/<target>/), so the tree is not modified; KVFILE_FUZZ_JOBS
 # targets run at once (default 1). For long campaigns, KVFILE_FUZZ_CORPUS=DIR
@@ -20,8 +20,7 @@ OUT="$BUILD/fuzz-out"
 source "$KVFILE_ROOT/scripts/deps.sh"
 kvfile_install_deps
 mkdir -p "$BUILD"
-if ! { cmake -S "$KVFILE_ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-         -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DKVFILE_FUZZING=ON -DKVFILE_WERROR=ON &&
+if ! { (cd "$KVFILE_ROOT" && cmake --preset fuzz -B "$BUILD") &&
        cmake --build "$BUILD" -j "$(nproc)" $(printf -- '--target fuzz_%s ' "${TARGETS[@]}"); } \
      >"$BUILD/build.log" 2>&1; then
   cat "$BUILD/build.log" >&2

@@ -15,7 +15,7 @@ set -euo pipefail
 KVFILE_ROOT=$(cd "$(dirname "$0")/.." && pwd)
 source "$KVFILE_ROOT/scripts/deps.sh"
 kvfile_install_deps
-kvfile_build "$KVFILE_ROOT/build"
+kvfile_build "$KVFILE_ROOT/build" --preset=dev
 cd "$KVFILE_ROOT/build"
 echo "== every test but the exhaustive bit flips, default I/O backend"
 ctest --output-on-failure -j "$(nproc)" --timeout 1500 -LE exhaustive
@@ -32,14 +32,10 @@ KVFILE_IO=posix ctest --output-on-failure -j "$(nproc)" --timeout 600 -L unit \
   -E 'Sweep\.|StructuredDamage|^codec\.'
 
 echo "== unit tests, AddressSanitizer + UndefinedBehaviorSanitizer"
-SANITIZE="-fsanitize=address,undefined"
-# -g1: line tables only, which is what a sanitizer report needs; full debug
-# info made this build a third slower.
-kvfile_build "$KVFILE_ROOT/build-asan" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-g1 -DCMAKE_C_FLAGS_DEBUG=-g1 \
-  "-DCMAKE_CXX_FLAGS=-O1 $SANITIZE -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
-  "-DCMAKE_C_FLAGS=-O1 $SANITIZE -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
-  "-DCMAKE_EXE_LINKER_FLAGS=$SANITIZE" "-DCMAKE_SHARED_LINKER_FLAGS=$SANITIZE" \
-  "-DCMAKE_MODULE_LINKER_FLAGS=$SANITIZE"
+# The asan preset (CMakePresets.json): -O1, -g1 (line tables only, which is
+# what a sanitizer report needs; full debug info made this build a third
+# slower), -fsanitize=address,undefined.
+kvfile_build "$KVFILE_ROOT/build-asan" --preset=asan
 cd "$KVFILE_ROOT/build-asan"
 KVFILE_SWEEP_SAMPLE=8 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --output-on-failure -j "$(nproc)" --timeout 900 -LE exhaustive

@@ -67,6 +67,12 @@ bool IsReplaceTemp(const std::string& dest_name, const std::string& name, long* 
   return rest.empty() || rest == ".kvnew";
 }
 
+}  // namespace kvfile::internal
+
+namespace kvfile {
+
+using namespace internal;  // LockWithGrace, IsReplaceTemp and the helpers above
+
 Status PendingReplace::Begin(const std::string& dest, FileSystem* fs, std::unique_ptr<PendingReplace>* out) {
   std::unique_ptr<PendingReplace> r(new PendingReplace());
   r->fs_ = fs ? fs : FileSystem::Default();
@@ -162,4 +168,4 @@ PendingReplace::~PendingReplace() {
   }
 }
 
-}  // namespace kvfile::internal
+}  // namespace kvfile

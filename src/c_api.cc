@@ -1,4 +1,4 @@
-// The C API (kvfile/kvfile.h) over the C++ Writer, Reader and VerifyFile.
+// The C API (kvfile/c.h) over the C++ Writer, Reader and VerifyFile.
 //
 // Every entry point runs its body through Guarded(), which catches every
 // exception (an allocation failure inside the C++ library or here, or
@@ -7,7 +7,7 @@
 // undefined behaviour. Statuses become codes of the same value (the enums
 // mirror each other, checked below) and the message goes to the calling
 // thread's last-error string.
-#include "kvfile/kvfile.h"
+#include "kvfile/c.h"
 
 #include <algorithm>
 #include <cstring>
@@ -215,7 +215,7 @@ const char* kvfile_status_name(kvfile_status status) {
 
 size_t kvfile_dtype_size(kvfile_dtype dtype) {
   if (!IsDtype(dtype)) return 0;
-  return kvfile::format::ElementSize(static_cast<Dtype>(dtype));
+  return kvfile::ElementSize(static_cast<Dtype>(dtype));
 }
 
 kvfile_status kvfile_preset(const char* name, kvfile_dtype fp8_dtype, kvfile_geometry* out) {

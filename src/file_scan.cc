@@ -6,7 +6,7 @@
 #include <utility>
 
 #include "kvfile/codec.h"
-#include "kvfile/format/endian.h"
+#include "format/endian.h"
 
 namespace kvfile::internal {
 
@@ -305,8 +305,7 @@ Status CheckSectionValues(const StreamSpec& spec, const SectionLayout& sec, cons
                                 std::to_string(chunk_first_token + first + bad / spec.ElementsPerToken()));
     return Status::OK();
   }
-  auto kind = spec.dtype == Dtype::kE5M2 ? codec::Fp8Kind::kE5M2 : codec::Fp8Kind::kE4M3;
-  size_t bad = codec::FindInvalidCode(kind, section + row0 * spec.row_width, elems);
+  size_t bad = codec::FindInvalidCode(spec.dtype, section + row0 * spec.row_width, elems);
   if (bad < elems)
     return Status::Corruption("non-finite code at token " +
                               std::to_string(chunk_first_token + first + bad / spec.ElementsPerToken()));
@@ -351,6 +350,9 @@ Status ScanFile(File& file, ScanResult* out, DamageLocation* where) {
     if (st.ok() && c.salt != r.header.salt) st = Status::Corruption("commit slot salt mismatch");
     if (st.ok() && c.sequence % 2 != static_cast<uint64_t>(i))
       st = Status::Corruption("commit sequence " + std::to_string(c.sequence) + " in the wrong slot");
+    r.slots[i].valid = st.ok();
+    r.slots[i].sequence = st.ok() ? c.sequence : 0;
+    r.slots[i].error = st.ok() ? std::string() : st.message();
     if (!st.ok()) {
       r.slot_errors[i] = "commit slot " + std::to_string(i) + " at offset " +
                          std::to_string(kCommitSlotOffset[i]) + ": " + st.message();

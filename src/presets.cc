@@ -42,9 +42,9 @@ std::vector<std::string> PresetNames() {
 }
 
 Status GetPreset(std::string_view name, Dtype fp8_dtype, Geometry* out) {
-  if (!format::IsFp8(fp8_dtype))
+  if (!IsFp8(fp8_dtype))
     return Status::InvalidArgument(std::string("preset dtype must be e4m3 or e5m2, not ") +
-                                   format::DtypeName(fp8_dtype));
+                                   DtypeName(fp8_dtype));
   for (const Preset& p : Presets()) {
     if (name != p.name) continue;
     Geometry g;

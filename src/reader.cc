@@ -11,7 +11,7 @@
 
 #include "file_scan.h"
 #include "kvfile/codec.h"
-#include "kvfile/format/endian.h"
+#include "format/endian.h"
 
 namespace kvfile {
 
@@ -22,12 +22,13 @@ using internal::ScanResult;
 // disk is one.
 constexpr size_t kMaxReadThreads = 16;
 
-struct Reader::Impl {
+struct KVFILE_NO_EXPORT Reader::Impl {
   std::string path;
   FileSystem* fs = nullptr;
   std::unique_ptr<File> file;
   ScanResult scan;
   internal::PageVector<ChunkInfo> chunk_infos;
+  CommitInfo commit;  // scan.commit, as the public type
   std::unique_ptr<internal::LayoutCache> layouts;
   internal::PageBuffer scratch;  // reused across reads: no allocation per call once warm
   // ReadMany's workers: one section buffer each, kept for the next call.
@@ -74,8 +75,6 @@ Status Reader::Impl::CheckTokenRange(uint64_t begin, uint64_t end) const {
 
 namespace {
 
-codec::Fp8Kind KindOf(Dtype d) { return d == Dtype::kE5M2 ? codec::Fp8Kind::kE5M2 : codec::Fp8Kind::kE4M3; }
-
 // Checks one (layer, stream) section held in memory: its checksum, then the
 // values of the rows a read uses (tokens [first, first + count) of the
 // chunk): fp8 codes and scales, or that raw values are finite (the writer
@@ -101,7 +100,7 @@ uint8_t* DecodeSection(const StreamSpec& spec, const SectionLayout& sec, const u
   uint64_t rows = uint64_t{count} * spec.rows_per_token;
   if (IsFp8(spec.dtype)) {
     const float* scales = reinterpret_cast<const float*>(bytes + (sec.scales_offset - sec.offset)) + row0;
-    codec::DequantizeRows(KindOf(spec.dtype), bytes + row0 * spec.row_width, scales, rows, spec.row_width,
+    codec::DequantizeRows(spec.dtype, bytes + row0 * spec.row_width, scales, rows, spec.row_width,
                           out_dtype, out);
   } else {
     codec::ConvertRaw(spec.dtype, bytes + row0 * spec.row_width * ElementSize(spec.dtype), rows * spec.row_width,
@@ -215,6 +214,8 @@ Status Reader::Open(const std::string& path, const ReaderOptions& options,
   impl->layouts = std::make_unique<internal::LayoutCache>(&impl->scan.header.geometry);
   impl->chunk_infos.reserve(impl->scan.chunks.size());
   for (const auto& c : impl->scan.chunks) impl->chunk_infos.push_back(c.info);
+  const CommitRecord& cr = impl->scan.commit;
+  impl->commit = CommitInfo{cr.sequence, cr.epoch, cr.tokens, cr.end, cr.chunks};
   out->reset(new Reader(std::move(impl)));
   return Status::OK();
 }
@@ -230,6 +231,11 @@ uint64_t Reader::token_count() const { return impl_->scan.tokens.size(); }
 std::span<const uint32_t> Reader::tokens() const { return impl_->scan.tokens; }
 std::span<const ChunkInfo> Reader::chunks() const { return impl_->chunk_infos; }
 const TailInfo& Reader::tail() const { return impl_->scan.tail; }
+uint64_t Reader::required_flags() const { return impl_->scan.header.required_flags; }
+uint64_t Reader::optional_flags() const { return impl_->scan.header.optional_flags; }
+const CommitInfo& Reader::commit() const { return impl_->commit; }
+int Reader::active_commit_slot() const { return impl_->scan.active_slot; }
+const std::array<CommitSlotState, 2>& Reader::commit_slots() const { return impl_->scan.slots; }
 const char* Reader::io_backend() const { return impl_->file->backend(); }
 const std::string& Reader::path() const { return impl_->path; }
 
@@ -348,8 +354,7 @@ Status Reader::ReadCodes(uint32_t layer, uint32_t stream, uint64_t begin, uint64
       // v1 rows were finite when written (the writer refuses non-finite
       // rows), but a file is input: a non-finite row is reported.
       size_t bad_row;
-      auto kind = v1_quantize_as == Dtype::kE5M2 ? codec::Fp8Kind::kE5M2 : codec::Fp8Kind::kE4M3;
-      if (!codec::QuantizeRows(kind, spec.dtype, buf + row0 * spec.row_width * ElementSize(spec.dtype),
+      if (!codec::QuantizeRows(v1_quantize_as, spec.dtype, buf + row0 * spec.row_width * ElementSize(spec.dtype),
                                rows, spec.row_width, codes, scales, &bad_row))
         return Status::Corruption(r.path + ": layer " + std::to_string(layer) + " stream '" + spec.name +
                                   "': non-finite value at token " +

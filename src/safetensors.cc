@@ -12,7 +12,8 @@
 #include <set>
 
 #include "kvfile/codec.h"
-#include "kvfile/format/endian.h"
+#include "format/endian.h"
+#include "format/geometry.h"
 #include "kvfile/writer.h"
 
 namespace kvfile::safetensors {
@@ -558,8 +559,6 @@ bool EndsWith(std::string_view s, std::string_view suffix) {
   return s.size() > suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
 }
 
-codec::Fp8Kind KindOf(Dtype d) { return d == Dtype::kE5M2 ? codec::Fp8Kind::kE5M2 : codec::Fp8Kind::kE4M3; }
-
 }  // namespace
 
 Status DescribeKv(const Header& h, KvTensors* out) {
@@ -714,7 +713,7 @@ Status CheckValues(SafetensorsFile& f, const KvTensors& kv) {
                  std::to_string(t0 + row / s.rows_per_token) + ", row " + std::to_string(row % s.rows_per_token);
         };
         if (s.codes) {
-          size_t bad = codec::FindInvalidCode(KindOf(dt), data.data(), elems);
+          size_t bad = codec::FindInvalidCode(dt, data.data(), elems);
           if (bad < elems) return Status::NonFinite(where(bad / s.row_width, t.name) + ": non-finite code");
           size_t bad_scale = codec::FindInvalidScale(scales.data(), n * s.rows_per_token);
           if (bad_scale < n * s.rows_per_token)
@@ -765,7 +764,7 @@ Status AppendAll(SafetensorsFile& f, const KvTensors& kv, std::span<const uint32
           // valid codes and scales.
           uint64_t rows = n * spec.rows_per_token;
           uint64_t elems = rows * spec.row_width;
-          size_t bad = codec::FindInvalidCode(KindOf(from), data[i].data(), elems);
+          size_t bad = codec::FindInvalidCode(from, data[i].data(), elems);
           size_t bad_scale = codec::FindInvalidScale(scales[i].data(), rows);
           if (bad < elems || bad_scale < rows)
             return Status::NonFinite(f.path() + ": stream " + Quote(src.name) + ": layer " + std::to_string(l) +
@@ -774,7 +773,7 @@ Status AppendAll(SafetensorsFile& f, const KvTensors& kv, std::span<const uint32
                                                                       : bad_scale / spec.rows_per_token)) +
                                      (bad < elems ? ": non-finite code" : ": invalid scale"));
           decoded[i].resize(elems);
-          codec::DequantizeRows(KindOf(from), data[i].data(), scales[i].data(), rows, spec.row_width,
+          codec::DequantizeRows(from, data[i].data(), scales[i].data(), rows, spec.row_width,
                                 Dtype::kF32, decoded[i].data());
           batch.blocks.push_back({Dtype::kF32, decoded[i].data(), nullptr});
         }

@@ -11,10 +11,11 @@
 #include <cstring>
 
 #include "kvfile/codec.h"
-#include "kvfile/format/chunk_layout.h"
-#include "kvfile/format/endian.h"
-#include "kvfile/format/header.h"
+#include "format/chunk_layout.h"
+#include "format/endian.h"
+#include "format/header.h"
 #include "atomic_replace.h"
+#include "testing_hooks.h"
 #include "file_scan.h"
 #include "page_buffer.h"
 
@@ -59,15 +60,11 @@ Status OpenLocked(FileSystem& fs, const std::string& path, std::unique_ptr<File>
   return Status::Busy(path + ": the file keeps being replaced while opening it");
 }
 
-codec::Fp8Kind KindOf(Dtype d) {
-  return d == Dtype::kE5M2 ? codec::Fp8Kind::kE5M2 : codec::Fp8Kind::kE4M3;
-}
-
 bool IsRawInput(Dtype d) { return d == Dtype::kBF16 || d == Dtype::kF16 || d == Dtype::kF32; }
 
 }  // namespace
 
-struct Writer::Impl {
+struct KVFILE_NO_EXPORT Writer::Impl {
   std::string path;
   FileSystem* fs = nullptr;
   std::unique_ptr<File> file;
@@ -206,7 +203,7 @@ Status Writer::Impl::ValidateBatch(const AppendBatch& b, bool scan_values) const
       uint64_t rows = n * spec.rows_per_token;
       uint64_t elems = rows * spec.row_width;
       if (prequantized) {
-        size_t bad = codec::FindInvalidCode(KindOf(spec.dtype), static_cast<const uint8_t*>(blk.data), elems);
+        size_t bad = codec::FindInvalidCode(spec.dtype, static_cast<const uint8_t*>(blk.data), elems);
         if (bad < elems)
           return Status::NonFinite("non-finite code in " +
                                    Where(layer, s, disk_tokens + staged + bad / spec.ElementsPerToken(),
@@ -249,7 +246,7 @@ Status Writer::Impl::StageTokens(const AppendBatch& b, uint64_t from, uint32_t n
         if (IsFp8(blk.dtype)) {
           // Codes from the caller get the checks a reader would make.
           size_t elems = rows * spec.row_width;
-          size_t bad = codec::FindInvalidCode(KindOf(spec.dtype), src, elems);
+          size_t bad = codec::FindInvalidCode(spec.dtype, src, elems);
           if (bad < elems)
             return Status::NonFinite("non-finite code in " +
                                      Where(layer, s, disk_tokens + staged + bad / spec.ElementsPerToken(),
@@ -264,7 +261,7 @@ Status Writer::Impl::StageTokens(const AppendBatch& b, uint64_t from, uint32_t n
           continue;
         }
         size_t bad_row;
-        if (!codec::QuantizeRows(KindOf(spec.dtype), blk.dtype, src, rows, spec.row_width, dst,
+        if (!codec::QuantizeRows(spec.dtype, blk.dtype, src, rows, spec.row_width, dst,
                                  scales, &bad_row))
           return Status::NonFinite("non-finite value in " +
                                    Where(layer, s, disk_tokens + staged + bad_row / spec.rows_per_token,
@@ -631,7 +628,7 @@ Status Writer::Create(const std::string& path, const Geometry& geometry,
     return Status::InvalidArgument(path + ": format must be 1 or 2, not " +
                                    std::to_string(options.format_major));
   FileHeader h = NewHeader(geometry, identity, options.chunk_tokens, options.format_major);
-  h.salt = options.salt;
+  h.salt = hooks::WriterSalt();  // a test's fixed salt, or 0: random below
   if (h.salt == 0) KVFILE_RETURN_IF_ERROR(RandomSalt(&h.salt));
   Status st = ValidateFileHeader(h);
   if (!st.ok()) return st.WithContext(path);

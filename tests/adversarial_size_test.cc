@@ -21,8 +21,8 @@
 #include <functional>
 #include <string>
 
-#include "kvfile/format/endian.h"
-#include "kvfile/format/header.h"
+#include "format/endian.h"
+#include "format/header.h"
 #include "kvfile/reader.h"
 #include "kvfile/safetensors.h"
 #include "kvfile/verify.h"

@@ -12,13 +12,14 @@
 #include <iterator>
 #include <limits>
 
-#include "kvfile/format/endian.h"
-#include "kvfile/format/kv_format.h"
+#include "format/endian.h"
+#include "format/kv_format.h"
 #include "kvfile/presets.h"
 #include "kvfile/reader.h"
 #include "kvfile/verify.h"
 #include "kvfile/writer.h"
 #include "support/fault_fs.h"
+#include "testing_hooks.h"
 
 namespace kvfile {
 namespace {
@@ -88,7 +89,7 @@ WriterOptions Options(FaultFs* fs, SyncMode mode, uint32_t chunk) {
   o.fs = fs;
   o.sync = mode;
   o.chunk_tokens = chunk;
-  o.salt = 77;
+  hooks::SetWriterSalt(77);
   return o;
 }
 

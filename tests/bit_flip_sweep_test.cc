@@ -21,9 +21,9 @@
 #include <cstdio>
 #include <cstring>
 
-#include "kvfile/format/chunk_layout.h"
-#include "kvfile/format/endian.h"
-#include "kvfile/format/header.h"
+#include "format/chunk_layout.h"
+#include "format/endian.h"
+#include "format/header.h"
 #include "kvfile/reader.h"
 #include "kvfile/verify.h"
 #include "support/sweep_fixtures.h"

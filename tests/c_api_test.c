@@ -1,4 +1,4 @@
-/* Tests of the C API (kvfile/kvfile.h), compiled as C99 with warnings as
+/* Tests of the C API (kvfile/c.h), compiled as C99 with warnings as
  * errors: every function, on good input and on each kind of bad input
  * (wrong path, bad argument, buffer too small, damaged file), checking
  * values, status codes and messages.
@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kvfile/kvfile.h"
+#include "kvfile/c.h"
 
 static int failures = 0;
 

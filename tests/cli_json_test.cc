@@ -17,6 +17,7 @@
 #include "kvfile/writer.h"
 #include "support/cli_run.h"
 #include "support/sweep_fixtures.h"
+#include "testing_hooks.h"
 
 namespace kvfile {
 namespace {
@@ -129,7 +130,7 @@ TEST_F(CliJsonTest, ModelIdOfInvalidUtf8) {
   ASSERT_TRUE(GetPreset("tiny", Dtype::kE4M3, &g).ok());
   std::unique_ptr<Writer> w;
   WriterOptions opt;
-  opt.salt = 77;
+  hooks::SetWriterSalt(77);
   ASSERT_TRUE(Writer::Create(path, g, {"bad\xff\xc0 \"id\"\n", 1}, opt, &w).ok());
   ASSERT_TRUE(w->Close().ok());
   int code = 0;

@@ -110,9 +110,9 @@ Snap TakeSnap(const std::string& path) {
     for (uint32_t k = 0; k < s.g.streams.size(); ++k) {
       const kvfile::StreamSpec& spec = s.g.streams[k];
       uint64_t rows = T * spec.rows_per_token;
-      std::string d(rows * spec.row_width * kvfile::format::ElementSize(spec.dtype), '\0');
+      std::string d(rows * spec.row_width * kvfile::ElementSize(spec.dtype), '\0');
       std::vector<float> sc;
-      if (kvfile::format::IsFp8(spec.dtype)) {
+      if (kvfile::IsFp8(spec.dtype)) {
         sc.resize(rows);
         st = r->ReadCodes(l, k, 0, T, reinterpret_cast<uint8_t*>(d.data()), sc.data());
       } else {
@@ -125,17 +125,13 @@ Snap TakeSnap(const std::string& path) {
   return s;
 }
 
-kvfile::codec::Fp8Kind KindOf(Dtype d) {
-  return d == Dtype::kE5M2 ? kvfile::codec::Fp8Kind::kE5M2 : kvfile::codec::Fp8Kind::kE4M3;
-}
-
 // What reading (layer, stream) decoded as `out` gives, from the stored codes.
 std::string Decoded(const Snap& s, size_t i, Dtype out) {
   const kvfile::StreamSpec& spec = s.g.streams[i % s.g.streams.size()];
   uint64_t rows = s.tokens.size() * spec.rows_per_token;
-  std::string d(rows * spec.row_width * kvfile::format::ElementSize(out), '\0');
-  if (kvfile::format::IsFp8(spec.dtype))
-    kvfile::codec::DequantizeRows(KindOf(spec.dtype), reinterpret_cast<const uint8_t*>(s.data[i].data()),
+  std::string d(rows * spec.row_width * kvfile::ElementSize(out), '\0');
+  if (kvfile::IsFp8(spec.dtype))
+    kvfile::codec::DequantizeRows(spec.dtype, reinterpret_cast<const uint8_t*>(s.data[i].data()),
                                   s.scales[i].data(), rows, spec.row_width, out, d.data());
   else
     kvfile::codec::ConvertRaw(spec.dtype, s.data[i].data(), rows * spec.row_width, out, d.data());
@@ -148,7 +144,7 @@ std::pair<std::string, std::vector<float>> Quantized(Dtype kind, Dtype in, const
   std::string codes(rows * width, '\0');
   std::vector<float> scales(rows);
   size_t bad;
-  EXPECT_TRUE(kvfile::codec::QuantizeRows(KindOf(kind), in, src, rows, width, reinterpret_cast<uint8_t*>(codes.data()),
+  EXPECT_TRUE(kvfile::codec::QuantizeRows(kind, in, src, rows, width, reinterpret_cast<uint8_t*>(codes.data()),
                                           scales.data(), &bad));
   return {codes, scales};
 }
@@ -262,7 +258,7 @@ TEST_F(CliVerbsTest, RoundTripEveryPresetAndDtypeThroughSafetensors) {
       for (uint32_t s = 0; s < sa.g.streams.size(); ++s) {
         const auto& spec = sa.g.streams[s];
         json shape = {sa.g.layers, T, spec.rows_per_token, spec.row_width};
-        if (kvfile::format::IsFp8(spec.dtype)) {
+        if (kvfile::IsFp8(spec.dtype)) {
           EXPECT_EQ(st.header[spec.name + ".codes"]["dtype"], StDtype(spec.dtype));
           EXPECT_EQ(st.header[spec.name + ".codes"]["shape"], shape);
           EXPECT_EQ(st.header[spec.name + ".scales"]["shape"], json({sa.g.layers, T, spec.rows_per_token}));
@@ -291,7 +287,7 @@ TEST_F(CliVerbsTest, RoundTripEveryPresetAndDtypeThroughSafetensors) {
           const auto& spec = sa.g.streams[s];
           EXPECT_EQ(sd.header[spec.name]["dtype"], StDtype(out));
           EXPECT_TRUE(sd.Tensor(spec.name) == Concat(sa, s, [&](size_t i) { return Decoded(sa, i, out); }))
-              << spec.name << " as " << kvfile::format::DtypeName(out);
+              << spec.name << " as " << kvfile::DtypeName(out);
         }
       }
       EXPECT_TRUE(ReadFile(a) == a_bytes) << "convert must never write IN";

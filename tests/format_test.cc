@@ -10,11 +10,11 @@
 #include <string>
 #include <vector>
 
-#include "kvfile/format/chunk_layout.h"
-#include "kvfile/format/endian.h"
-#include "kvfile/format/geometry.h"
-#include "kvfile/format/header.h"
-#include "kvfile/format/kv_format.h"
+#include "format/chunk_layout.h"
+#include "format/endian.h"
+#include "format/geometry.h"
+#include "format/header.h"
+#include "format/kv_format.h"
 #include "kvfile/status.h"
 
 namespace kvfile::format {

@@ -15,6 +15,7 @@
 
 #include "kvfile/reader.h"
 #include "kvfile/writer.h"
+#include "testing_hooks.h"
 
 namespace kvfile {
 namespace {
@@ -37,7 +38,7 @@ void WriteExample(const std::string& path, uint16_t major = 2) {
   WriterOptions opt;
   opt.format_major = major;
   opt.chunk_tokens = 2;
-  opt.salt = 0x1122334455667788ull;
+  hooks::SetWriterSalt(0x1122334455667788ull);
   opt.overwrite = true;
   std::unique_ptr<Writer> w;
   ASSERT_TRUE(Writer::Create(path, ExampleGeometry(major), {"example/tiny", 0x0123456789ABCDEFull}, opt, &w).ok());

@@ -35,6 +35,7 @@
 #include "kvfile/presets.h"
 #include "kvfile/reader.h"
 #include "kvfile/writer.h"
+#include "testing_hooks.h"
 
 namespace kvfile {
 namespace {
@@ -561,7 +562,7 @@ WriterOptions Options(FileSystem* fs, SyncMode mode) {
   o.fs = fs;
   o.sync = mode;
   o.chunk_tokens = 4;
-  o.salt = kSalt;
+  hooks::SetWriterSalt(kSalt);
   return o;
 }
 

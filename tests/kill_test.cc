@@ -123,7 +123,7 @@ TEST(KillTest, EveryAcknowledgedTokenSurvivesKill9) {
         std::vector<uint8_t> codes(n * per), want(n * per);
         std::vector<float> scales(rows), want_scales(rows);
         size_t bad;
-        ASSERT_TRUE(codec::QuantizeRows(codec::Fp8Kind::kE4M3, Dtype::kF32, in.data(), rows,
+        ASSERT_TRUE(codec::QuantizeRows(Dtype::kE4M3, Dtype::kF32, in.data(), rows,
                                         g.streams[s].row_width, want.data(), want_scales.data(), &bad));
         ASSERT_TRUE(r->ReadCodes(l, s, 0, n, codes.data(), scales.data()).ok());
         ASSERT_EQ(codes, want) << "after kill " << kills << ", layer " << l << " stream " << s;

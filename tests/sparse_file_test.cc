@@ -26,8 +26,8 @@
 #include <string>
 
 #include "file_backends.h"
-#include "kvfile/format/endian.h"
-#include "kvfile/format/header.h"
+#include "format/endian.h"
+#include "format/header.h"
 #include "kvfile/reader.h"
 #include "kvfile/verify.h"
 #include "support/fault_fs.h"

@@ -39,8 +39,8 @@
 #include <cstdio>
 #include <cstring>
 
-#include "kvfile/format/endian.h"
-#include "kvfile/format/header.h"
+#include "format/endian.h"
+#include "format/header.h"
 #include "kvfile/reader.h"
 #include "kvfile/verify.h"
 #include "support/sweep_fixtures.h"

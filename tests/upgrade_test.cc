@@ -14,12 +14,13 @@
 #include <random>
 
 #include "kvfile/codec.h"
-#include "kvfile/format/header.h"
+#include "format/header.h"
 #include "kvfile/presets.h"
 #include "kvfile/reader.h"
 #include "kvfile/verify.h"
 #include "kvfile/writer.h"
 #include "support/fault_fs.h"
+#include "testing_hooks.h"
 
 namespace kvfile {
 namespace {
@@ -94,7 +95,7 @@ class UpgradeTest : public ::testing::Test {
 TEST_F(UpgradeTest, EveryPresetAndRawDtype) {
   for (const std::string& preset : PresetNames()) {
     for (Dtype raw : {Dtype::kBF16, Dtype::kF16, Dtype::kF32}) {
-      SCOPED_TRACE(preset + " " + format::DtypeName(raw));
+      SCOPED_TRACE(preset + " " + DtypeName(raw));
       Geometry g = RawPreset(preset, raw);
       std::string path = P("s.kv");
       std::filesystem::remove(path);
@@ -113,7 +114,7 @@ TEST_F(UpgradeTest, EveryPresetAndRawDtype) {
           size_t rows = tokens * spec.rows_per_token, elems = rows * spec.row_width;
           std::vector<float> in(elems);
           for (uint64_t t = 0; t < tokens; ++t) RowsOf(spec, t, l, s, in.data() + t * spec.ElementsPerToken());
-          std::vector<uint8_t> stored(elems * format::ElementSize(raw)), want(stored.size());
+          std::vector<uint8_t> stored(elems * ElementSize(raw)), want(stored.size());
           codec::ConvertRaw(Dtype::kF32, in.data(), elems, raw, want.data());
           ASSERT_TRUE(r1->ReadRows(l, s, 0, tokens, raw, stored.data()).ok());
           ASSERT_EQ(stored, want);
@@ -121,7 +122,7 @@ TEST_F(UpgradeTest, EveryPresetAndRawDtype) {
           std::vector<float> scales(rows), want_scales(rows);
           ASSERT_TRUE(r1->ReadCodes(l, s, 0, tokens, codes.data(), scales.data()).ok());
           size_t bad;
-          ASSERT_TRUE(codec::QuantizeRows(codec::Fp8Kind::kE4M3, raw, stored.data(), rows, spec.row_width,
+          ASSERT_TRUE(codec::QuantizeRows(Dtype::kE4M3, raw, stored.data(), rows, spec.row_width,
                                           want_codes.data(), want_scales.data(), &bad));
           ASSERT_EQ(codes, want_codes);
           ASSERT_EQ(0, std::memcmp(scales.data(), want_scales.data(), rows * 4));
@@ -429,7 +430,7 @@ TEST(EpochLimit, RewindAtTheLastEpochIsRefused) {
   WriterOptions o;
   o.fs = &fs;
   o.chunk_tokens = 4;
-  o.salt = 99;
+  hooks::SetWriterSalt(99);
   std::unique_ptr<Writer> w;
   ASSERT_TRUE(Writer::Create("/e/y.kv", g, {"m", 1}, o, &w).ok());
   ASSERT_TRUE(w->Close().ok());

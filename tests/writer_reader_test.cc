@@ -21,13 +21,14 @@
 #include <vector>
 
 #include "kvfile/codec.h"
-#include "kvfile/format/chunk_layout.h"
-#include "kvfile/format/endian.h"
-#include "kvfile/format/header.h"
+#include "format/chunk_layout.h"
+#include "format/endian.h"
+#include "format/header.h"
 #include "kvfile/presets.h"
 #include "kvfile/reader.h"
 #include "kvfile/verify.h"
 #include "kvfile/writer.h"
+#include "testing_hooks.h"
 
 namespace kvfile {
 namespace {
@@ -90,11 +91,7 @@ std::vector<std::string> ListDir(const std::string& dir) {
   return names;
 }
 
-codec::Fp8Kind KindOf(Dtype d) {
-  return d == Dtype::kE5M2 ? codec::Fp8Kind::kE5M2 : codec::Fp8Kind::kE4M3;
-}
-
-size_t InputSize(Dtype d) { return d == Dtype::kF32 ? 4 : format::IsFp8(d) ? 1 : 2; }
+size_t InputSize(Dtype d) { return d == Dtype::kF32 ? 4 : IsFp8(d) ? 1 : 2; }
 
 uint64_t SplitMix(uint64_t& s) {
   uint64_t z = (s += 0x9E3779B97F4A7C15ull);
@@ -193,15 +190,15 @@ Expected ComputeExpected(const Sequence& q) {
     for (uint32_t s = 0; s < q.S(); ++s) {
       const StreamSpec& spec = q.g.streams[s];
       size_t i = q.Index(layer, s);
-      if (format::IsFp8(spec.dtype)) {
+      if (IsFp8(spec.dtype)) {
         e.codes[i].resize(q.Elems(s));
         e.scales[i].resize(q.Rows(s));
         size_t bad = 0;
-        bool ok = codec::QuantizeRows(KindOf(spec.dtype), q.in_dtype, q.blocks[i].data(), q.Rows(s),
+        bool ok = codec::QuantizeRows(spec.dtype, q.in_dtype, q.blocks[i].data(), q.Rows(s),
                                       spec.row_width, e.codes[i].data(), e.scales[i].data(), &bad);
         EXPECT_TRUE(ok) << "bad row " << bad;
       } else {
-        e.codes[i].resize(q.Elems(s) * format::ElementSize(spec.dtype));
+        e.codes[i].resize(q.Elems(s) * ElementSize(spec.dtype));
         codec::ConvertRaw(q.in_dtype, q.blocks[i].data(), q.Elems(s), spec.dtype, e.codes[i].data());
       }
     }
@@ -216,13 +213,13 @@ Bytes ExpectedRows(const Sequence& q, const Expected& e, uint32_t layer, uint32_
   size_t i = q.Index(layer, s);
   uint64_t row0 = begin * spec.rows_per_token;
   uint64_t rows = (end - begin) * spec.rows_per_token;
-  Bytes dst(rows * spec.row_width * format::ElementSize(out));
+  Bytes dst(rows * spec.row_width * ElementSize(out));
   if (rows == 0) return dst;
-  if (format::IsFp8(spec.dtype)) {
-    codec::DequantizeRows(KindOf(spec.dtype), e.codes[i].data() + row0 * spec.row_width,
+  if (IsFp8(spec.dtype)) {
+    codec::DequantizeRows(spec.dtype, e.codes[i].data() + row0 * spec.row_width,
                           e.scales[i].data() + row0, rows, spec.row_width, out, dst.data());
   } else {
-    codec::ConvertRaw(spec.dtype, e.codes[i].data() + row0 * spec.row_width * format::ElementSize(spec.dtype),
+    codec::ConvertRaw(spec.dtype, e.codes[i].data() + row0 * spec.row_width * ElementSize(spec.dtype),
                       rows * spec.row_width, out, dst.data());
   }
   return dst;
@@ -262,7 +259,7 @@ WriterOptions Options(uint32_t chunk, SyncMode sync = SyncMode::kClose) {
   WriterOptions o;
   o.chunk_tokens = chunk;
   o.sync = sync;
-  o.salt = kSalt;
+  hooks::SetWriterSalt(kSalt);
   return o;
 }
 
@@ -287,12 +284,12 @@ void WriteSequence(const std::string& path, const Sequence& q, const WriterOptio
 void CheckRange(Reader& r, const Sequence& q, const Expected& e, uint32_t layer, uint32_t s,
                 uint64_t begin, uint64_t end, Dtype out) {
   SCOPED_TRACE("layer " + std::to_string(layer) + " stream " + std::to_string(s) + " [" +
-               std::to_string(begin) + ", " + std::to_string(end) + ") as " + format::DtypeName(out));
+               std::to_string(begin) + ", " + std::to_string(end) + ") as " + DtypeName(out));
   const StreamSpec& spec = q.g.streams[s];
   size_t i = q.Index(layer, s);
   uint64_t row0 = begin * spec.rows_per_token;
   uint64_t rows = (end - begin) * spec.rows_per_token;
-  if (format::IsFp8(spec.dtype)) {
+  if (IsFp8(spec.dtype)) {
     Bytes codes(rows * spec.row_width + 1, 0xEE);
     std::vector<float> scales(rows + 1, -7.0f);
     ASSERT_OK(r.ReadCodes(layer, s, begin, end, codes.data(), scales.data()));
@@ -306,7 +303,7 @@ void CheckRange(Reader& r, const Sequence& q, const Expected& e, uint32_t layer,
     ASSERT_TRUE(HasCode(r.ReadCodes(layer, s, begin, end, unused.data(), unused_scales),
                         Code::kInvalidArgument, {"read it with ReadRows"}));
     // Reading in the stored dtype returns the stored bytes.
-    size_t es = format::ElementSize(spec.dtype);
+    size_t es = ElementSize(spec.dtype);
     Bytes raw(rows * spec.row_width * es + 1, 0xEE);
     ASSERT_OK(r.ReadRows(layer, s, begin, end, spec.dtype, raw.data()));
     ASSERT_EQ(std::memcmp(raw.data(), e.codes[i].data() + row0 * spec.row_width * es, rows * spec.row_width * es), 0);
@@ -351,7 +348,7 @@ void CheckFile(const std::string& path, const Sequence& q, const Expected& e, ui
     EXPECT_EQ(chunks[c].live_tokens, stored) << c;
     EXPECT_EQ(chunks[c].epoch, 1u) << c;
     EXPECT_EQ(chunks[c].committed, committed) << c;
-    ASSERT_OK(r->VerifyChunk(c));
+    ASSERT_OK(hooks::ReaderAccess::VerifyChunk(*r, c));
     offset += layout.chunk_bytes;
   }
   EXPECT_EQ(FileSize(path), offset);
@@ -393,7 +390,7 @@ void CheckFile(const std::string& path, const Sequence& q, const Expected& e, ui
   }
   EXPECT_TRUE(HasCode(r->ReadRows(0, 0, 0, 1, Dtype::kE4M3, buf.data()), Code::kInvalidArgument));
   EXPECT_TRUE(HasCode(r->ReadCodes(q.g.layers, 0, 0, 1, buf.data(), scales), Code::kInvalidArgument));
-  EXPECT_TRUE(HasCode(r->VerifyChunk(chunks.size()), Code::kInvalidArgument));
+  EXPECT_TRUE(HasCode(hooks::ReaderAccess::VerifyChunk(*r, chunks.size()), Code::kInvalidArgument));
 }
 
 // ---- fixture: one temporary directory per test -----------------------------------
@@ -426,8 +423,8 @@ struct RoundTripCase {
 };
 
 std::string CaseName(const RoundTripCase& c) {
-  std::string name = c.preset + "_" + format::DtypeName(c.fp8) + "_from_" +
-                     format::DtypeName(c.input) + "_n" + std::to_string(c.tokens) + "_chunk" +
+  std::string name = c.preset + "_" + DtypeName(c.fp8) + "_from_" +
+                     DtypeName(c.input) + "_n" + std::to_string(c.tokens) + "_chunk" +
                      std::to_string(c.chunk) +
                      (c.schedule == Schedule::kOneByOne ? "_one_by_one" : "_mixed") +
                      (c.sync == SyncMode::kNone ? "_uncommitted" : "");
@@ -489,7 +486,7 @@ TEST_F(KvFileTest, UnusualGeometriesRoundTrip) {
   odd.streams = {{"a", 3, 7, Dtype::kE4M3}, {"b", 1, 5, Dtype::kF16}, {"c", 2, 3, Dtype::kF32},
                  {"d", 1, 1, Dtype::kE5M2}, {"e.x-1_", 4, 33, Dtype::kBF16}};
   for (Dtype in : {Dtype::kBF16, Dtype::kF16, Dtype::kF32}) {
-    SCOPED_TRACE(format::DtypeName(in));
+    SCOPED_TRACE(DtypeName(in));
     Sequence q = MakeSequence(odd, in, 10, 11);
     Expected e = ComputeExpected(q);
     WriteSequence(Path(), q, Options(3), Sizes(Schedule::kMixed, q.n, 3));
@@ -555,11 +552,11 @@ TEST_F(KvFileTest, DeterministicAndIndependentOfAppendSizes) {
   EXPECT_TRUE(ReadFileBytes(Path("all.kv")) == ReadFileBytes(Path("again.kv")));
   // Another salt changes the file (salt fields and checksums), not the data.
   WriterOptions o = Options(4);
-  o.salt = kSalt + 1;
+  hooks::SetWriterSalt(kSalt + 1);
   WriteSequence(Path("salt.kv"), q, o, {q.n});
   EXPECT_FALSE(ReadFileBytes(Path("all.kv")) == ReadFileBytes(Path("salt.kv")));
   // A random salt is nonzero and differs between files.
-  o.salt = 0;
+  hooks::SetWriterSalt(0);
   WriteSequence(Path("r1.kv"), q, o, {q.n});
   WriteSequence(Path("r2.kv"), q, o, {q.n});
   std::unique_ptr<Reader> r1, r2;
@@ -581,7 +578,7 @@ AppendBatch QuantizedBatch(const Sequence& q, const Expected& e, uint64_t from, 
     if (only_layer0 && layer > 0) break;
     for (uint32_t s = 0; s < q.S(); ++s) {
       const StreamSpec& spec = q.g.streams[s];
-      if (!format::IsFp8(spec.dtype)) continue;
+      if (!IsFp8(spec.dtype)) continue;
       size_t i = q.Index(layer, s);
       b.blocks[i] = {spec.dtype, e.codes[i].data() + from * q.ElemsPerToken(s),
                      e.scales[i].data() + from * spec.rows_per_token};
@@ -593,7 +590,7 @@ AppendBatch QuantizedBatch(const Sequence& q, const Expected& e, uint64_t from, 
 TEST_F(KvFileTest, PrequantizedAppendsGiveIdenticalFiles) {
   for (const char* preset : {"tiny", "dsa-mixed"}) {
     for (Dtype fp8 : {Dtype::kE4M3, Dtype::kE5M2}) {
-      SCOPED_TRACE(std::string(preset) + " " + format::DtypeName(fp8));
+      SCOPED_TRACE(std::string(preset) + " " + DtypeName(fp8));
       Geometry g = Preset(preset, fp8);
       Sequence q = MakeSequence(g, Dtype::kBF16, 13);
       Expected e = ComputeExpected(q);
@@ -740,7 +737,7 @@ void StoreNonFinite(Dtype d, uint8_t* p, bool nan, bool negative) {
 }
 
 void RunNonFinite(const std::string& dir, const NonFiniteCase& c, bool nan, bool negative) {
-  SCOPED_TRACE(std::string(c.preset) + " " + format::DtypeName(c.input) + (nan ? " nan" : " inf") +
+  SCOPED_TRACE(std::string(c.preset) + " " + DtypeName(c.input) + (nan ? " nan" : " inf") +
                (negative ? " negative" : ""));
   Geometry g = Preset(c.preset, Dtype::kE4M3);
   Sequence good = MakeSequence(g, c.input, c.before + c.count, 7);
@@ -938,9 +935,9 @@ TEST_F(DamageTest, DamagedSectionFailsReadsAndLeavesTheBufferAlone) {
   CheckRange(*r, q_, e_, 1, 0, 16, 20, Dtype::kBF16);
   for (uint32_t s = 0; s < 2; ++s) CheckRange(*r, q_, e_, 0, s, 0, 20, Dtype::kF32);
   CheckRange(*r, q_, e_, 1, 1, 0, 20, Dtype::kF16);
-  EXPECT_TRUE(HasCode(r->VerifyChunk(1), Code::kCorruption, {"chunk 1", "layer 1", "stream 'k'"}));
-  ASSERT_OK(r->VerifyChunk(0));
-  ASSERT_OK(r->VerifyChunk(2));
+  EXPECT_TRUE(HasCode(hooks::ReaderAccess::VerifyChunk(*r, 1), Code::kCorruption, {"chunk 1", "layer 1", "stream 'k'"}));
+  ASSERT_OK(hooks::ReaderAccess::VerifyChunk(*r, 0));
+  ASSERT_OK(hooks::ReaderAccess::VerifyChunk(*r, 2));
 }
 
 TEST_F(DamageTest, DamagedScalesAndPaddingAreCaught) {
@@ -997,7 +994,7 @@ TEST_F(DamageTest, InvalidCodesAndScalesWithValidChecksumsAreRefused) {
                       {"invalid scale at token 13"}));
   EXPECT_TRUE(std::all_of(dst.begin(), dst.end(), [](uint8_t c) { return c == 0x5A; }));
   EXPECT_TRUE(std::all_of(scales.begin(), scales.end(), [](float f) { return f == 2.0f; }));
-  EXPECT_TRUE(HasCode(r->VerifyChunk(1), Code::kCorruption, {"non-finite code at token 10"}));
+  EXPECT_TRUE(HasCode(hooks::ReaderAccess::VerifyChunk(*r, 1), Code::kCorruption, {"non-finite code at token 10"}));
   // Rows of the same sections outside the bad tokens still read.
   CheckRange(*r, q_, e_, 0, 0, 11, 20, Dtype::kF32);
   CheckRange(*r, q_, e_, 1, 1, 0, 13, Dtype::kF32);
@@ -1211,7 +1208,7 @@ TEST_F(KvFileTest, CreateRefusesAnExistingPathUnlessOverwrite) {
   ASSERT_OK(Writer::Create(Path("fresh.kv"), g, kIdentity, o, &w));  // nothing to replace
   ASSERT_OK(w->Close());
   std::filesystem::remove(Path("fresh.kv"));
-  o.salt = 77;
+  hooks::SetWriterSalt(77);
   ASSERT_OK(Writer::Create(Path(), g, kIdentity, o, &w));
   EXPECT_EQ(ListDir(dir_), (std::vector<std::string>{"a.kv", "notes.txt"}));
   ASSERT_OK(w->Append(Batch(q, 0, 2)));
@@ -1558,7 +1555,7 @@ struct Destinations {
   std::vector<RowsTarget> targets;
   Destinations(const Geometry& g, const std::vector<Pair>& pairs, uint64_t tokens, Dtype out) {
     for (auto [layer, s] : pairs)
-      bufs.emplace_back(tokens * g.streams[s].ElementsPerToken() * format::ElementSize(out) + 1, kFill);
+      bufs.emplace_back(tokens * g.streams[s].ElementsPerToken() * ElementSize(out) + 1, kFill);
     for (size_t i = 0; i < pairs.size(); ++i) targets.push_back({pairs[i].first, pairs[i].second, bufs[i].data()});
   }
 };
@@ -1569,7 +1566,7 @@ struct Destinations {
 void ExpectReadManyMatchesReadRows(Reader& r, const std::vector<Pair>& pairs, uint64_t begin, uint64_t end,
                                    Dtype out) {
   SCOPED_TRACE(std::to_string(pairs.size()) + " targets, [" + std::to_string(begin) + ", " +
-               std::to_string(end) + ") as " + format::DtypeName(out));
+               std::to_string(end) + ") as " + DtypeName(out));
   Destinations want(r.geometry(), pairs, end - begin, out);
   for (size_t i = 0; i < pairs.size(); ++i)
     ASSERT_OK(r.ReadRows(pairs[i].first, pairs[i].second, begin, end, out, want.bufs[i].data()));
@@ -1646,7 +1643,7 @@ TEST_F(ReadManyTest, EqualsReadRowsOverEveryRangeAndThreadCount) {
 // The big mixed preset: fp8 latent and rope beside the raw bf16 indexer.
 TEST_F(ReadManyTest, DsaMixedPreset) {
   for (Dtype fp8 : {Dtype::kE4M3, Dtype::kE5M2}) {
-    SCOPED_TRACE(format::DtypeName(fp8));
+    SCOPED_TRACE(DtypeName(fp8));
     Sequence q = MakeSequence(Preset("dsa-mixed", fp8), Dtype::kF32, 11, 4);
     Expected e = ComputeExpected(q);
     WriteSequence(Path(), q, Options(4, SyncMode::kNone), Sizes(Schedule::kMixed, q.n, 4));
@@ -1803,7 +1800,7 @@ void ExpectReadManyFailsAndZeroes(Reader& r, uint64_t begin, uint64_t end, size_
   for (unsigned threads : {1u, 2u, 8u}) {
     for (Dtype out : kOutDtypes) {
       SCOPED_TRACE("[" + std::to_string(begin) + ", " + std::to_string(end) + ") threads " +
-                   std::to_string(threads) + " as " + format::DtypeName(out));
+                   std::to_string(threads) + " as " + DtypeName(out));
       Destinations d(r.geometry(), AllPairs(r.geometry()), end - begin, out);
       Status st = r.ReadMany(d.targets, begin, end, out, threads);
       EXPECT_TRUE(HasCode(st, Code::kCorruption, {r.path(), where}));

@@ -17,9 +17,9 @@ namespace kvfile::codec::internal {
 namespace {
 
 // Per-kind constants; see codec_avx512.cc and spec/CODEC.md "Implementation notes".
-template <Fp8Kind kKind>
+template <Dtype kKind>
 struct KindTraits {
-  static constexpr bool kE4 = kKind == Fp8Kind::kE4M3;
+  static constexpr bool kE4 = kKind == Dtype::kE4M3;
   static constexpr int kShift = kE4 ? 20 : 21;  // 23 - mantissa bits
   // Half an fp8 ulp minus one, minus the exponent rebias (127 - bias) << 23.
   static constexpr int kRoundBias = ((1 << (kShift - 1)) - 1) - (kE4 ? (120 << 23) : (112 << 23));
@@ -41,7 +41,7 @@ __m256i Set16(int v) { return _mm256_set1_epi16(static_cast<short>(v)); }
 // codec_avx512.cc for the argument. kSaturate: clamp to the largest finite
 // code (QuantizeRows' quotients never need it).
 // All compares are signed: the patterns are below 2^31.
-template <Fp8Kind kKind, bool kSaturate>
+template <Dtype kKind, bool kSaturate>
 __m256i EncodeMagnitude(__m256 q) {
   using T = KindTraits<kKind>;
   const __m256i bits = _mm256_castps_si256(q);
@@ -57,7 +57,7 @@ __m256i EncodeMagnitude(__m256 q) {
 }
 
 // Full codes of any 8 f32 values (sign, NaN -> 0x7F, saturation).
-template <Fp8Kind kKind>
+template <Dtype kKind>
 __m256i EncodeAny(__m256 x) {
   const __m256i bits = _mm256_castps_si256(x);
   const __m256i abs = _mm256_and_si256(bits, Set32(0x7FFFFFFF));
@@ -181,7 +181,7 @@ float RowAmax(const unsigned char* p, size_t n) {
 
 // Codes of 16 consecutive elements divided by the row scale, as 16-bit lanes
 // in element order: |x| is divided and encoded, the sign bit of x put back.
-template <Fp8Kind kKind, Dtype kDt>
+template <Dtype kKind, Dtype kDt>
 __m256i QuantizeWords16(const unsigned char* p, __m256 sv) {
   __m256i words;
   __m256i signs;  // sign bit of element i at bit 15 of lane i
@@ -219,7 +219,7 @@ __m256i QuantizeWords16(const unsigned char* p, __m256 sv) {
   return _mm256_or_si256(words, _mm256_and_si256(_mm256_srli_epi16(signs, 8), Set16(0x80)));
 }
 
-template <Fp8Kind kKind, Dtype kDt>
+template <Dtype kKind, Dtype kDt>
 bool QuantizeRowsT(const void* src, size_t rows, size_t width, uint8_t* codes, float* scales,
                    size_t* bad_row) {
   const auto* in = static_cast<const unsigned char*>(src);
@@ -263,24 +263,24 @@ bool QuantizeRowsT(const void* src, size_t rows, size_t width, uint8_t* codes, f
   return true;
 }
 
-bool QuantizeRowsAvx2(Fp8Kind kind, Dtype src_dtype, const void* src, size_t rows, size_t width,
+bool QuantizeRowsAvx2(Dtype kind, Dtype src_dtype, const void* src, size_t rows, size_t width,
                       uint8_t* codes, float* scales, size_t* bad_row) {
-  const bool e4 = kind == Fp8Kind::kE4M3;
+  const bool e4 = kind == Dtype::kE4M3;
   switch (src_dtype) {
     case Dtype::kBF16:
-      return e4 ? QuantizeRowsT<Fp8Kind::kE4M3, Dtype::kBF16>(src, rows, width, codes, scales,
+      return e4 ? QuantizeRowsT<Dtype::kE4M3, Dtype::kBF16>(src, rows, width, codes, scales,
                                                               bad_row)
-                : QuantizeRowsT<Fp8Kind::kE5M2, Dtype::kBF16>(src, rows, width, codes, scales,
+                : QuantizeRowsT<Dtype::kE5M2, Dtype::kBF16>(src, rows, width, codes, scales,
                                                               bad_row);
     case Dtype::kF16:
-      return e4 ? QuantizeRowsT<Fp8Kind::kE4M3, Dtype::kF16>(src, rows, width, codes, scales,
+      return e4 ? QuantizeRowsT<Dtype::kE4M3, Dtype::kF16>(src, rows, width, codes, scales,
                                                              bad_row)
-                : QuantizeRowsT<Fp8Kind::kE5M2, Dtype::kF16>(src, rows, width, codes, scales,
+                : QuantizeRowsT<Dtype::kE5M2, Dtype::kF16>(src, rows, width, codes, scales,
                                                              bad_row);
     default:
-      return e4 ? QuantizeRowsT<Fp8Kind::kE4M3, Dtype::kF32>(src, rows, width, codes, scales,
+      return e4 ? QuantizeRowsT<Dtype::kE4M3, Dtype::kF32>(src, rows, width, codes, scales,
                                                              bad_row)
-                : QuantizeRowsT<Fp8Kind::kE5M2, Dtype::kF32>(src, rows, width, codes, scales,
+                : QuantizeRowsT<Dtype::kE5M2, Dtype::kF32>(src, rows, width, codes, scales,
                                                              bad_row);
   }
 }
@@ -299,7 +299,7 @@ __m128i ToF16(__m256 v) {
 // 2^-112 for e5m2): the multiply by 2^120 (2^112) is exact, the one by the
 // scale the only rounding. kMerged: `sv` already holds scale * 2^120 (exact
 // when scale < 2^8): one multiply, the same single rounding.
-template <Fp8Kind kKind, bool kMerged>
+template <Dtype kKind, bool kMerged>
 __m256 ScaledMagnitude(__m256i fields_bits, __m256 sv) {
   using T = KindTraits<kKind>;
   __m256 t = _mm256_castsi256_ps(fields_bits);
@@ -320,7 +320,7 @@ __m256i RoundToBf16Magnitude(__m256i bits) {
 // Decodes 16 codes at `in` and writes 16 elements at `o`. The magnitude is
 // scaled and rounded; the code's sign bit is put back after (rounding is
 // symmetric).
-template <Fp8Kind kKind, bool kMerged, Dtype kDt>
+template <Dtype kKind, bool kMerged, Dtype kDt>
 void Decode16(const uint8_t* in, __m256 sv, unsigned char* o) {
   using T = KindTraits<kKind>;
   const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in));
@@ -370,7 +370,7 @@ void Decode16(const uint8_t* in, __m256 sv, unsigned char* o) {
   }
 }
 
-template <Fp8Kind kKind, Dtype kDt, bool kMerged>
+template <Dtype kKind, Dtype kDt, bool kMerged>
 void DequantizeRow(const uint8_t* in, size_t width, __m256 sv, unsigned char* o) {
   constexpr size_t es = kElemSize<kDt>;
   size_t i = 0;
@@ -385,7 +385,7 @@ void DequantizeRow(const uint8_t* in, size_t width, __m256 sv, unsigned char* o)
   }
 }
 
-template <Fp8Kind kKind, Dtype kDt>
+template <Dtype kKind, Dtype kDt>
 void DequantizeRowsT(const uint8_t* codes, const float* scales, size_t rows, size_t width,
                      void* dst) {
   auto* out = static_cast<unsigned char*>(dst);
@@ -404,19 +404,19 @@ void DequantizeRowsT(const uint8_t* codes, const float* scales, size_t rows, siz
   }
 }
 
-void DequantizeRowsAvx2(Fp8Kind kind, const uint8_t* codes, const float* scales, size_t rows,
+void DequantizeRowsAvx2(Dtype kind, const uint8_t* codes, const float* scales, size_t rows,
                         size_t width, Dtype dst_dtype, void* dst) {
-  const bool e4 = kind == Fp8Kind::kE4M3;
+  const bool e4 = kind == Dtype::kE4M3;
   switch (dst_dtype) {
     case Dtype::kBF16:
-      return e4 ? DequantizeRowsT<Fp8Kind::kE4M3, Dtype::kBF16>(codes, scales, rows, width, dst)
-                : DequantizeRowsT<Fp8Kind::kE5M2, Dtype::kBF16>(codes, scales, rows, width, dst);
+      return e4 ? DequantizeRowsT<Dtype::kE4M3, Dtype::kBF16>(codes, scales, rows, width, dst)
+                : DequantizeRowsT<Dtype::kE5M2, Dtype::kBF16>(codes, scales, rows, width, dst);
     case Dtype::kF16:
-      return e4 ? DequantizeRowsT<Fp8Kind::kE4M3, Dtype::kF16>(codes, scales, rows, width, dst)
-                : DequantizeRowsT<Fp8Kind::kE5M2, Dtype::kF16>(codes, scales, rows, width, dst);
+      return e4 ? DequantizeRowsT<Dtype::kE4M3, Dtype::kF16>(codes, scales, rows, width, dst)
+                : DequantizeRowsT<Dtype::kE5M2, Dtype::kF16>(codes, scales, rows, width, dst);
     default:
-      return e4 ? DequantizeRowsT<Fp8Kind::kE4M3, Dtype::kF32>(codes, scales, rows, width, dst)
-                : DequantizeRowsT<Fp8Kind::kE5M2, Dtype::kF32>(codes, scales, rows, width, dst);
+      return e4 ? DequantizeRowsT<Dtype::kE4M3, Dtype::kF32>(codes, scales, rows, width, dst)
+                : DequantizeRowsT<Dtype::kE5M2, Dtype::kF32>(codes, scales, rows, width, dst);
   }
 }
 
@@ -439,9 +439,9 @@ uint32_t BytesAtLeast(__m256i v, __m256i t) {
   return static_cast<uint32_t>(_mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_max_epu8(v, t), v)));
 }
 
-size_t FindInvalidCodeAvx2(Fp8Kind kind, const uint8_t* codes, size_t n) {
+size_t FindInvalidCodeAvx2(Dtype kind, const uint8_t* codes, size_t n) {
   const __m256i mag_mask = _mm256_set1_epi8(0x7F);
-  const __m256i first_bad = _mm256_set1_epi8(kind == Fp8Kind::kE4M3 ? 0x7F : 0x7C);
+  const __m256i first_bad = _mm256_set1_epi8(kind == Dtype::kE4M3 ? 0x7F : 0x7C);
   for (size_t i = 0; i < n; i += 32) {
     __m256i v;
     if (n - i >= 32) {
@@ -488,7 +488,7 @@ size_t FindNonFiniteAvx2(Dtype dtype, const void* src, size_t n) {
 
 // ---- Element encoder and raw conversions ----
 
-template <Fp8Kind kKind>
+template <Dtype kKind>
 void EncodeScaledT(const float* x, size_t n, uint8_t* codes) {
   size_t i = 0;
   for (; i + 32 <= n; i += 32) {
@@ -509,11 +509,11 @@ void EncodeScaledT(const float* x, size_t n, uint8_t* codes) {
   }
 }
 
-void EncodeScaledAvx2(Fp8Kind kind, const float* x, size_t n, uint8_t* codes) {
-  if (kind == Fp8Kind::kE4M3) {
-    EncodeScaledT<Fp8Kind::kE4M3>(x, n, codes);
+void EncodeScaledAvx2(Dtype kind, const float* x, size_t n, uint8_t* codes) {
+  if (kind == Dtype::kE4M3) {
+    EncodeScaledT<Dtype::kE4M3>(x, n, codes);
   } else {
-    EncodeScaledT<Fp8Kind::kE5M2>(x, n, codes);
+    EncodeScaledT<Dtype::kE5M2>(x, n, codes);
   }
 }
 
@@ -549,7 +549,7 @@ void ConvertT(const void* src, size_t n, void* dst) {
 
 void ConvertRawAvx2(Dtype src_dtype, const void* src, size_t n, Dtype dst_dtype, void* dst) {
   if (src_dtype == dst_dtype) {
-    std::memmove(dst, src, n * format::ElementSize(src_dtype));
+    std::memmove(dst, src, n * ElementSize(src_dtype));
     return;
   }
   switch (src_dtype) {

@@ -28,9 +28,9 @@ namespace {
 // ---- Constants ----
 
 // Per-kind constants of the vector element encoder and decoder.
-template <Fp8Kind kKind>
+template <Dtype kKind>
 struct KindTraits {
-  static constexpr bool kE4 = kKind == Fp8Kind::kE4M3;
+  static constexpr bool kE4 = kKind == Dtype::kE4M3;
   // 23 - mantissa bits: how many low f32 fraction bits the rounding drops.
   static constexpr unsigned kShift = kE4 ? 20 : 21;
   // Added before the shift: half an fp8 ulp minus one (the lsb completes the
@@ -71,7 +71,7 @@ __mmask64 TailMask64(size_t n) { return n >= 64 ? ~__mmask64{0} : ((__mmask64{1}
 // first. So the code is the minimum of the two.
 // kSaturate: clamp to the largest finite code. QuantizeRows does not need it:
 // its quotients are at most M * (1 + 2^-23), which rounds to M.
-template <Fp8Kind kKind, bool kSaturate>
+template <Dtype kKind, bool kSaturate>
 __m512i EncodeMagnitude(__m512 q) {
   using T = KindTraits<kKind>;
   const __m512i bits = _mm512_castps_si512(q);
@@ -87,7 +87,7 @@ __m512i EncodeMagnitude(__m512 q) {
 }
 
 // Full codes of any 16 f32 values (sign, NaN -> 0x7F, saturation).
-template <Fp8Kind kKind>
+template <Dtype kKind>
 __m512i EncodeAny(__m512 x) {
   const __m512i bits = _mm512_castps_si512(x);
   const __m512i abs = _mm512_and_si512(bits, Set32(0x7FFFFFFF));
@@ -167,7 +167,7 @@ float RowAmax(const unsigned char* p, size_t n) {
 // of x put back on the code. For bf16 the lanes are in element order; for f16
 // and f32 they are in the order of _mm512_packs_epi32 of elements 0-15 and
 // 16-31: 64-bit group j holds elements 4(j/2) + 16(j%2) .. +3.
-template <Fp8Kind kKind, Dtype kDt>
+template <Dtype kKind, Dtype kDt>
 __m512i QuantizeWords32(const unsigned char* p, __mmask32 k, __m512 sv) {
   __m512i words;
   if constexpr (kDt == Dtype::kF32) {
@@ -232,7 +232,7 @@ __m512i WordsToBytes64(__m512i w0, __m512i w1) {
   return _mm512_permutexvar_epi32(idx, packed);
 }
 
-template <Fp8Kind kKind, Dtype kDt>
+template <Dtype kKind, Dtype kDt>
 bool QuantizeRowsT(const void* src, size_t rows, size_t width, uint8_t* codes, float* scales,
                    size_t* bad_row) {
   const auto* in = static_cast<const unsigned char*>(src);
@@ -272,24 +272,24 @@ bool QuantizeRowsT(const void* src, size_t rows, size_t width, uint8_t* codes, f
   return true;
 }
 
-bool QuantizeRowsAvx512(Fp8Kind kind, Dtype src_dtype, const void* src, size_t rows, size_t width,
+bool QuantizeRowsAvx512(Dtype kind, Dtype src_dtype, const void* src, size_t rows, size_t width,
                         uint8_t* codes, float* scales, size_t* bad_row) {
-  const bool e4 = kind == Fp8Kind::kE4M3;
+  const bool e4 = kind == Dtype::kE4M3;
   switch (src_dtype) {
     case Dtype::kBF16:
-      return e4 ? QuantizeRowsT<Fp8Kind::kE4M3, Dtype::kBF16>(src, rows, width, codes, scales,
+      return e4 ? QuantizeRowsT<Dtype::kE4M3, Dtype::kBF16>(src, rows, width, codes, scales,
                                                               bad_row)
-                : QuantizeRowsT<Fp8Kind::kE5M2, Dtype::kBF16>(src, rows, width, codes, scales,
+                : QuantizeRowsT<Dtype::kE5M2, Dtype::kBF16>(src, rows, width, codes, scales,
                                                               bad_row);
     case Dtype::kF16:
-      return e4 ? QuantizeRowsT<Fp8Kind::kE4M3, Dtype::kF16>(src, rows, width, codes, scales,
+      return e4 ? QuantizeRowsT<Dtype::kE4M3, Dtype::kF16>(src, rows, width, codes, scales,
                                                              bad_row)
-                : QuantizeRowsT<Fp8Kind::kE5M2, Dtype::kF16>(src, rows, width, codes, scales,
+                : QuantizeRowsT<Dtype::kE5M2, Dtype::kF16>(src, rows, width, codes, scales,
                                                              bad_row);
     default:
-      return e4 ? QuantizeRowsT<Fp8Kind::kE4M3, Dtype::kF32>(src, rows, width, codes, scales,
+      return e4 ? QuantizeRowsT<Dtype::kE4M3, Dtype::kF32>(src, rows, width, codes, scales,
                                                              bad_row)
-                : QuantizeRowsT<Fp8Kind::kE5M2, Dtype::kF32>(src, rows, width, codes, scales,
+                : QuantizeRowsT<Dtype::kE5M2, Dtype::kF32>(src, rows, width, codes, scales,
                                                              bad_row);
   }
 }
@@ -332,7 +332,7 @@ __m256i ToF16(__m512 v) {
 // included, so multiplying by 2^120 (2^112) is exact and the multiply by the
 // scale is the only rounding. kMerged: `sv` already holds scale * 2^120 (exact
 // when scale < 2^8), one multiply instead of two, same single rounding.
-template <Fp8Kind kKind, bool kMerged>
+template <Dtype kKind, bool kMerged>
 __m512 ScaledMagnitude(__m512i fields_bits, __m512 sv) {
   using T = KindTraits<kKind>;
   __m512 t = _mm512_castsi512_ps(fields_bits);
@@ -342,7 +342,7 @@ __m512 ScaledMagnitude(__m512i fields_bits, __m512 sv) {
 
 // 32 codes -> 32 bf16, fields taken from 16-bit code lanes interleaved with
 // zeros (elements 0-3, 8-11, ... and 4-7, 12-15, ...), packed back in order.
-template <Fp8Kind kKind, bool kMerged>
+template <Dtype kKind, bool kMerged>
 __m512i DecodeBf16x32(__m256i raw, __m512 sv) {
   using T = KindTraits<kKind>;
   const __m512i w = _mm512_cvtepu8_epi16(raw);
@@ -359,7 +359,7 @@ __m512i DecodeBf16x32(__m256i raw, __m512 sv) {
 }
 
 // 16 codes -> 16 f16 or f32, in element order.
-template <Fp8Kind kKind, bool kMerged, Dtype kDt>
+template <Dtype kKind, bool kMerged, Dtype kDt>
 void Decode16(__m128i raw, __m512 sv, unsigned char* o, __mmask16 k) {
   using T = KindTraits<kKind>;
   const __m512i c = _mm512_cvtepu8_epi32(raw);
@@ -382,7 +382,7 @@ void Decode16(__m128i raw, __m512 sv, unsigned char* o, __mmask16 k) {
   }
 }
 
-template <Fp8Kind kKind, Dtype kDt, bool kMerged>
+template <Dtype kKind, Dtype kDt, bool kMerged>
 void DequantizeRow(const uint8_t* in, size_t width, __m512 sv, unsigned char* o) {
   constexpr size_t es = kElemSize<kDt>;
   size_t i = 0;
@@ -406,7 +406,7 @@ void DequantizeRow(const uint8_t* in, size_t width, __m512 sv, unsigned char* o)
   }
 }
 
-template <Fp8Kind kKind, Dtype kDt>
+template <Dtype kKind, Dtype kDt>
 void DequantizeRowsT(const uint8_t* codes, const float* scales, size_t rows, size_t width,
                      void* dst) {
   using T = KindTraits<kKind>;
@@ -426,27 +426,27 @@ void DequantizeRowsT(const uint8_t* codes, const float* scales, size_t rows, siz
   }
 }
 
-void DequantizeRowsAvx512(Fp8Kind kind, const uint8_t* codes, const float* scales, size_t rows,
+void DequantizeRowsAvx512(Dtype kind, const uint8_t* codes, const float* scales, size_t rows,
                           size_t width, Dtype dst_dtype, void* dst) {
-  const bool e4 = kind == Fp8Kind::kE4M3;
+  const bool e4 = kind == Dtype::kE4M3;
   switch (dst_dtype) {
     case Dtype::kBF16:
-      return e4 ? DequantizeRowsT<Fp8Kind::kE4M3, Dtype::kBF16>(codes, scales, rows, width, dst)
-                : DequantizeRowsT<Fp8Kind::kE5M2, Dtype::kBF16>(codes, scales, rows, width, dst);
+      return e4 ? DequantizeRowsT<Dtype::kE4M3, Dtype::kBF16>(codes, scales, rows, width, dst)
+                : DequantizeRowsT<Dtype::kE5M2, Dtype::kBF16>(codes, scales, rows, width, dst);
     case Dtype::kF16:
-      return e4 ? DequantizeRowsT<Fp8Kind::kE4M3, Dtype::kF16>(codes, scales, rows, width, dst)
-                : DequantizeRowsT<Fp8Kind::kE5M2, Dtype::kF16>(codes, scales, rows, width, dst);
+      return e4 ? DequantizeRowsT<Dtype::kE4M3, Dtype::kF16>(codes, scales, rows, width, dst)
+                : DequantizeRowsT<Dtype::kE5M2, Dtype::kF16>(codes, scales, rows, width, dst);
     default:
-      return e4 ? DequantizeRowsT<Fp8Kind::kE4M3, Dtype::kF32>(codes, scales, rows, width, dst)
-                : DequantizeRowsT<Fp8Kind::kE5M2, Dtype::kF32>(codes, scales, rows, width, dst);
+      return e4 ? DequantizeRowsT<Dtype::kE4M3, Dtype::kF32>(codes, scales, rows, width, dst)
+                : DequantizeRowsT<Dtype::kE5M2, Dtype::kF32>(codes, scales, rows, width, dst);
   }
 }
 
 // ---- Scans ----
 
-size_t FindInvalidCodeAvx512(Fp8Kind kind, const uint8_t* codes, size_t n) {
+size_t FindInvalidCodeAvx512(Dtype kind, const uint8_t* codes, size_t n) {
   const __m512i mag_mask = _mm512_set1_epi8(0x7F);
-  const __m512i first_bad = _mm512_set1_epi8(kind == Fp8Kind::kE4M3 ? 0x7F : 0x7C);
+  const __m512i first_bad = _mm512_set1_epi8(kind == Dtype::kE4M3 ? 0x7F : 0x7C);
   for (size_t i = 0; i < n; i += 64) {
     const __mmask64 k = TailMask64(n - i);
     const __m512i v = _mm512_maskz_loadu_epi8(k, codes + i);
@@ -482,7 +482,7 @@ size_t FindNonFiniteAvx512(Dtype dtype, const void* src, size_t n) {
 
 // ---- Element encoder and raw conversions ----
 
-template <Fp8Kind kKind>
+template <Dtype kKind>
 void EncodeScaledT(const float* x, size_t n, uint8_t* codes) {
   size_t i = 0;
   for (; i + 32 <= n; i += 32) {
@@ -499,11 +499,11 @@ void EncodeScaledT(const float* x, size_t n, uint8_t* codes) {
   }
 }
 
-void EncodeScaledAvx512(Fp8Kind kind, const float* x, size_t n, uint8_t* codes) {
-  if (kind == Fp8Kind::kE4M3) {
-    EncodeScaledT<Fp8Kind::kE4M3>(x, n, codes);
+void EncodeScaledAvx512(Dtype kind, const float* x, size_t n, uint8_t* codes) {
+  if (kind == Dtype::kE4M3) {
+    EncodeScaledT<Dtype::kE4M3>(x, n, codes);
   } else {
-    EncodeScaledT<Fp8Kind::kE5M2>(x, n, codes);
+    EncodeScaledT<Dtype::kE5M2>(x, n, codes);
   }
 }
 
@@ -544,7 +544,7 @@ void ConvertT(const void* src, size_t n, void* dst) {
 
 void ConvertRawAvx512(Dtype src_dtype, const void* src, size_t n, Dtype dst_dtype, void* dst) {
   if (src_dtype == dst_dtype) {
-    std::memmove(dst, src, n * format::ElementSize(src_dtype));
+    std::memmove(dst, src, n * ElementSize(src_dtype));
     return;
   }
   switch (src_dtype) {

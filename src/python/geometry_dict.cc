@@ -5,7 +5,7 @@
 
 #include "arrays.h"
 #include "errors.h"
-#include "kvfile/format/kv_format.h"
+#include "kvfile/dtype.h"
 #include "kvfile/presets.h"
 
 namespace py = pybind11;
@@ -77,7 +77,7 @@ py::dict GeometryDict(const Geometry& geometry) {
   for (const StreamSpec& s : geometry.streams)
     streams.append(py::dict(py::arg("name") = s.name, py::arg("rows_per_token") = s.rows_per_token,
                             py::arg("row_width") = s.row_width,
-                            py::arg("dtype") = format::DtypeName(s.dtype)));
+                            py::arg("dtype") = DtypeName(s.dtype)));
   return py::dict(py::arg("layers") = geometry.layers, py::arg("streams") = streams);
 }
 

@@ -21,7 +21,7 @@
 #include "errors.h"
 #include "geometry_dict.h"
 #include "guarded.h"
-#include "kvfile/format/kv_format.h"
+#include "kvfile/dtype.h"
 #include "kvfile/reader.h"
 
 namespace py = pybind11;
@@ -90,7 +90,7 @@ class PyReader {
     const StreamSpec& spec = g.streams[sel.stream];
     py::array result(NumpyDtype(out_dtype), sel.Shape({spec.rows_per_token, spec.row_width}));
     auto* dst = static_cast<char*>(result.mutable_data());
-    const size_t layer_bytes = (sel.end - sel.begin) * spec.ElementsPerToken() * format::ElementSize(out_dtype);
+    const size_t layer_bytes = (sel.end - sel.begin) * spec.ElementsPerToken() * ElementSize(out_dtype);
     guarded_.Run([&](Reader& r) -> Status {
       for (uint32_t i = 0; i < sel.layer_count; ++i)
         KVFILE_RETURN_IF_ERROR(r.ReadRows(sel.first_layer + i, sel.stream, sel.begin, sel.end, out_dtype,

@@ -8,7 +8,7 @@
 #include <memory>
 #include <stdexcept>
 
-#include "kvfile/format/chunk_layout.h"
+#include "format/chunk_layout.h"
 #include "kvfile/presets.h"
 #include "kvfile/reader.h"
 #include "kvfile/writer.h"
@@ -42,7 +42,7 @@ Geometry ShrunkPreset(const std::string& preset, uint16_t major) {
     StreamSpec& s = g.streams[i];
     s.rows_per_token = std::min<uint32_t>(s.rows_per_token, 2);
     s.row_width = std::min<uint32_t>(s.row_width, 32);
-    if (major == 1 && format::IsFp8(s.dtype)) s.dtype = kRawInTurn[i % 3];
+    if (major == 1 && IsFp8(s.dtype)) s.dtype = kRawInTurn[i % 3];
   }
   return g;
 }
@@ -127,9 +127,9 @@ Status BuildFixture(const FixtureSpec& spec, SweepFixture* out) {
     for (uint32_t s = 0; s < stream_count; ++s) {
       const StreamSpec& spec_s = g.streams[s];
       StreamData d;
-      d.value_bytes_per_token = spec_s.ElementsPerToken() * format::ElementSize(spec_s.dtype);
+      d.value_bytes_per_token = spec_s.ElementsPerToken() * ElementSize(spec_s.dtype);
       d.values.resize(n * d.value_bytes_per_token);
-      if (format::IsFp8(spec_s.dtype)) {
+      if (IsFp8(spec_s.dtype)) {
         d.scale_bytes_per_token = uint64_t{spec_s.rows_per_token} * 4;
         d.scales.resize(n * d.scale_bytes_per_token);
         KVFILE_RETURN_IF_ERROR(
@@ -224,8 +224,8 @@ ReadCheck ReadAndCompare(FileSystem& fs, const std::string& path, const SweepFix
   for (uint32_t l = 0; l < g.layers; ++l) {
     for (uint32_t s = 0; s < stream_count; ++s) {
       const StreamSpec& spec = g.streams[s];
-      const uint64_t value_bytes = n * spec.ElementsPerToken() * format::ElementSize(spec.dtype);
-      const uint64_t scale_bytes = format::IsFp8(spec.dtype) ? n * spec.rows_per_token * 4 : 0;
+      const uint64_t value_bytes = n * spec.ElementsPerToken() * ElementSize(spec.dtype);
+      const uint64_t scale_bytes = IsFp8(spec.dtype) ? n * spec.rows_per_token * 4 : 0;
       std::string where = "layer " + std::to_string(l) + " stream '" + spec.name + "'";
       // Every row the reader vouches for is backed by bytes of the file.
       if (value_bytes + scale_bytes > r->tail().file_size) {
@@ -234,7 +234,7 @@ ReadCheck ReadAndCompare(FileSystem& fs, const std::string& path, const SweepFix
       }
       values.assign(value_bytes, kSentinel);
       scales.assign(scale_bytes, kSentinel);
-      Status st = format::IsFp8(spec.dtype)
+      Status st = IsFp8(spec.dtype)
                       ? r->ReadCodes(l, s, 0, n, values.data(), reinterpret_cast<float*>(scales.data()))
                       : r->ReadRows(l, s, 0, n, spec.dtype, values.data());
       out.read_ok.push_back(st.ok());

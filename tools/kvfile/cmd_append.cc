@@ -12,7 +12,7 @@
 #include <optional>
 
 #include "kvfile/safetensors.h"
-#include "atomic_replace.h"
+#include "kvfile/replace.h"
 #include "cli_common.h"
 #include "signals.h"
 #include "kvfile/reader.h"
@@ -57,7 +57,7 @@ Geometry WantedGeometry(const KvTensors& kv, const std::vector<size_t>& order, s
     StreamSpec spec{s.name, s.rows_per_token, s.row_width, Dtype::kE4M3};
     std::optional<uint32_t> in_file = file ? file->FindStream(s.name) : std::nullopt;
     if (s.is_codes()) spec.dtype = dtype.value_or(s.source_dtype());
-    else if (in_file && !format::IsFp8(file->streams[*in_file].dtype)) spec.dtype = file->streams[*in_file].dtype;
+    else if (in_file && !IsFp8(file->streams[*in_file].dtype)) spec.dtype = file->streams[*in_file].dtype;
     else if (dtype) spec.dtype = *dtype;
     else if (in_file) spec.dtype = file->streams[*in_file].dtype;
     if (!file && std::find(keep_raw.begin(), keep_raw.end(), s.name) != keep_raw.end()) spec.dtype = Dtype::kBF16;
@@ -152,14 +152,14 @@ int RunAppend(const AppendArgs& a) {
   // A new FILE is written under a temporary name and renamed into place
   // when complete and durable (sync mode close at least): a failure leaves
   // no FILE.
-  std::unique_ptr<internal::PendingReplace> create;
+  std::unique_ptr<PendingReplace> create;
   std::unique_ptr<Writer> w;
   st = CheckInterrupt(a.path);
   if (st.ok() && exists) {
     st = Writer::Open(a.path, opt, &w);
   } else if (st.ok()) {
     if (opt.sync == SyncMode::kNone) opt.sync = SyncMode::kClose;
-    st = internal::PendingReplace::Begin(a.path, nullptr, &create);
+    st = PendingReplace::Begin(a.path, nullptr, &create);
     if (st.ok() && create->original().exists)
       st = Status::Busy(a.path + ": created by another process while appending was being prepared");
     if (st.ok()) st = Writer::Create(create->temp_path(), file_geometry, id, opt, &w).WithContext(a.path);

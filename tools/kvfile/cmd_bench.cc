@@ -240,7 +240,7 @@ Status Bench::Codec() {
     KVFILE_RETURN_IF_ERROR(Measure(std::max(a_.reps, 5), &enc, [&] {
       Parallel(v.threads, rows, [&](size_t b, size_t e) {
         size_t bad;
-        if (!codec::QuantizeRows(codec::Fp8Kind::kE4M3, Dtype::kBF16, src + b * width, e - b, width,
+        if (!codec::QuantizeRows(Dtype::kE4M3, Dtype::kBF16, src + b * width, e - b, width,
                                  codes.data() + b * width, sc + b, &bad, v.isa))
           finite = false;
       });
@@ -256,7 +256,7 @@ Status Bench::Codec() {
             .bytes_of = "bf16 out"};
     KVFILE_RETURN_IF_ERROR(Measure(std::max(a_.reps, 5), &dec, [&] {
       Parallel(v.threads, rows, [&](size_t b, size_t e) {
-        codec::DequantizeRows(codec::Fp8Kind::kE4M3, codes.data() + b * width, sc + b, e - b, width,
+        codec::DequantizeRows(Dtype::kE4M3, codes.data() + b * width, sc + b, e - b, width,
                               Dtype::kBF16, decoded.data() + b * width * 2, v.isa);
       });
       return Status::OK();
@@ -381,8 +381,8 @@ Status Bench::ReadPaths() {
     float scale;
     size_t bad;
     std::vector<uint16_t> back(n);
-    codec::QuantizeRows(codec::Fp8Kind::kE4M3, Dtype::kBF16, s_.BlockRows(0), 1, n, codes.data(), &scale, &bad);
-    codec::DequantizeRows(codec::Fp8Kind::kE4M3, codes.data(), &scale, 1, n, Dtype::kBF16, back.data());
+    codec::QuantizeRows(Dtype::kE4M3, Dtype::kBF16, s_.BlockRows(0), 1, n, codes.data(), &scale, &bad);
+    codec::DequantizeRows(Dtype::kE4M3, codes.data(), &scale, 1, n, Dtype::kBF16, back.data());
     if (spec.dtype == Dtype::kE4M3 && std::memcmp(back.data(), out_.data(), n * 2) != 0)
       return Status::Failed("bench: the resumed rows differ from the session's");
   }

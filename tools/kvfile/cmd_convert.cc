@@ -17,11 +17,10 @@
 #include <thread>
 
 #include "kvfile/safetensors.h"
-#include "atomic_replace.h"
+#include "kvfile/replace.h"
 #include "cli_common.h"
 #include "progress.h"
 #include "signals.h"
-#include "kvfile/format/endian.h"
 #include "kvfile/reader.h"
 #include "kvfile/verify.h"
 #include "kvfile/writer.h"
@@ -31,6 +30,11 @@ namespace kvfile::cli {
 namespace {
 
 namespace fs = std::filesystem;
+
+// A u64 as 8 little-endian bytes (safetensors' byte order).
+void PutU64Le(uint8_t* p, uint64_t v) {
+  for (int i = 0; i < 8; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
+}
 using safetensors::DType;
 using safetensors::KvStream;
 using safetensors::KvTensors;
@@ -99,17 +103,17 @@ DType SafetensorsDType(Dtype d) {
 // - --dtype bf16/f16/f32: every stream takes it;
 // - no --dtype: unchanged.
 Dtype TargetDtype(const std::string& name, Dtype have, const Plan& p) {
-  bool raw_dtype = p.dtype && !format::IsFp8(*p.dtype);
-  if (p.keep_raw.count(name)) return raw_dtype ? *p.dtype : format::IsFp8(have) ? Dtype::kBF16 : have;
+  bool raw_dtype = p.dtype && !IsFp8(*p.dtype);
+  if (p.keep_raw.count(name)) return raw_dtype ? *p.dtype : IsFp8(have) ? Dtype::kBF16 : have;
   if (!p.dtype) return have;
-  if (format::IsFp8(*p.dtype)) return format::IsFp8(have) ? *p.dtype : have;
+  if (IsFp8(*p.dtype)) return IsFp8(have) ? *p.dtype : have;
   return *p.dtype;
 }
 
 std::string StreamList(const Geometry& g) {
   std::string s;
   for (const StreamSpec& spec : g.streams)
-    s += (s.empty() ? "" : ", ") + spec.name + " " + format::DtypeName(spec.dtype);
+    s += (s.empty() ? "" : ", ") + spec.name + " " + DtypeName(spec.dtype);
   return s;
 }
 
@@ -176,8 +180,8 @@ Status KvToKv(const std::string& in, const std::string& tmp, const Plan& p, std:
     if (p.major == 1) {
       // v1 stores raw rows only: fp8 streams are decoded (bf16 unless a raw
       // --dtype is given), raw streams keep their dtype.
-      s.dtype = p.dtype ? *p.dtype : format::IsFp8(s.dtype) ? Dtype::kBF16 : s.dtype;
-    } else if (r->major_version() == 1 && !p.keep_raw.count(s.name) && (!p.dtype || format::IsFp8(*p.dtype))) {
+      s.dtype = p.dtype ? *p.dtype : IsFp8(s.dtype) ? Dtype::kBF16 : s.dtype;
+    } else if (r->major_version() == 1 && !p.keep_raw.count(s.name) && (!p.dtype || IsFp8(*p.dtype))) {
       // v1 -> v2 quantizes, as the upgrade does (e4m3 unless --dtype).
       s.dtype = p.dtype.value_or(Dtype::kE4M3);
     } else {
@@ -209,7 +213,7 @@ Status KvToKv(const std::string& in, const std::string& tmp, const Plan& p, std:
         size_t i = l * S + s;
         uint64_t rows = n * si.rows_per_token;
         uint64_t elems = rows * si.row_width;
-        if (format::IsFp8(si.dtype) && si.dtype == to) {
+        if (IsFp8(si.dtype) && si.dtype == to) {
           // Same fp8 dtype: the codes and scales are copied exactly.
           data[i].resize(elems);
           scales[i].resize(rows);
@@ -217,8 +221,8 @@ Status KvToKv(const std::string& in, const std::string& tmp, const Plan& p, std:
           batch.blocks.push_back({to, data[i].data(), scales[i].data()});
         } else {
           // Decoded (fp8 targets: to f32, then quantized by the writer).
-          Dtype read_as = format::IsFp8(to) ? Dtype::kF32 : to;
-          data[i].resize(elems * format::ElementSize(read_as));
+          Dtype read_as = IsFp8(to) ? Dtype::kF32 : to;
+          data[i].resize(elems * ElementSize(read_as));
           KVFILE_RETURN_IF_ERROR(r->ReadRows(l, s, t0, t0 + n, read_as, data[i].data()));
           batch.blocks.push_back({read_as, data[i].data(), nullptr});
         }
@@ -263,7 +267,7 @@ Status Import(const std::string& in, const std::string& tmp, const Plan& p, std:
                                        "then convert that with --format v1)");
       to = p.dtype.value_or(have);
     } else if (s.is_codes() || p.codes) to = TargetDtype(s.name, have, p);
-    else if (p.keep_raw.count(s.name)) to = p.dtype && !format::IsFp8(*p.dtype) ? *p.dtype : Dtype::kBF16;
+    else if (p.keep_raw.count(s.name)) to = p.dtype && !IsFp8(*p.dtype) ? *p.dtype : Dtype::kBF16;
     else to = p.dtype.value_or(Dtype::kE4M3);
     g.streams.push_back({s.name, s.rows_per_token, s.row_width, to});
     stream_of.push_back(i);
@@ -313,7 +317,7 @@ Status Export(const std::string& in, const std::string& tmp, const Plan& p, std:
       return Status::InvalidArgument(in + ": stream '" + spec.name +
                                      "' cannot be exported: the name is reserved by the safetensors convention");
     std::vector<uint64_t> shape = {g.layers, T, spec.rows_per_token, spec.row_width};
-    if (p.codes && format::IsFp8(spec.dtype)) {
+    if (p.codes && IsFp8(spec.dtype)) {
       tensors.push_back({spec.name + ".codes", SafetensorsDType(spec.dtype), shape, 0, 0, 0});
       items.push_back({s, Part::kCodes, spec.dtype});
       tensors.push_back({spec.name + ".scales", DType::kF32, {g.layers, T, spec.rows_per_token}, 0, 0, 0});
@@ -334,7 +338,7 @@ Status Export(const std::string& in, const std::string& tmp, const Plan& p, std:
     for (uint64_t t0 = 0; t0 < T; t0 += 65536) {
       uint64_t n = std::min<uint64_t>(65536, T - t0);
       buf.resize(n * 8);
-      for (uint64_t i = 0; i < n; ++i) format::StoreU64(&buf[i * 8], ids[t0 + i]);
+      for (uint64_t i = 0; i < n; ++i) PutU64Le(&buf[i * 8], ids[t0 + i]);
       KVFILE_RETURN_IF_ERROR(w->Write(0, t0 * 8, buf.data(), buf.size()));
       KVFILE_RETURN_IF_ERROR(CheckInterrupt(in));
     }
@@ -344,7 +348,7 @@ Status Export(const std::string& in, const std::string& tmp, const Plan& p, std:
   for (size_t k = 0; k < items.size(); ++k) {
     const Item& it = items[k];
     const StreamSpec& spec = g.streams[it.stream];
-    uint64_t elem = it.part == Part::kScales ? 0 : format::ElementSize(it.dtype);
+    uint64_t elem = it.part == Part::kScales ? 0 : ElementSize(it.dtype);
     uint64_t per_token = spec.ElementsPerToken() * std::max<uint64_t>(elem, 1) + spec.rows_per_token * 4;
     uint64_t block = safetensors::BlockTokens(per_token, uint64_t{64} << 20);
     for (uint32_t l = 0; l < g.layers; ++l) {
@@ -392,9 +396,9 @@ Status ExistsError(const std::string& out) {
 Outcome ConvertOne(const std::string& in, const std::string& out, Kind in_kind, Kind out_kind, const Plan& p,
                    bool force) {
   // OUT is written under a temporary name and replaces the destination
-  // only when complete (atomic_replace.h); on failure it is removed.
-  std::unique_ptr<internal::PendingReplace> replace;
-  Status st = internal::PendingReplace::Begin(out, nullptr, &replace);
+  // only when complete (kvfile/replace.h); on failure it is removed.
+  std::unique_ptr<PendingReplace> replace;
+  Status st = PendingReplace::Begin(out, nullptr, &replace);
   if (!st.ok()) return {st, ""};
   if (replace->original().exists && !force) return {ExistsError(out), ""};
   const std::string& tmp = replace->temp_path();
@@ -505,7 +509,7 @@ int RunConvert(const ConvertArgs& a) {
   Plan p;
   p.major = a.format == "v1" ? 1 : 2;
   if (a.dtype) p.dtype = ParseDtype(*a.dtype);
-  if (p.major == 1 && p.dtype && format::IsFp8(*p.dtype))
+  if (p.major == 1 && p.dtype && IsFp8(*p.dtype))
     return UsageError("--format v1 stores raw rows: --dtype must be bf16, f16 or f32");
   if (p.major == 1 && !a.keep_raw.empty()) return UsageError("--keep-raw applies to v2 output (v1 is all raw)");
   p.keep_raw.insert(a.keep_raw.begin(), a.keep_raw.end());
@@ -537,7 +541,7 @@ int RunConvert(const ConvertArgs& a) {
     if (a.chunk_tokens) return UsageError("--chunk-tokens applies to .kv output");
     if (a.codes && a.dtype)
       return UsageError("--codes exports fp8 streams as stored and raw streams as stored; drop --dtype");
-    if (p.dtype && format::IsFp8(*p.dtype))
+    if (p.dtype && IsFp8(*p.dtype))
       return UsageError("--dtype " + *a.dtype + ": export decodes to bf16, f16 or f32; use --codes for fp8 codes");
   }
   return Report({ConvertOne(a.in, a.out, in_kind, out_kind, p, a.force)});

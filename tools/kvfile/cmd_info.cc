@@ -53,7 +53,7 @@ int RunInfo(const InfoArgs& a) {
       j["streams"].push_back({{"name", s.name},
                               {"rows_per_token", s.rows_per_token},
                               {"row_width", s.row_width},
-                              {"dtype", format::DtypeName(s.dtype)}});
+                              {"dtype", DtypeName(s.dtype)}});
     j["tokens"] = tokens;
     j["chunks"] = r->chunks().size();
     j["bytes"] = bytes;
@@ -76,7 +76,7 @@ int RunInfo(const InfoArgs& a) {
   std::printf("streams:\n");
   for (const StreamSpec& s : g.streams)
     std::printf("  %-14s %4u rows x %5u  %s\n", s.name.c_str(), s.rows_per_token, s.row_width,
-                format::DtypeName(s.dtype));
+                DtypeName(s.dtype));
   std::printf("tokens:          %llu\n", static_cast<unsigned long long>(tokens));
   std::printf("chunks:          %zu (nominal %u tokens each)\n", r->chunks().size(), r->nominal_chunk_tokens());
   std::printf("bytes:           %llu (%.1f per token)\n", static_cast<unsigned long long>(bytes), per_token);

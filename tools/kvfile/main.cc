@@ -8,7 +8,6 @@
 #include <string_view>
 
 #include "cli_common.h"
-#include "kvfile/format/chunk_layout.h"
 #include "progress.h"
 #include "signals.h"
 
@@ -81,8 +80,8 @@ uint32_t BoundedChunkTokens(const Geometry& g, uint32_t wanted, const std::strin
   std::error_code ec;
   uint64_t input_bytes = std::filesystem::file_size(input, ec);
   const uint64_t cap = std::max<uint64_t>(uint64_t{64} << 20, ec ? 0 : input_bytes);
-  format::ChunkLayout layout;
-  while (wanted > 1 && (!format::ComputeChunkLayout(g, wanted, &layout).ok() || layout.chunk_bytes > cap))
+  uint64_t chunk_bytes = 0;
+  while (wanted > 1 && (!ChunkBytes(g, wanted, &chunk_bytes).ok() || chunk_bytes > cap))
     wanted /= 2;
   return wanted;
 }
@@ -109,7 +108,7 @@ namespace {
 std::string Dtypes(const Geometry& g) {
   std::string s = "(";
   for (size_t i = 0; i < g.streams.size(); ++i)
-    s += (i ? ", " : "") + g.streams[i].name + " " + format::DtypeName(g.streams[i].dtype);
+    s += (i ? ", " : "") + g.streams[i].name + " " + DtypeName(g.streams[i].dtype);
   return s + ")";
 }
 }  // namespace

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "kvfile/export.h"
 #include "kvfile/file.h"
 #include "kvfile/status.h"
 
@@ -48,6 +49,6 @@ struct VerifyReport {
 // Fills *report. Returns non-OK only when the file cannot be examined at all
 // for a reason that is not its content (missing, permission, I/O error);
 // damage is reported in the findings.
-Status VerifyFile(const std::string& path, const VerifyOptions& options, VerifyReport* report);
+KVFILE_EXPORT Status VerifyFile(const std::string& path, const VerifyOptions& options, VerifyReport* report);
 
 }  // namespace kvfile

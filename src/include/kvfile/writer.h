@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "kvfile/export.h"
 #include "kvfile/file.h"
 #include "kvfile/geometry.h"
 #include "kvfile/status.h"
@@ -28,7 +29,6 @@ struct WriterOptions {
   uint32_t chunk_tokens = 256;  // tokens per chunk (1..65536)
   SyncMode sync = SyncMode::kClose;
   FileSystem* fs = nullptr;     // nullptr: FileSystem::Default()
-  uint64_t salt = 0;            // 0: random (tests pass a fixed salt for golden files)
   // Create() replaces an existing regular file (through a symlink: its
   // target) at once with the new, empty one: the old contents are gone
   // when Create returns, before any token is appended. To replace a file
@@ -75,7 +75,7 @@ struct AppendBatch {
   bool continued = false;  // more of this same append follows in the next Append()
 };
 
-class Writer {
+class KVFILE_EXPORT Writer {
  public:
   // Creates `path` with the given geometry and identity. The header is
   // written under a temporary name, synced and renamed into place, so a
@@ -151,14 +151,14 @@ class Writer {
   const std::string& path() const;
 
  private:
-  struct Impl;
-  explicit Writer(std::unique_ptr<Impl> impl);
+  struct Impl;  // defined hidden: not exported
+  KVFILE_NO_EXPORT explicit Writer(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
 
 // Removes a leftover "<path>.kvupgrade" of an interrupted upgrade, under
 // the file's writer lock, without opening the file for writing (what
 // `kvfile repair` does for a v1 file). *removed says whether there was one.
-Status RemoveLeftoverUpgradeFile(const std::string& path, FileSystem* fs, bool* removed);
+KVFILE_EXPORT Status RemoveLeftoverUpgradeFile(const std::string& path, FileSystem* fs, bool* removed);
 
 }  // namespace kvfile
