@@ -12,6 +12,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -209,6 +210,139 @@ TEST(Nvfp4Validation, BlockScalesWithTheSignBitOrNanAreInvalid) {
   for (int c = 0; c < 256; ++c) {
     const uint8_t b[3] = {0x10, static_cast<uint8_t>(c), 0x20};
     EXPECT_EQ(FindInvalidBlockScale(b, 3), c < 0x7F ? 3u : 1u) << c;
+  }
+}
+
+}  // namespace
+}  // namespace kvfile::codec::nvfp4
+
+namespace kvfile::codec::nvfp4 {
+namespace {
+
+// Random KV-like rows (normal values with a few outlier channels, zero
+// blocks, tiny rows) in every raw dtype, through every instruction-set path:
+// codes, block scales, row scales and decoded output equal the scalar path's.
+TEST(Nvfp4Paths, EveryIsaMatchesTheScalarReference) {
+  std::mt19937 rng(1234);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  constexpr size_t kRows = 257, kN = 128;
+  std::vector<float> rows(kRows * kN);
+  for (size_t r = 0; r < kRows; ++r) {
+    const float row_scale = std::ldexp(1.0f, static_cast<int>(r % 60) - 40);
+    for (size_t i = 0; i < kN; ++i) {
+      float v = normal(rng) * row_scale;
+      if (i % 37 == 5) v *= 40.0f;                // outlier channels
+      if (r % 7 == 3 && i >= 32 && i < 48) v = 0;  // a zero block
+      if (r % 11 == 4 && i >= 64 && i < 80) v *= 1e-6f;  // a block far below the row
+      if (r % 13 == 0) v = (i % 2) ? -0.0f : 0.0f;       // an all-zero row
+      rows[r * kN + i] = v;
+    }
+  }
+  for (Dtype src : {Dtype::kF32, Dtype::kBF16, Dtype::kF16}) {
+    std::vector<uint16_t> narrow(kRows * kN);
+    const void* input = rows.data();
+    if (src != Dtype::kF32) {
+      ConvertRaw(Dtype::kF32, rows.data(), rows.size(), src, narrow.data());
+      input = narrow.data();
+    }
+    std::vector<uint8_t> ref_codes(kRows * kN / 2), ref_blocks(kRows * kN / kBlock);
+    std::vector<float> ref_scales(kRows);
+    size_t bad = 0;
+    ASSERT_TRUE(QuantizeRows(src, input, kRows, kN, ref_codes.data(), ref_blocks.data(),
+                             ref_scales.data(), &bad, Isa::kScalar));
+    for (Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
+      if (!IsaSupported(isa)) {
+        std::printf("skipped: %s not supported here\n", IsaName(isa));
+        continue;
+      }
+      std::vector<uint8_t> codes(ref_codes.size()), blocks(ref_blocks.size());
+      std::vector<float> scales(kRows);
+      ASSERT_TRUE(QuantizeRows(src, input, kRows, kN, codes.data(), blocks.data(), scales.data(),
+                               &bad, isa));
+      EXPECT_EQ(codes, ref_codes) << IsaName(isa) << " src " << int(src);
+      EXPECT_EQ(blocks, ref_blocks) << IsaName(isa);
+      EXPECT_EQ(0, std::memcmp(scales.data(), ref_scales.data(), kRows * 4)) << IsaName(isa);
+      for (Dtype dst : {Dtype::kF32, Dtype::kBF16, Dtype::kF16}) {
+        const size_t bytes = kRows * kN * format::ElementSize(dst);
+        std::vector<uint8_t> ref_out(bytes), out(bytes);
+        DequantizeRows(ref_codes.data(), ref_blocks.data(), ref_scales.data(), kRows, kN, dst,
+                       ref_out.data(), Isa::kScalar);
+        DequantizeRows(ref_codes.data(), ref_blocks.data(), ref_scales.data(), kRows, kN, dst,
+                       out.data(), isa);
+        EXPECT_EQ(out, ref_out) << IsaName(isa) << " dst " << int(dst);
+      }
+    }
+  }
+}
+
+TEST(Nvfp4Paths, EveryCodeAndBlockScaleDecodesAlike) {
+  // All 256 byte values as packed pairs under every valid block scale.
+  std::vector<uint8_t> packed(128 * 8), blocks(128);
+  for (size_t b = 0; b < 127; ++b) {
+    blocks[b] = static_cast<uint8_t>(b);
+    for (size_t j = 0; j < 8; ++j) packed[b * 8 + j] = static_cast<uint8_t>(b * 8 + j + b);
+  }
+  blocks[127] = 0x7E;
+  const float scale = 0.37f;
+  std::vector<float> ref(128 * 16), out(128 * 16);
+  DequantizeRows(packed.data(), blocks.data(), &scale, 1, 128 * 16, Dtype::kF32, ref.data(),
+                 Isa::kScalar);
+  for (size_t e = 0; e < 16; ++e) {
+    const uint8_t code = static_cast<uint8_t>((packed[e / 2] >> ((e % 2) * 4)) & 0xF);
+    EXPECT_EQ(ref[e], DecodeE2M1(code) * BlockDivisor(blocks[0], scale));
+  }
+  for (Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
+    if (!IsaSupported(isa)) continue;
+    DequantizeRows(packed.data(), blocks.data(), &scale, 1, 128 * 16, Dtype::kF32, out.data(), isa);
+    EXPECT_EQ(0, std::memcmp(out.data(), ref.data(), ref.size() * 4)) << IsaName(isa);
+  }
+}
+
+TEST(Nvfp4Paths, NonFiniteRowsAndBadWidthsAreReported) {
+  std::vector<float> x(4 * 32, 1.0f);
+  x[2 * 32 + 17] = NAN;
+  x[3 * 32 + 1] = INFINITY;
+  std::vector<uint8_t> codes(4 * 16), blocks(8);
+  std::vector<float> scales(4);
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    if (!IsaSupported(isa)) continue;
+    size_t bad = 99;
+    EXPECT_FALSE(QuantizeRows(Dtype::kF32, x.data(), 4, 32, codes.data(), blocks.data(),
+                              scales.data(), &bad, isa));
+    EXPECT_EQ(bad, 2u) << IsaName(isa);
+  }
+  size_t bad = 99;
+  EXPECT_FALSE(QuantizeRows(Dtype::kF32, x.data(), 1, 24, codes.data(), blocks.data(),
+                            scales.data(), &bad));
+  EXPECT_EQ(bad, 1u);  // a width that is not a multiple of 16: no row is valid
+}
+
+}  // namespace
+}  // namespace kvfile::codec::nvfp4
+
+namespace kvfile::codec::nvfp4 {
+namespace {
+
+TEST(Nvfp4Paths, KvLikeRowsMatchNvidiaOnEveryIsa) {
+  const auto raw = ReadVector("rows_bf16.bin");
+  const auto codes = ReadVector("rows_nvfp4_codes.bin");
+  const auto blocks = ReadVector("rows_nvfp4_block_scales.bin");
+  const auto scales = ReadVector("rows_nvfp4_scales.bin");
+  const size_t rows = 4096, n = 128;
+  ASSERT_EQ(raw.size(), rows * n * 2);
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    if (!IsaSupported(isa)) {
+      std::printf("skipped: %s not supported here\n", IsaName(isa));
+      continue;
+    }
+    std::vector<uint8_t> c(rows * n / 2), b(rows * n / kBlock);
+    std::vector<uint8_t> s(rows * 4);
+    size_t bad = 0;
+    ASSERT_TRUE(QuantizeRows(Dtype::kBF16, raw.data(), rows, n, c.data(), b.data(),
+                             reinterpret_cast<float*>(s.data()), &bad, isa));
+    EXPECT_EQ(c, codes) << IsaName(isa);
+    EXPECT_EQ(b, blocks) << IsaName(isa);
+    EXPECT_EQ(s, scales) << IsaName(isa);
   }
 }
 

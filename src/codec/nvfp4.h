@@ -9,6 +9,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kvfile/codec.h"
+
 namespace kvfile::codec::nvfp4 {
 
 // Elements per block scale.
@@ -48,5 +50,32 @@ void DequantizeRow(const uint8_t* packed, const uint8_t* block_scales, float row
 // invalid block scale code (bit 7 set, or 0x7F) in [0, n), or n. Every E2M1
 // code is valid; row scales follow the fp8 rule (FindInvalidScale).
 size_t FindInvalidBlockScale(const uint8_t* block_scales, size_t n);
+
+// ---- Block operations (every instruction-set path, identical bytes) ----
+// Quantizes `rows` rows of n elements of src_dtype (kBF16, kF16, kF32), n a
+// multiple of kBlock: rows * n / 2 packed bytes, rows * n / kBlock block
+// scales, `rows` row scales. A row with NaN or Inf: false, *bad_row = its
+// index (the first such row), outputs unspecified.
+bool QuantizeRows(Dtype src_dtype, const void* src, size_t rows, size_t n, uint8_t* packed,
+                  uint8_t* block_scales, float* row_scales, size_t* bad_row,
+                  Isa isa = Isa::kBest);
+// Decodes into dst_dtype (kBF16, kF16, kF32), rounded to nearest even and
+// clamped to the finite range. Precondition: scales valid (14.5).
+void DequantizeRows(const uint8_t* packed, const uint8_t* block_scales, const float* row_scales,
+                    size_t rows, size_t n, Dtype dst_dtype, void* dst, Isa isa = Isa::kBest);
+
+namespace internal {
+// One instruction set's row kernels on f32 (the dispatcher widens and
+// narrows). dequantize_row clamps +-Inf to +-FLT_MAX.
+struct Kernels {
+  bool (*quantize_row)(const float* x, size_t n, uint8_t* packed, uint8_t* block_scales,
+                       float* row_scale);
+  void (*dequantize_row)(const uint8_t* packed, const uint8_t* block_scales, float row_scale,
+                         size_t n, float* out);
+};
+extern const Kernels kScalarKernels;
+extern const Kernels kAvx2Kernels;
+extern const Kernels kAvx512Kernels;
+}  // namespace internal
 
 }  // namespace kvfile::codec::nvfp4

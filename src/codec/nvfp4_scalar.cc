@@ -2,6 +2,7 @@
 // function is one step of the specification, in its order.
 #include "codec/nvfp4.h"
 
+#include <cfloat>
 #include <cmath>
 #include <cstring>
 
@@ -108,6 +109,19 @@ void DequantizeRow(const uint8_t* packed, const uint8_t* block_scales, float row
     }
   }
 }
+
+namespace internal {
+namespace {
+void DequantizeRowClamped(const uint8_t* packed, const uint8_t* block_scales, float row_scale,
+                          size_t n, float* out) {
+  DequantizeRow(packed, block_scales, row_scale, n, out);
+  for (size_t i = 0; i < n; ++i) {
+    if (std::isinf(out[i])) out[i] = std::copysign(FLT_MAX, out[i]);
+  }
+}
+}  // namespace
+const Kernels kScalarKernels = {QuantizeRow, DequantizeRowClamped};
+}  // namespace internal
 
 size_t FindInvalidBlockScale(const uint8_t* block_scales, size_t n) {
   for (size_t i = 0; i < n; ++i) {
