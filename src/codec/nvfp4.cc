@@ -33,15 +33,11 @@ bool QuantizeRows(Dtype src_dtype, const void* src, size_t rows, size_t n, uint8
   }
   const internal::Kernels& k = KernelsFor(isa);
   const size_t es = format::ElementSize(src_dtype);
-  std::vector<float> wide(src_dtype == Dtype::kF32 ? 0 : n);
+  std::vector<float> scratch(n);
   for (size_t r = 0; r < rows; ++r) {
     const void* row = static_cast<const unsigned char*>(src) + r * n * es;
-    const float* x = static_cast<const float*>(row);
-    if (src_dtype != Dtype::kF32) {
-      ConvertRaw(src_dtype, row, n, Dtype::kF32, wide.data());
-      x = wide.data();
-    }
-    if (!k.quantize_row(x, n, packed + r * n / 2, block_scales + r * n / kBlock, row_scales + r)) {
+    if (!k.quantize_row(src_dtype, row, n, packed + r * n / 2, block_scales + r * n / kBlock,
+                        row_scales + r, scratch.data())) {
       *bad_row = r;
       return false;
     }
@@ -54,12 +50,11 @@ void DequantizeRows(const uint8_t* packed, const uint8_t* block_scales, const fl
   if (!IsRaw(dst_dtype) || n % kBlock != 0) return;
   const internal::Kernels& k = KernelsFor(isa);
   const size_t es = format::ElementSize(dst_dtype);
-  std::vector<float> wide(dst_dtype == Dtype::kF32 ? 0 : n);
+  std::vector<float> scratch(n);
   for (size_t r = 0; r < rows; ++r) {
     void* row = static_cast<unsigned char*>(dst) + r * n * es;
-    float* out = dst_dtype == Dtype::kF32 ? static_cast<float*>(row) : wide.data();
-    k.dequantize_row(packed + r * n / 2, block_scales + r * n / kBlock, row_scales[r], n, out);
-    if (dst_dtype != Dtype::kF32) ConvertRaw(Dtype::kF32, out, n, dst_dtype, row);
+    k.dequantize_row(packed + r * n / 2, block_scales + r * n / kBlock, row_scales[r], n,
+                     dst_dtype, row, scratch.data());
   }
 }
 

@@ -65,13 +65,14 @@ void DequantizeRows(const uint8_t* packed, const uint8_t* block_scales, const fl
                     size_t rows, size_t n, Dtype dst_dtype, void* dst, Isa isa = Isa::kBest);
 
 namespace internal {
-// One instruction set's row kernels on f32 (the dispatcher widens and
-// narrows). dequantize_row clamps +-Inf to +-FLT_MAX.
+// One instruction set's row kernels. quantize_row reads a row of src_dtype
+// (it may widen it into scratch, n floats); dequantize_row writes dst_dtype
+// (it may decode into scratch first), rounded and clamped as in 14.4.
 struct Kernels {
-  bool (*quantize_row)(const float* x, size_t n, uint8_t* packed, uint8_t* block_scales,
-                       float* row_scale);
+  bool (*quantize_row)(Dtype src_dtype, const void* src, size_t n, uint8_t* packed,
+                       uint8_t* block_scales, float* row_scale, float* scratch);
   void (*dequantize_row)(const uint8_t* packed, const uint8_t* block_scales, float row_scale,
-                         size_t n, float* out);
+                         size_t n, Dtype dst_dtype, void* out, float* scratch);
 };
 extern const Kernels kScalarKernels;
 extern const Kernels kAvx2Kernels;

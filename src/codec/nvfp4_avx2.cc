@@ -111,8 +111,25 @@ void DequantizeRowAvx2(const uint8_t* packed, const uint8_t* block_scales, float
   }
 }
 
+bool QuantizeRowWidenedAvx2(Dtype src_dtype, const void* src, size_t n, uint8_t* packed,
+                            uint8_t* block_scales, float* row_scale, float* scratch) {
+  const float* x = static_cast<const float*>(src);
+  if (src_dtype != Dtype::kF32) {
+    ConvertRaw(src_dtype, src, n, Dtype::kF32, scratch);
+    x = scratch;
+  }
+  return QuantizeRowAvx2(x, n, packed, block_scales, row_scale);
+}
+
+void DequantizeRowNarrowedAvx2(const uint8_t* packed, const uint8_t* block_scales, float row_scale,
+                               size_t n, Dtype dst_dtype, void* out, float* scratch) {
+  float* f = dst_dtype == Dtype::kF32 ? static_cast<float*>(out) : scratch;
+  DequantizeRowAvx2(packed, block_scales, row_scale, n, f);
+  if (dst_dtype != Dtype::kF32) ConvertRaw(Dtype::kF32, f, n, dst_dtype, out);
+}
+
 }  // namespace
 
-const Kernels kAvx2Kernels = {QuantizeRowAvx2, DequantizeRowAvx2};
+const Kernels kAvx2Kernels = {QuantizeRowWidenedAvx2, DequantizeRowNarrowedAvx2};
 
 }  // namespace kvfile::codec::nvfp4::internal

@@ -112,15 +112,22 @@ void DequantizeRow(const uint8_t* packed, const uint8_t* block_scales, float row
 
 namespace internal {
 namespace {
-void DequantizeRowClamped(const uint8_t* packed, const uint8_t* block_scales, float row_scale,
-                          size_t n, float* out) {
-  DequantizeRow(packed, block_scales, row_scale, n, out);
+bool QuantizeRowWidened(Dtype src_dtype, const void* src, size_t n, uint8_t* packed,
+                        uint8_t* block_scales, float* row_scale, float* scratch) {
+  ConvertRaw(src_dtype, src, n, Dtype::kF32, scratch);
+  return QuantizeRow(scratch, n, packed, block_scales, row_scale);
+}
+void DequantizeRowNarrowed(const uint8_t* packed, const uint8_t* block_scales, float row_scale,
+                           size_t n, Dtype dst_dtype, void* out, float* scratch) {
+  float* f = dst_dtype == Dtype::kF32 ? static_cast<float*>(out) : scratch;
+  DequantizeRow(packed, block_scales, row_scale, n, f);
   for (size_t i = 0; i < n; ++i) {
-    if (std::isinf(out[i])) out[i] = std::copysign(FLT_MAX, out[i]);
+    if (std::isinf(f[i])) f[i] = std::copysign(FLT_MAX, f[i]);
   }
+  if (dst_dtype != Dtype::kF32) ConvertRaw(Dtype::kF32, f, n, dst_dtype, out);
 }
 }  // namespace
-const Kernels kScalarKernels = {QuantizeRow, DequantizeRowClamped};
+const Kernels kScalarKernels = {QuantizeRowWidened, DequantizeRowNarrowed};
 }  // namespace internal
 
 size_t FindInvalidBlockScale(const uint8_t* block_scales, size_t n) {
