@@ -140,7 +140,7 @@ TEST(Nvfp4Row, WorkedExample) {
   ASSERT_TRUE(QuantizeRow(x, 32, packed, blocks, &scale));
   EXPECT_EQ(scale, 12.0f / 2688.0f);
   EXPECT_EQ(blocks[0], 0x7E);
-  EXPECT_EQ(blocks[1], kvfile::codec::EncodeElement(0.75f / scale / 6.0f, kvfile::codec::Fp8Kind::kE4M3));
+  EXPECT_EQ(blocks[1], kvfile::codec::EncodeElement(0.75f / scale / 6.0f, kvfile::Dtype::kE4M3));
   const float d0 = 448.0f * scale;
   EXPECT_EQ(packed[0], static_cast<uint8_t>(EncodeE2M1(12.0f / d0) | EncodeE2M1(-6.0f / d0) << 4));
   EXPECT_EQ(blocks[1], 0x5E);
@@ -263,7 +263,7 @@ TEST(Nvfp4Paths, EveryIsaMatchesTheScalarReference) {
       EXPECT_EQ(blocks, ref_blocks) << IsaName(isa);
       EXPECT_EQ(0, std::memcmp(scales.data(), ref_scales.data(), kRows * 4)) << IsaName(isa);
       for (Dtype dst : {Dtype::kF32, Dtype::kBF16, Dtype::kF16}) {
-        const size_t bytes = kRows * kN * format::ElementSize(dst);
+        const size_t bytes = kRows * kN * kvfile::ElementSize(dst);
         std::vector<uint8_t> ref_out(bytes), out(bytes);
         DequantizeRows(ref_codes.data(), ref_blocks.data(), ref_scales.data(), kRows, kN, dst,
                        ref_out.data(), Isa::kScalar);

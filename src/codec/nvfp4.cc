@@ -32,7 +32,7 @@ bool QuantizeRows(Dtype src_dtype, const void* src, size_t rows, size_t n, uint8
     return false;
   }
   const internal::Kernels& k = KernelsFor(isa);
-  const size_t es = format::ElementSize(src_dtype);
+  const size_t es = kvfile::ElementSize(src_dtype);
   std::vector<float> scratch(n);
   for (size_t r = 0; r < rows; ++r) {
     const void* row = static_cast<const unsigned char*>(src) + r * n * es;
@@ -49,7 +49,7 @@ void DequantizeRows(const uint8_t* packed, const uint8_t* block_scales, const fl
                     size_t rows, size_t n, Dtype dst_dtype, void* dst, Isa isa) {
   if (!IsRaw(dst_dtype) || n % kBlock != 0) return;
   const internal::Kernels& k = KernelsFor(isa);
-  const size_t es = format::ElementSize(dst_dtype);
+  const size_t es = kvfile::ElementSize(dst_dtype);
   std::vector<float> scratch(n);
   for (size_t r = 0; r < rows; ++r) {
     void* row = static_cast<unsigned char*>(dst) + r * n * es;

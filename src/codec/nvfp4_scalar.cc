@@ -61,11 +61,11 @@ float RowScale(float amax) {
 
 uint8_t BlockScaleCode(float block_amax, float row_scale) {
   const float relative = block_amax / row_scale;
-  return EncodeElement(relative / kE2M1Max, Fp8Kind::kE4M3);
+  return EncodeElement(relative / kE2M1Max, Dtype::kE4M3);
 }
 
 float BlockDivisor(uint8_t block_code, float row_scale) {
-  return DecodeElement(block_code, Fp8Kind::kE4M3) * row_scale;
+  return DecodeElement(block_code, Dtype::kE4M3) * row_scale;
 }
 
 bool QuantizeRow(const float* x, size_t n, uint8_t* packed, uint8_t* block_scales,
