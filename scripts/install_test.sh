@@ -5,7 +5,10 @@
 # find_package(kvfile) with the shared and with the static library, and
 # pkg-config with the shared library and with --static (a fully static
 # program). Each program writes a session, reads it back and checks every
-# value; the installed `kvfile verify` then checks the file it wrote.
+# value; the installed `kvfile verify` then checks the file it wrote. Then
+# the Python package: imported from the installed prefix, and installed with
+# `pip install --no-build-isolation .` (offline) into a fresh virtual
+# environment and imported from there, outside the tree.
 #
 #   scripts/install_test.sh [BUILD_DIR]
 #
@@ -16,7 +19,7 @@ set -euo pipefail
 KVFILE_ROOT=$(cd "$(dirname "$0")/.." && pwd)
 build_dir=${1:-$KVFILE_ROOT/build}
 source "$KVFILE_ROOT/scripts/deps.sh"
-kvfile_build "$build_dir" kvfile kvfile_shared kvfile_cli
+kvfile_build "$build_dir" kvfile kvfile_shared kvfile_cli kvfile_python
 
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
@@ -75,4 +78,29 @@ c++ -static -std=c++20 -Wall -Wextra -Werror -O2 "$consumer_src/example.cc" -o "
 cc -static -std=c99 -Wall -Wextra -Werror -pedantic -O2 "$consumer_src/example.c" -o "$scratch/pc-static/example_c" \
   $(pkg-config --static --cflags --libs kvfile) -lm
 run_examples "$scratch/pc-static" static
-echo "install_test: ok (installed to a scratch prefix; CMake package and pkg-config, shared and static)"
+python=$(sed -n 's/^Python_EXECUTABLE:[A-Z]*=//p' "$build_dir/CMakeCache.txt")
+version=$(sed -n 's/^project(kvfile VERSION \([0-9.]*\).*/\1/p' "$KVFILE_ROOT/CMakeLists.txt")
+# Imports kvfile with interpreter $1 from the scratch folder and checks that
+# it came from under $2, with the project's version, and reads a session.
+check_import() {
+  (cd "$scratch" && "$1" - "$2" "$version" "$scratch/pc-shared/example_cpp.kv" <<'PY'
+import sys
+import kvfile
+where, version, session = sys.argv[1:]
+assert kvfile.__file__.startswith(where), (kvfile.__file__, where)
+assert kvfile.__version__ == version, (kvfile.__version__, version)
+with kvfile.open(session) as r:
+    assert len(r.read_all()) == len(r.geometry["streams"])
+print("import kvfile:", kvfile.__version__, "from", kvfile.__file__)
+PY
+  )
+}
+echo "== Python package, cmake --install"
+site=$(dirname "$(dirname "$(find "$prefix" -path '*/kvfile/__init__.py' | head -1)")")
+PYTHONPATH=$site check_import "$python" "$prefix"
+echo "== Python package, pip install --no-build-isolation . into a fresh venv"
+"$python" -m venv --system-site-packages "$scratch/venv"
+(cd "$KVFILE_ROOT" && "$scratch/venv/bin/python" -m pip install -q --no-index --no-build-isolation \
+   --no-cache-dir . >"$scratch/pip.log" 2>&1) || { cat "$scratch/pip.log" >&2; exit 1; }
+check_import "$scratch/venv/bin/python" "$scratch/venv"
+echo "install_test: ok (installed to a scratch prefix; CMake package and pkg-config, shared and static; Python: cmake --install and pip)"
