@@ -108,7 +108,8 @@ def test_out_buffers_are_checked_before_anything_is_read(tmp_path):
                 "out['v']: the buffer holds 2204 bytes of 4-byte items; the read needs 2208 bytes of 4-byte items")):
             r.read_all(streams=["k", "v"], out={"k": good, "v": np.zeros(551, np.float32)})
         assert (good == 5).all()
-        with pytest.raises(ValueError, match="the read needs 1472 bytes of 2-byte items"):
+        with pytest.raises(ValueError, match=re.escape(
+                "out['k']: the buffer holds 4416 bytes of 4-byte items; the read needs 4416 bytes of 2-byte items")):
             r.read_all(dtype="bf16", streams=["k"], out={"k": np.zeros((3, 23, 2, 8), np.float32)})
         with pytest.raises(ValueError, match="out has no entry for stream 'v'"):
             r.read_all(out={"k": good})
@@ -127,38 +128,43 @@ def test_out_buffers_are_checked_before_anything_is_read(tmp_path):
 
 
 def test_a_damaged_chunk_fails_the_whole_read_and_zero_fills(tmp_path):
-    path = tmp_path / "m.kv"
-    write_mixed(path)
+    # The tiny preset (streams k and v, both e4m3): every payload byte of a
+    # chunk lies in a section that both bulk reads check.
+    path = tmp_path / "t.kv"
+    with kvfile.create(path, "tiny", chunk_tokens=4) as w:
+        rng = np.random.default_rng(2)
+        w.append(list(range(12)), {s: rng.standard_normal((2, 12, 2, 16), dtype=np.float32) for s in ("k", "v")})
     with kvfile.open(path) as r:
         chunk = r.chunks()[2]
+        good = r.read_all(stop=8)  # chunks 0 and 1
     data = bytearray(path.read_bytes())
-    data[chunk["offset"] + chunk["bytes"] // 2] ^= 0x10  # inside chunk 2's payload
+    data[chunk["offset"] + chunk["bytes"] - 1] ^= 0x10  # the last section of chunk 2 (layer 1, v)
     path.write_bytes(bytes(data))
     with kvfile.open(path) as r:
-        shapes = {name: a.shape[2:] for name, a in r.read_all(stop=8).items()}  # chunks 0 and 1 read fine
-        full = {n: np.full((3, 23) + shape, 9, np.float32) for n, shape in shapes.items()}
+        assert all(a.tobytes() == good[n].tobytes() for n, a in r.read_all(stop=8, threads=2).items())
+        full = {n: np.full((2, 12, 2, 16), 9, np.float32) for n in ("k", "v")}
         with pytest.raises(kvfile.CorruptionError, match="chunk 2"):
             r.read_all(threads=2, out=full)
         assert all((a == 0).all() for a in full.values())
-        codes = {n: (np.full((3, 23, s, w), 9, np.uint8), np.full((3, 23, s), 9, np.float32))
-                 for n, s, w in (("k", 2, 16), ("v", 1, 8))}
-        with pytest.raises(kvfile.CorruptionError, match="chunk 2"):
+        codes = {n: (np.full((2, 12, 2, 16), 9, np.uint8), np.full((2, 12, 2), 9, np.float32)) for n in ("k", "v")}
+        with pytest.raises(kvfile.CorruptionError, match="layer 1 stream 'v'"):
             r.codes_all(out=codes)
         assert all((c == 0).all() and (s == 0).all() for c, s in codes.values())
 
 
 def test_v1_file_codes_are_quantized_as_asked(tmp_path):
     path = tmp_path / "v1.kv"
+    geometry = {"layers": 2, "streams": [{"name": n, "rows_per_token": 2, "row_width": 16, "dtype": "f32"}
+                                         for n in ("k", "v")]}
     rng = np.random.default_rng(5)
-    rows = {"k": rng.standard_normal((2, 9, 2, 16)).astype(np.float32),
-            "v": rng.standard_normal((2, 9, 2, 16)).astype(np.float32)}
-    with kvfile.create(path, "tiny", format=1, chunk_tokens=4) as w:
-        w.append(list(range(9)), rows)
+    with kvfile.create(path, geometry, format=1, chunk_tokens=4) as w:
+        w.append(list(range(9)), {n: rng.standard_normal((2, 9, 2, 16), dtype=np.float32) for n in ("k", "v")})
     with kvfile.open(path) as r:
         for kind in ("e4m3", "e5m2"):
-            got = r.codes_all(v1_as=kind, threads=2)
+            got = r.codes_all(v1_as=kind, threads=2, start=1)
+            assert sorted(got) == ["k", "v"]
             for name in ("k", "v"):
-                want = r.codes(name, v1_as=kind)
+                want = r.codes(name, v1_as=kind, start=1)
                 assert got[name][0].tobytes() == want[0].tobytes()
                 assert got[name][1].tobytes() == want[1].tobytes()
 

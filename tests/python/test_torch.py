@@ -30,7 +30,7 @@ NUMPY_NAME = {torch.bfloat16: "bf16", torch.float16: np.float16, torch.float32: 
 
 def write_file(path, tokens=300, scale=1.0, seed=0):
     """A mixed file: e4m3, e5m2, raw bf16; rows spread over many binades
-    (scale 1e-38 reaches subnormal outputs, 3e37 the bf16/f16 clamp)."""
+    (scale 1e-38 reaches subnormal outputs, 1e34 the f16 clamp)."""
     rng = np.random.default_rng(seed)
     data = {}
     for s in GEOMETRY["streams"]:
@@ -64,7 +64,7 @@ def test_load_cpu_is_the_library_decode(tmp_path, dtype):
 
 
 @cuda
-@pytest.mark.parametrize("scale", [1.0, 1e-38, 3e37])
+@pytest.mark.parametrize("scale", [1.0, 1e-38, 1e34])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("staging", [None, 1])
 def test_load_cuda_is_bit_exact_with_the_cpu_decode(tmp_path, dtype, scale, staging):
@@ -90,7 +90,8 @@ def test_dequantize_matches_every_code_and_the_clamp():
         table = kvfile.fp8_decode_table(kind)
         for dtype in DTYPES:
             got = kvtorch.dequantize(codes.cuda(), scales.cuda(), kind, dtype).cpu()[..., keep]
-            values = table[codes.numpy()] * scales.numpy()[..., None]
+            with np.errstate(over="ignore"):  # the largest scales overflow: the clamp's case
+                values = table[codes.numpy()] * scales.numpy()[..., None]
             if dtype == torch.float32:
                 want = values
             elif dtype == torch.float16:

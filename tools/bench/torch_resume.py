@@ -138,6 +138,11 @@ def main():
     kvtorch.load(kv, device="cuda")  # staging buffers allocated once, as an engine keeps them
     s_kv = timed(lambda: kvtorch.load(kv, device="cuda"), args.repeat)
     add("kvfile.torch.load(device='cuda') -> bf16", s_kv, bf16_bytes)
+    s_kv2 = timed(lambda: kvtorch.load(kv, device="cuda", staging_bytes=2 * kvtorch.STAGING_BYTES), args.repeat)
+    add(f"  the same, staging_bytes {2 * kvtorch.STAGING_BYTES >> 20} MiB (larger parts)", s_kv2, bf16_bytes)
+    with kvfile.open(kv) as r:
+        s_codes = timed(lambda: r.codes_all(), args.repeat)
+    add("Reader.codes_all() alone, one call, into new numpy arrays", s_codes)
     s_raw = timed(lambda: raw_read(kv), args.repeat)
     add("raw sequential read of the .kv bytes (16 MiB reads)", s_raw, info["bytes"])
 
