@@ -2,7 +2,8 @@
 # The GPU proof recorded in docs/gpu.md, in one run on a machine with a CUDA
 # GPU, torch, transformers and safetensors: builds the Python module and the
 # CLI, runs the Python tests (the CUDA ones included, -rs shows any skip),
-# writes a 32,768-token llama-3.1-8b session and runs tools/bench/torch_resume.py.
+# writes a 32,768-token llama-3.1-8b session and runs tools/bench/torch_resume.py
+# (the comparison, then the sweep of staging sizes).
 #
 #   tools/bench/gpu_proof.sh [WORK_DIR]     (WORK_DIR: scratch space, ~11 GB)
 #
@@ -31,3 +32,4 @@ tests=("$root/tests/python")
 echo "== benchmark"
 "$build/kvfile" synth "$work/session.kv" --preset llama-3.1-8b --tokens 32768 --force
 "$python" "$root/tools/bench/torch_resume.py" "$work/session.kv"
+"$python" "$root/tools/bench/torch_resume.py" "$work/session.kv" --sweep 64,128,192,256,512 --repeat 9

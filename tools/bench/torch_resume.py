@@ -4,6 +4,11 @@ safetensors and torch.load, hot and cold, beside the machine's own limits
 run. Prints one table of medians and the ratios the targets of issue 15 name.
 
     python3 tools/bench/torch_resume.py SESSION.kv [--dir DIR] [--repeat 5] [--cold-repeat 3]
+    python3 tools/bench/torch_resume.py SESSION.kv --sweep 64,128,256 [--repeat 9]
+
+--sweep: only hot kvfile.torch.load with each staging size (MiB), the sizes
+taken in turn each round (so drift hits all alike), with the host memory of
+each in a fresh process.
 
 SESSION.kv: e.g. `kvfile synth session.kv --preset llama-3.1-8b --tokens 32768`.
 DIR (default: SESSION.kv's folder) receives the bf16 exports (session.safetensors,
@@ -76,10 +81,11 @@ def raw_read(path, block=16 << 20):
     return total
 
 
-def peak_rss_of_load(path):
+def peak_rss_of_load(path, staging_mib=None):
     """Runs one load in a fresh process: (resident MiB before, peak MiB during)."""
+    staging = "" if staging_mib is None else f"kt.STAGING_BYTES = {staging_mib} << 20\n"
     code = (
-        "import sys, resource, torch, kvfile.torch as kt\n"
+        "import sys, resource, torch, kvfile.torch as kt\n" + staging +
         "torch.zeros(1, device='cuda'); kt.load(sys.argv[1], device='cuda', stop=256)\n"
         "def rss():\n"
         "    for line in open('/proc/self/status'):\n"
@@ -94,14 +100,37 @@ def peak_rss_of_load(path):
     return before, peak
 
 
+def sweep(kv, sizes, repeat):
+    print(f"staging sweep, hot, {kv}: median of {repeat} rounds, sizes in turn")
+    raw_read(kv)
+    for mib in sizes:
+        kvtorch.load(kv, device="cuda", staging_bytes=mib << 20)
+    times = {mib: [] for mib in sizes}
+    for _ in range(repeat):
+        for mib in sizes:
+            kvtorch.release_staging()  # each size allocates its own buffers, once per round
+            kvtorch.load(kv, device="cuda", staging_bytes=mib << 20)
+            times[mib].append(timed(lambda m=mib: kvtorch.load(kv, device="cuda", staging_bytes=m << 20), 1))
+    for mib in sizes:
+        stats = {}
+        kvtorch.load(kv, device="cuda", staging_bytes=mib << 20, stats=stats)
+        before, peak = peak_rss_of_load(kv, mib)
+        print(f"  staging {mib:4d} MiB: {stats['parts']:3d} parts, median {statistics.median(times[mib]):.4f} s "
+              f"(min {min(times[mib]):.4f}, max {max(times[mib]):.4f}); host memory {peak - before:.0f} MiB above")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("session")
     ap.add_argument("--dir")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--cold-repeat", type=int, default=3)
+    ap.add_argument("--sweep")
     args = ap.parse_args()
     kv = Path(args.session)
+    if args.sweep:
+        sweep(kv, [int(m) for m in args.sweep.split(",")], args.repeat)
+        return
     folder = Path(args.dir) if args.dir else kv.parent
     st_path, pt_path = folder / "session.safetensors", folder / "session.pt"
 
@@ -188,7 +217,8 @@ def main():
     print(f"  cold: safetensors / kvfile = {c_st / c_kv:.2f}x (target >= 2x); "
           f"kvfile / raw read = {c_kv / c_raw:.3f} (target <= 1.15)")
     print(f"  H2D inside load: {h2d_rate / 1e9:.2f} GB/s over {stats['parts']} parts = "
-          f"{h2d_rate / pinned_rate * 100:.0f}% of the pinned copy rate {pinned_rate / 1e9:.2f} GB/s (target >= 80%)")
+          f"{h2d_rate / pinned_rate * 100:.0f}% of the pinned copy rate {pinned_rate / 1e9:.2f} GB/s (target >= 80%; "
+          f"staging {'registered' if stats['registered'] else 'torch pinned'})")
     print(f"  host memory of load: peak {peak:.0f} MiB, {peak - before:.0f} MiB above the {before:.0f} MiB "
           f"before it (target < 512 MiB; the tensors are on the GPU)")
 

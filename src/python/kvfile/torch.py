@@ -25,10 +25,10 @@ from . import _kvfile
 
 # Bytes of pinned staging per part; two parts are in flight (double
 # buffering). A layer larger than this makes a part of its own. Measured on
-# an H200 host (docs/gpu.md), one layer a part of a 32k-token llama-3.1-8b
-# session (69 MB) beat two: a shorter tail after the last read, and half the
-# pinned memory.
-STAGING_BYTES = 128 << 20
+# an H200 host (docs/gpu.md): for a 32k-token llama-3.1-8b session (69 MB a
+# layer) three layers a part load faster than one or two, and the two
+# buffers stay under 512 MiB.
+STAGING_BYTES = 256 << 20
 _ALIGN = 256
 
 _staging_lock = threading.Lock()
@@ -149,13 +149,36 @@ def _round_up(n):
     return (n + _ALIGN - 1) // _ALIGN * _ALIGN
 
 
+class _Pinned:
+    """A page-locked host buffer of exactly nbytes: ordinary memory registered
+    with CUDA (torch's pinned allocator would round it up to a power of two,
+    doubling the host memory of a 3-layer part), or, where registering is not
+    available, torch's pinned memory."""
+
+    def __init__(self, torch, nbytes):
+        self.tensor = torch.empty(nbytes, dtype=torch.uint8)
+        self.registered = False
+        try:
+            cudart = torch.cuda.cudart()
+            self.registered = int(cudart.cudaHostRegister(self.tensor.data_ptr(), nbytes, 0)) == 0
+            self._cudart = cudart
+        except (AttributeError, RuntimeError, TypeError):
+            pass
+        if not self.registered:
+            self.tensor = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+
+    def __del__(self):
+        if self.registered:
+            self._cudart.cudaHostUnregister(self.tensor.data_ptr())
+
+
 def _pinned(torch, device, slot, nbytes):
     """Pinned staging buffer `slot` (0 or 1) of at least nbytes, kept for later loads."""
     with _staging_lock:
         bufs = _staging.setdefault(device.index or 0, [None, None])
-        if bufs[slot] is None or bufs[slot].numel() < nbytes:
+        if bufs[slot] is None or bufs[slot].tensor.numel() < nbytes:
             bufs[slot] = None
-            bufs[slot] = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+            bufs[slot] = _Pinned(torch, nbytes)
         return bufs[slot]
 
 
@@ -181,7 +204,8 @@ def _load_cuda(torch, reader, device, dtype, dtype_name, start, stop, threads, s
     tables = {kind: torch.from_numpy(_kvfile.fp8_decode_table(kind)).to(device)
               for kind in {s["dtype"] for s in streams if s["name"] in fp8}}
     copy_stream = torch.cuda.Stream(device)
-    pinned = [_pinned(torch, device, i, layout.bytes) for i in range(2)]
+    staging = [_pinned(torch, device, i, layout.bytes) for i in range(2)]
+    pinned = [b.tensor for b in staging]
     host = [p.numpy() for p in pinned]
     gpu = [torch.empty(layout.bytes, dtype=torch.uint8, device=device) for _ in range(2)]
     done = [None, None]  # event: the slot's pinned buffer has been copied out
@@ -241,6 +265,7 @@ def _load_cuda(torch, reader, device, dtype, dtype_name, start, stop, threads, s
     copy_stream.synchronize()
     if stats is not None:
         stats["parts"] = len(timings)
+        stats["registered"] = all(b.registered for b in staging)
         stats["h2d_bytes"] = sum(n for _, _, n in timings)
         stats["h2d_seconds"] = sum(a.elapsed_time(b) for a, b, _ in timings) / 1e3
     return out
