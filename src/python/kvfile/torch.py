@@ -32,7 +32,8 @@ STAGING_BYTES = 256 << 20
 _ALIGN = 256
 
 _staging_lock = threading.Lock()
-_staging = {}  # device index -> [pinned uint8 tensor, pinned uint8 tensor], reused across loads
+_staging = {}  # device index -> [_Pinned, _Pinned], reused across loads
+_device_locks = {}  # device index -> lock: one CUDA load at a time uses a device's staging
 
 
 def _torch():
@@ -100,8 +101,13 @@ def load(path, device="cuda", dtype=None, start=0, stop=None, threads=0, staging
             raise ValueError(f"stop ({stop}) is before start ({start})")
         tokens = torch.from_numpy(ids[start:stop].astype(np.int64))
         if device.type == "cuda":
-            out = _load_cuda(torch, reader, device, dtype, dtype_name, start, stop, threads,
-                             STAGING_BYTES if staging_bytes is None else staging_bytes, stats)
+            if device.index is None:
+                device = torch.device("cuda", torch.cuda.current_device())
+            with _staging_lock:
+                lock = _device_locks.setdefault(device.index, threading.Lock())
+            with lock:
+                out = _load_cuda(torch, reader, device, dtype, dtype_name, start, stop, threads,
+                                 STAGING_BYTES if staging_bytes is None else staging_bytes, stats)
         else:
             out = _load_cpu(torch, reader, dtype, dtype_name, start, stop, threads)
             if device.type != "cpu":
@@ -128,7 +134,7 @@ class _Layout:
     """Where each stream's part of `layers` layers lies in a staging buffer."""
 
     def __init__(self, streams, fp8, layers, tokens, out_size):
-        self.entries = []  # (name, kind, offset, shape, ...)
+        self.entries = []  # (name, fp8 kind or None, shape, codes or rows offset, scales offset or None)
         offset = 0
         for s in streams:
             shape = _shape(s, layers, tokens)
@@ -175,7 +181,7 @@ class _Pinned:
 def _pinned(torch, device, slot, nbytes):
     """Pinned staging buffer `slot` (0 or 1) of at least nbytes, kept for later loads."""
     with _staging_lock:
-        bufs = _staging.setdefault(device.index or 0, [None, None])
+        bufs = _staging.setdefault(device.index, [None, None])
         if bufs[slot] is None or bufs[slot].tensor.numel() < nbytes:
             bufs[slot] = None
             bufs[slot] = _Pinned(torch, nbytes)
