@@ -8,6 +8,7 @@ KVFILE_PACKAGES=(
   liburing-dev zlib1g-dev libcli11-dev libgtest-dev libxxhash-dev nlohmann-json3-dev
   libbenchmark-dev
   python3-dev pybind11-dev python3-numpy python3-pytest
+  python3-venv python3-pip python3-setuptools python3-wheel  # pip install . (scripts/install_test.sh)
   clang libclang-rt-14-dev  # the libFuzzer build (scripts/fuzz.sh); libclang-rt-14-dev has libFuzzer
 )
 
@@ -44,7 +45,10 @@ kvfile_build() {
     esac
   done
   mkdir -p "$build_dir"
-  if ! { (cd "$KVFILE_ROOT" && cmake --preset "$preset" -B "$build_dir" "${options[@]}") &&
+  # The Python module is built for Debian's interpreter, the one the
+  # packages above install numpy and pytest into (KVFILE_PYTHON: another).
+  if ! { (cd "$KVFILE_ROOT" && cmake --preset "$preset" -B "$build_dir" \
+            -DPython_EXECUTABLE="${KVFILE_PYTHON:-/usr/bin/python3}" "${options[@]}") &&
          cmake --build "$build_dir" -j "$(nproc)" "${targets[@]}"; } >"$build_dir/build.log" 2>&1; then
     cat "$build_dir/build.log" >&2
     echo "kvfile: build failed (log: $build_dir/build.log)" >&2

@@ -9,6 +9,9 @@
 # wrote. Then the kvfile command line and the resume example are built from
 # their sources against the installed shared library (tests/consumer/tools:
 # public headers only) and run.
+# Then the Python package: imported from the installed prefix, and
+# installed with `pip install --no-build-isolation .` (offline) into a fresh
+# virtual environment and imported from there, outside the tree.
 #
 #   scripts/install_test.sh [BUILD_DIR]
 #
@@ -20,7 +23,7 @@ set -euo pipefail
 KVFILE_ROOT=$(cd "$(dirname "$0")/.." && pwd)
 build_dir=${1:-$KVFILE_ROOT/build}
 source "$KVFILE_ROOT/scripts/deps.sh"
-kvfile_build "$build_dir" --preset=dev kvfile kvfile_cli
+kvfile_build "$build_dir" --preset=dev kvfile kvfile_cli kvfile_python
 kvfile_build "$build_dir-static" --preset=dev -DBUILD_SHARED_LIBS=OFF -DKVFILE_BUILD_TESTS=OFF \
   -DKVFILE_BUILD_PYTHON=OFF -DKVFILE_BUILD_BENCH=OFF kvfile kvfile_cli
 
@@ -104,4 +107,29 @@ cmake --build "$scratch/tools" >>"$scratch/tools.log" 2>&1 || { cat "$scratch/to
 LD_LIBRARY_PATH=$libdir "$scratch/tools/kvfile" synth "$scratch/tools/s.kv" --preset tiny --tokens 100 >/dev/null
 LD_LIBRARY_PATH=$libdir "$scratch/tools/kvfile" verify "$scratch/tools/s.kv"
 LD_LIBRARY_PATH=$libdir "$scratch/tools/resume_example" "$scratch/tools/r.kv" --prompt-tokens 64 --expect-reuse 0
-echo "install_test: ok (installed to scratch prefixes; CMake package and pkg-config, shared and static; the CLI and the resume example built against the package)"
+python=$(sed -n 's/^Python_EXECUTABLE:[A-Z]*=//p' "$build_dir/CMakeCache.txt")
+version=$(sed -n 's/^project(kvfile VERSION \([0-9.]*\).*/\1/p' "$KVFILE_ROOT/CMakeLists.txt")
+# Imports kvfile with interpreter $1 from the scratch folder and checks that
+# it came from under $2, with the project's version, and reads a session.
+check_import() {
+  (cd "$scratch" && "$1" - "$2" "$version" "$scratch/pc-shared/example_cpp.kv" <<'PY'
+import sys
+import kvfile
+where, version, session = sys.argv[1:]
+assert kvfile.__file__.startswith(where), (kvfile.__file__, where)
+assert kvfile.__version__ == version, (kvfile.__version__, version)
+with kvfile.open(session) as r:
+    assert len(r.read_all()) == len(r.geometry["streams"])
+print("import kvfile:", kvfile.__version__, "from", kvfile.__file__)
+PY
+  )
+}
+echo "== Python package, cmake --install"
+site=$(dirname "$(dirname "$(find "$prefix" -path '*/kvfile/__init__.py' | head -1)")")
+PYTHONPATH=$site check_import "$python" "$prefix"
+echo "== Python package, pip install --no-build-isolation . into a fresh venv"
+"$python" -m venv --system-site-packages "$scratch/venv"
+(cd "$KVFILE_ROOT" && "$scratch/venv/bin/python" -m pip install -q --no-index --no-build-isolation \
+   --no-cache-dir . >"$scratch/pip.log" 2>&1) || { cat "$scratch/pip.log" >&2; exit 1; }
+check_import "$scratch/venv/bin/python" "$scratch/venv"
+echo "install_test: ok (installed to scratch prefixes; CMake package and pkg-config, shared and static; the CLI and the resume example built against the package; Python: cmake --install and pip)"

@@ -17,6 +17,8 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <thread>
+#include <vector>
 
 #include "kvfile/presets.h"
 #include "kvfile/reader.h"
@@ -186,6 +188,12 @@ kvfile_status CommonPrefix(std::string_view function, std::string_view handle_na
     *out = handle->impl->LongestCommonPrefix(std::span<const uint32_t>(prompt, prompt_count));
     return KVFILE_OK;
   });
+}
+
+// A bulk read's worker count: 0 means one per core.
+unsigned ReadThreads(unsigned threads) {
+  if (threads != 0) return threads;
+  return std::max(1u, std::thread::hardware_concurrency());
 }
 
 }  // namespace
@@ -401,6 +409,60 @@ kvfile_status kvfile_reader_read_codes(kvfile_reader* reader, uint32_t layer, ui
       if (scales == nullptr) return NullArgument("kvfile_reader_read_codes", "scales");
     }
     return Report(reader->impl->ReadCodes(layer, stream, begin, end, codes, scales));
+  });
+}
+
+kvfile_status kvfile_reader_read_many(kvfile_reader* reader, uint64_t begin, uint64_t end, kvfile_dtype out_dtype,
+                                      const kvfile_rows_target* targets, size_t target_count, unsigned threads) {
+  return Guarded([&] {
+    if (reader == nullptr) return NullArgument("kvfile_reader_read_many", "reader");
+    if (targets == nullptr && target_count > 0) return NullArgument("kvfile_reader_read_many", "targets");
+    if (out_dtype != KVFILE_BF16 && out_dtype != KVFILE_F16 && out_dtype != KVFILE_F32)
+      return Fail(KVFILE_INVALID_ARGUMENT, "kvfile_reader_read_many: decoded reads produce bf16, f16 or f32");
+    const kvfile::Reader& r = *reader->impl;
+    std::vector<kvfile::RowsTarget> many;
+    many.reserve(target_count);
+    for (size_t i = 0; i < target_count; ++i) {
+      const kvfile_rows_target& t = targets[i];
+      uint64_t rows = RowsInRead(r, t.layer, t.stream, begin, end);
+      if (rows > 0) {
+        uint64_t need = rows * r.geometry().streams[t.stream].row_width * kvfile_dtype_size(out_dtype);
+        std::string what = "kvfile_reader_read_many: targets[" + std::to_string(i) + "].dst_bytes";
+        if (kvfile_status st = CheckCapacity(what, need, t.dst_bytes); st != KVFILE_OK) return st;
+        if (t.dst == nullptr) return NullArgument("kvfile_reader_read_many", "targets[" + std::to_string(i) + "].dst");
+      }
+      many.push_back({t.layer, t.stream, t.dst});
+    }
+    return Report(reader->impl->ReadMany(many, begin, end, static_cast<Dtype>(out_dtype), ReadThreads(threads)));
+  });
+}
+
+kvfile_status kvfile_reader_read_codes_many(kvfile_reader* reader, uint64_t begin, uint64_t end,
+                                            const kvfile_codes_target* targets, size_t target_count,
+                                            unsigned threads) {
+  return Guarded([&] {
+    if (reader == nullptr) return NullArgument("kvfile_reader_read_codes_many", "reader");
+    if (targets == nullptr && target_count > 0) return NullArgument("kvfile_reader_read_codes_many", "targets");
+    const kvfile::Reader& r = *reader->impl;
+    std::vector<kvfile::CodesTarget> many;
+    many.reserve(target_count);
+    for (size_t i = 0; i < target_count; ++i) {
+      const kvfile_codes_target& t = targets[i];
+      uint64_t rows = RowsInRead(r, t.layer, t.stream, begin, end);
+      if (rows > 0) {
+        std::string target = "targets[" + std::to_string(i) + "]";
+        std::string where = "kvfile_reader_read_codes_many: " + target;
+        uint64_t need_codes = rows * r.geometry().streams[t.stream].row_width;
+        if (kvfile_status st = CheckCapacity(where + ".codes_bytes", need_codes, t.codes_bytes); st != KVFILE_OK)
+          return st;
+        if (kvfile_status st = CheckCapacity(where + ".scale_count", rows, t.scale_count); st != KVFILE_OK)
+          return st;
+        if (t.codes == nullptr) return NullArgument("kvfile_reader_read_codes_many", target + ".codes");
+        if (t.scales == nullptr) return NullArgument("kvfile_reader_read_codes_many", target + ".scales");
+      }
+      many.push_back({t.layer, t.stream, t.codes, t.scales});
+    }
+    return Report(reader->impl->ReadManyCodes(many, begin, end, ReadThreads(threads)));
   });
 }
 

@@ -53,6 +53,14 @@ struct KVFILE_NO_EXPORT Reader::Impl {
   Status ReadChunkTargets(File& f, internal::LayoutCache& chunk_layouts, size_t ci,
                           std::span<const RowsTarget> targets, uint64_t begin, uint64_t end,
                           Dtype out_dtype, internal::PageBuffer* buf) const;
+  Status ReadChunkCodes(File& f, internal::LayoutCache& chunk_layouts, size_t ci,
+                        std::span<const CodesTarget> targets, uint64_t begin, uint64_t end,
+                        Dtype v1_quantize_as, internal::PageBuffer* buf) const;
+  // Runs per_chunk(File&, LayoutCache&, chunk index, PageBuffer*) for every
+  // chunk overlapping [begin, end) (not empty) on up to `threads` workers;
+  // returns the error of the first failing chunk in file order.
+  template <typename PerChunk>
+  Status ForEachChunk(uint64_t begin, uint64_t end, unsigned threads, PerChunk&& per_chunk);
 };
 
 Status Reader::Impl::CheckRange(uint32_t layer, uint32_t stream, uint64_t begin,
@@ -192,6 +200,52 @@ Status Reader::Impl::ReadChunkTargets(File& f, internal::LayoutCache& chunk_layo
   return Status::OK();
 }
 
+// ReadManyCodes' work on one chunk: like ReadChunkTargets, with the codes
+// and scales copied out (or, in a v1 file, the raw rows quantized).
+Status Reader::Impl::ReadChunkCodes(File& f, internal::LayoutCache& chunk_layouts, size_t ci,
+                                    std::span<const CodesTarget> targets, uint64_t begin, uint64_t end,
+                                    Dtype v1_quantize_as, internal::PageBuffer* buf) const {
+  const ChunkInfo& c = chunk_infos[ci];
+  const ChunkLayout* layout;
+  KVFILE_RETURN_IF_ERROR(chunk_layouts.Get(c.stored_tokens, &layout));
+  uint64_t from = std::max(begin, c.first_token);
+  uint64_t to = std::min(end, c.first_token + c.live_tokens);
+  auto first = static_cast<uint32_t>(from - c.first_token);
+  auto count = static_cast<uint32_t>(to - from);
+  const bool quantize = scan.header.major == kMajorV1;
+  for (const CodesTarget& t : targets) {
+    const StreamSpec& spec = g().streams[t.stream];
+    const SectionLayout& sec = layout->section(t.layer, t.stream);
+    uint64_t bytes = sec.end - sec.offset;
+    if (buf->size() < bytes && !buf->Resize(bytes))
+      return Status::IOError(path + ": no memory for a section of " + std::to_string(bytes) + " bytes");
+    size_t idx = static_cast<size_t>(t.layer) * g().streams.size() + t.stream;
+    Status st = f.ReadAt(c.offset + sec.offset, buf->data(), bytes);
+    if (st.ok())
+      st = CheckSection(spec, sec, buf->data(), scan.SectionChecksums(ci)[idx], c.offset + sec.offset,
+                        c.first_token, first, count);
+    if (!st.ok()) return st.WithContext(SectionWhere(path, ci, c.offset, t.layer, spec));
+    uint64_t row0 = uint64_t{first} * spec.rows_per_token;
+    uint64_t rows = uint64_t{count} * spec.rows_per_token;
+    uint64_t out_row0 = (from - begin) * spec.rows_per_token;
+    uint8_t* codes = t.codes + out_row0 * spec.row_width;
+    float* scales = t.scales + out_row0;
+    if (quantize) {
+      // v1 rows were checked finite above (CheckSection).
+      size_t bad_row;
+      if (!codec::QuantizeRows(KindOf(v1_quantize_as), spec.dtype,
+                               buf->data() + row0 * spec.row_width * ElementSize(spec.dtype), rows, spec.row_width,
+                               codes, scales, &bad_row))
+        return Status::Corruption(SectionWhere(path, ci, c.offset, t.layer, spec) + ": non-finite value at token " +
+                                  std::to_string(c.first_token + first + bad_row / spec.rows_per_token));
+    } else {
+      std::memcpy(codes, buf->data() + row0 * spec.row_width, rows * spec.row_width);
+      std::memcpy(scales, buf->data() + (sec.scales_offset - sec.offset) + row0 * 4, rows * 4);
+    }
+  }
+  return Status::OK();
+}
+
 Reader::Reader(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Reader::~Reader() = default;
 
@@ -261,35 +315,24 @@ Status Reader::ReadRows(uint32_t layer, uint32_t stream, uint64_t begin, uint64_
   return Status::OK();
 }
 
-Status Reader::ReadMany(std::span<const RowsTarget> targets, uint64_t begin, uint64_t end,
-                        Dtype out_dtype, unsigned threads) {
-  Impl& r = *impl_;
-  // The range and dtype are checked even with no target: a bad argument is
-  // a caller's bug whatever else the call asks for.
-  KVFILE_RETURN_IF_ERROR(r.CheckTokenRange(begin, end));
-  if (IsFp8(out_dtype))
-    return Status::InvalidArgument(r.path + ": decoded reads produce bf16, f16 or f32; use ReadCodes for codes");
-  for (const RowsTarget& t : targets) {
-    KVFILE_RETURN_IF_ERROR(r.CheckRange(t.layer, t.stream, begin, end));
-    if (t.dst == nullptr) return Status::InvalidArgument(r.path + ": ReadMany target without a destination");
-  }
-  if (begin == end || targets.empty()) return Status::OK();
-  size_t first_chunk = r.FirstChunkFor(begin);
+template <typename PerChunk>
+Status Reader::Impl::ForEachChunk(uint64_t begin, uint64_t end, unsigned threads, PerChunk&& per_chunk) {
+  size_t first_chunk = FirstChunkFor(begin);
   size_t last_chunk = first_chunk;
-  while (last_chunk < r.chunk_infos.size() && r.chunk_infos[last_chunk].first_token < end) ++last_chunk;
+  while (last_chunk < chunk_infos.size() && chunk_infos[last_chunk].first_token < end) ++last_chunk;
   threads = static_cast<unsigned>(std::clamp<size_t>(threads, 1, std::clamp<size_t>(last_chunk - first_chunk, 1, kMaxReadThreads)));
 
   // Each further worker reads through its own File (a File is used by one
   // thread at a time), which must be the file this reader opened.
   std::vector<std::unique_ptr<File>> files;
   FileId id;
-  KVFILE_RETURN_IF_ERROR(r.file->Id(&id));
+  KVFILE_RETURN_IF_ERROR(file->Id(&id));
   for (unsigned i = 1; i < threads; ++i) {
     std::unique_ptr<File> f;
-    KVFILE_RETURN_IF_ERROR(r.fs->Open(r.path, OpenMode::kRead, &f));
+    KVFILE_RETURN_IF_ERROR(fs->Open(path, OpenMode::kRead, &f));
     FileId other;
     KVFILE_RETURN_IF_ERROR(f->Id(&other));
-    if (!(other == id)) return Status::Failed(r.path + ": the file was replaced since it was opened");
+    if (!(other == id)) return Status::Failed(path + ": the file was replaced since it was opened");
     files.push_back(std::move(f));
   }
 
@@ -298,13 +341,13 @@ Status Reader::ReadMany(std::span<const RowsTarget> targets, uint64_t begin, uin
   std::mutex error_mu;
   size_t error_chunk = SIZE_MAX;
   Status error;
-  if (r.worker_buffers.size() < threads) r.worker_buffers.resize(threads);
+  if (worker_buffers.size() < threads) worker_buffers.resize(threads);
   auto work = [&](File* f, internal::PageBuffer* buf) {
-    internal::LayoutCache chunk_layouts(&r.g());
+    internal::LayoutCache chunk_layouts(&g());
     while (!failed.load(std::memory_order_relaxed)) {
       size_t ci = next.fetch_add(1);
       if (ci >= last_chunk) break;
-      Status st = r.ReadChunkTargets(*f, chunk_layouts, ci, targets, begin, end, out_dtype, buf);
+      Status st = per_chunk(*f, chunk_layouts, ci, buf);
       if (!st.ok()) {
         std::lock_guard<std::mutex> lock(error_mu);
         if (ci < error_chunk) {
@@ -318,19 +361,67 @@ Status Reader::ReadMany(std::span<const RowsTarget> targets, uint64_t begin, uin
   std::vector<std::thread> workers;
   for (size_t i = 0; i < files.size(); ++i) {
     try {
-      workers.emplace_back(work, files[i].get(), &r.worker_buffers[i + 1]);
+      workers.emplace_back(work, files[i].get(), &worker_buffers[i + 1]);
     } catch (const std::system_error&) {
       break;  // no thread to be had: the workers started so far finish the job
     }
   }
-  work(r.file.get(), &r.worker_buffers[0]);
+  work(file.get(), &worker_buffers[0]);
   for (auto& w : workers) w.join();
-  if (failed) {
+  return failed ? error : Status::OK();
+}
+
+Status Reader::ReadMany(std::span<const RowsTarget> targets, uint64_t begin, uint64_t end,
+                        Dtype out_dtype, unsigned threads) {
+  Impl& r = *impl_;
+  // The range and dtype are checked even with no target: a bad argument is
+  // a caller's bug whatever else the call asks for.
+  KVFILE_RETURN_IF_ERROR(r.CheckTokenRange(begin, end));
+  if (IsFp8(out_dtype))
+    return Status::InvalidArgument(r.path + ": decoded reads produce bf16, f16 or f32; use ReadCodes for codes");
+  for (const RowsTarget& t : targets) {
+    KVFILE_RETURN_IF_ERROR(r.CheckRange(t.layer, t.stream, begin, end));
+    if (t.dst == nullptr) return Status::InvalidArgument(r.path + ": ReadMany target without a destination");
+  }
+  if (begin == end || targets.empty()) return Status::OK();
+  Status st = r.ForEachChunk(begin, end, threads,
+                             [&](File& f, internal::LayoutCache& layouts, size_t ci, internal::PageBuffer* buf) {
+                               return r.ReadChunkTargets(f, layouts, ci, targets, begin, end, out_dtype, buf);
+                             });
+  if (!st.ok())
     for (const RowsTarget& t : targets)
       std::memset(t.dst, 0, (end - begin) * r.g().streams[t.stream].ElementsPerToken() * ElementSize(out_dtype));
-    return error;
+  return st;
+}
+
+Status Reader::ReadManyCodes(std::span<const CodesTarget> targets, uint64_t begin, uint64_t end,
+                             unsigned threads, Dtype v1_quantize_as) {
+  Impl& r = *impl_;
+  KVFILE_RETURN_IF_ERROR(r.CheckTokenRange(begin, end));
+  const bool quantize = r.scan.header.major == kMajorV1;
+  if (quantize && !IsFp8(v1_quantize_as))
+    return Status::InvalidArgument(r.path + ": codes are e4m3 or e5m2, not " + DtypeName(v1_quantize_as));
+  for (const CodesTarget& t : targets) {
+    KVFILE_RETURN_IF_ERROR(r.CheckRange(t.layer, t.stream, begin, end));
+    const StreamSpec& spec = r.g().streams[t.stream];
+    if (!quantize && !IsFp8(spec.dtype))
+      return Status::InvalidArgument(r.path + ": stream '" + spec.name + "' is stored raw (" +
+                                     DtypeName(spec.dtype) + "); read it with ReadMany");
+    if (t.codes == nullptr || t.scales == nullptr)
+      return Status::InvalidArgument(r.path + ": ReadManyCodes target without a destination");
   }
-  return Status::OK();
+  if (begin == end || targets.empty()) return Status::OK();
+  Status st = r.ForEachChunk(begin, end, threads,
+                             [&](File& f, internal::LayoutCache& layouts, size_t ci, internal::PageBuffer* buf) {
+                               return r.ReadChunkCodes(f, layouts, ci, targets, begin, end, v1_quantize_as, buf);
+                             });
+  if (!st.ok())
+    for (const CodesTarget& t : targets) {
+      const StreamSpec& spec = r.g().streams[t.stream];
+      std::memset(t.codes, 0, (end - begin) * spec.ElementsPerToken());
+      std::memset(t.scales, 0, (end - begin) * spec.rows_per_token * sizeof(float));
+    }
+  return st;
 }
 
 Status Reader::ReadCodes(uint32_t layer, uint32_t stream, uint64_t begin, uint64_t end,

@@ -305,6 +305,76 @@ static void test_read(void) {
   kvfile_reader_close(NULL);
 }
 
+/* Bulk reads (every (layer, stream) pair in one call, on 1, 3 and the
+ * machine's threads) give exactly kvfile_reader_read_rows' and
+ * kvfile_reader_read_codes' bytes, over ranges inside and across chunks. */
+static void test_read_many(void) {
+  kvfile_reader* r = NULL;
+  CHECK_STATUS(kvfile_reader_open(path_in_dir("s.kv"), &r), KVFILE_OK);
+  if (r == NULL) return;
+  enum { kPairs = kLayers * kStreams };
+  static float want[kTokens * kPerToken], got[kPairs][kTokens * kPerToken];
+  static uint8_t want_codes[kTokens * kPerToken], codes[kPairs][kTokens * kPerToken];
+  static float want_scales[kTokens * kRows], scales[kPairs][kTokens * kRows];
+  static const uint64_t ranges[][2] = {{0, kTokens}, {1, 3}, {3, 9}, {5, 5}};
+  static const unsigned threads[] = {1, 3, 0};
+  static const kvfile_dtype dtypes[] = {KVFILE_F32, KVFILE_BF16, KVFILE_F16};
+  for (size_t ri = 0; ri < sizeof ranges / sizeof ranges[0]; ++ri) {
+    uint64_t b = ranges[ri][0], e = ranges[ri][1];
+    for (size_t ti = 0; ti < 3; ++ti) {
+      kvfile_dtype dt = dtypes[(ri + ti) % 3];
+      size_t bytes = (size_t)(e - b) * kPerToken * kvfile_dtype_size(dt);
+      kvfile_rows_target rt[kPairs];
+      kvfile_codes_target ct[kPairs];
+      memset(got, 0xAB, sizeof got);
+      memset(codes, 0xAB, sizeof codes);
+      for (int p = 0; p < kPairs; ++p) {
+        rt[p].layer = ct[p].layer = (uint32_t)(p / kStreams);
+        rt[p].stream = ct[p].stream = (uint32_t)(p % kStreams);
+        rt[p].dst = got[p];
+        rt[p].dst_bytes = bytes;
+        ct[p].codes = codes[p];
+        ct[p].codes_bytes = (size_t)(e - b) * kPerToken;
+        ct[p].scales = scales[p];
+        ct[p].scale_count = (size_t)(e - b) * kRows;
+      }
+      CHECK_STATUS(kvfile_reader_read_many(r, b, e, dt, rt, kPairs, threads[ti]), KVFILE_OK);
+      CHECK_STATUS(kvfile_reader_read_codes_many(r, b, e, ct, kPairs, threads[ti]), KVFILE_OK);
+      for (int p = 0; p < kPairs; ++p) {
+        uint32_t l = (uint32_t)(p / kStreams), s = (uint32_t)(p % kStreams);
+        CHECK_STATUS(kvfile_reader_read_rows(r, l, s, b, e, dt, want, sizeof want), KVFILE_OK);
+        CHECK(memcmp(got[p], want, bytes) == 0);
+        if (bytes < sizeof got[p]) CHECK(((const uint8_t*)got[p])[bytes] == 0xAB); /* nothing past the target */
+        CHECK_STATUS(kvfile_reader_read_codes(r, l, s, b, e, want_codes, sizeof want_codes, want_scales,
+                                              kTokens * kRows), KVFILE_OK);
+        CHECK(memcmp(codes[p], want_codes, (size_t)(e - b) * kPerToken) == 0);
+        CHECK(memcmp(scales[p], want_scales, (size_t)(e - b) * kRows * sizeof(float)) == 0);
+      }
+    }
+  }
+  /* Every target is checked before anything is read. */
+  kvfile_rows_target rt[2] = {{0, 0, got[0], kTokens * kPerToken * 4}, {1, 1, got[1], kTokens * kPerToken * 4 - 1}};
+  got[0][0] = 42.0f;
+  CHECK_STATUS(kvfile_reader_read_many(r, 0, kTokens, KVFILE_F32, rt, 2, 0), KVFILE_BUFFER_TOO_SMALL);
+  CHECK_CONTAINS(kvfile_last_error(), "targets[1].dst_bytes holds 1279, the result needs 1280");
+  CHECK(got[0][0] == 42.0f);
+  rt[1].dst_bytes = kTokens * kPerToken * 4;
+  rt[1].layer = 2;
+  CHECK_STATUS(kvfile_reader_read_many(r, 0, kTokens, KVFILE_F32, rt, 2, 0), KVFILE_INVALID_ARGUMENT);
+  CHECK_CONTAINS(kvfile_last_error(), "layer 2 out of range (2 layers)");
+  CHECK_STATUS(kvfile_reader_read_many(r, 0, kTokens, KVFILE_E4M3, rt, 1, 0), KVFILE_INVALID_ARGUMENT);
+  CHECK_STATUS(kvfile_reader_read_many(r, 0, kTokens, KVFILE_F32, NULL, 1, 0), KVFILE_INVALID_ARGUMENT);
+  CHECK(strcmp(kvfile_last_error(), "kvfile_reader_read_many: targets is NULL") == 0);
+  kvfile_codes_target ct = {0, 1, codes[0], kTokens * kPerToken, NULL, kTokens * kRows};
+  CHECK_STATUS(kvfile_reader_read_codes_many(r, 0, kTokens, &ct, 1, 0), KVFILE_INVALID_ARGUMENT);
+  CHECK(strcmp(kvfile_last_error(), "kvfile_reader_read_codes_many: targets[0].scales is NULL") == 0);
+  ct.scales = scales[0];
+  ct.scale_count = kTokens * kRows - 1;
+  CHECK_STATUS(kvfile_reader_read_codes_many(r, 0, kTokens, &ct, 1, 0), KVFILE_BUFFER_TOO_SMALL);
+  CHECK_CONTAINS(kvfile_last_error(), "targets[0].scale_count holds 19, the result needs 20");
+  kvfile_reader_close(r);
+}
+
 /* Copies the first n bytes of file `from` to a new file `to`. */
 static void copy_prefix(const char* from, const char* to, long n) {
   FILE* in = fopen(from, "rb");
@@ -386,6 +456,26 @@ static void test_verify_and_damage(void) {
   CHECK(dst[0] == 123.0f); /* a failed read leaves the buffer untouched */
   CHECK_STATUS(kvfile_reader_read_rows(r, 0, 1, 0, kTokens, KVFILE_F32, dst, sizeof dst), KVFILE_OK);
   CHECK_STATUS(kvfile_reader_read_rows(r, 1, 1, 4, kTokens, KVFILE_F32, dst, sizeof dst), KVFILE_OK);
+  /* A bulk read over the damaged section fails as a whole: every target
+   * zero-filled, the message naming chunk 0, layer 1, stream 'v'. */
+  static float other[kTokens * kPerToken];
+  other[5] = 7.0f;
+  dst[5] = 7.0f;
+  kvfile_rows_target rt[2] = {{0, 0, other, sizeof other}, {1, 1, dst, sizeof dst}};
+  CHECK_STATUS(kvfile_reader_read_many(r, 0, kTokens, KVFILE_F32, rt, 2, 2), KVFILE_CORRUPTION);
+  CHECK_CONTAINS(kvfile_last_error(), "chunk 0");
+  CHECK_CONTAINS(kvfile_last_error(), "layer 1 stream 'v'");
+  CHECK(other[5] == 0.0f && dst[5] == 0.0f && other[kTokens * kPerToken - 1] == 0.0f);
+  static uint8_t codes[kTokens * kPerToken];
+  static float scales[kTokens * kRows];
+  codes[0] = 9;
+  scales[0] = 9.0f;
+  kvfile_codes_target ct = {1, 1, codes, sizeof codes, scales, kTokens * kRows};
+  CHECK_STATUS(kvfile_reader_read_codes_many(r, 0, kTokens, &ct, 1, 0), KVFILE_CORRUPTION);
+  CHECK(codes[0] == 0 && scales[0] == 0.0f);
+  /* Tokens past the damaged chunk read fine. */
+  CHECK_STATUS(kvfile_reader_read_codes_many(r, 4, kTokens, &ct, 1, 0), KVFILE_OK);
+  CHECK(scales[0] > 0.0f);
   kvfile_reader_close(r);
 
   /* Not a kvfile at all. */
@@ -475,6 +565,7 @@ int main(int argc, char** argv) {
   test_presets();
   test_write();
   test_read();
+  test_read_many();
   test_cut_file();
   test_verify_and_damage();
   test_explicit_geometry();

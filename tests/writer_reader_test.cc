@@ -1873,6 +1873,84 @@ TEST_F(ReadManyTest, InvalidCodeWithValidChecksumFailsTheRead) {
   ExpectReadManyFailsAndZeroes(*r, 10, 11, 1, {"non-finite code at token 10"});
 }
 
+// ---- Reader::ReadManyCodes ----------------------------------------------------------------
+
+// The fp8 pairs of a geometry (the streams ReadManyCodes reads in a v2 file).
+std::vector<Pair> Fp8Pairs(const Geometry& g) {
+  std::vector<Pair> pairs;
+  for (auto [layer, s] : AllPairs(g))
+    if (format::IsFp8(g.streams[s].dtype)) pairs.push_back({layer, s});
+  return pairs;
+}
+
+// Codes and scales of `pairs` over [begin, end), as ReadCodes gives them,
+// with a spare byte past each end (kFill) that no read may touch.
+struct CodeDestinations {
+  std::vector<Bytes> codes, scales;
+  std::vector<CodesTarget> targets;
+  CodeDestinations(const Geometry& g, const std::vector<Pair>& pairs, uint64_t tokens) {
+    for (auto [layer, s] : pairs) {
+      codes.emplace_back(tokens * g.streams[s].ElementsPerToken() + 1, kFill);
+      scales.emplace_back(tokens * g.streams[s].rows_per_token * 4 + 1, kFill);
+    }
+    for (size_t i = 0; i < pairs.size(); ++i)
+      targets.push_back({pairs[i].first, pairs[i].second, codes[i].data(), reinterpret_cast<float*>(scales[i].data())});
+  }
+};
+
+TEST_F(ReadManyTest, CodesEqualReadCodesOverEveryRangeAndThreadCount) {
+  ASSERT_NO_FATAL_FAILURE(Write());
+  auto r = Open(Path());
+  ASSERT_NE(r, nullptr);
+  const std::vector<Pair> pairs = Fp8Pairs(q_.g);
+  ASSERT_EQ(pairs.size(), 8u);
+  auto ranges = RangesOverChunks(*r);
+  ranges.push_back({5, 5});
+  for (auto [b, end] : ranges) {
+    SCOPED_TRACE("[" + std::to_string(b) + ", " + std::to_string(end) + ")");
+    CodeDestinations want(q_.g, pairs, end - b);
+    for (size_t i = 0; i < pairs.size(); ++i)
+      ASSERT_OK(r->ReadCodes(pairs[i].first, pairs[i].second, b, end, want.codes[i].data(),
+                             reinterpret_cast<float*>(want.scales[i].data())));
+    for (unsigned threads : kThreadCounts) {
+      CodeDestinations got(q_.g, pairs, end - b);
+      ASSERT_OK(r->ReadManyCodes(got.targets, b, end, threads));
+      ASSERT_TRUE(got.codes == want.codes && got.scales == want.scales) << "threads " << threads;
+    }
+  }
+  // A raw stream has no codes: refused before anything is read.
+  CodeDestinations got(q_.g, {{0, 0}, {1, 2}}, 37);
+  Status st = r->ReadManyCodes(got.targets, 0, 37, 2);
+  EXPECT_EQ(st.code(), Status::Code::kInvalidArgument);
+  EXPECT_NE(st.message().find("stream 'idx' is stored raw (bf16)"), std::string::npos) << st.ToString();
+  EXPECT_TRUE(got.codes[0] == Bytes(got.codes[0].size(), kFill));
+}
+
+TEST_F(ReadManyTest, CodesOfADamagedChunkFailNamingItAndZeroFill) {
+  ASSERT_NO_FATAL_FAILURE(Write());
+  {
+    auto clean = Open(Path());
+    ASSERT_NE(clean, nullptr);
+    DamageSection(Path(), *clean, 4, 3, 0, 40);  // the short last chunk, layer 3 'k'
+  }
+  auto r = Open(Path());
+  ASSERT_NE(r, nullptr);
+  for (unsigned threads : kThreadCounts) {
+    CodeDestinations got(q_.g, Fp8Pairs(q_.g), 37);
+    Status st = r->ReadManyCodes(got.targets, 0, 37, threads);
+    EXPECT_EQ(st.code(), Status::Code::kCorruption);
+    for (const char* part : {"chunk 4", "layer 3", "stream 'k'"})
+      EXPECT_NE(st.message().find(part), std::string::npos) << st.ToString();
+    for (size_t i = 0; i < got.codes.size(); ++i) {
+      EXPECT_TRUE(std::all_of(got.codes[i].begin(), got.codes[i].end() - 1, [](uint8_t b) { return b == 0; }));
+      EXPECT_TRUE(std::all_of(got.scales[i].begin(), got.scales[i].end() - 1, [](uint8_t b) { return b == 0; }));
+      EXPECT_EQ(got.codes[i].back(), kFill);
+    }
+  }
+  CodeDestinations got(q_.g, Fp8Pairs(q_.g), 32);
+  ASSERT_OK(r->ReadManyCodes(got.targets, 0, 32, 3));  // the chunks before it still read
+}
+
 // ---- VerifyFile with worker threads ------------------------------------------------------------
 
 std::string Describe(const std::vector<VerifyFinding>& findings) {

@@ -10,6 +10,7 @@
 
 PYBIND11_MODULE(_kvfile, m) {
   m.doc() = "kvfile: LLM KV caches on disk (the C++ library's Python binding)";
+  m.attr("__version__") = KVFILE_VERSION_STRING;
   kvfile::python::RegisterExceptions(m);
   kvfile::python::BindReader(m);
   kvfile::python::BindWriter(m);

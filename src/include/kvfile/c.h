@@ -241,6 +241,49 @@ KVFILE_EXPORT kvfile_status kvfile_reader_read_codes(kvfile_reader* reader, uint
                                        uint64_t begin, uint64_t end, uint8_t* codes,
                                        size_t codes_bytes, float* scales, size_t scale_count);
 
+/* One destination of kvfile_reader_read_many: the rows of (layer, stream),
+ * decoded, laid out as for kvfile_reader_read_rows; dst_bytes is the size
+ * of dst. */
+typedef struct kvfile_rows_target {
+  uint32_t layer;
+  uint32_t stream;
+  void* dst;
+  size_t dst_bytes;
+} kvfile_rows_target;
+
+/* Bulk read: the rows of every target for tokens [begin, end), decoded as
+ * out_dtype (KVFILE_BF16, KVFILE_F16 or KVFILE_F32), in one call: what an
+ * engine resuming a session does (pass every (layer, stream) pair). The
+ * file is read chunk by chunk by `threads` worker threads inside the call
+ * (0: as many as the machine has cores; the library caps them at 16 and at
+ * the number of chunks). Every target is checked before anything is read
+ * (range, layer, stream, KVFILE_BUFFER_TOO_SMALL for a short buffer). Data
+ * is checked chunk by chunk: on a failure every destination is zero-filled
+ * (no partly decoded data is left) and the message names the first failing
+ * chunk. */
+KVFILE_EXPORT kvfile_status kvfile_reader_read_many(kvfile_reader* reader, uint64_t begin, uint64_t end,
+                                      kvfile_dtype out_dtype, const kvfile_rows_target* targets,
+                                      size_t target_count, unsigned threads);
+
+/* One destination of kvfile_reader_read_codes_many: codes and scales of
+ * (layer, stream), laid out as for kvfile_reader_read_codes. */
+typedef struct kvfile_codes_target {
+  uint32_t layer;
+  uint32_t stream;
+  uint8_t* codes;
+  size_t codes_bytes;
+  float* scales;
+  size_t scale_count;
+} kvfile_codes_target;
+
+/* Bulk read of fp8 codes and scales: kvfile_reader_read_codes for every
+ * target, with the threads and the failure contract of
+ * kvfile_reader_read_many (a raw stream of a v2 file: KVFILE_INVALID_ARGUMENT;
+ * a v1 file's rows are quantized as e4m3). */
+KVFILE_EXPORT kvfile_status kvfile_reader_read_codes_many(kvfile_reader* reader, uint64_t begin, uint64_t end,
+                                            const kvfile_codes_target* targets, size_t target_count,
+                                            unsigned threads);
+
 /* What kvfile_reader_info reports. */
 typedef struct kvfile_info {
   uint16_t major_version;             /* 1 or 2 */

@@ -43,6 +43,15 @@ struct RowsTarget {
   void* dst = nullptr;
 };
 
+// One destination of Reader::ReadManyCodes: the codes of (layer, stream),
+// shaped [end-begin][rows][width], and its scales, [end-begin][rows].
+struct CodesTarget {
+  uint32_t layer = 0;
+  uint32_t stream = 0;
+  uint8_t* codes = nullptr;
+  float* scales = nullptr;
+};
+
 // A Reader is used by one thread at a time; ReadMany and VerifyFile run
 // their own worker threads inside one call.
 class KVFILE_EXPORT Reader {
@@ -94,6 +103,12 @@ class KVFILE_EXPORT Reader {
   // left behind, and the message names the chunk.
   Status ReadMany(std::span<const RowsTarget> targets, uint64_t begin, uint64_t end,
                   Dtype out_dtype, unsigned threads = 1);
+  // Codes and scales of many (layer, stream) pairs of fp8 streams for tokens
+  // [begin, end): ReadCodes as ReadMany reads rows (chunk by chunk, the same
+  // threads, the same failure contract: on error every destination is
+  // zero-filled). A v1 file's rows are quantized as `v1_quantize_as`.
+  Status ReadManyCodes(std::span<const CodesTarget> targets, uint64_t begin, uint64_t end,
+                       unsigned threads = 1, Dtype v1_quantize_as = Dtype::kE4M3);
   // Codes and scales of an fp8 stream, shaped [end-begin][rows][width] and
   // [end-begin][rows]. In a v1 file (raw rows only) the rows are quantized on
   // the fly with the codec, as `v1_quantize_as` (kE4M3 or kE5M2): exactly the

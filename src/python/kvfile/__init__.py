@@ -6,6 +6,10 @@ A thin layer over the C++ library's binding (the extension kvfile._kvfile):
     kvfile.open(path)                             -> Reader
     kvfile.open(path, "a", sync=...)              -> Writer appending to the file
     kvfile.verify(path)                           -> dict of findings
+    Reader.read_all(...) / Reader.codes_all(...)  -> every stream at once (bulk)
+
+kvfile.torch (torch tensors, CUDA loads) and kvfile.transformers (a
+DynamicCache to and from a file) import torch only when used.
 
 Arrays: a stream's rows are shaped [layers, tokens, rows_per_token,
 row_width] for Writer.append and for Reader.read(stream) of every layer;
@@ -29,7 +33,9 @@ from ._kvfile import (  # noqa: F401  (re-exported)
     Reader,
     UnsupportedError,
     Writer,
+    __version__,
     create,
+    fp8_decode_table,
     open_reader,
     open_writer,
     presets,
