@@ -233,7 +233,7 @@ Status Reader::Impl::ReadChunkCodes(File& f, internal::LayoutCache& chunk_layout
     if (quantize) {
       // v1 rows were checked finite above (CheckSection).
       size_t bad_row;
-      if (!codec::QuantizeRows(KindOf(v1_quantize_as), spec.dtype,
+      if (!codec::QuantizeRows(v1_quantize_as, spec.dtype,
                                buf->data() + row0 * spec.row_width * ElementSize(spec.dtype), rows, spec.row_width,
                                codes, scales, &bad_row))
         return Status::Corruption(SectionWhere(path, ci, c.offset, t.layer, spec) + ": non-finite value at token " +
