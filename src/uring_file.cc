@@ -26,14 +26,14 @@
 // failure of a queued write found then is kept for WaitWrites.
 //
 // SubmitWrite queues without waiting: the write is split into 8 MiB SQEs,
-// grouped into link chains of up to kChainWrites writes (IOSQE_IO_LINK in
+// grouped into link chains of up to 8 writes (Limits::chain_writes) (IOSQE_IO_LINK in
 // order), and with sync_after the last chain ends with a linked
 // IORING_FSYNC_DATASYNC fsync. The fsync must also follow every write queued
 // earlier (not linked to it), so a chain holding an fsync gets IOSQE_IO_DRAIN
 // when anything else is still in flight. A write overlapping a queued write
 // that has not finished waits for it, so overlapping writes land in order.
 //
-// Every in-flight SQE has an entry in ops_ (user_data -> chain and part);
+// Every in-flight SQE has an entry in the scheduler's ops_ (user_data -> chain and part);
 // every chain not yet finished is in chains_ (by submission order). A chain
 // is judged once all its completions are in: if a part failed with a real
 // error (EIO, ENOSPC, ...) the chain's first error is kept for WaitWrites and
