@@ -2,7 +2,8 @@
 // the bytes of sealed chunks (head fields, tokens, rows, checksums, zero
 // padding), short chunks, the reuse of a staging buffer after a short or a
 // full chunk (no byte of the earlier chunk may show through), and what
-// staging refuses (non-finite rows, wrong block shapes) without a trace.
+// staging refuses (non-finite rows, wrong block shapes) without a trace;
+// and the default chunk-size rule the writer and the CLI share.
 #include "chunk_builder.h"
 
 #include <gtest/gtest.h>
@@ -255,6 +256,28 @@ TEST(ChunkBuilder, InitRefusesAChunkOverTheFormatLimit) {
   Status st = b.Init(&g, 4096);
   EXPECT_EQ(st.code(), Status::Code::kInvalidArgument);
   EXPECT_NE(st.message().find("exceed 1 GiB"), std::string::npos) << st.message();
+}
+
+// The default chunk-size rule (kvfile::FitChunkTokens, kvfile/writer.h):
+// halve while a chunk exceeds max(64 MiB, the input's size).
+TEST(ChunkSizeRule, HalvesUntilAChunkFits) {
+  Geometry g;  // 4 MiB of rows per token: 64 layers x 2 streams x 8 rows x 1024 f32
+  g.layers = 64;
+  g.streams = {{"k", 8, 1024, Dtype::kF32}, {"v", 8, 1024, Dtype::kF32}};
+  // 16 tokens are 64 MiB of rows plus the head: over 64 MiB; 8 fit.
+  EXPECT_EQ(FitChunkTokens(g, 256, 0), 8u);
+  EXPECT_EQ(FitChunkTokens(g, 256, uint64_t{64} << 20), 8u);
+  // A larger input raises the cap: 16 tokens fit in 100 MiB, 32 do not.
+  EXPECT_EQ(FitChunkTokens(g, 256, uint64_t{100} << 20), 16u);
+  // A chunk over the format's 1 GiB limit is halved whatever the input.
+  EXPECT_EQ(FitChunkTokens(g, 512, uint64_t{4} << 30), 128u);
+  EXPECT_EQ(FitChunkTokens(g, 4, 0), 4u);  // fits: unchanged
+  EXPECT_EQ(FitChunkTokens(g, 1, 0), 1u);  // never below 1
+  ChunkLayout l;
+  ASSERT_TRUE(ComputeChunkLayout(g, 8, &l).ok());
+  EXPECT_LE(l.chunk_bytes, uint64_t{64} << 20);
+  ASSERT_TRUE(ComputeChunkLayout(g, 16, &l).ok());
+  EXPECT_GT(l.chunk_bytes, uint64_t{64} << 20);
 }
 
 }  // namespace
