@@ -7,6 +7,7 @@
 
 #include "kvfile/codec.h"
 #include "format/endian.h"
+#include "commit_log.h"
 
 namespace kvfile::internal {
 
@@ -342,27 +343,15 @@ Status ScanFile(File& file, ScanResult* out, DamageLocation* where) {
 
   // The newest valid commit slot wins; a damaged one is remembered (verify
   // reports it) but is not fatal: a crash while writing a slot tears it.
-  bool have = false;
+  CommitSlots slots;
+  bool have = ReadCommitSlots(fixed, r.header.salt, &slots);
+  r.commit = slots.newest;
+  r.active_slot = slots.active_slot;
+  r.slot_errors = slots.errors;
   for (int i = 0; i < 2; ++i) {
-    CommitRecord c;
-    Status st = DecodeCommitRecord(
-        std::span<const uint8_t, kCommitSlotSize>(fixed.data() + kCommitSlotOffset[i], kCommitSlotSize), &c);
-    if (st.ok() && c.salt != r.header.salt) st = Status::Corruption("commit slot salt mismatch");
-    if (st.ok() && c.sequence % 2 != static_cast<uint64_t>(i))
-      st = Status::Corruption("commit sequence " + std::to_string(c.sequence) + " in the wrong slot");
-    r.slots[i].valid = st.ok();
-    r.slots[i].sequence = st.ok() ? c.sequence : 0;
-    r.slots[i].error = st.ok() ? std::string() : st.message();
-    if (!st.ok()) {
-      r.slot_errors[i] = "commit slot " + std::to_string(i) + " at offset " +
-                         std::to_string(kCommitSlotOffset[i]) + ": " + st.message();
-      continue;
-    }
-    if (!have || c.sequence > r.commit.sequence) {
-      r.commit = c;
-      r.active_slot = i;
-      have = true;
-    }
+    r.slots[i].valid = slots.valid[i];
+    r.slots[i].sequence = slots.sequence[i];
+    r.slots[i].error = slots.reason[i];
   }
   where->offset = static_cast<int64_t>(kCommitSlotOffset[0]);
   if (!have) return Status::Corruption("both commit slots are damaged: " + r.slot_errors[0]);

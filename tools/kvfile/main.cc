@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include "cli_common.h"
+#include "kvfile/writer.h"
 #include "progress.h"
 #include "signals.h"
 
@@ -79,11 +80,7 @@ CLI::Validator Count(uint64_t min, uint64_t max) {
 uint32_t BoundedChunkTokens(const Geometry& g, uint32_t wanted, const std::string& input) {
   std::error_code ec;
   uint64_t input_bytes = std::filesystem::file_size(input, ec);
-  const uint64_t cap = std::max<uint64_t>(uint64_t{64} << 20, ec ? 0 : input_bytes);
-  uint64_t chunk_bytes = 0;
-  while (wanted > 1 && (!ChunkBytes(g, wanted, &chunk_bytes).ok() || chunk_bytes > cap))
-    wanted /= 2;
-  return wanted;
+  return FitChunkTokens(g, wanted, ec ? 0 : input_bytes);
 }
 
 std::string MissingCommittedData(const TailInfo& tail) {

@@ -156,6 +156,13 @@ class KVFILE_EXPORT Writer {
   std::unique_ptr<Impl> impl_;
 };
 
+// The chunk-size rule for a default chunk size: `wanted` tokens per chunk,
+// halved while a chunk of that many tokens of geometry `g` would exceed
+// max(64 MiB, input_bytes) or the format's limit (1 GiB); never below 1.
+// Writer::Open applies it with input_bytes 0 (staging buffers of at most
+// 64 MiB whatever the file's hint); the kvfile CLI with its input's size.
+KVFILE_EXPORT uint32_t FitChunkTokens(const Geometry& g, uint32_t wanted, uint64_t input_bytes);
+
 // Removes a leftover "<path>.kvupgrade" of an interrupted upgrade, under
 // the file's writer lock, without opening the file for writing (what
 // `kvfile repair` does for a v1 file). *removed says whether there was one.
