@@ -31,7 +31,7 @@ struct VerifyFinding {
   std::string message;
 };
 
-struct VerifyReport {
+struct KVFILE_EXPORT VerifyReport {
   bool opened = false;  // the header was readable
   uint16_t major = 0, minor = 0;
   uint64_t tokens = 0, chunks = 0, bytes = 0;
