@@ -15,6 +15,7 @@
 #include "kvfile/format/endian.h"
 #include "kvfile/format/header.h"
 #include "atomic_replace.h"
+#include "codec/row_check.h"
 #include "file_scan.h"
 #include "page_buffer.h"
 
@@ -57,6 +58,13 @@ Status OpenLocked(FileSystem& fs, const std::string& path, std::unique_ptr<File>
     if (!st.ok() && st.code() != Status::Code::kNotFound) return st;
   }
   return Status::Busy(path + ": the file keeps being replaced while opening it");
+}
+
+// The start of the writer's message for a row the codec's row check refused.
+const char* RowFaultText(codec::RowFault f) {
+  return f == codec::RowFault::kNonFiniteCode  ? "non-finite code in "
+         : f == codec::RowFault::kInvalidScale ? "invalid scale in "
+                                               : "non-finite value in ";
 }
 
 codec::Fp8Kind KindOf(Dtype d) {
@@ -204,25 +212,11 @@ Status Writer::Impl::ValidateBatch(const AppendBatch& b, bool scan_values) const
         return Status::InvalidArgument(where + ": invalid input dtype");
       if (!scan_values) continue;
       uint64_t rows = n * spec.rows_per_token;
-      uint64_t elems = rows * spec.row_width;
-      if (prequantized) {
-        size_t bad = codec::FindInvalidCode(KindOf(spec.dtype), static_cast<const uint8_t*>(blk.data), elems);
-        if (bad < elems)
-          return Status::NonFinite("non-finite code in " +
-                                   Where(layer, s, disk_tokens + staged + bad / spec.ElementsPerToken(),
-                                         bad / spec.row_width % spec.rows_per_token));
-        size_t bad_scale = codec::FindInvalidScale(blk.scales, rows);
-        if (bad_scale < rows)
-          return Status::NonFinite("invalid scale in " +
-                                   Where(layer, s, disk_tokens + staged + bad_scale / spec.rows_per_token,
-                                         bad_scale % spec.rows_per_token));
-      } else {
-        size_t bad = codec::FindNonFinite(blk.dtype, blk.data, elems);
-        if (bad < elems)
-          return Status::NonFinite("non-finite value in " +
-                                   Where(layer, s, disk_tokens + staged + bad / spec.ElementsPerToken(),
-                                         bad / spec.row_width % spec.rows_per_token));
-      }
+      codec::RowCheck rc = codec::CheckRows(blk.dtype, blk.data, blk.scales, rows, spec.row_width);
+      if (!rc.ok())
+        return Status::NonFinite(RowFaultText(rc.fault) +
+                                 Where(layer, s, disk_tokens + staged + rc.row / spec.rows_per_token,
+                                       rc.row % spec.rows_per_token));
     }
   }
   return Status::OK();
@@ -249,16 +243,11 @@ Status Writer::Impl::StageTokens(const AppendBatch& b, uint64_t from, uint32_t n
         if (IsFp8(blk.dtype)) {
           // Codes from the caller get the checks a reader would make.
           size_t elems = rows * spec.row_width;
-          size_t bad = codec::FindInvalidCode(KindOf(spec.dtype), src, elems);
-          if (bad < elems)
-            return Status::NonFinite("non-finite code in " +
-                                     Where(layer, s, disk_tokens + staged + bad / spec.ElementsPerToken(),
-                                           bad / spec.row_width % spec.rows_per_token));
-          size_t bad_scale = codec::FindInvalidScale(blk.scales + src_row, rows);
-          if (bad_scale < rows)
-            return Status::NonFinite("invalid scale in " +
-                                     Where(layer, s, disk_tokens + staged + bad_scale / spec.rows_per_token,
-                                           bad_scale % spec.rows_per_token));
+          codec::RowCheck rc = codec::CheckRows(blk.dtype, src, blk.scales + src_row, rows, spec.row_width);
+          if (!rc.ok())
+            return Status::NonFinite(RowFaultText(rc.fault) +
+                                     Where(layer, s, disk_tokens + staged + rc.row / spec.rows_per_token,
+                                           rc.row % spec.rows_per_token));
           std::memcpy(dst, src, elems);
           std::memcpy(scales, blk.scales + src_row, rows * 4);
           continue;
@@ -271,11 +260,11 @@ Status Writer::Impl::StageTokens(const AppendBatch& b, uint64_t from, uint32_t n
                                          bad_row % spec.rows_per_token));
       } else {
         size_t elems = rows * spec.row_width;
-        size_t bad = codec::FindNonFinite(blk.dtype, src, elems);
-        if (bad < elems)
-          return Status::NonFinite("non-finite value in " +
-                                   Where(layer, s, disk_tokens + staged + bad / spec.ElementsPerToken(),
-                                         bad / spec.row_width % spec.rows_per_token));
+        codec::RowCheck rc = codec::CheckRows(blk.dtype, src, nullptr, rows, spec.row_width);
+        if (!rc.ok())
+          return Status::NonFinite(RowFaultText(rc.fault) +
+                                   Where(layer, s, disk_tokens + staged + rc.row / spec.rows_per_token,
+                                         rc.row % spec.rows_per_token));
         codec::ConvertRaw(blk.dtype, src, elems, spec.dtype, dst);
       }
     }
