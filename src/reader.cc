@@ -3,13 +3,10 @@
 #include "kvfile/reader.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cstring>
-#include <mutex>
-#include <system_error>
-#include <thread>
 
 #include "file_scan.h"
+#include "parallel_chunks.h"
 #include "kvfile/codec.h"
 #include "kvfile/format/endian.h"
 
@@ -271,58 +268,23 @@ Status Reader::ReadMany(std::span<const RowsTarget> targets, uint64_t begin, uin
   size_t first_chunk = r.FirstChunkFor(begin);
   size_t last_chunk = first_chunk;
   while (last_chunk < r.chunk_infos.size() && r.chunk_infos[last_chunk].first_token < end) ++last_chunk;
-  threads = static_cast<unsigned>(std::clamp<size_t>(threads, 1, std::clamp<size_t>(last_chunk - first_chunk, 1, kMaxReadThreads)));
+  threads = internal::WorkerCount(threads, last_chunk - first_chunk, kMaxReadThreads);
 
-  // Each further worker reads through its own File (a File is used by one
-  // thread at a time), which must be the file this reader opened.
+  // Each further worker reads through its own File, which must be the file
+  // this reader opened.
   std::vector<std::unique_ptr<File>> files;
-  FileId id;
-  KVFILE_RETURN_IF_ERROR(r.file->Id(&id));
-  for (unsigned i = 1; i < threads; ++i) {
-    std::unique_ptr<File> f;
-    KVFILE_RETURN_IF_ERROR(r.fs->Open(r.path, OpenMode::kRead, &f));
-    FileId other;
-    KVFILE_RETURN_IF_ERROR(f->Id(&other));
-    if (!(other == id)) return Status::Failed(r.path + ": the file was replaced since it was opened");
-    files.push_back(std::move(f));
-  }
-
-  std::atomic<size_t> next{first_chunk};
-  std::atomic<bool> failed{false};
-  std::mutex error_mu;
-  size_t error_chunk = SIZE_MAX;
-  Status error;
+  KVFILE_RETURN_IF_ERROR(
+      internal::OpenWorkerFiles(*r.fs, r.path, *r.file, threads - 1, "since it was opened", &files));
   if (r.worker_buffers.size() < threads) r.worker_buffers.resize(threads);
-  auto work = [&](File* f, internal::PageBuffer* buf) {
-    internal::LayoutCache chunk_layouts(&r.g());
-    while (!failed.load(std::memory_order_relaxed)) {
-      size_t ci = next.fetch_add(1);
-      if (ci >= last_chunk) break;
-      Status st = r.ReadChunkTargets(*f, chunk_layouts, ci, targets, begin, end, out_dtype, buf);
-      if (!st.ok()) {
-        std::lock_guard<std::mutex> lock(error_mu);
-        if (ci < error_chunk) {
-          error_chunk = ci;
-          error = std::move(st);
-        }
-        failed = true;
-      }
-    }
-  };
-  std::vector<std::thread> workers;
-  for (size_t i = 0; i < files.size(); ++i) {
-    try {
-      workers.emplace_back(work, files[i].get(), &r.worker_buffers[i + 1]);
-    } catch (const std::system_error&) {
-      break;  // no thread to be had: the workers started so far finish the job
-    }
-  }
-  work(r.file.get(), &r.worker_buffers[0]);
-  for (auto& w : workers) w.join();
-  if (failed) {
+  std::vector<internal::LayoutCache> chunk_layouts(threads, internal::LayoutCache(&r.g()));
+  Status st = internal::ForEachChunk(first_chunk, last_chunk, threads, [&](unsigned w, size_t ci) {
+    File& f = w == 0 ? *r.file : *files[w - 1];
+    return r.ReadChunkTargets(f, chunk_layouts[w], ci, targets, begin, end, out_dtype, &r.worker_buffers[w]);
+  });
+  if (!st.ok()) {
     for (const RowsTarget& t : targets)
       std::memset(t.dst, 0, (end - begin) * r.g().streams[t.stream].ElementsPerToken() * ElementSize(out_dtype));
-    return error;
+    return st;
   }
   return Status::OK();
 }
