@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "kvfile/codec.h"
+#include "codec/row_check.h"
 #include "format/endian.h"
 
 namespace kvfile::internal {
@@ -14,6 +15,13 @@ using namespace kvfile::format;
 namespace {
 
 bool IsRawInput(Dtype d) { return d == Dtype::kBF16 || d == Dtype::kF16 || d == Dtype::kF32; }
+
+// The start of the writer's message for a row the codec's row check refused.
+const char* RowFaultText(codec::RowFault f) {
+  return f == codec::RowFault::kNonFiniteCode  ? "non-finite code in "
+         : f == codec::RowFault::kInvalidScale ? "invalid scale in "
+                                               : "non-finite value in ";
+}
 
 }  // namespace
 
@@ -60,22 +68,10 @@ Status ChunkBuilder::Validate(const AppendBatch& b, bool scan_values, uint64_t s
         return Status::InvalidArgument(where + ": invalid input dtype");
       if (!scan_values) continue;
       uint64_t rows = n * spec.rows_per_token;
-      uint64_t elems = rows * spec.row_width;
-      if (prequantized) {
-        size_t bad = codec::FindInvalidCode(spec.dtype, static_cast<const uint8_t*>(blk.data), elems);
-        if (bad < elems)
-          return Status::NonFinite("non-finite code in " + Where(layer, s, first + bad / spec.ElementsPerToken(),
-                                                                 bad / spec.row_width % spec.rows_per_token));
-        size_t bad_scale = codec::FindInvalidScale(blk.scales, rows);
-        if (bad_scale < rows)
-          return Status::NonFinite("invalid scale in " + Where(layer, s, first + bad_scale / spec.rows_per_token,
-                                                               bad_scale % spec.rows_per_token));
-      } else {
-        size_t bad = codec::FindNonFinite(blk.dtype, blk.data, elems);
-        if (bad < elems)
-          return Status::NonFinite("non-finite value in " + Where(layer, s, first + bad / spec.ElementsPerToken(),
-                                                                  bad / spec.row_width % spec.rows_per_token));
-      }
+      codec::RowCheck rc = codec::CheckRows(blk.dtype, blk.data, blk.scales, rows, spec.row_width);
+      if (!rc.ok())
+        return Status::NonFinite(RowFaultText(rc.fault) +
+                                 Where(layer, s, first + rc.row / spec.rows_per_token, rc.row % spec.rows_per_token));
     }
   }
   return Status::OK();
@@ -102,14 +98,10 @@ Status ChunkBuilder::Stage(const AppendBatch& b, uint64_t from, uint32_t n, uint
         if (IsFp8(blk.dtype)) {
           // Codes from the caller get the checks a reader would make.
           size_t elems = rows * spec.row_width;
-          size_t bad = codec::FindInvalidCode(spec.dtype, src, elems);
-          if (bad < elems)
-            return Status::NonFinite("non-finite code in " + Where(layer, s, first + bad / spec.ElementsPerToken(),
-                                                                   bad / spec.row_width % spec.rows_per_token));
-          size_t bad_scale = codec::FindInvalidScale(blk.scales + src_row, rows);
-          if (bad_scale < rows)
-            return Status::NonFinite("invalid scale in " + Where(layer, s, first + bad_scale / spec.rows_per_token,
-                                                                 bad_scale % spec.rows_per_token));
+          codec::RowCheck rc = codec::CheckRows(blk.dtype, src, blk.scales + src_row, rows, spec.row_width);
+          if (!rc.ok())
+            return Status::NonFinite(RowFaultText(rc.fault) +
+                                     Where(layer, s, first + rc.row / spec.rows_per_token, rc.row % spec.rows_per_token));
           std::memcpy(dst, src, elems);
           std::memcpy(scales, blk.scales + src_row, rows * 4);
           continue;
@@ -121,10 +113,10 @@ Status ChunkBuilder::Stage(const AppendBatch& b, uint64_t from, uint32_t n, uint
                                                                   bad_row % spec.rows_per_token));
       } else {
         size_t elems = rows * spec.row_width;
-        size_t bad = codec::FindNonFinite(blk.dtype, src, elems);
-        if (bad < elems)
-          return Status::NonFinite("non-finite value in " + Where(layer, s, first + bad / spec.ElementsPerToken(),
-                                                                  bad / spec.row_width % spec.rows_per_token));
+        codec::RowCheck rc = codec::CheckRows(blk.dtype, src, nullptr, rows, spec.row_width);
+        if (!rc.ok())
+          return Status::NonFinite(RowFaultText(rc.fault) +
+                                   Where(layer, s, first + rc.row / spec.rows_per_token, rc.row % spec.rows_per_token));
         codec::ConvertRaw(blk.dtype, src, elems, spec.dtype, dst);
       }
     }

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <utility>
 
+#include "codec/row_check.h"
 #include "kvfile/codec.h"
 #include "format/endian.h"
 #include "commit_log.h"
@@ -298,24 +299,16 @@ Status CheckSectionValues(const StreamSpec& spec, const SectionLayout& sec, cons
                           uint64_t chunk_first_token, uint32_t first, uint32_t count) {
   uint64_t row0 = uint64_t{first} * spec.rows_per_token;
   uint64_t rows = uint64_t{count} * spec.rows_per_token;
-  uint64_t elems = rows * spec.row_width;
-  if (!IsFp8(spec.dtype)) {
-    size_t bad = codec::FindNonFinite(spec.dtype, section + row0 * spec.row_width * ElementSize(spec.dtype), elems);
-    if (bad < elems)
-      return Status::Corruption("non-finite value at token " +
-                                std::to_string(chunk_first_token + first + bad / spec.ElementsPerToken()));
-    return Status::OK();
-  }
-  size_t bad = codec::FindInvalidCode(spec.dtype, section + row0 * spec.row_width, elems);
-  if (bad < elems)
-    return Status::Corruption("non-finite code at token " +
-                              std::to_string(chunk_first_token + first + bad / spec.ElementsPerToken()));
-  const auto* scales = reinterpret_cast<const float*>(section + (sec.scales_offset - sec.offset)) + row0;
-  size_t bad_scale = codec::FindInvalidScale(scales, rows);
-  if (bad_scale < rows)
-    return Status::Corruption("invalid scale at token " +
-                              std::to_string(chunk_first_token + first + bad_scale / spec.rows_per_token));
-  return Status::OK();
+  const float* scales =
+      IsFp8(spec.dtype) ? reinterpret_cast<const float*>(section + (sec.scales_offset - sec.offset)) + row0
+                        : nullptr;
+  codec::RowCheck rc = codec::CheckRows(spec.dtype, section + row0 * spec.row_width * ElementSize(spec.dtype),
+                                        scales, rows, spec.row_width);
+  if (rc.ok()) return Status::OK();
+  const char* what = rc.fault == codec::RowFault::kNonFiniteCode  ? "non-finite code at token "
+                     : rc.fault == codec::RowFault::kInvalidScale ? "invalid scale at token "
+                                                                  : "non-finite value at token ";
+  return Status::Corruption(what + std::to_string(chunk_first_token + first + rc.row / spec.rows_per_token));
 }
 
 Status ScanFile(File& file, ScanResult* out, DamageLocation* where) {

@@ -3,13 +3,10 @@
 #include "kvfile/reader.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cstring>
-#include <mutex>
-#include <system_error>
-#include <thread>
 
 #include "file_scan.h"
+#include "parallel_chunks.h"
 #include "kvfile/codec.h"
 #include "format/endian.h"
 
@@ -320,55 +317,18 @@ Status Reader::Impl::ForEachChunk(uint64_t begin, uint64_t end, unsigned threads
   size_t first_chunk = FirstChunkFor(begin);
   size_t last_chunk = first_chunk;
   while (last_chunk < chunk_infos.size() && chunk_infos[last_chunk].first_token < end) ++last_chunk;
-  threads = static_cast<unsigned>(std::clamp<size_t>(threads, 1, std::clamp<size_t>(last_chunk - first_chunk, 1, kMaxReadThreads)));
+  threads = internal::WorkerCount(threads, last_chunk - first_chunk, kMaxReadThreads);
 
-  // Each further worker reads through its own File (a File is used by one
-  // thread at a time), which must be the file this reader opened.
+  // Each further worker reads through its own File, which must be the file
+  // this reader opened.
   std::vector<std::unique_ptr<File>> files;
-  FileId id;
-  KVFILE_RETURN_IF_ERROR(file->Id(&id));
-  for (unsigned i = 1; i < threads; ++i) {
-    std::unique_ptr<File> f;
-    KVFILE_RETURN_IF_ERROR(fs->Open(path, OpenMode::kRead, &f));
-    FileId other;
-    KVFILE_RETURN_IF_ERROR(f->Id(&other));
-    if (!(other == id)) return Status::Failed(path + ": the file was replaced since it was opened");
-    files.push_back(std::move(f));
-  }
-
-  std::atomic<size_t> next{first_chunk};
-  std::atomic<bool> failed{false};
-  std::mutex error_mu;
-  size_t error_chunk = SIZE_MAX;
-  Status error;
+  KVFILE_RETURN_IF_ERROR(internal::OpenWorkerFiles(*fs, path, *file, threads - 1, "since it was opened", &files));
   if (worker_buffers.size() < threads) worker_buffers.resize(threads);
-  auto work = [&](File* f, internal::PageBuffer* buf) {
-    internal::LayoutCache chunk_layouts(&g());
-    while (!failed.load(std::memory_order_relaxed)) {
-      size_t ci = next.fetch_add(1);
-      if (ci >= last_chunk) break;
-      Status st = per_chunk(*f, chunk_layouts, ci, buf);
-      if (!st.ok()) {
-        std::lock_guard<std::mutex> lock(error_mu);
-        if (ci < error_chunk) {
-          error_chunk = ci;
-          error = std::move(st);
-        }
-        failed = true;
-      }
-    }
-  };
-  std::vector<std::thread> workers;
-  for (size_t i = 0; i < files.size(); ++i) {
-    try {
-      workers.emplace_back(work, files[i].get(), &worker_buffers[i + 1]);
-    } catch (const std::system_error&) {
-      break;  // no thread to be had: the workers started so far finish the job
-    }
-  }
-  work(file.get(), &worker_buffers[0]);
-  for (auto& w : workers) w.join();
-  return failed ? error : Status::OK();
+  std::vector<internal::LayoutCache> chunk_layouts(threads, internal::LayoutCache(&g()));
+  return internal::ForEachChunk(first_chunk, last_chunk, threads, [&](unsigned w, size_t ci) {
+    File& f = w == 0 ? *file : *files[w - 1];
+    return per_chunk(f, chunk_layouts[w], ci, &worker_buffers[w]);
+  });
 }
 
 Status Reader::ReadMany(std::span<const RowsTarget> targets, uint64_t begin, uint64_t end,

@@ -11,6 +11,7 @@
 #include <optional>
 #include <set>
 
+#include "codec/row_check.h"
 #include "kvfile/codec.h"
 #include "format/endian.h"
 #include "format/geometry.h"
@@ -707,22 +708,18 @@ Status CheckValues(SafetensorsFile& f, const KvTensors& kv) {
       for (uint64_t t0 = 0; t0 < kv.tokens; t0 += block) {
         uint64_t n = std::min(block, kv.tokens - t0);
         KVFILE_RETURN_IF_ERROR(ReadStreamSlab(f, kv, s, l, t0, n, &data, &scales));
-        uint64_t elems = n * elems_per_token;
         auto where = [&](uint64_t row, const std::string& tensor) {
           return f.path() + ": tensor " + Quote(tensor) + ": layer " + std::to_string(l) + ", token " +
                  std::to_string(t0 + row / s.rows_per_token) + ", row " + std::to_string(row % s.rows_per_token);
         };
-        if (s.codes) {
-          size_t bad = codec::FindInvalidCode(dt, data.data(), elems);
-          if (bad < elems) return Status::NonFinite(where(bad / s.row_width, t.name) + ": non-finite code");
-          size_t bad_scale = codec::FindInvalidScale(scales.data(), n * s.rows_per_token);
-          if (bad_scale < n * s.rows_per_token)
-            return Status::NonFinite(where(bad_scale, s.scales->name) +
-                                     ": invalid scale (scales must be finite and > 0)");
-        } else {
-          size_t bad = codec::FindNonFinite(dt, data.data(), elems);
-          if (bad < elems) return Status::NonFinite(where(bad / s.row_width, t.name) + ": non-finite value");
-        }
+        codec::RowCheck rc =
+            codec::CheckRows(dt, data.data(), s.codes ? scales.data() : nullptr, n * s.rows_per_token, s.row_width);
+        if (rc.fault == codec::RowFault::kNonFiniteCode)
+          return Status::NonFinite(where(rc.row, t.name) + ": non-finite code");
+        if (rc.fault == codec::RowFault::kInvalidScale)
+          return Status::NonFinite(where(rc.row, s.scales->name) + ": invalid scale (scales must be finite and > 0)");
+        if (rc.fault == codec::RowFault::kNonFiniteValue)
+          return Status::NonFinite(where(rc.row, t.name) + ": non-finite value");
       }
     }
   }
@@ -764,14 +761,12 @@ Status AppendAll(SafetensorsFile& f, const KvTensors& kv, std::span<const uint32
           // valid codes and scales.
           uint64_t rows = n * spec.rows_per_token;
           uint64_t elems = rows * spec.row_width;
-          size_t bad = codec::FindInvalidCode(from, data[i].data(), elems);
-          size_t bad_scale = codec::FindInvalidScale(scales[i].data(), rows);
-          if (bad < elems || bad_scale < rows)
+          codec::RowCheck rc = codec::CheckRows(from, data[i].data(), scales[i].data(), rows, spec.row_width);
+          if (!rc.ok())
             return Status::NonFinite(f.path() + ": stream " + Quote(src.name) + ": layer " + std::to_string(l) +
-                                     ", token " +
-                                     std::to_string(t0 + (bad < elems ? bad / (spec.ElementsPerToken())
-                                                                      : bad_scale / spec.rows_per_token)) +
-                                     (bad < elems ? ": non-finite code" : ": invalid scale"));
+                                     ", token " + std::to_string(t0 + rc.row / spec.rows_per_token) +
+                                     (rc.fault == codec::RowFault::kNonFiniteCode ? ": non-finite code"
+                                                                                  : ": invalid scale"));
           decoded[i].resize(elems);
           codec::DequantizeRows(from, data[i].data(), scales[i].data(), rows, spec.row_width,
                                 Dtype::kF32, decoded[i].data());

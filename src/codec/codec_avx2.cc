@@ -3,7 +3,9 @@
 // Bit-identical to codec_scalar.cc. Tails shorter than a vector go through a
 // zero-padded stack buffer, so every element takes the same vector path.
 //
-// Everything here has internal linkage (see codec_internal.h for why).
+// The row drivers and dispatch are the shared ones of row_drivers.h; this
+// file holds the AVX2 primitives they run on. Everything here has internal
+// linkage (see codec_internal.h for why).
 
 #include <immintrin.h>
 
@@ -11,26 +13,11 @@
 #include <cstring>
 
 #include "codec/codec_internal.h"
+#include "codec/row_drivers.h"
 #include "kvfile/codec.h"
 
 namespace kvfile::codec::internal {
 namespace {
-
-// Per-kind constants; see codec_avx512.cc and spec/CODEC.md "Implementation notes".
-template <Dtype kKind>
-struct KindTraits {
-  static constexpr bool kE4 = kKind == Dtype::kE4M3;
-  static constexpr int kShift = kE4 ? 20 : 21;  // 23 - mantissa bits
-  // Half an fp8 ulp minus one, minus the exponent rebias (127 - bias) << 23.
-  static constexpr int kRoundBias = ((1 << (kShift - 1)) - 1) - (kE4 ? (120 << 23) : (112 << 23));
-  static constexpr int kMaxCode = kE4 ? kE4M3MaxCode : kE5M2MaxCode;
-  static constexpr int kMinNormalBits = kE4 ? 0x3C800000 : 0x38800000;     // 2^-6, 2^-14
-  static constexpr int kMagicBits = kE4 ? 0x46800000 : 0x43000000;         // 2^14, 2^7
-  static constexpr int kDecodePow2Bits = kE4 ? (247 << 23) : (239 << 23);  // 2^120, 2^112
-};
-
-template <Dtype kDt>
-constexpr size_t kElemSize = kDt == Dtype::kF32 ? 4 : 2;
 
 __m256i Set32(int v) { return _mm256_set1_epi32(v); }
 __m256i Set16(int v) { return _mm256_set1_epi16(static_cast<short>(v)); }
@@ -219,69 +206,27 @@ __m256i QuantizeWords16(const unsigned char* p, __m256 sv) {
   return _mm256_or_si256(words, _mm256_and_si256(_mm256_srli_epi16(signs, 8), Set16(0x80)));
 }
 
+// The codes of one row divided by its scale.
 template <Dtype kKind, Dtype kDt>
-bool QuantizeRowsT(const void* src, size_t rows, size_t width, uint8_t* codes, float* scales,
-                   size_t* bad_row) {
-  const auto* in = static_cast<const unsigned char*>(src);
+void QuantizeRow(const unsigned char* row, size_t width, float scale, uint8_t* out) {
   constexpr size_t es = kElemSize<kDt>;
-  // The amax and scale of the next row are computed before the current row
-  // is encoded, so the out-of-order core can overlap the rows' chains.
-  float next_amax = rows > 0 ? RowAmax<kDt>(in, width) : 0.0f;
-  float next_scale = next_amax >= 0.0f ? RowScale(next_amax, kKind) : 1.0f;
-  for (size_t r = 0; r < rows; ++r) {
-    const unsigned char* row = in + r * width * es;
-    uint8_t* out = codes + r * width;
-    if (next_amax < 0.0f) {
-      *bad_row = r;
-      return false;
-    }
-    const float scale = next_scale;
-    if (r + 1 < rows) {
-      next_amax = RowAmax<kDt>(row + width * es, width);
-      next_scale = next_amax >= 0.0f ? RowScale(next_amax, kKind) : 1.0f;
-    }
-    std::memcpy(scales + r, &scale, sizeof scale);
-    const __m256 sv = _mm256_set1_ps(scale);
-    size_t i = 0;
-    for (; i + 32 <= width; i += 32) {
-      const __m256i w0 = QuantizeWords16<kKind, kDt>(row + i * es, sv);
-      const __m256i w1 = QuantizeWords16<kKind, kDt>(row + (i + 16) * es, sv);
-      const __m256i b = _mm256_permute4x64_epi64(_mm256_packus_epi16(w0, w1), 0xD8);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), b);
-    }
-    for (; i < width; i += 16) {
-      const size_t rem = width - i >= 16 ? 16 : width - i;
-      alignas(32) unsigned char buf[64] = {};  // zero padding encodes to 0x00
-      std::memcpy(buf, row + i * es, rem * es);
-      const __m256i w = QuantizeWords16<kKind, kDt>(buf, sv);
-      const __m256i b = _mm256_permute4x64_epi64(_mm256_packus_epi16(w, w), 0x08);
-      alignas(16) unsigned char bytes[16];
-      _mm_store_si128(reinterpret_cast<__m128i*>(bytes), _mm256_castsi256_si128(b));
-      std::memcpy(out + i, bytes, rem);
-    }
+  const __m256 sv = _mm256_set1_ps(scale);
+  size_t i = 0;
+  for (; i + 32 <= width; i += 32) {
+    const __m256i w0 = QuantizeWords16<kKind, kDt>(row + i * es, sv);
+    const __m256i w1 = QuantizeWords16<kKind, kDt>(row + (i + 16) * es, sv);
+    const __m256i b = _mm256_permute4x64_epi64(_mm256_packus_epi16(w0, w1), 0xD8);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), b);
   }
-  return true;
-}
-
-bool QuantizeRowsAvx2(Dtype kind, Dtype src_dtype, const void* src, size_t rows, size_t width,
-                      uint8_t* codes, float* scales, size_t* bad_row) {
-  const bool e4 = kind == Dtype::kE4M3;
-  switch (src_dtype) {
-    case Dtype::kBF16:
-      return e4 ? QuantizeRowsT<Dtype::kE4M3, Dtype::kBF16>(src, rows, width, codes, scales,
-                                                              bad_row)
-                : QuantizeRowsT<Dtype::kE5M2, Dtype::kBF16>(src, rows, width, codes, scales,
-                                                              bad_row);
-    case Dtype::kF16:
-      return e4 ? QuantizeRowsT<Dtype::kE4M3, Dtype::kF16>(src, rows, width, codes, scales,
-                                                             bad_row)
-                : QuantizeRowsT<Dtype::kE5M2, Dtype::kF16>(src, rows, width, codes, scales,
-                                                             bad_row);
-    default:
-      return e4 ? QuantizeRowsT<Dtype::kE4M3, Dtype::kF32>(src, rows, width, codes, scales,
-                                                             bad_row)
-                : QuantizeRowsT<Dtype::kE5M2, Dtype::kF32>(src, rows, width, codes, scales,
-                                                             bad_row);
+  for (; i < width; i += 16) {
+    const size_t rem = width - i >= 16 ? 16 : width - i;
+    alignas(32) unsigned char buf[64] = {};  // zero padding encodes to 0x00
+    std::memcpy(buf, row + i * es, rem * es);
+    const __m256i w = QuantizeWords16<kKind, kDt>(buf, sv);
+    const __m256i b = _mm256_permute4x64_epi64(_mm256_packus_epi16(w, w), 0x08);
+    alignas(16) unsigned char bytes[16];
+    _mm_store_si128(reinterpret_cast<__m128i*>(bytes), _mm256_castsi256_si128(b));
+    std::memcpy(out + i, bytes, rem);
   }
 }
 
@@ -371,8 +316,9 @@ void Decode16(const uint8_t* in, __m256 sv, unsigned char* o) {
 }
 
 template <Dtype kKind, Dtype kDt, bool kMerged>
-void DequantizeRow(const uint8_t* in, size_t width, __m256 sv, unsigned char* o) {
+void DequantizeRow(const uint8_t* in, size_t width, float factor, unsigned char* o) {
   constexpr size_t es = kElemSize<kDt>;
+  const __m256 sv = _mm256_set1_ps(factor);
   size_t i = 0;
   for (; i + 16 <= width; i += 16) Decode16<kKind, kMerged, kDt>(in + i, sv, o + i * es);
   if (i < width) {
@@ -382,41 +328,6 @@ void DequantizeRow(const uint8_t* in, size_t width, __m256 sv, unsigned char* o)
     std::memcpy(cbuf, in + i, rem);
     Decode16<kKind, kMerged, kDt>(cbuf, sv, obuf);
     std::memcpy(o + i * es, obuf, rem * es);
-  }
-}
-
-template <Dtype kKind, Dtype kDt>
-void DequantizeRowsT(const uint8_t* codes, const float* scales, size_t rows, size_t width,
-                     void* dst) {
-  auto* out = static_cast<unsigned char*>(dst);
-  constexpr size_t es = kElemSize<kDt>;
-  const float pow2 = KindTraits<kKind>::kE4 ? 0x1p120f : 0x1p112f;
-  for (size_t r = 0; r < rows; ++r) {
-    float scale;
-    std::memcpy(&scale, scales + r, sizeof scale);
-    const uint8_t* in = codes + r * width;
-    unsigned char* o = out + r * width * es;
-    if (scale < 256.0f) {
-      DequantizeRow<kKind, kDt, true>(in, width, _mm256_set1_ps(scale * pow2), o);
-    } else {
-      DequantizeRow<kKind, kDt, false>(in, width, _mm256_set1_ps(scale), o);
-    }
-  }
-}
-
-void DequantizeRowsAvx2(Dtype kind, const uint8_t* codes, const float* scales, size_t rows,
-                        size_t width, Dtype dst_dtype, void* dst) {
-  const bool e4 = kind == Dtype::kE4M3;
-  switch (dst_dtype) {
-    case Dtype::kBF16:
-      return e4 ? DequantizeRowsT<Dtype::kE4M3, Dtype::kBF16>(codes, scales, rows, width, dst)
-                : DequantizeRowsT<Dtype::kE5M2, Dtype::kBF16>(codes, scales, rows, width, dst);
-    case Dtype::kF16:
-      return e4 ? DequantizeRowsT<Dtype::kE4M3, Dtype::kF16>(codes, scales, rows, width, dst)
-                : DequantizeRowsT<Dtype::kE5M2, Dtype::kF16>(codes, scales, rows, width, dst);
-    default:
-      return e4 ? DequantizeRowsT<Dtype::kE4M3, Dtype::kF32>(codes, scales, rows, width, dst)
-                : DequantizeRowsT<Dtype::kE5M2, Dtype::kF32>(codes, scales, rows, width, dst);
   }
 }
 
@@ -509,14 +420,6 @@ void EncodeScaledT(const float* x, size_t n, uint8_t* codes) {
   }
 }
 
-void EncodeScaledAvx2(Dtype kind, const float* x, size_t n, uint8_t* codes) {
-  if (kind == Dtype::kE4M3) {
-    EncodeScaledT<Dtype::kE4M3>(x, n, codes);
-  } else {
-    EncodeScaledT<Dtype::kE5M2>(x, n, codes);
-  }
-}
-
 // Converts 8 elements.
 template <Dtype kSrc, Dtype kDst>
 void Convert8(const unsigned char* in, unsigned char* out) {
@@ -547,29 +450,38 @@ void ConvertT(const void* src, size_t n, void* dst) {
   }
 }
 
-void ConvertRawAvx2(Dtype src_dtype, const void* src, size_t n, Dtype dst_dtype, void* dst) {
-  if (src_dtype == dst_dtype) {
-    std::memmove(dst, src, n * ElementSize(src_dtype));
-    return;
+// The primitives row_drivers.h runs on.
+struct Avx2 {
+  template <Dtype kDt>
+  static float RowAmax(const unsigned char* p, size_t n) {
+    return internal::RowAmax<kDt>(p, n);
   }
-  switch (src_dtype) {
-    case Dtype::kBF16:
-      if (dst_dtype == Dtype::kF16) return ConvertT<Dtype::kBF16, Dtype::kF16>(src, n, dst);
-      return ConvertT<Dtype::kBF16, Dtype::kF32>(src, n, dst);
-    case Dtype::kF16:
-      if (dst_dtype == Dtype::kBF16) return ConvertT<Dtype::kF16, Dtype::kBF16>(src, n, dst);
-      return ConvertT<Dtype::kF16, Dtype::kF32>(src, n, dst);
-    default:
-      if (dst_dtype == Dtype::kBF16) return ConvertT<Dtype::kF32, Dtype::kBF16>(src, n, dst);
-      return ConvertT<Dtype::kF32, Dtype::kF16>(src, n, dst);
+  template <Dtype kKind, Dtype kDt>
+  static void QuantizeRow(const unsigned char* row, size_t width, float scale, uint8_t* out) {
+    internal::QuantizeRow<kKind, kDt>(row, width, scale, out);
   }
-}
+  template <Dtype kKind, Dtype kDt, bool kMerged>
+  static void DequantizeRow(const uint8_t* in, size_t width, float factor, unsigned char* o) {
+    internal::DequantizeRow<kKind, kDt, kMerged>(in, width, factor, o);
+  }
+  template <Dtype kKind>
+  static void EncodeScaled(const float* x, size_t n, uint8_t* codes) {
+    EncodeScaledT<kKind>(x, n, codes);
+  }
+  template <Dtype kSrc, Dtype kDst>
+  static void Convert(const void* src, size_t n, void* dst) {
+    ConvertT<kSrc, kDst>(src, n, dst);
+  }
+  static size_t FindInvalidCode(Dtype kind, const uint8_t* codes, size_t n) {
+    return FindInvalidCodeAvx2(kind, codes, n);
+  }
+  static size_t FindNonFinite(Dtype dtype, const void* src, size_t n) {
+    return FindNonFiniteAvx2(dtype, src, n);
+  }
+};
 
 }  // namespace
 
-const Kernels kAvx2Kernels = {
-    QuantizeRowsAvx2, DequantizeRowsAvx2, FindInvalidCodeAvx2,
-    EncodeScaledAvx2, ConvertRawAvx2,     FindNonFiniteAvx2,
-};
+const Kernels kAvx2Kernels = MakeKernels<Avx2>();
 
 }  // namespace kvfile::codec::internal

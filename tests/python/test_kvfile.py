@@ -4,7 +4,7 @@
 # checks, errors, the golden fixtures, and the documented example (docs/api.md, README.md).
 #
 # Run by CTest (`ctest -L unit`) with PYTHONPATH set to build/python, or by
-# hand: PYTHONPATH=build/python /usr/bin/python3 -m pytest src/python/tests
+# hand: PYTHONPATH=build/python /usr/bin/python3 -m pytest tests/python
 import os
 import re
 import shutil
@@ -18,7 +18,7 @@ import pytest
 
 import kvfile
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
 EXAMPLE = ROOT / "src" / "python" / "examples" / "example.py"
 
