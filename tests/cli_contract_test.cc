@@ -149,8 +149,11 @@ TEST_F(CliContractTest, NegativeAndOverflowingNumbersAreRefused) {
             << r.err;
       else
         EXPECT_TRUE(r.err.starts_with("kvfile: error: " + c.flag + ": must be ")) << r.err;
-      if (v == "12x") EXPECT_NE(r.err.find("must be an integer"), std::string::npos) << r.err;
-      else EXPECT_NE(r.err.find("must be at most"), std::string::npos) << r.err;
+      if (v == "12x") {
+        EXPECT_NE(r.err.find("must be an integer"), std::string::npos) << r.err;
+      } else if (v != "-5") {
+        EXPECT_NE(r.err.find("must be at most"), std::string::npos) << r.err;
+      }
       EXPECT_EQ(r.err.find("18446744073709551611"), std::string::npos) << r.err;  // -5 wrapped around
     }
   }

@@ -327,8 +327,9 @@ TEST_F(CliUxTest, ErrorLinesAreShort) {
   write("junk.safetensors", "12345678{not json");
   std::vector<std::string> commands;
   for (const char* f : {"cut.kv", "cut_head.kv", "header.kv", "flip.kv", "slots.kv", "empty.kv", "missing.kv"})
-    for (const std::string& verb : {"info", "verify", "verify --strict", "repair", "repair --dry-run", "dump --header",
-                                    "dump --chunks", "rewind --to 10 ", "synth --check", "convert"}) {
+    for (std::string verb : std::vector<std::string>{"info", "verify", "verify --strict", "repair --dry-run",
+                                                     "dump --header", "dump --chunks", "rewind --to 10",
+                                                     "synth --check", "convert", "repair"}) {
       std::string args = verb == "convert" ? "convert " + std::string(f) + " o.safetensors --force"
                                            : verb + " " + f;
       commands.push_back(args);
@@ -340,7 +341,6 @@ TEST_F(CliUxTest, ErrorLinesAreShort) {
   commands.push_back("info");
   size_t failures = 0;
   for (const std::string& c : commands) {
-    // Each on a fresh copy: repair and rewind may change what they accept.
     CliRun r = Here(c);
     SCOPED_TRACE(c);
     if (r.exit_code == 0) continue;

@@ -20,6 +20,7 @@
 #include "atomic_replace.h"
 #include "bench_support.h"
 #include "cli_common.h"
+#include "damage_advice.h"
 #include "natural_sort.h"
 #include "progress.h"
 #include "signals.h"
@@ -150,6 +151,10 @@ Status CheckInput(const std::string& in, const Reader& r, const Plan& p, uint64_
       *tokens = std::min<uint64_t>(*tokens, r.chunks()[static_cast<size_t>(f.chunk)].first_token);
   }
   if (!first) return Status::OK();
+  if (!p.salvage && r.tail().committed_data_missing) {
+    std::string cut = ShortTruncation(in, "--salvage converts");
+    if (!cut.empty()) return Status::Corruption(cut);
+  }
   if (!p.salvage)
     return Status::Corruption(in + ": " + first->message + "; not converted (kvfile verify fails on it; --salvage "
                               "converts the " + std::to_string(*tokens) + " tokens before the damage)");

@@ -59,11 +59,15 @@ int RunRepair(const RepairArgs& a) {
       // Acknowledged tokens are gone already; cutting the partial chunk and
       // recommitting the prefix makes that official, so it takes --force.
       tail = &f;
-      if (!a.force)
+      if (!a.force) {
+        // One short line: the cut and the --force that keeps the prefix.
+        std::string cut = ShortTruncation(a.path);
+        if (!cut.empty()) return ReportError(Status::Corruption(cut));
         return ReportError(Status::Corruption(
             a.path + ": " + f.message + "; not repaired (the commit record would no longer count the missing "
             "tokens; use --force to cut the file at offset " + std::to_string(rep.valid_end) +
             " and commit the " + std::to_string(rep.tokens) + " tokens before it)"));
+      }
       continue;
     }
     if (is_tail) {

@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "cli_common.h"
+#include "damage_advice.h"
 #include "progress.h"
 #include "signals.h"
 #include "kvfile/reader.h"
@@ -50,6 +51,12 @@ int RunRewind(const RewindArgs& a) {
   if (st.ok()) {
     Activity opening("rewind " + a.path + ": opening");  // recovery, or a v1 upgrade
     st = Writer::Open(a.path, opt, &w);
+  }
+  if (!st.ok() && st.IsDataError()) {
+    // A file cut inside its committed data: the short line that says what
+    // keeps the prefix (the library's message runs to 300 characters).
+    std::string cut = ShortTruncation(a.path);
+    if (!cut.empty()) return ReportError(Status::Corruption(cut));
   }
   if (!st.ok()) return ReportError(st);
   const Writer::RecoveryReport& rec = w->recovery();

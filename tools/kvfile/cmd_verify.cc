@@ -193,6 +193,11 @@ int RunVerify(const VerifyArgs& a) {
       else first = &f;
     }
     if (first) {
+      std::string cut = rep.committed_data_missing && r.path != "-" ? ShortTruncation(r.path) : "";
+      if (!cut.empty()) {
+        PrintLine("error", cut + (more ? "; " + std::to_string(more) + " more in --json" : ""));
+        continue;
+      }
       std::string advice = r.path == "-" ? "" : IntactAdvice(r.path, r.path, rep);
       PrintLine("error", r.path + ": " + Located(*first) + (advice.empty() ? "" : "; " + advice) +
                              (more ? "; " + std::to_string(more) + " more in --json" : ""));

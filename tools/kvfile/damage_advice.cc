@@ -28,4 +28,14 @@ std::string IntactAdvice(const std::string& path, const std::string& shown, cons
          std::to_string(n);
 }
 
+std::string ShortTruncation(const std::string& path, const std::string& keep) {
+  std::unique_ptr<Reader> r;
+  if (!Reader::Open(path, {}, &r).ok() || !r->tail().committed_data_missing) return "";
+  const TailInfo& t = r->tail();
+  return path + ": file truncated: committed data missing: the file ends at offset " + std::to_string(t.file_size) +
+         " (chunk " + std::to_string(r->chunks().size()) + " at offset " + std::to_string(t.valid_end) + "); " +
+         std::to_string(t.committed_tokens_missing) + " committed tokens gone; " + keep + " the " +
+         std::to_string(r->token_count()) + " before it";
+}
+
 }  // namespace kvfile::cli

@@ -18,4 +18,11 @@ int64_t IntactTokens(const std::string& path, const VerifyReport& report);
 // --salvage", or "" when IntactTokens is -1. `shown` is the name to print.
 std::string IntactAdvice(const std::string& path, const std::string& shown, const VerifyReport& report);
 
+// For a file cut inside its committed data (TailInfo::committed_data_missing):
+// one short line, "PATH: file truncated: committed data missing: the file
+// ends at offset E (chunk C at offset O); N committed tokens gone; KEEP the
+// K before it", else "" (the file is not cut, or cannot be opened).
+// `verify --json` keeps the library's full finding.
+std::string ShortTruncation(const std::string& path, const std::string& keep = "repair --force keeps");
+
 }  // namespace kvfile::cli
