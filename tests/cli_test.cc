@@ -178,7 +178,8 @@ TEST_F(CliTest, VerifyTellsTornTailFromDamage) {
   EXPECT_EQ(bad.exit_code, 1);
   EXPECT_EQ(bad.err, "kvfile: error: " + P("b.kv") +
                          ": chunk 1 at offset 16384: payload checksum mismatch in layer 0 stream 'k' "
-                         "(section at offset 16576)\n");
+                         "(section at offset 16576); tokens 0-15 are intact; keep them: kvfile rewind " +
+                         P("b.kv") + " --to 16\n");
   auto jb = nlohmann::json::parse(Kvfile("verify --json " + P("b.kv")).out);
   EXPECT_EQ(jb[0]["ok"], false);
   EXPECT_EQ(jb[0]["errors"][0]["chunk"], 1);
@@ -245,7 +246,7 @@ TEST_F(CliTest, RepairForceCutsAFileTruncatedInsideCommittedData) {
   EXPECT_EQ(ReadFile(P("a.kv")), cut);
   CliRun refuse = Kvfile("repair " + P("a.kv"));
   EXPECT_EQ(refuse.exit_code, 1);
-  EXPECT_NE(refuse.err.find("use --force"), std::string::npos) << refuse.err;
+  EXPECT_NE(refuse.err.find("repair --force keeps the"), std::string::npos) << refuse.err;
   EXPECT_EQ(ReadFile(P("a.kv")), cut);
   CliRun fix = Kvfile("repair --force " + P("a.kv"));
   EXPECT_EQ(fix.exit_code, 0) << fix.err;
@@ -275,7 +276,9 @@ TEST_F(CliTest, VerifySnapshotDirectoryReportsExactlyTheDamagedFile) {
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
   EXPECT_NE(r.err.find("doc7.kv"), std::string::npos) << r.err;
-  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 11) << r.out;
+  // One line per file (the damaged one too) and the summary.
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 13) << r.out;
+  EXPECT_NE(r.out.find("1 of 12 files damaged\n"), std::string::npos) << r.out;
   auto j = nlohmann::json::parse(Kvfile("verify --json --jobs 2 " + P("snap")).out);
   ASSERT_EQ(j.size(), 12u);
   int bad = 0;

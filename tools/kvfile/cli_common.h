@@ -77,5 +77,8 @@ void RegisterRewind(CLI::App& app, int* exit_code);
 void RegisterAppend(CLI::App& app, int* exit_code);
 void RegisterConvert(CLI::App& app, int* exit_code);
 void RegisterBench(CLI::App& app, int* exit_code);
+// `kvfile version`, and `kvfile completion bash|zsh|man` (completion.cc).
+void RegisterVersion(CLI::App& app, int* exit_code);
+void RegisterCompletion(CLI::App& app, int* exit_code);
 
 }  // namespace kvfile::cli

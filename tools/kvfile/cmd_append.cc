@@ -14,6 +14,7 @@
 #include "kvfile/safetensors.h"
 #include "kvfile/replace.h"
 #include "cli_common.h"
+#include "progress.h"
 #include "signals.h"
 #include "kvfile/reader.h"
 #include "kvfile/writer.h"
@@ -156,6 +157,8 @@ int RunAppend(const AppendArgs& a) {
   std::unique_ptr<Writer> w;
   st = CheckInterrupt(a.path);
   if (st.ok() && exists) {
+    // The open recovers the file, and upgrades a v1 one: both can take a while.
+    Activity opening("append " + a.path + ": opening");
     st = Writer::Open(a.path, opt, &w);
   } else if (st.ok()) {
     if (opt.sync == SyncMode::kNone) opt.sync = SyncMode::kClose;
@@ -175,10 +178,18 @@ int RunAppend(const AppendArgs& a) {
   uint64_t per_token = 0;
   for (const StreamSpec& s : file_geometry.streams) per_token += s.ElementsPerToken() * 12;  // input + f32 + codes
   per_token *= file_geometry.layers;
-  st = safetensors::AppendAll(*in, kv, ids, stream_of, *w, safetensors::BlockTokens(per_token, uint64_t{256} << 20),
-                              [&a] { return CheckInterrupt(a.path); });
+  const uint64_t block = safetensors::BlockTokens(per_token, uint64_t{256} << 20);
+  Progress progress("append " + a.path, kv.tokens);
+  st = safetensors::AppendAll(*in, kv, ids, stream_of, *w, block, [&a, &progress, block] {
+    progress.Add(block);
+    return CheckInterrupt(a.path);
+  });
+  progress.Finish();
   if (!st.ok()) return UndoAppend(std::move(w), create ? st.WithContext(a.path) : st, upgraded);
-  st = w->Close();
+  {
+    Activity closing("append " + a.path + ": syncing");
+    st = w->Close();
+  }
   if (!st.ok() && create) st = st.WithContext(a.path);  // the writer names the temporary file
   if (st.ok() && create) st = create->Commit();
   if (!st.ok()) return ReportError(st, upgraded);

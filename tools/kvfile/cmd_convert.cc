@@ -18,7 +18,10 @@
 
 #include "kvfile/safetensors.h"
 #include "kvfile/replace.h"
+#include "bench_support.h"
 #include "cli_common.h"
+#include "damage_advice.h"
+#include "natural_sort.h"
 #include "progress.h"
 #include "signals.h"
 #include "kvfile/reader.h"
@@ -53,6 +56,7 @@ struct ConvertArgs {
   bool salvage = false;
   unsigned jobs = 1;
   std::string format = "v2";
+  std::optional<std::string> to;  // directories: "kv" or "safetensors"
 };
 
 // What to do with each stream, resolved from the flags.
@@ -151,6 +155,10 @@ Status CheckInput(const std::string& in, const Reader& r, const Plan& p, uint64_
       *tokens = std::min<uint64_t>(*tokens, r.chunks()[static_cast<size_t>(f.chunk)].first_token);
   }
   if (!first) return Status::OK();
+  if (!p.salvage && r.tail().committed_data_missing) {
+    std::string cut = ShortTruncation(in, "--salvage converts");
+    if (!cut.empty()) return Status::Corruption(cut);
+  }
   if (!p.salvage)
     return Status::Corruption(in + ": " + first->message + "; not converted (kvfile verify fails on it; --salvage "
                               "converts the " + std::to_string(*tokens) + " tokens before the damage)");
@@ -282,9 +290,13 @@ Status Import(const std::string& in, const std::string& tmp, const Plan& p, std:
   KVFILE_RETURN_IF_ERROR(Writer::Create(tmp, g, id, wo, &w));
   uint64_t per_token = 0;
   for (const StreamSpec& s : g.streams) per_token += s.ElementsPerToken() * 12;
-  KVFILE_RETURN_IF_ERROR(safetensors::AppendAll(*f, kv, ids, stream_of, *w,
-                                                safetensors::BlockTokens(per_token * g.layers, kBufferBudget),
-                                                [&in] { return CheckInterrupt(in); }));
+  const uint64_t block = safetensors::BlockTokens(per_token * g.layers, kBufferBudget);
+  Progress progress("import " + in, kv.tokens);
+  KVFILE_RETURN_IF_ERROR(safetensors::AppendAll(*f, kv, ids, stream_of, *w, block, [&in, &progress, block] {
+    progress.Add(block);
+    return CheckInterrupt(in);
+  }));
+  progress.Finish();
   KVFILE_RETURN_IF_ERROR(w->Close());
   *summary = std::to_string(kv.tokens) + " tokens; " + StreamList(g) + "; " + std::to_string(wo.chunk_tokens) +
              " tokens per chunk; " + std::to_string(FileSize(tmp)) + " bytes";
@@ -345,6 +357,42 @@ Status Export(const std::string& in, const std::string& tmp, const Plan& p, std:
   }
   std::vector<uint8_t> data;
   std::vector<float> scales;
+  Progress progress("export " + in, T * g.layers * items.size());
+  if (!p.codes) {
+    // Decoded values, every tensor of one dtype: one pass over the file per
+    // block of tokens (ReadMany reads each chunk's sections once, checks and
+    // decodes them), then each (layer, stream) block is one contiguous run
+    // of its tensor. One small buffer, mapped with huge pages and reused:
+    // measured on /dev/shm, first touches of fresh 4 KiB pages cost more
+    // than the decode (a 128 MiB std::vector took seconds to fault in).
+    const size_t S = g.streams.size();
+    const uint64_t elem = ElementSize(out_dtype);
+    uint64_t per_token = 0;
+    for (const StreamSpec& spec : g.streams) per_token += spec.ElementsPerToken() * elem;
+    const uint64_t block = safetensors::BlockTokens(per_token * g.layers, uint64_t{32} << 20);
+    bench::BigBuffer buf(std::min(block, T) * per_token * g.layers);
+    if (!buf.ok()) return Status::IOError(in + ": out of memory for the export buffer");
+    std::vector<RowsTarget> targets;
+    uint64_t at = 0;
+    for (uint32_t l = 0; l < g.layers; ++l)
+      for (uint32_t s = 0; s < S; ++s) {
+        targets.push_back({l, s, buf.data() + at * std::min(block, T)});
+        at += g.streams[s].ElementsPerToken() * elem;
+      }
+    for (uint64_t t0 = 0; t0 < T; t0 += block) {
+      KVFILE_RETURN_IF_ERROR(CheckInterrupt(in));
+      uint64_t n = std::min(block, T - t0);
+      KVFILE_RETURN_IF_ERROR(r->ReadMany(targets, t0, t0 + n, out_dtype, 1));
+      for (uint32_t l = 0; l < g.layers; ++l)
+        for (uint32_t s = 0; s < S; ++s) {
+          uint64_t row = g.streams[s].ElementsPerToken() * elem;
+          KVFILE_RETURN_IF_ERROR(w->Write(s + 1, (uint64_t{l} * T + t0) * row,
+                                          targets[l * S + s].dst, n * row));
+        }
+      progress.Add(n * g.layers * S);
+    }
+    items.clear();  // done
+  }
   for (size_t k = 0; k < items.size(); ++k) {
     const Item& it = items[k];
     const StreamSpec& spec = g.streams[it.stream];
@@ -357,6 +405,7 @@ Status Export(const std::string& in, const std::string& tmp, const Plan& p, std:
         uint64_t n = std::min(block, T - t0);
         uint64_t rows = n * spec.rows_per_token;
         uint64_t first_row = (uint64_t{l} * T + t0) * spec.rows_per_token;
+        progress.Add(n);
         if (it.part == Part::kValues) {
           data.resize(rows * spec.row_width * elem);
           KVFILE_RETURN_IF_ERROR(r->ReadRows(l, it.stream, t0, t0 + n, it.dtype, data.data()));
@@ -444,14 +493,45 @@ int ConvertTree(const ConvertArgs& a, const Plan& p) {
   };
   if (dir_prefix(out_root).starts_with(dir_prefix(in_root)))
     return UsageError(a.out + ": OUT must not be IN or inside it");
-  std::vector<std::string> files;
+  // What each file becomes: --to, else OUT's suffix (.safetensors), else
+  // .kv (a tree of only .safetensors files is imported).
+  std::vector<std::string> kv_files, st_files;
   for (auto it = fs::recursive_directory_iterator(in_root, ec); !ec && it != fs::recursive_directory_iterator();
-       it.increment(ec))
-    if (it->is_regular_file(ec) && it->path().extension() == ".kv") files.push_back(it->path().string());
+       it.increment(ec)) {
+    if (!it->is_regular_file(ec)) continue;
+    if (it->path().extension() == ".kv") kv_files.push_back(it->path().string());
+    if (it->path().extension() == ".safetensors") st_files.push_back(it->path().string());
+  }
   if (ec) return ReportError(Status::IOError(a.in + ": " + ec.message()));
-  std::sort(files.begin(), files.end());
+  Kind to = Kind::kKv;
+  if (a.to) to = *a.to == "safetensors" ? Kind::kSafetensors : Kind::kKv;
+  else if (out_root.extension() == ".safetensors") to = Kind::kSafetensors;
+  std::vector<std::string> files = kv_files;
+  if (to == Kind::kKv) files.insert(files.end(), st_files.begin(), st_files.end());
+  if (files.empty())
+    return UsageError(a.in + (to == Kind::kKv ? ": no .kv or .safetensors files in this directory"
+                                              : ": no .kv files in this directory to export"));
+  if (to == Kind::kSafetensors) {
+    if (!a.keep_raw.empty()) return UsageError("--keep-raw applies to .kv output");
+    if (a.chunk_tokens) return UsageError("--chunk-tokens applies to .kv output");
+    if (a.codes && a.dtype)
+      return UsageError("--codes exports fp8 streams as stored and raw streams as stored; drop --dtype");
+    if (p.dtype && IsFp8(*p.dtype))
+      return UsageError("--dtype " + *a.dtype + ": export decodes to bf16, f16 or f32; use --codes for fp8 codes");
+  } else if (a.codes && !kv_files.empty()) {
+    return UsageError("--codes applies to .safetensors input or output, not to .kv -> .kv");
+  }
+  NaturalSort(&files);
+  const std::string out_ext = to == Kind::kKv ? ".kv" : ".safetensors";
   std::vector<std::string> outs;
-  for (const std::string& f : files) outs.push_back((out_root / fs::path(f).lexically_relative(in_root)).string());
+  std::set<std::string> seen;
+  for (const std::string& f : files) {
+    fs::path rel = fs::path(f).lexically_relative(in_root);
+    rel.replace_extension(out_ext);
+    outs.push_back((out_root / rel).string());
+    if (!seen.insert(outs.back()).second)
+      return UsageError(outs.back() + ": two inputs would be converted to this file");
+  }
   // Refuse before writing anything if an output exists.
   if (!a.force)
     for (const std::string& o : outs)
@@ -478,7 +558,7 @@ int ConvertTree(const ConvertArgs& a, const Plan& p) {
   auto work = [&] {
     for (size_t i; !PendingSignal() && (i = next.fetch_add(1)) < files.size();) {
       try {
-        outcomes[i] = ConvertOne(files[i], outs[i], Kind::kKv, Kind::kKv, p, a.force);
+        outcomes[i] = ConvertOne(files[i], outs[i], KindOf(files[i]), to, p, a.force);
       } catch (const std::bad_alloc&) {
         outcomes[i] = {Status::Failed(files[i] + ": out of memory"), "", ""};
       }
@@ -519,10 +599,8 @@ int RunConvert(const ConvertArgs& a) {
   std::error_code ec;
   if (!fs::exists(a.in, ec)) return ReportError(Status::NotFound(a.in + ": No such file or directory"));
   Kind in_kind = KindOf(a.in);
-  if (in_kind == Kind::kDirectory) {
-    if (a.codes) return UsageError("--codes applies to .safetensors input or output, not to a directory");
-    return ConvertTree(a, p);
-  }
+  if (in_kind == Kind::kDirectory) return ConvertTree(a, p);
+  if (a.to) return UsageError("--to applies to a directory IN (a file's OUT suffix says the format)");
   Kind out_kind = KindOf(a.out);
   auto kind_error = [](const std::string& path) {
     return UsageError(path + ": cannot tell the format: the name must end in .kv or .safetensors");
@@ -562,7 +640,9 @@ void RegisterConvert(CLI::App& app, int* exit_code) {
       "      With --codes, value tensors are raw streams kept as stored.\n"
       "  .kv -> .safetensors: streams decoded to --dtype (bf16 default), or with --codes fp8 streams as\n"
       "      <stream>.codes + <stream>.scales and raw streams as stored; token ids as I64.\n"
-      "  directory -> directory: every *.kv under IN into the same tree under OUT (--jobs at a time).\n"
+      "  directory -> directory: every *.kv (and *.safetensors) under IN into the same tree under OUT\n"
+      "      (--jobs at a time): to .safetensors with --to safetensors or an OUT named *.safetensors, else\n"
+      "      to .kv (each .safetensors imported, each .kv re-encoded).\n"
       "A .kv IN that kvfile verify fails on is refused (exit 1, nothing written) unless --salvage.\n"
       "OUT is written under a temporary name and renamed into place when complete; an existing OUT\n"
       "is replaced only with --force. --format v1 writes the older raw layout (fp8 streams decoded to bf16\n"
@@ -587,6 +667,8 @@ void RegisterConvert(CLI::App& app, int* exit_code) {
   cmd->add_option("--jobs", args->jobs, "files converted in parallel (directories)")
       ->check(Count(1, 256))
       ->capture_default_str();
+  cmd->add_option("--to", args->to, "directories: convert every file to kv or safetensors (default: by OUT's suffix)")
+      ->check(CLI::IsMember({"kv", "safetensors"}));
   cmd->add_option("--format", args->format, "format of a .kv output")
       ->check(CLI::IsMember({"v1", "v2"}))
       ->capture_default_str();

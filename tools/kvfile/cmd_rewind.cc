@@ -5,6 +5,8 @@
 #include <optional>
 
 #include "cli_common.h"
+#include "damage_advice.h"
+#include "progress.h"
 #include "signals.h"
 #include "kvfile/reader.h"
 #include "kvfile/writer.h"
@@ -46,7 +48,16 @@ int RunRewind(const RewindArgs& a) {
   opt.keep_raw = a.keep_raw;
   std::unique_ptr<Writer> w;
   Status st = CheckInterrupt(a.path);
-  if (st.ok()) st = Writer::Open(a.path, opt, &w);
+  if (st.ok()) {
+    Activity opening("rewind " + a.path + ": opening");  // recovery, or a v1 upgrade
+    st = Writer::Open(a.path, opt, &w);
+  }
+  if (!st.ok() && st.IsDataError()) {
+    // A file cut inside its committed data: the short line that says what
+    // keeps the prefix (the library's message runs to 300 characters).
+    std::string cut = ShortTruncation(a.path);
+    if (!cut.empty()) return ReportError(Status::Corruption(cut));
+  }
   if (!st.ok()) return ReportError(st);
   const Writer::RecoveryReport& rec = w->recovery();
   // Said once: on stderr when the rewind succeeds, else in its error line.

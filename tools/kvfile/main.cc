@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <new>
@@ -11,6 +12,7 @@
 #include "kvfile/writer.h"
 #include "progress.h"
 #include "signals.h"
+#include "suggest.h"
 
 namespace kvfile::cli {
 
@@ -66,7 +68,7 @@ CLI::Validator Count(uint64_t min, uint64_t max) {
     bool negative = v.starts_with('-');
     std::string_view digits = negative ? v.substr(1) : v;
     bool numeric = !digits.empty() && digits.find_first_not_of("0123456789") == std::string_view::npos;
-    if (negative && numeric) return "must be a non-negative integer, not " + EscapeLine(s);
+    if (negative && numeric) return "expected a non-negative number, got '" + EscapeLine(s) + "'";
     if (!numeric) return "must be an integer, not '" + EscapeLine(s) + "'";
     uint64_t n = 0;
     auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), n);
@@ -123,8 +125,10 @@ std::string UpgradeNote(const std::string& old_format, const Geometry& now) {
 int main(int argc, char** argv) {
   using namespace kvfile::cli;
   CLI::App app{"kvfile: persist LLM KV caches as checksummed fp8 .kv files"};
-  app.set_version_flag("--version", std::string("kvfile ") + KVFILE_VERSION);
+  app.set_version_flag("--version,-V", std::string("kvfile ") + KVFILE_VERSION);
   app.require_subcommand(1);
+  // Global flags (--quiet) are accepted after the verb too.
+  app.fallthrough();
   // --quiet is global; it is read before parsing so that it holds for every
   // verb whatever its position on the command line.
   bool quiet = false;
@@ -141,6 +145,15 @@ int main(int argc, char** argv) {
   RegisterAppend(app, &exit_code);
   RegisterConvert(app, &exit_code);
   RegisterBench(app, &exit_code);
+  RegisterVersion(app, &exit_code);
+  RegisterCompletion(app, &exit_code);
+  if (int code = CheckVerb(app, argc, argv); code >= 0) return code;
+  // The library ignores an unknown backend name; a user who set one meant it.
+  if (const char* io = std::getenv("KVFILE_IO"); io && *io) {
+    std::string_view v = io;
+    if (v != "posix" && v != "uring" && v != "io_uring")
+      return UsageError("KVFILE_IO=" + EscapeLine(v) + ": unknown I/O backend (posix or uring)");
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

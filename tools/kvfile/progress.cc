@@ -3,7 +3,9 @@
 
 #include <unistd.h>
 
+#include <condition_variable>
 #include <cstdio>
+#include <thread>
 
 namespace kvfile::cli {
 
@@ -50,6 +52,46 @@ void Progress::Draw(uint64_t done, bool) {
   std::fprintf(stderr, "\r%s [%s] %3d%%", label_.c_str(), bar.c_str(), static_cast<int>(frac * 100));
   std::fflush(stderr);
   drawn_ = true;
+}
+
+struct Activity::State {
+  std::string label;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  bool drawn = false;
+  std::thread thread;
+};
+
+Activity::Activity(std::string label) : state_(std::make_unique<State>()) {
+  state_->label = std::move(label);
+  if (g_quiet || isatty(STDERR_FILENO) != 1) return;
+  State* s = state_.get();
+  s->thread = std::thread([s] {
+    auto start = std::chrono::steady_clock::now();
+    std::unique_lock<std::mutex> lock(s->mu);
+    if (s->cv.wait_for(lock, std::chrono::seconds(1), [s] { return s->done; })) return;
+    do {
+      auto secs = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - start);
+      std::fprintf(stderr, "\r%s ... %lld s", s->label.c_str(), static_cast<long long>(secs.count()));
+      std::fflush(stderr);
+      s->drawn = true;
+    } while (!s->cv.wait_for(lock, std::chrono::milliseconds(200), [s] { return s->done; }));
+  });
+}
+
+Activity::~Activity() { Finish(); }
+
+void Activity::Finish() {
+  if (!state_->thread.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    state_->done = true;
+  }
+  state_->cv.notify_all();
+  state_->thread.join();
+  if (state_->drawn) std::fprintf(stderr, "\r\033[K");
+  state_->drawn = false;
 }
 
 }  // namespace kvfile::cli

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string>
 
@@ -38,6 +39,23 @@ class Progress {
   std::atomic<uint64_t> done_{0};
   std::mutex mu_;
   std::chrono::steady_clock::time_point start_, last_draw_;
+};
+
+// For a step whose progress cannot be counted (the library's recovery
+// scan, a v1 upgrade, a whole-file check): on a terminal, after a second,
+// "LABEL ... 3 s" on stderr, redrawn from a thread of its own every 0.2 s
+// until Finish() (or the destructor) erases it. Same conditions as Progress.
+class Activity {
+ public:
+  explicit Activity(std::string label);
+  ~Activity();
+  Activity(const Activity&) = delete;
+  Activity& operator=(const Activity&) = delete;
+  void Finish();
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
 };
 
 }  // namespace kvfile::cli
