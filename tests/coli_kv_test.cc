@@ -16,6 +16,7 @@
 #include "kvfile/coli_kv.h"
 #include "kvfile/reader.h"
 #include "kvfile/writer.h"
+#include "support/fault_fs.h"
 
 namespace kvfile::coli {
 namespace {
@@ -44,11 +45,6 @@ std::vector<uint8_t> Bytes(const std::string& path) {
   return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});
 }
 
-void Put(const std::string& path, const std::vector<uint8_t>& b) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
-}
-
 class ColiKv : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -58,13 +54,23 @@ class ColiKv : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
   std::string P(const std::string& name) const { return (dir_ / name).string(); }
-  // Imports `bytes`; the output is removed first.
+  // Imports `bytes` in a memory file system (mem_), to "out.kv" there.
   Status ImportBytes(const std::vector<uint8_t>& bytes, ImportResult* res) {
-    Put(P("in.coli_kv"), bytes);
-    fs::remove(P("out.kv"));
-    return Import(P("in.coli_kv"), P("out.kv"), nullptr, res);
+    kvfile::testing::DiskImage image;
+    image["in.coli_kv"].assign(bytes.begin(), bytes.end());
+    mem_ = std::make_unique<kvfile::testing::FaultFs>(image);
+    return Import("in.coli_kv", "out.kv", mem_.get(), res);
+  }
+  // The Reader of what ImportBytes wrote.
+  std::unique_ptr<Reader> OpenImported() {
+    ReaderOptions ro;
+    ro.fs = mem_.get();
+    std::unique_ptr<Reader> r;
+    EXPECT_TRUE(Reader::Open("out.kv", ro, &r).ok());
+    return r;
   }
   fs::path dir_;
+  std::unique_ptr<kvfile::testing::FaultFs> mem_;
 };
 
 TEST_F(ColiKv, ImportV2HasTheExactCodesScalesAndRows) {
@@ -182,7 +188,6 @@ TEST_F(ColiKv, RefusedLayouts) {
     ImportResult res;
     Status st = ImportBytes(b, &res);
     EXPECT_EQ(st.code(), c.code) << st.message();
-    EXPECT_FALSE(fs::exists(P("out.kv")) && st.ok());
   }
 }
 
@@ -230,8 +235,8 @@ TEST_F(ColiKv, EveryTruncation) {
     } else {
       ASSERT_TRUE(st.ok()) << st.message();
       EXPECT_EQ(res.ignored_bytes, n - committed);
-      std::unique_ptr<Reader> r;
-      ASSERT_TRUE(Reader::Open(P("out.kv"), {}, &r).ok());
+      std::unique_ptr<Reader> r = OpenImported();
+      ASSERT_TRUE(r);
       EXPECT_EQ(r->token_count(), 3u);
     }
   }
@@ -256,8 +261,8 @@ TEST_F(ColiKv, EveryBitFlip) {
     ++ok;
     size_t byte = bit / 8;
     if (byte >= 44 && byte < 44 + kLora) {  // layer 0 latent codes of record 0
-      std::unique_ptr<Reader> r;
-      ASSERT_TRUE(Reader::Open(P("out.kv"), {}, &r).ok());
+      std::unique_ptr<Reader> r = OpenImported();
+      ASSERT_TRUE(r);
       uint8_t codes[kLora];
       float scale;
       ASSERT_TRUE(r->ReadCodes(0, 0, 0, 1, codes, &scale).ok());

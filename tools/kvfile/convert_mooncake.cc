@@ -350,6 +350,9 @@ Status Import(const SeedConvertArgs& a, const std::string& tmp, std::string* lin
       uint64_t elements = 0, size = 0;
       st = mooncake::RecordSize(want, &elements, &size);
       if (!st.ok()) return Status::Corruption(path + ": " + st.message());
+      std::error_code ec;
+      if (!fs::exists(fs::symlink_status(path, ec)))
+        return Status::Corruption(path + ": missing (the manifest lists it)");
       KVFILE_RETURN_IF_ERROR(ReadWhole(path, size, &files[i]));
       mooncake::RecordView v;
       st = mooncake::ParseRecord(files[i], &v);
