@@ -16,14 +16,15 @@ mkdir -p "$DIR"
 
 median() { sort -g | sed -n 2p; }
 # time of one command in seconds (wall), its output discarded
-t() { local s e; s=$(date +%s.%N); "$@" >/dev/null 2>&1; e=$(date +%s.%N); echo "$e - $s" | bc -l; }
+t() { local s e; s=$(date +%s.%N); "$@" >/dev/null 2>&1; e=$(date +%s.%N); awk -v a="$s" -v b="$e" 'BEGIN { printf "%.4f\n", b - a }'; }
 cpsync() { rm -rf "$2"; cp -r "$1" "$2"; sync -f "$2" 2>/dev/null || sync; }
 
 run3() { for _ in 1 2 3; do t "$@"; done | median; }
 
 report() {  # name, step median, copy-of-input median, copy-of-output median, bytes in, bytes out
   printf '%-22s %8.3f s   cp in %7.3f s (%5.2fx)   cp out %7.3f s (%5.2fx)   %s -> %s bytes\n' \
-    "$1" "$2" "$3" "$(echo "$2 / $3" | bc -l)" "$4" "$(echo "$2 / $4" | bc -l)" "$5" "$6"
+    "$1" "$2" "$3" "$(awk -v a="$2" -v b="$3" 'BEGIN { print a / b }')" \
+    "$4" "$(awk -v a="$2" -v b="$4" 'BEGIN { print a / b }')" "$5" "$6"
 }
 size() { du -sb "$1" | cut -f1; }
 

@@ -54,7 +54,7 @@ py::dict MooncakeDecode(const py::bytes& record) {
   std::vector<py::ssize_t> shape(v.desc.shape.begin(), v.desc.shape.end());
   py::array out = f16 ? py::array(py::dtype("float16"), shape) : py::array(py::dtype("uint16"), shape);
   mooncake::DecodeValues(v, static_cast<uint16_t*>(out.mutable_data()));
-  py::array scales(py::dtype("float32"), {static_cast<py::ssize_t>(v.groups)});
+  py::array scales(py::dtype("float32"), std::vector<py::ssize_t>{static_cast<py::ssize_t>(v.groups)});
   for (uint64_t g = 0; g < v.groups; ++g) static_cast<float*>(scales.mutable_data())[g] = v.scale(g);
   py::array codes(py::dtype("uint8"), shape);
   std::memcpy(codes.mutable_data(), v.codes, v.elements);
