@@ -32,7 +32,7 @@ int ReplaceFile(const std::string& out, bool force,
     return ReportError(Status::InvalidArgument(out + ": file exists; use --force to replace it"));
   std::string line, note;
   st = body(replace->temp_path(), &line, &note);
-  if (!st.ok() && PendingSignal()) st = CheckInterrupt(out);
+  if (PendingSignal()) st = CheckInterrupt(out);  // a signal: OUT stays as it was
   if (st.ok()) st = replace->Commit();
   if (!st.ok()) return ReportError(st);
   std::printf("%s\n", line.c_str());

@@ -202,7 +202,7 @@ int ExportMooncake(const SeedConvertArgs& a) {
   if (!fs::create_directory(tmp.path, ec)) return ReportError(Status::IOError(tmp.path + ": " + ec.message()));
   std::string line, note;
   st = Export(a, tmp.path, &line, &note);
-  if (!st.ok() && PendingSignal()) st = CheckInterrupt(a.out);
+  if (PendingSignal()) st = CheckInterrupt(a.out);  // a signal: OUT stays as it was
   if (!st.ok()) return ReportError(st);
   std::string old;
   if (exists) {
@@ -400,7 +400,7 @@ int ImportMooncake(const SeedConvertArgs& a) {
     return ReportError(Status::InvalidArgument(a.out + ": file exists; use --force to replace it"));
   std::string line, note;
   st = Import(a, replace->temp_path(), &line, &note);
-  if (!st.ok() && PendingSignal()) st = CheckInterrupt(a.out);
+  if (PendingSignal()) st = CheckInterrupt(a.out);  // a signal: OUT stays as it was
   if (st.ok()) st = replace->Commit();
   if (!st.ok()) return ReportError(st);
   std::printf("%s\n", line.c_str());
