@@ -9,5 +9,6 @@ namespace kvfile::python {
 void BindReader(pybind11::module_& m);   // Reader, open_reader()
 void BindWriter(pybind11::module_& m);   // Writer, create(), open_writer()
 void BindVerify(pybind11::module_& m);   // verify()
+void BindFormats(pybind11::module_& m);  // mooncake_encode/decode, coli_import/export
 
 }  // namespace kvfile::python

@@ -20,6 +20,7 @@
 #include "kvfile/replace.h"
 #include "bench_support.h"
 #include "cli_common.h"
+#include "convert_seeds.h"
 #include "damage_advice.h"
 #include "natural_sort.h"
 #include "progress.h"
@@ -57,6 +58,8 @@ struct ConvertArgs {
   unsigned jobs = 1;
   std::string format = "v2";
   std::optional<std::string> to;  // directories: "kv" or "safetensors"
+  std::optional<uint32_t> group_size;  // --format mooncake (convert_seeds.h)
+  std::optional<uint32_t> vocab;       // --format coli-v2 (convert_seeds.h)
 };
 
 // What to do with each stream, resolved from the flags.
@@ -598,6 +601,13 @@ int RunConvert(const ConvertArgs& a) {
   p.salvage = a.salvage;
   std::error_code ec;
   if (!fs::exists(a.in, ec)) return ReportError(Status::NotFound(a.in + ": No such file or directory"));
+  // Mooncake record directories and colibri .coli_kv sessions (convert_seeds.h).
+  {
+    SeedConvertArgs sa{a.in, a.out, a.format, a.group_size, a.vocab, a.force,
+                       a.dtype || !a.keep_raw.empty() || a.codes || a.chunk_tokens || a.salvage || a.jobs != 1};
+    int code = 0;
+    if (ConvertSeedFormat(sa, &code)) return code;
+  }
   Kind in_kind = KindOf(a.in);
   if (in_kind == Kind::kDirectory) return ConvertTree(a, p);
   if (a.to) return UsageError("--to applies to a directory IN (a file's OUT suffix says the format)");
@@ -669,9 +679,19 @@ void RegisterConvert(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--to", args->to, "directories: convert every file to kv or safetensors (default: by OUT's suffix)")
       ->check(CLI::IsMember({"kv", "safetensors"}));
-  cmd->add_option("--format", args->format, "format of a .kv output")
-      ->check(CLI::IsMember({"v1", "v2"}))
+  cmd->add_option("--format", args->format,
+                  "format of the output: v1 or v2 (.kv); mooncake (a directory of Mooncake FP8 codec records\n"
+                  "plus manifest.json); coli-v2 (a colibri COLIKV2 .coli_kv session). A .coli_kv IN or a\n"
+                  "Mooncake directory IN is imported into a .kv OUT (docs/formats.md)")
+      ->check(CLI::IsMember({"v1", "v2", "mooncake", "coli-v2"}))
       ->capture_default_str();
+  cmd->add_option("--group-size", args->group_size,
+                  "--format mooncake: elements per scale group (default: each stream's row width, lossless)")
+      ->check(Count(1, 0xFFFFFFFFu));
+  cmd->add_option("--vocab", args->vocab,
+                  "--format coli-v2: the model's vocabulary size for the header (default: from a model id\n"
+                  "'coli_kv:vocab=N' that an import of a .coli_kv file gives)")
+      ->check(Count(1, 0x7FFFFFFFu));
   cmd->callback([args, exit_code] { *exit_code = RunConvert(*args); });
 }
 

@@ -332,6 +332,54 @@ typedef struct kvfile_verify_result {
  * (missing, permission, I/O error). */
 KVFILE_EXPORT kvfile_status kvfile_verify(const char* path, int quick, kvfile_verify_result* out);
 
+/* ---- The seeds' formats ---------------------------------------------------
+ * Mooncake FP8 codec records (version 1) and colibri .coli_kv sessions;
+ * kvfile/mooncake.h and kvfile/coli_kv.h state the full rules, and
+ * docs/formats.md how they map to .kv files. */
+
+/* A Mooncake record's descriptor: source_dtype 1 (fp16) or 2 (bf16), rank
+ * 1..8 dimensions in shape[0, rank), group_size elements per scale. */
+typedef struct kvfile_mooncake_desc {
+  uint8_t source_dtype;
+  uint8_t rank;
+  uint32_t group_size;
+  uint64_t shape[8];
+} kvfile_mooncake_desc;
+
+/* Bytes of a record of *desc (KVFILE_INVALID_ARGUMENT for a descriptor the
+ * format cannot hold). */
+KVFILE_EXPORT kvfile_status kvfile_mooncake_record_size(const kvfile_mooncake_desc* desc, size_t* bytes);
+
+/* Mooncake's encoder: `values` holds the tensor's n elements as fp16 or bf16
+ * bit patterns (desc->source_dtype); writes the record into out[0, capacity)
+ * and its size into *size. KVFILE_NON_FINITE for a NaN or infinity,
+ * KVFILE_BUFFER_TOO_SMALL if capacity is less than the record; out is
+ * untouched on failure. */
+KVFILE_EXPORT kvfile_status kvfile_mooncake_encode(const kvfile_mooncake_desc* desc, const uint16_t* values, uint8_t* out,
+                                     size_t capacity, size_t* size);
+
+/* Checks a record (magic, version, reserved field, CRC, descriptor, size,
+ * scales finite and > 0, no NaN code: KVFILE_CORRUPTION naming the rule)
+ * and decodes it into dst[0, n) as its source dtype; *desc receives the
+ * descriptor. dst NULL with dst_count 0 only checks and fills *desc.
+ * KVFILE_BUFFER_TOO_SMALL if dst_count < n. Nothing is written to dst
+ * unless every check passed. */
+KVFILE_EXPORT kvfile_status kvfile_mooncake_decode(const uint8_t* record, size_t record_bytes, kvfile_mooncake_desc* desc,
+                                     uint16_t* dst, size_t dst_count);
+
+/* Imports a colibri session (COLIKV1 or COLIKV2) as a new .kv file at
+ * kv_path (which must not exist): streams latent, rope (e4m3) and indexer
+ * (f32). Bad data: KVFILE_CORRUPTION or KVFILE_UNSUPPORTED; kv_path is then
+ * removed. */
+KVFILE_EXPORT kvfile_status kvfile_coli_import(const char* coli_path, const char* kv_path);
+
+/* Writes a .kv file of colibri's geometry as a COLIKV2 session at
+ * coli_path (created; it must not exist), codes and scales as stored.
+ * vocab: the model's vocabulary size for the header, 0 to take it from a
+ * model id "coli_kv:vocab=N". Another geometry, or ids outside the
+ * vocabulary: KVFILE_INVALID_ARGUMENT with the reason, nothing written. */
+KVFILE_EXPORT kvfile_status kvfile_coli_export(const char* kv_path, const char* coli_path, uint32_t vocab);
+
 #ifdef __cplusplus
 }  /* extern "C" */
 #endif
