@@ -144,7 +144,7 @@ void EncodeScaledWith(Dtype kind, const float* x, size_t n, uint8_t* codes) {
 template <class P>
 void ConvertRawWith(Dtype src_dtype, const void* src, size_t n, Dtype dst_dtype, void* dst) {
   if (src_dtype == dst_dtype) {
-    std::memmove(dst, src, n * format::ElementSize(src_dtype));
+    std::memmove(dst, src, n * ElementSize(src_dtype));
     return;
   }
   switch (src_dtype) {
