@@ -383,6 +383,15 @@ Status ReadCells(File& file, const StateLayout& s, bool v, uint32_t layer, uint3
   return Status::OK();
 }
 
+bool IsRowMajor(const StateLayout& s, bool v) { return !(v && s.v_trans); }
+
+Status ReadCellBytes(File& file, const StateLayout& s, bool v, uint32_t layer, uint32_t c0, uint32_t c1,
+                     uint8_t* out) {
+  const LayerBlock& b = v ? s.v[layer] : s.k[layer];
+  uint64_t row = RowBytes(b.type, v ? s.v_width : s.k_width);
+  return file.ReadAt(b.offset + c0 * row, out, (c1 - c0) * row);
+}
+
 // ---- Provenance in the model id ----------------------------------------------------------
 
 std::string FormatModelId(const Provenance& p) {
@@ -580,6 +589,12 @@ Status StateWriter::Rows(bool v, uint32_t layer, uint64_t c0, uint64_t n, const 
   buf_.resize(n * row);
   for (uint64_t i = 0; i < n; ++i) EncodeRow(t, values + i * width, width, buf_.data() + i * row);
   return file_->WriteAt(base + c0 * row, buf_.data(), buf_.size());
+}
+
+Status StateWriter::RawRows(bool v, uint32_t layer, uint64_t c0, uint64_t n, const uint8_t* rows) {
+  uint64_t row = RowBytes(v ? spec_.v_type : spec_.k_type, v ? spec_.v_width : spec_.k_width);
+  uint64_t base = (v ? VOffset(layer) : KOffset(layer)) + 12;
+  return file_->WriteAt(base + c0 * row, rows, n * row);
 }
 
 }  // namespace kvfile::llama

@@ -69,6 +69,11 @@ Status ParseState(File& file, const std::string& path, StateLayout* out);
 
 // Cells [c0, c1) of one layer's K or V as f32, [c1-c0][width].
 Status ReadCells(File& file, const StateLayout& s, bool v, uint32_t layer, uint32_t c0, uint32_t c1, float* out);
+// The same as stored, [c1-c0][RowBytes] (little-endian values), for a block
+// that is not transposed V: false (nothing read) if it is.
+bool IsRowMajor(const StateLayout& s, bool v);
+Status ReadCellBytes(File& file, const StateLayout& s, bool v, uint32_t layer, uint32_t c0, uint32_t c1,
+                     uint8_t* out);
 
 // What an import keeps in the .kv model id, so that an export can write
 // the file back as llama.cpp had it. The model id is
@@ -117,6 +122,9 @@ class StateWriter {
   Status Header(const std::vector<uint32_t>& tokens);
   // Cells [c0, c0+n) of one layer's K (v false) or V, [n][width] f32.
   Status Rows(bool v, uint32_t layer, uint64_t c0, uint64_t n, const float* values);
+  // The same with rows already encoded in the cache type (not for a
+  // transposed V): n * RowBytes bytes.
+  Status RawRows(bool v, uint32_t layer, uint64_t c0, uint64_t n, const uint8_t* rows);
 
  private:
   uint64_t KOffset(uint32_t layer) const;

@@ -96,6 +96,7 @@ Status ImportLlama(const std::string& in, const std::string& tmp, const LlamaImp
   uint64_t per_token = (uint64_t{s.k_width} + s.v_width) * (4 + 4) * s.layers;  // f32 values + the read buffer
   uint64_t block = safetensors::BlockTokens(per_token, kBufferBudget);
   std::vector<std::vector<float>> data(2 * s.layers);
+  std::vector<std::vector<uint8_t>> bytes(2 * s.layers);
   Progress progress("convert " + in, s.cells);
   for (uint64_t t0 = 0; t0 < s.cells; t0 += block) {
     uint64_t n = std::min<uint64_t>(block, s.cells - t0);
@@ -104,6 +105,17 @@ Status ImportLlama(const std::string& in, const std::string& tmp, const LlamaImp
     batch.tokens = std::span<const uint32_t>(s.tokens).subspan(t0, n);
     for (uint32_t l = 0; l < s.layers; ++l) {
       for (int part = 0; part < 2; ++part) {
+        llama::CacheType type = part ? s.v[l].type : s.k[l].type;
+        if (type != llama::CacheType::kQ8_0 && llama::IsRowMajor(s, part == 1)) {
+          // f32/f16/bf16 rows go to the writer as stored (little-endian, as
+          // the writer takes them on the little-endian hosts kvfile runs on).
+          std::vector<uint8_t>& b = bytes[2 * l + part];
+          b.resize(n * llama::RowBytes(type, part ? s.v_width : s.k_width));
+          KVFILE_RETURN_IF_ERROR(llama::ReadCellBytes(*f, s, part == 1, l, static_cast<uint32_t>(t0),
+                                                      static_cast<uint32_t>(t0 + n), b.data()));
+          batch.blocks.push_back({LosslessDtype(type), b.data(), nullptr});
+          continue;
+        }
         std::vector<float>& d = data[2 * l + part];
         d.resize(n * (part ? s.v_width : s.k_width));
         KVFILE_RETURN_IF_ERROR(llama::ReadCells(*f, s, part == 1, l, static_cast<uint32_t>(t0),
@@ -172,6 +184,11 @@ Status ExportLlama(const std::string& in, Reader& r, uint64_t tokens, const std:
   uint64_t per_token = std::max(spec.k_width, spec.v_width) * uint64_t{4 + 4};
   uint64_t block = safetensors::BlockTokens(per_token, uint64_t{64} << 20);
   std::vector<float> vals;
+  std::vector<uint8_t> raw;
+  std::optional<Dtype> raw_dtype;  // the type as a kvfile dtype, when rows can be read in it directly
+  if (type == llama::CacheType::kF16) raw_dtype = Dtype::kF16;
+  if (type == llama::CacheType::kBF16) raw_dtype = Dtype::kBF16;
+  if (type == llama::CacheType::kF32) raw_dtype = Dtype::kF32;
   Progress progress("convert " + in, tokens * 2 * g.layers);
   for (int part = 0; part < 2; ++part) {
     uint32_t s = part ? *vs : *ks;
@@ -180,6 +197,14 @@ Status ExportLlama(const std::string& in, Reader& r, uint64_t tokens, const std:
       for (uint64_t t0 = 0; t0 < tokens; t0 += block) {
         uint64_t n = std::min(block, tokens - t0);
         progress.Add(n);
+        if (raw_dtype && !(part == 1 && spec.v_trans)) {
+          raw.resize(n * width * format::ElementSize(*raw_dtype));
+          KVFILE_RETURN_IF_ERROR(r.ReadRows(l, s, t0, t0 + n, *raw_dtype, raw.data()));
+          st = sw.RawRows(part == 1, l, t0, n, raw.data());
+          if (!st.ok()) return st.WithContext(tmp);
+          KVFILE_RETURN_IF_ERROR(CheckInterrupt(in));
+          continue;
+        }
         vals.resize(n * width);
         KVFILE_RETURN_IF_ERROR(r.ReadRows(l, s, t0, t0 + n, Dtype::kF32, vals.data()));
         st = sw.Rows(part == 1, l, t0, n, vals.data());
