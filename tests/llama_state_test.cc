@@ -525,8 +525,8 @@ TEST(LlamaConvert, ImportRecordsProvenanceAndGeometry) {
   EXPECT_NE(r.out.find("llama.cpp:seq3 k=q8_0 v=q8_0 v_trans=0 stream=0/1 seq=0 pos=0 rotated=unknown"),
             std::string::npos)
       << r.out;
-  // The default head size, 128, does not divide 128 values per token? It
-  // does: the tiny model has 2 KV heads of 64, so only --head-size says so.
+  // A head size that does not divide the 128 values per token is refused
+  // (usage: the file is fine), and nothing is written.
   std::string kv2 = Out("prov2.kv");
   r = Kvfile("convert " + (kFixtures / "seq-f16-fa1.bin").string() + " " + kv2 + " --head-size 48");
   EXPECT_EQ(r.exit_code, 2);

@@ -49,15 +49,26 @@ compare() {
   /usr/bin/python3 - "$1" "$2" <<'EOF'
 import sys, numpy as np
 a = np.fromfile(sys.argv[1], dtype=np.float32); b = np.fromfile(sys.argv[2], dtype=np.float32)
-print("identical" if a.tobytes() == b.tobytes() else "max|d|=%.3g" % float(np.max(np.abs(a - b))))
+print("identical" if a.tobytes() == b.tobytes() else
+      "max|d|=%.3g (max|logit| %.3g)" % (float(np.max(np.abs(a - b))), float(np.max(np.abs(a)))))
 EOF
+}
+
+# Greedy steps that agree, in order, before the first difference: "k/16".
+agreement() {
+  /usr/bin/python3 -c '
+import sys
+a = open(sys.argv[1]).read().split("greedy=")[1].split(","); b = open(sys.argv[2]).read().split("greedy=")[1].split(",")
+k = 0
+while k < len(a) and a[k] == b[k]: k += 1
+print("%d/%d" % (k, len(a)))' "$1" "$2"
 }
 
 mkdir -p "$FIX"
 rm -f "$FIX"/*.bin
 cp "$MODEL" "$FIX/tiny.gguf"
 {
-  echo "# llama.cpp $(cd "$SRC" && git describe --tags 2>/dev/null || echo '?') round trip; $N tokens saved, then token 7 and $GREEDY greedy steps"
+  echo "# llama.cpp v0.5.0 (node-llama-cpp 3.22.1) round trip; $N tokens saved, then token 7 and $GREEDY greedy steps"
   echo "# file | restore of llama.cpp's file == uninterrupted run | raw through kvfile: file bytes, logits | e4m3 through kvfile: logits, greedy agreement"
 } >"$WORK/results.txt"
 for type in f16 bf16 f32 q8_0; do
@@ -80,10 +91,7 @@ for type in f16 bf16 f32 q8_0; do
       >/dev/null 2>&1
     "$RT" "$MODEL" restore "$WORK/$name.e4m3.bin" "$type" "$fa" "$GREEDY" seq "$WORK/$name.e4m3.f32" \
       >"$WORK/$name.e4m3.txt"
-    agree=$(/usr/bin/python3 -c '
-import sys
-a = open(sys.argv[1]).read().split("greedy=")[1].split(","); b = open(sys.argv[2]).read().split("greedy=")[1].split(",")
-print("%d/%d" % (sum(x == y for x, y in zip(a, b)), len(a)))' "$WORK/$name.orig.txt" "$WORK/$name.e4m3.txt")
+    agree=$(agreement "$WORK/$name.orig.txt" "$WORK/$name.e4m3.txt")
     echo "$name.bin | $(compare "$WORK/$name.orig.f32" "$WORK/$name.straight.f32") | $bytes, $(compare \
       "$WORK/$name.orig.f32" "$WORK/$name.raw.f32") | $(compare "$WORK/$name.orig.f32" "$WORK/$name.e4m3.f32"), \
 greedy $agree" >>"$WORK/results.txt"
@@ -101,14 +109,30 @@ cmp -s "$WORK/session-f16-fa0.bin" "$WORK/session.raw.bin" && bytes=identical ||
 echo "session-f16-fa0.bin | - | $bytes, $(compare "$WORK/session.orig.f32" "$WORK/session.raw.f32") | -" \
   >>"$WORK/results.txt"
 cp "$WORK/session-f16-fa0.bin" "$FIX/"
-# The Hadamard trap: a q8_0 file exported to f16 and restored into an f16 context.
+# The Hadamard trap: q8_0 rows exported to f16 and restored into an f16
+# context, against the f16 uninterrupted run; beside it the q8_0 restore
+# itself (the quantization error alone), and the same export of a q8_0 file
+# saved with LLAMA_ATTN_ROT_DISABLE=1 (no rotation).
 if [ -f "$WORK/seq-q8_0-fa1.bin" ]; then
+  "$RT" "$MODEL" straight "$N" f16 1 "$GREEDY" "$WORK/f16.straight.f32" >"$WORK/f16.straight.txt"
   "$KVFILE" convert "$WORK/seq-q8_0-fa1.raw.kv" "$WORK/trap.bin" --format llama-seq --dtype f16 --force \
     >/dev/null 2>"$WORK/trap.err"
   "$RT" "$MODEL" restore "$WORK/trap.bin" f16 1 "$GREEDY" seq "$WORK/trap.f32" >"$WORK/trap.txt"
-  "$RT" "$MODEL" straight "$N" f16 1 "$GREEDY" "$WORK/trap.straight.f32" >/dev/null
-  echo "q8_0 -> f16 context (rotated rows read as plain) | vs the f16 uninterrupted run: $(compare \
-    "$WORK/trap.straight.f32" "$WORK/trap.f32"); q8_0 with LLAMA_ATTN_ROT_DISABLE=1 avoids it" >>"$WORK/results.txt"
+  LLAMA_ATTN_ROT_DISABLE=1 "$RT" "$MODEL" save "$WORK/norot.bin" q8_0 1 "$N" 2>/dev/null
+  "$KVFILE" convert "$WORK/norot.bin" "$WORK/norot.kv" --keep-raw k,v --head-size 64 --force >/dev/null
+  "$KVFILE" convert "$WORK/norot.kv" "$WORK/norot-f16.bin" --format llama-seq --dtype f16 --force \
+    >/dev/null 2>&1
+  "$RT" "$MODEL" restore "$WORK/norot-f16.bin" f16 1 "$GREEDY" seq "$WORK/norot.f32" >"$WORK/norot.txt"
+  ref="$WORK/f16.straight"
+  {
+    echo "# Hadamard trap, against the f16 uninterrupted run (logits; greedy agreement):"
+    echo "q8_0 file into a q8_0 context (quantization alone) | $(compare "$ref.f32" \
+"$WORK/seq-q8_0-fa1.orig.f32"); greedy $(agreement "$ref.txt" "$WORK/seq-q8_0-fa1.orig.txt")"
+    echo "q8_0 file -> kvfile -> f16 file into an f16 context (rotated rows) | $(compare "$ref.f32" \
+"$WORK/trap.f32"); greedy $(agreement "$ref.txt" "$WORK/trap.txt")"
+    echo "the same, saved with LLAMA_ATTN_ROT_DISABLE=1 | $(compare "$ref.f32" "$WORK/norot.f32"); greedy \
+$(agreement "$ref.txt" "$WORK/norot.txt")"
+  } >>"$WORK/results.txt"
 fi
 cp "$WORK/results.txt" "$FIX/results.txt"
 cat "$FIX/results.txt"
