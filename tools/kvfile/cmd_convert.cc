@@ -573,8 +573,7 @@ int RunConvert(const ConvertArgs& a) {
     return UsageError("--head-size applies to a llama.cpp state IN");
   }
   auto kind_error = [](const std::string& path) {
-    return UsageError(path + ": cannot tell the format: the name must end in .kv or .safetensors (or IN be a "
-                      "llama.cpp state file)");
+    return UsageError(path + ": cannot tell the format: the name must end in .kv or .safetensors");
   };
   if (in_kind == Kind::kOther) return kind_error(a.in);
   if (out_kind == Kind::kDirectory) return UsageError(a.out + ": is a directory (IN is a file)");
