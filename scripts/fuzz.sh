@@ -14,7 +14,7 @@ set -euo pipefail
 KVFILE_ROOT=$(cd "$(dirname "$0")/.." && pwd)
 SECONDS_PER_TARGET=${1:-60}
 JOBS=${KVFILE_FUZZ_JOBS:-1}
-TARGETS=(read verify upgrade safetensors mooncake coli)
+TARGETS=(read verify upgrade safetensors mooncake coli llama_state)
 BUILD="$KVFILE_ROOT/build-fuzz"
 OUT="$BUILD/fuzz-out"
 source "$KVFILE_ROOT/scripts/deps.sh"

@@ -23,6 +23,7 @@
 #include "convert_seeds.h"
 #include "damage_advice.h"
 #include "natural_sort.h"
+#include "convert_llama.h"
 #include "progress.h"
 #include "signals.h"
 #include "kvfile/reader.h"
@@ -60,6 +61,9 @@ struct ConvertArgs {
   std::optional<std::string> to;  // directories: "kv" or "safetensors"
   std::optional<uint32_t> group_size;  // --format mooncake (convert_seeds.h)
   std::optional<uint32_t> vocab;       // --format coli-v2 (convert_seeds.h)
+  std::optional<uint32_t> head_size;  // llama.cpp import
+  std::optional<uint32_t> v_trans;    // llama.cpp export
+  std::optional<std::string> arch;    // llama.cpp session export
 };
 
 // What to do with each stream, resolved from the flags.
@@ -70,11 +74,13 @@ struct Plan {
   bool codes = false;
   std::optional<uint32_t> chunk_tokens;
   bool salvage = false;
+  std::optional<uint32_t> head_size;  // llama.cpp import
+  LlamaExport llama;                  // llama.cpp export
 };
 
 constexpr uint64_t kBufferBudget = uint64_t{128} << 20;
 
-enum class Kind { kKv, kSafetensors, kDirectory, kOther };
+enum class Kind { kKv, kSafetensors, kDirectory, kLlama, kOther };
 
 Kind KindOf(const std::string& path) {
   std::error_code ec;
@@ -82,6 +88,7 @@ Kind KindOf(const std::string& path) {
   std::string ext = fs::path(path).extension().string();
   if (ext == ".kv") return Kind::kKv;
   if (ext == ".safetensors") return Kind::kSafetensors;
+  if (IsLlamaStateFile(path)) return Kind::kLlama;  // by its magic, whatever the name
   return Kind::kOther;
 }
 
@@ -433,6 +440,20 @@ Status Export(const std::string& in, const std::string& tmp, const Plan& p, std:
   return Status::OK();
 }
 
+// ---- .kv -> llama.cpp state file (convert_llama.cc) ------------------------------------------
+
+Status ExportToLlama(const std::string& in, const std::string& tmp, const Plan& p, std::string* summary,
+                     std::string* warning) {
+  std::unique_ptr<Reader> r;
+  KVFILE_RETURN_IF_ERROR(Reader::Open(in, {}, &r));
+  uint64_t T = 0;
+  KVFILE_RETURN_IF_ERROR(CheckInput(in, *r, p, &T, warning));
+  std::string w;
+  KVFILE_RETURN_IF_ERROR(ExportLlama(in, *r, T, tmp, p.llama, summary, &w));
+  if (!w.empty()) *warning = warning->empty() ? w : *warning + "; " + w;
+  return Status::OK();
+}
+
 // ---- One conversion, written atomically ----------------------------------------------------
 
 struct Outcome {
@@ -457,6 +478,9 @@ Outcome ConvertOne(const std::string& in, const std::string& out, Kind in_kind, 
   std::string summary, warning;
   if (in_kind == Kind::kKv && out_kind == Kind::kKv) st = KvToKv(in, tmp, p, &summary, &warning);
   else if (in_kind == Kind::kSafetensors) st = Import(in, tmp, p, &summary);
+  else if (in_kind == Kind::kLlama)
+    st = ImportLlama(in, tmp, {p.dtype, p.keep_raw, p.head_size, p.chunk_tokens, p.major}, &summary);
+  else if (out_kind == Kind::kLlama) st = ExportToLlama(in, tmp, p, &summary, &warning);
   else st = Export(in, tmp, p, &summary, &warning);
   if (!st.ok() && PendingSignal()) st = CheckInterrupt(out);  // a signal ended it: OUT is as it was
   if (st.ok()) st = replace->Commit();
@@ -591,7 +615,14 @@ int RunConvert(const ConvertArgs& a) {
   SetCurrentPath(a.out);
   Plan p;
   p.major = a.format == "v1" ? 1 : 2;
-  if (a.dtype) p.dtype = ParseDtype(*a.dtype);
+  bool to_llama = a.format.starts_with("llama-");
+  if (a.dtype && *a.dtype == "q8_0" && !to_llama)
+    return UsageError("--dtype q8_0 applies to --format llama-seq|llama-session");
+  if (a.dtype && *a.dtype != "q8_0") p.dtype = ParseDtype(*a.dtype);
+  p.head_size = a.head_size;
+  p.llama = {a.format == "llama-session", a.dtype, a.v_trans, a.arch};
+  if (!to_llama && (a.v_trans || a.arch))
+    return UsageError("--v-trans and --arch apply to --format llama-seq|llama-session");
   if (p.major == 1 && p.dtype && IsFp8(*p.dtype))
     return UsageError("--format v1 stores raw rows: --dtype must be bf16, f16 or f32");
   if (p.major == 1 && !a.keep_raw.empty()) return UsageError("--keep-raw applies to v2 output (v1 is all raw)");
@@ -609,9 +640,32 @@ int RunConvert(const ConvertArgs& a) {
     if (ConvertSeedFormat(sa, &code)) return code;
   }
   Kind in_kind = KindOf(a.in);
-  if (in_kind == Kind::kDirectory) return ConvertTree(a, p);
+  if (in_kind == Kind::kDirectory) {
+    if (to_llama) return UsageError(a.in + ": --format " + a.format + " converts one .kv file, not a directory");
+    return ConvertTree(a, p);
+  }
   if (a.to) return UsageError("--to applies to a directory IN (a file's OUT suffix says the format)");
-  Kind out_kind = KindOf(a.out);
+  Kind out_kind = to_llama ? Kind::kLlama : KindOf(a.out);
+  if (to_llama) {
+    if (in_kind != Kind::kKv)
+      return UsageError(a.in + ": --format " + a.format + " writes a llama.cpp file from a .kv IN");
+    if (p.dtype && IsFp8(*p.dtype))
+      return UsageError("--dtype " + *a.dtype + ": a llama.cpp cache is f16, bf16, f32 or q8_0");
+    if (!a.keep_raw.empty() || a.chunk_tokens || a.codes)
+      return UsageError("--keep-raw, --chunk-tokens and --codes apply to .kv or .safetensors output");
+    if (fs::exists(a.out, ec) && fs::equivalent(a.in, a.out, ec))
+      return UsageError(a.out + ": IN and OUT are the same file");
+    return Report({ConvertOne(a.in, a.out, in_kind, out_kind, p, a.force)});
+  }
+  if (out_kind == Kind::kLlama)
+    return UsageError(a.out + ": is a llama.cpp state file; OUT is a .kv or .safetensors file unless --format "
+                      "llama-seq|llama-session");
+  if (in_kind == Kind::kLlama) {
+    if (out_kind != Kind::kKv) return UsageError(a.out + ": a llama.cpp state file is imported into a .kv OUT");
+    if (a.codes) return UsageError("--codes applies to .safetensors input or output");
+  } else if (a.head_size) {
+    return UsageError("--head-size applies to a llama.cpp state IN");
+  }
   auto kind_error = [](const std::string& path) {
     return UsageError(path + ": cannot tell the format: the name must end in .kv or .safetensors");
   };
@@ -657,12 +711,16 @@ void RegisterConvert(CLI::App& app, int* exit_code) {
       "OUT is written under a temporary name and renamed into place when complete; an existing OUT\n"
       "is replaced only with --force. --format v1 writes the older raw layout (fp8 streams decoded to bf16\n"
       "or to a raw --dtype); a v1 input converted to v2 is quantized (e4m3 unless --dtype).\n"
+      "  llama.cpp state file ('ggsq' sequence state, 'ggsn' session; found by its magic) -> .kv: streams\n"
+      "      k and v ([KV heads] x --head-size), e4m3 unless --dtype/--keep-raw; provenance in the model id.\n"
+      "  .kv (streams k, v) -> llama.cpp file: --format llama-seq|llama-session, --dtype f16 (default),\n"
+      "      bf16, f32 or q8_0, --v-trans, --arch (docs/llama.md).\n"
       "Example: kvfile convert session.kv session-e5m2.kv --dtype e5m2 --chunk-tokens 512\n"
       "         kvfile convert session.kv session.safetensors --codes");
   cmd->add_option("IN", args->in, "input: .kv, .safetensors, or a directory of .kv files")->required();
   cmd->add_option("OUT", args->out, "output: .kv, .safetensors, or a directory")->required();
   cmd->add_option("--dtype", args->dtype, "target dtype: e4m3, e5m2, bf16, f16 or f32")
-      ->check(CLI::IsMember({"e4m3", "e5m2", "bf16", "f16", "f32"}));
+      ->check(CLI::IsMember({"e4m3", "e5m2", "bf16", "f16", "f32", "q8_0"}));
   cmd->add_option("--keep-raw", args->keep_raw, "streams stored raw (bf16, or a raw --dtype); comma separated")
       ->delimiter(',');
   cmd->add_flag("--codes", args->codes, "export fp8 codes and scales; on import, keep value tensors as stored");
@@ -681,9 +739,10 @@ void RegisterConvert(CLI::App& app, int* exit_code) {
       ->check(CLI::IsMember({"kv", "safetensors"}));
   cmd->add_option("--format", args->format,
                   "format of the output: v1 or v2 (.kv); mooncake (a directory of Mooncake FP8 codec records\n"
-                  "plus manifest.json); coli-v2 (a colibri COLIKV2 .coli_kv session). A .coli_kv IN or a\n"
-                  "Mooncake directory IN is imported into a .kv OUT (docs/formats.md)")
-      ->check(CLI::IsMember({"v1", "v2", "mooncake", "coli-v2"}))
+                  "plus manifest.json); coli-v2 (a colibri COLIKV2 .coli_kv session); llama-seq or llama-session\n"
+                  "(a llama.cpp state file, docs/llama.md). A .coli_kv IN, a Mooncake directory IN or a llama.cpp\n"
+                  "state IN is imported into a .kv OUT (docs/formats.md)")
+      ->check(CLI::IsMember({"v1", "v2", "mooncake", "coli-v2", "llama-seq", "llama-session"}))
       ->capture_default_str();
   cmd->add_option("--group-size", args->group_size,
                   "--format mooncake: elements per scale group (default: each stream's row width, lossless)")
@@ -692,6 +751,13 @@ void RegisterConvert(CLI::App& app, int* exit_code) {
                   "--format coli-v2: the model's vocabulary size for the header (default: from a model id\n"
                   "'coli_kv:vocab=N' that an import of a .coli_kv file gives)")
       ->check(Count(1, 0x7FFFFFFFu));
+  cmd->add_option("--head-size", args->head_size, "llama.cpp import: values per KV head (default 128)")
+      ->check(Count(1, 65536));
+  cmd->add_option("--v-trans", args->v_trans,
+                  "llama.cpp export: 1 writes V transposed (a context without flash attention), 0 not "
+                  "(default: as imported, else 0)")
+      ->check(CLI::IsMember({0, 1}));
+  cmd->add_option("--arch", args->arch, "llama.cpp session export: the model architecture (default: as imported)");
   cmd->callback([args, exit_code] { *exit_code = RunConvert(*args); });
 }
 
