@@ -12,6 +12,7 @@
 #include "kvfile/presets.h"
 #include "kvfile/reader.h"
 #include "kvfile/writer.h"
+#include "testing_hooks.h"
 #include "support/fault_fs.h"
 
 namespace kvfile::testing {
@@ -60,12 +61,14 @@ Status BuildFixture(const FixtureSpec& spec, SweepFixture* out) {
   FaultFs fs;
   WriterOptions opt;
   opt.fs = &fs;
-  opt.salt = spec.salt;
+  hooks::SetWriterSalt(spec.salt);
   opt.chunk_tokens = spec.chunk_tokens;
   opt.format_major = spec.major;
   opt.sync = spec.committed ? SyncMode::kClose : SyncMode::kNone;
   std::unique_ptr<Writer> w;
-  KVFILE_RETURN_IF_ERROR(Writer::Create(kSweepPath, g, {"sweep/" + spec.name, spec.seed}, opt, &w));
+  Status created = Writer::Create(kSweepPath, g, {"sweep/" + spec.name, spec.seed}, opt, &w);
+  hooks::SetWriterSalt(0);
+  KVFILE_RETURN_IF_ERROR(created);
   SplitMix rng(spec.seed);
   std::vector<uint64_t> append_ends;  // token counts after each append
   // Appended in pieces of 1..3 tokens, so that chunks fill across appends.

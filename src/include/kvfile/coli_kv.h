@@ -28,7 +28,7 @@ namespace kvfile::coli {
 
 inline constexpr uint64_t kHeaderBytes = 40;  // magic + 8 i32 words
 
-struct Header {
+struct KVFILE_EXPORT Header {
   int version = 0;  // 1 (COLIKV1, f32 rows) or 2 (COLIKV2, e4m3 rows + f32 scales)
   uint32_t layers = 0;
   uint32_t kv_lora = 0;
@@ -53,7 +53,7 @@ KVFILE_EXPORT Geometry GeometryOf(const Header& h);
 // session has no identity of its own, and an export needs the vocabulary.
 KVFILE_EXPORT std::string ModelIdFor(uint32_t vocab);
 
-struct ImportResult {
+struct KVFILE_EXPORT ImportResult {
   Header header;
   uint64_t ignored_bytes = 0;  // past the record count
 };
@@ -65,7 +65,7 @@ struct ImportResult {
 // record; the caller removes `out` then.
 KVFILE_EXPORT Status Import(const std::string& in, const std::string& out, FileSystem* fs, ImportResult* result);
 
-struct ExportOptions {
+struct KVFILE_EXPORT ExportOptions {
   std::optional<uint32_t> vocab;  // default: from a model id of ModelIdFor's form
   FileSystem* fs = nullptr;
 };

@@ -38,7 +38,7 @@ KVFILE_EXPORT void EncodeRow(CacheType t, const float* src, uint64_t width, uint
 KVFILE_EXPORT bool HasStateMagic(const uint8_t* first4);
 
 // Where the data of one layer's K or V lies in a state file.
-struct LayerBlock {
+struct KVFILE_EXPORT LayerBlock {
   CacheType type = CacheType::kF16;
   uint64_t offset = 0;  // first byte of the rows (after the layer's own header)
 };
@@ -46,7 +46,7 @@ struct LayerBlock {
 // The parsed layout of a state file holding one sequence: exactly one
 // non-empty cache stream whose cells hold positions first_pos,
 // first_pos+1, ... of one sequence id, one cell per token id.
-struct StateLayout {
+struct KVFILE_EXPORT StateLayout {
   FileKind kind = FileKind::kSequence;
   uint32_t version = 0;
   std::string arch;  // session files only
@@ -80,7 +80,7 @@ KVFILE_EXPORT Status ReadCellBytes(File& file, const StateLayout& s, bool v, uin
 // the file back as llama.cpp had it. The model id is
 // "llama.cpp:" followed by space-separated key=value pairs (spec/FORMAT.md,
 // "Model ids of imported llama.cpp files").
-struct Provenance {
+struct KVFILE_EXPORT Provenance {
   FileKind kind = FileKind::kSequence;
   uint32_t version = 0;
   std::string arch;  // empty if unknown
@@ -96,7 +96,7 @@ KVFILE_EXPORT std::string FormatModelId(const Provenance& p);
 KVFILE_EXPORT std::optional<Provenance> ParseModelId(std::string_view model_id);
 
 // What a new state file holds.
-struct WriteSpec {
+struct KVFILE_EXPORT WriteSpec {
   FileKind kind = FileKind::kSequence;
   std::string arch;  // session files
   uint32_t n_stream = 1;

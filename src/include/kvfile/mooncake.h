@@ -31,7 +31,7 @@ enum class SourceDtype : uint8_t { kF16 = 1, kBF16 = 2 };
 
 inline constexpr size_t kMaxRank = 8;  // the format's rank limit (1..8)
 
-struct RecordDesc {
+struct KVFILE_EXPORT RecordDesc {
   SourceDtype dtype = SourceDtype::kBF16;
   uint32_t group_size = 0;
   std::vector<uint64_t> shape;  // rank 1..8, every dimension > 0
@@ -64,7 +64,7 @@ KVFILE_EXPORT Status EncodeCodes(const RecordDesc& desc, const float* scales, co
                    std::vector<uint8_t>* out);
 
 // A checked record; the pointers refer into the bytes given to ParseRecord.
-struct RecordView {
+struct KVFILE_EXPORT RecordView {
   RecordDesc desc;
   uint64_t elements = 0;
   uint64_t groups = 0;
