@@ -21,6 +21,7 @@
 #include <chrono>
 #include <cstdio>
 
+#include "format/kv_format.h"
 #include "kvfile/reader.h"
 #include "kvfile/verify.h"
 #include "support/sweep_fixtures.h"

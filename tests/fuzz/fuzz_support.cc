@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <vector>
 
+#include "format/kv_format.h"
+
 namespace kvfile::fuzz {
 
 namespace {

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "fuzz/fuzz_support.h"
+#include "format/kv_format.h"
 #include "kvfile/writer.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
