@@ -16,8 +16,10 @@ namespace kvfile {
 namespace {
 
 // Two appends of 3 tokens, 2 tokens per chunk: chunks of 2, 1, 2, 1 tokens.
+// One file per test (CTest runs the tests of this file in parallel).
 std::string WriteSession() {
-  std::string path = testing::TempDir() + "kvfile_reader_state.kv";
+  std::string path = testing::TempDir() + "kvfile_reader_state_" +
+                     ::testing::UnitTest::GetInstance()->current_test_info()->name() + ".kv";
   Geometry g;
   g.layers = 1;
   g.streams = {{"k", 1, 4, Dtype::kE4M3}};
@@ -25,7 +27,9 @@ std::string WriteSession() {
   o.chunk_tokens = 2;
   o.overwrite = true;
   std::unique_ptr<Writer> w;
-  EXPECT_TRUE(Writer::Create(path, g, {"m", 1}, o, &w).ok());
+  Status st = Writer::Create(path, g, {"m", 1}, o, &w);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  if (!st.ok()) return path;
   const float rows[12] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
   const uint32_t ids[3] = {7, 8, 9};
   for (int i = 0; i < 2; ++i) {
