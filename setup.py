@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Builds the extension kvfile._kvfile with the project's CMake (the target
 # kvfile_python, for the interpreter running this) and packages it with the
 # pure-Python modules of src/python/kvfile. The version is CMakeLists.txt's

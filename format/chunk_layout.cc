@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Section offsets inside a chunk (see chunk_layout.h for the picture).
 #include "format/chunk_layout.h"
 

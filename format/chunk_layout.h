@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Where everything sits inside one chunk, computed from the geometry and the
 // chunk's token count. Reader and writer both use this single definition.
 //

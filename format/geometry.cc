@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Geometry validation and the expected-vs-actual comparison.
 #include "format/geometry.h"
 

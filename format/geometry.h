@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The geometry types inside the format code: the public ones
 // (kvfile/geometry.h) under their format:: names.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Encoding and decoding of the file header, commit slots and chunk headers.
 #include "format/header.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Encoding and decoding of the fixed-size records of a .kv file: the file
 // header, the two commit slots and the 64-byte chunk header.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Names of the dtypes (kvfile/dtype.h).
 #include "format/kv_format.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Wire constants of the .kv container, shared by every reader and writer.
 //
 // spec/FORMAT.md is normative; this file is its machine-readable summary. Any

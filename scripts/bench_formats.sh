@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Speed of the seeds' formats in kvfile convert against a plain copy of the
 # same bytes, in one run: `scripts/bench_formats.sh [KVFILE] [TOKENS] [DIR]`.
 # A dsa-mixed session (61 layers: latent 512 + rope 64 e4m3, indexer 128

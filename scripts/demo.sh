@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The main job: installs what is missing, builds, writes a 32,768-token
 # synthetic llama-3.1-8b session, checks it, and shows its size against the
 # same cache stored as raw bf16.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Installs, with apt-get, the Debian 12 packages kvfile needs to build and
 # test, skipping those already installed. Sourced by demo.sh and test.sh.
 set -euo pipefail

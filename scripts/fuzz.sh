@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Builds the libFuzzer targets (the fuzz preset of CMakePresets.json: clang,
 # -DKVFILE_FUZZING=ON, into build-fuzz/) and runs each for a bounded time: `scripts/fuzz.sh [seconds]`
 # (default 60 per target). Targets run from a scratch copy of the seed corpus

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Installs kvfile into scratch prefixes and builds the API examples of
 # docs/api.md (tests/consumer/example.cc and example.c) against the
 # installed tree only, as a project outside this repository would, four
@@ -24,8 +25,10 @@ KVFILE_ROOT=$(cd "$(dirname "$0")/.." && pwd)
 build_dir=${1:-$KVFILE_ROOT/build}
 source "$KVFILE_ROOT/scripts/deps.sh"
 kvfile_build "$build_dir" --preset=dev kvfile kvfile_cli kvfile_python
+# The static library alone (the installed kvfile command that checks the
+# sessions comes from the shared build).
 kvfile_build "$build_dir-static" --preset=dev -DBUILD_SHARED_LIBS=OFF -DKVFILE_BUILD_TESTS=OFF \
-  -DKVFILE_BUILD_PYTHON=OFF -DKVFILE_BUILD_BENCH=OFF kvfile kvfile_cli
+  -DKVFILE_BUILD_TOOLS=OFF -DKVFILE_BUILD_PYTHON=OFF -DKVFILE_BUILD_BENCH=OFF kvfile
 
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT

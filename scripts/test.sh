@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Installs what is missing, builds with warnings as errors, and runs every
 # test: the unit tests and the long exhaustive codec checks with the default
 # I/O backend (io_uring where the kernel allows it), then an install into a

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // PendingReplace: whole-file replacement through a temporary file in the
 // destination's directory (see atomic_replace.h and spec/RECOVERY.md,
 // "Replacing a file").

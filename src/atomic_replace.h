@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Replacing a whole file atomically (spec/RECOVERY.md, "Replacing a file"):
 // the library-internal helpers; the PendingReplace class itself is public,
 // kvfile/replace.h.

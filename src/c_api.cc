@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The C API (kvfile/c.h) over the C++ Writer, Reader and VerifyFile.
 //
 // Every entry point runs its body through Guarded(), which catches every

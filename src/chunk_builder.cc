@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ChunkBuilder: staging appended rows and sealing them into chunk bytes
 // (see chunk_builder.h).
 #include "chunk_builder.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ChunkBuilder: the writer's staging buffers and the sealing of staged tokens
 // into the bytes of one chunk (spec/FORMAT.md, "Chunks"). No file system:
 // it fills memory and hands back the sealed bytes; the writer writes them.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // colibri .coli_kv sessions <-> .kv files (kvfile/coli_kv.h). The wire
 // constants of the .coli_kv layout live here only.
 #include "kvfile/coli_kv.h"

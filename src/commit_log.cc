@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The commit slots: choice, decoding and the writer's commit (see commit_log.h).
 #include "commit_log.h"
 

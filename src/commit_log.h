@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The commit log: the two commit slots (spec/FORMAT.md, "Commit slots") and
 // the one rule for them: a record with sequence number s lives in slot
 // s % 2, so each new record overwrites the older one and the newest valid

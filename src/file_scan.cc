@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The scan of a .kv file at open (see file_scan.h).
 #include "file_scan.h"
 

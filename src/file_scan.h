@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Scanning a .kv file: header, commit slots and the chain of chunk heads.
 //
 // Both the Reader and a writable open start here. The scan trusts nothing:

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // llama.cpp state files: parser, row codecs, provenance and writer (see
 // llama_state.h). Facts about the layout were read from llama.cpp v0.5.0
 // (src/llama-context.cpp, src/llama-kv-cache.cpp); no code of it is used.

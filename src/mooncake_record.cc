@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Mooncake FP8 codec record v1: encoder, checked parser, decoder
 // (kvfile/mooncake.h). The wire constants of the record live here only.
 #include "kvfile/mooncake.h"

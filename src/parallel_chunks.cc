@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Per-chunk fan-out over threads (see parallel_chunks.h).
 #include "parallel_chunks.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Per-chunk fan-out over threads, shared by Reader::ReadMany and VerifyFile:
 // how many workers a call gets, one checked File per worker, and the loop
 // that hands chunks out to the workers in order.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The preset geometries. Shapes follow the published model configurations:
 // Llama 3.1 8B (32 layers, 8 KV heads of 128), Qwen2.5 7B (28 layers, 4 KV
 // heads of 128), DeepSeek-V3 (61 layers, MLA latent 512 + decoupled RoPE key

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Reader: open = scan (file_scan.h); reads check whole sections before they
 // decode anything into the caller's buffer.
 #include "kvfile/reader.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The safetensors reader and writer, and the kvfile convention on top of them
 // (see safetensors.h).
 #include "kvfile/safetensors.h"

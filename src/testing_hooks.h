@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What the library's own tests reach behind the public API: a fixed salt
 // for new files (golden bytes), one chunk's full check, and the I/O fault
 // hook (io_fault_hook.h). Not installed, not exported from libkvfile.so.

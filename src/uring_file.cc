@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The io_uring backend of the file interface (liburing): reads, writes and
 // fdatasync go through a ring; the rest (open, flock, ftruncate, fstat and the
 // directory operations) are the same system calls as the POSIX backend.

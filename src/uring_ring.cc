@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // UringRing: submission and completion over liburing (see uring_ring.h).
 #include "uring_ring.h"
 

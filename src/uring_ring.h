@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // UringRing: one io_uring submission/completion queue pair (liburing), with
 // the retries the kernel asks for: a full submission queue is submitted
 // and asked again, an io_uring_submit the kernel cannot take now pauses and

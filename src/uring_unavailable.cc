@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The io_uring backend's entry points in a build without it
 // (KVFILE_WITH_URING=OFF, or liburing missing): FileSystem::Default() then
 // always chooses the POSIX backend (file_backends.h).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // VerifyFile: the scan of open, then every chunk read whole and checked.
 #include "kvfile/verify.h"
 

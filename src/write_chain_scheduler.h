@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // WriteChainScheduler: the io_uring backend's queued writes as pure logic.
 // It decides which write and fsync operations to submit, in which linked
 // chains and with which flags, and what to do with each completion (short

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Writer: staging buffer -> whole chunks -> commit slots (see writer.h and
 // spec/RECOVERY.md for the order of writes that makes this crash safe).
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Writer::Impl: the coordinator behind kvfile::Writer. It owns the file and
 // the token sequence written so far, and hands the rest to one object per
 // concern:

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Opening and locking a writer's files (see writer_lock.h).
 #include "writer_lock.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Opening and locking the files a writer writes: the file itself, a new
 // file created under a temporary name, and the leftover of an interrupted
 // upgrade. Each makes sure the file locked is the one the path names.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Recovery at a writable open of an existing file (spec/RECOVERY.md,
 // "Opening for append"): adopt what the scan found, cut the torn tail,
 // recommit; and the cut back to the last commit after an I/O error.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Rewind: keep the first n tokens of the sequence, durably (see RewindTo).
 #include "writer_impl.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The v1 -> v2 upgrade at a writable open of a v1 file (spec/RECOVERY.md,
 // "Upgrade").
 #include <xxhash.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Atomic appends (spec/RECOVERY.md, "Atomic appends"): an append is all or
 // nothing across failed calls, Close() and crashes. The crash-state
 // enumeration (crash_test.cc) checks the crash side exhaustively; these

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // PendingReplace (src/atomic_replace.h): whole-file replacement. Faults at
 // every step on the fault-injecting file system, and the real file system
 // for what it alone has: symlinks, special files, locks held by other open

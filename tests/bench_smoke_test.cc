@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `kvfile bench` on a small session: it runs every path, prints its table
 // and a JSON document with every row, and fails cleanly on bad arguments.
 // Timings are not asserted (CI machines are noisy); shapes and sanity are.

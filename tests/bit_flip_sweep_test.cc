@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Every single-bit flip of every byte of the closed sweep fixtures
 // (support/sweep_fixtures.h), and every bit of every reserved or padding
 // byte flipped with its checksum recomputed, so that the structural check

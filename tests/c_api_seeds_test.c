@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* Tests of the C API of the seeds' formats (kvfile/c.h: kvfile_mooncake_*,
  * kvfile_coli_*), compiled as C99 with warnings as errors: the Mooncake
  * golden record both ways, refusals that leave the destination untouched,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* Tests of the C API (kvfile/c.h), compiled as C99 with warnings as
  * errors: every function, on good input and on each kind of bad input
  * (wrong path, bad argument, buffer too small, damaged file), checking

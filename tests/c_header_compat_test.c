@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* The deprecated C header name kvfile/kvfile.h still gives the whole C API
  * (it includes kvfile/c.h) for this release: compiled as C99 like the C API
  * test, it must see kvfile/c.h's guard and call through it. */

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests of the writer's chunk builder (src/chunk_builder.h), on memory only:
 // the bytes of sealed chunks (head fields, tokens, rows, checksums, zero
 // padding), short chunks, the reuse of a staging buffer after a short or a

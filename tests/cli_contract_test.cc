@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The kvfile binary keeps its contract where input is hostile or damaged:
 // one stderr line whatever the path holds, numbers range-checked (exit 2),
 // damaged input never converted silently (--salvage), an upgrade on open

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Every kvfile command on damaged files: info, dump, verify, convert (to
 // .kv and to .safetensors, and back from a damaged .safetensors) and
 // repair either succeed or fail with one "kvfile: error:" line and exit

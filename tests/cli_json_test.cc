@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `kvfile verify|info|dump --json` print one valid JSON document whatever
 // the input: file names with quotes, backslashes, newlines and invalid
 // UTF-8, files of garbage, truncated and damaged files, and a model id of

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The kvfile binary under real signals (tools/kvfile/signals.*): started as a
 // child, sent SIGINT, SIGTERM or SIGHUP once it has begun writing (or
 // reading), it must stop at a safe point, exit 130 / 143 / 129 with exactly

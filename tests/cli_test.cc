@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The kvfile binary, run as a user runs it: exit status, stdout, the one
 // stderr line, and files left as they were.
 #include <gtest/gtest.h>

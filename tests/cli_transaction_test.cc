@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The CLI's writing verbs replace whole files atomically (issue 13, class
 // 1; spec/RECOVERY.md "Replacing a file"), on real full disks (a small
 // tmpfs), real locks held by another process, real symlinks, hard links,

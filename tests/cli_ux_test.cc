@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The command line as users of git, sqlite3 or zstd expect it (issue 16):
 // did-you-mean for verbs, --version/-V/version, global flags after the verb,
 // several FILEs, `-` for standard input, signed numbers refused, verify of

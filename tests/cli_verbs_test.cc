@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The verbs dump, rewind, append and convert, run as a user runs them: exit
 // status, the one stderr line, files left exactly as they were on failure,
 // and every code, scale and value checked against the library and the codec.

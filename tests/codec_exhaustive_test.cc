@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Exhaustive codec sweeps (CTest label `long`):
 //
 //  1. The element conversion over every finite f32 bit pattern, in increasing

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Unit tests of the fp8 codec (spec/CODEC.md): element tables against the
 // independent reference vectors in tests/vectors/, the row rule, and bit
 // identity of every vectorized path with the scalar reference.

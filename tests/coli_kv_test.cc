@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // colibri .coli_kv sessions (kvfile/coli_kv.h): the fixtures of
 // tests/fixtures/seeds/ (written from the layout by make_fixtures.py, whose
 // formulas are repeated here) imported with their exact codes, scales and

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests of the commit log (src/commit_log.h): the slot rule (sequence s in
 // slot s % 2), the choice of the newest valid slot with the reason a slot
 // is not valid, a new file's two slots, and the writer's commit: data

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvfile convert to and from the seeds' formats: a directory of Mooncake
 // FP8 codec records (--format mooncake) and colibri .coli_kv sessions
 // (--format coli-v2): exit statuses, the one stderr line, what is written,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Simulated power loss: every workload runs against FaultFs, which records
 // each write, sync, truncate, rename and directory sync the library makes.
 // After every prefix of those operations, every crash state FaultFs can build

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Checks that a shared libkvfile exports only public names (docs/api.md,
 # "The boundary"): the C API (kvfile_*), names in namespace kvfile and its
 # public sub-namespaces (codec, safetensors), their vtables and typeinfo, and

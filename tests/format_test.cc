@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests of the on-disk records of a .kv file (format/): file header, commit
 // slots and chunk headers (encode -> decode round trips, byte positions, and
 // every way a decoder must refuse), the chunk layout, and the geometry checks.

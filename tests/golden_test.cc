@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The golden fixture: the worked example of spec/FORMAT.md, written by the
 // library and compared byte for byte with tests/fixtures/example_v2.kv
 // (version 2.1; example_v2_0.kv is the same example as 2.0 wrote it).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Faults injected at the system-call level inside both real backends
 // (src/io_fault_hook.h): EINTR, EAGAIN and short counts on the Nth write,
 // fsync or read (pwrite/pread/fdatasync for POSIX, the SQE's completion for

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A real kill -9 loop: a child process appends with sync mode `chunk` and
 // reports each acknowledged token count on a pipe; the parent kills it at a
 // random moment, then checks that the file opens and holds at least every

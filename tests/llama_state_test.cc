@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests of src/llama_state.{h,cc}: the llama.cpp state file parser, row
 // codecs, provenance and writer, on files built here byte by byte (the
 // layout of docs/llama.md), every truncation and every bit flip of small

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Mooncake FP8 codec record v1 (kvfile/mooncake.h): the golden record of
 // Mooncake's tests both ways (tests/fixtures/seeds/, written from the wire
 // format by make_fixtures.py), every validation rule, every truncation and

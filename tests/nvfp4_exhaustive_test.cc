@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The NVFP4 element conversion over every finite f32, against the digest of
 // NVIDIA's conversion (tests/vectors/README.md). Label `long`.
 #include <gtest/gtest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests of the NVFP4 scalar reference (src/codec/nvfp4_scalar.cc) against
 // spec/CODEC.md section 14 and NVIDIA's host conversions (tests/vectors/,
 // made by tools/vectors/nvfp4_vectors.cc).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Unit tests of the per-chunk fan-out (src/parallel_chunks.h): worker counts,
 // every chunk run exactly once, which failure is reported, no chunk started
 // after a failure, and the checked per-worker files.

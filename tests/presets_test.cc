@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests of the built-in geometry presets (src/presets.cc).
 
 #include "support/kv_test_util.h"

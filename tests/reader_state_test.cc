@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Reader's view of the file itself (kvfile/file_state.h): the header flags,
 // the commit record in force and the state of both commit slots, with one
 // slot damaged and the other still in force.

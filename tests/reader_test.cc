@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests of the reader (src/reader.cc): expectations at open, reads of a
 // damaged section leave the buffer alone, LongestCommonPrefix, and ReadMany
 // against ReadRows over every range, target set and thread count.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests of opening a file after a crash (spec/RECOVERY.md section 6): damaged
 // or truncated uncommitted chunks end the valid data at the last append end,
 // a cut inside committed data is reported (and refused by a writer unless

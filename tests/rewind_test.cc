@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests of Writer::Rewind (spec/RECOVERY.md section 5): the dead tokens of
 // rewound chunks are never read, and no rewind wraps the epoch counter.
 

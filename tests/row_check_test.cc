@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Unit tests of the codec's row check (src/codec/row_check.h, spec/CODEC.md
 // section 8): every rejection class at its boundaries, which fault and row
 // are reported first, and that every scale the quantizer writes passes.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The safetensors reader and writer (src/safetensors.h): every rule of the
 // format refused with kCorruption and a message naming it, the kvfile
 // convention refused with kInvalidArgument, and a hostile header length

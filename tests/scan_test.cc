@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests of the checks of src/file_scan.cc, through Reader::Open and reads:
 // chunk heads and token ids of committed chunks at open, section padding,
 // codes and scales behind valid checksums, headers of other versions,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Sparse files: what a reader does costs what the file holds, not what its
 // size or its commit record claims (issue 13, "never scale with what a file
 // claims"; spec/FORMAT.md 7.1).

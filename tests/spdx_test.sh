@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Fails if a tracked source or script file does not start with the SPDX line
 # "SPDX-License-Identifier: Apache-2.0" in its comment syntax (// or /* */
 # for C and C++ and the linker map, # for shell, Python, CMake and

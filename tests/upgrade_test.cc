@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Format v1 and the v1 -> v2 upgrade on a writable open.
 #include <gtest/gtest.h>
 #include <signal.h>

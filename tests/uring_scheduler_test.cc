@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests of the io_uring write-chain scheduler (src/write_chain_scheduler.h)
 // against scripted completions, no kernel ring: a fake ChainIo records the
 // ops the scheduler submits (offsets, lengths, link and drain flags) and

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests of VerifyFile (src/verify.cc) with worker threads: a clean file,
 // and findings in chunk order whatever the thread count.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests of the writer (src/writer.cc) end to end through the reader: every
 // stored byte against the codec's own block functions over presets, dtypes,
 // chunk sizes and append schedules; pre-quantized appends; non-finite input;

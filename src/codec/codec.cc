@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The fp8 codec: element conversions (the reference semantics of spec/CODEC.md),
 // run-time ISA dispatch and the public block wrappers.
 //

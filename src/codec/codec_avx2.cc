@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // AVX2 + FMA + F16C kernels. Compiled with -mavx2 -mfma -mf16c and only ever
 // called after the dispatcher in codec.cc has checked those features.
 // Bit-identical to codec_scalar.cc. Tails shorter than a vector go through a

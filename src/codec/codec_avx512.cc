@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // AVX-512 (F, BW, VL, DQ) + F16C kernels. Compiled with -mavx512f -mavx512bw
 // -mavx512vl -mavx512dq -mavx2 -mf16c and only ever called after the dispatcher
 // in codec.cc has checked those features. Bit-identical to codec_scalar.cc.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Internal interface between the codec's public wrappers (codec.cc) and its
 // per-instruction-set kernels (codec_scalar.cc, codec_avx2.cc, codec_avx512.cc).
 //

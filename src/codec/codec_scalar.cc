@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Scalar reference kernels: the row rule of spec/CODEC.md applied one element
 // at a time with the element conversions of codec.cc. Written to be obviously
 // correct; the vector kernels must produce the same bytes.

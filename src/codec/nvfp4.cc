@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The NVFP4 block operations: choose an instruction-set path, widen bf16/f16
 // rows to f32 before quantizing and narrow f32 after dequantizing (both
 // through the fp8 codec's raw conversions, spec/CODEC.md sections 5 and 9).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // NVFP4: the 4-bit tier of the codec (spec/CODEC.md, section 14).
 //
 // A row of n elements (n a multiple of 16) becomes n E2M1 codes packed two

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // NVFP4 row kernels for AVX2: one 16-element block is two vectors. Compiled
 // with the AVX2 flags and called only after the dispatcher has checked them.
 // Bit-identical to nvfp4_scalar.cc.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // NVFP4 row kernels for AVX-512 (F, BW, VL, DQ): one 16-element block is one
 // vector. Compiled with the AVX-512 flags and called only after the
 // dispatcher has checked them. Bit-identical to nvfp4_scalar.cc.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The scalar reference of the NVFP4 codec (spec/CODEC.md, section 14): each
 // function is one step of the specification, in its order.
 #include "codec/nvfp4.h"

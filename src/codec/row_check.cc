@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The row check of spec/CODEC.md section 8 (see row_check.h).
 
 #include "codec/row_check.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The one check of stored rows that every reader and writer applies
 // (spec/CODEC.md section 8): raw rows must be finite; fp8 rows must hold
 // valid codes and one valid scale per row. Callers turn the fault into

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The row drivers and dispatch of the vector codec paths, written once over
 // per-ISA primitives. Included only by codec_avx2.cc and codec_avx512.cc:
 // everything here is in an unnamed namespace, so each of them compiles its

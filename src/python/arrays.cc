@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Conversions between numpy arrays and the library's row and token buffers.
 #include "arrays.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The parts of the _kvfile extension, each adding its classes and functions
 // to the module (called in this order by module.cc).
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Geometry <-> Python dict, presets by name, and stream lookup.
 #include "geometry_dict.h"
 

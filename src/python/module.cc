@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The _kvfile extension module: kvfile's Reader, Writer and verify for
 // Python. The package kvfile/__init__.py re-exports it; see docs/api.md,
 // section "Python", for the conventions (array shapes, dtypes, errors).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The seeds' formats for Python: Mooncake FP8 codec records
 // (mooncake_encode, mooncake_decode) and colibri .coli_kv sessions
 // (coli_import, coli_export), over kvfile/mooncake.h and kvfile/coli_kv.h.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvfile.Reader: an open .kv file (v1 or v2) read from Python.
 //
 // Reads return new numpy arrays. With a layer they are shaped

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvfile.Writer: creating a .kv file, or appending to one, from Python.
 //
 // append(tokens, {"k": array, ...}) takes, for every stream, one array shaped

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* The C example of docs/api.md, compiled and run by CI: the same session as the
  * C++ example through the C API (kvfile/c.h), with f32 input rows.
  * Usage: example_c [FILE]; exit status 0 only if everything matches. */

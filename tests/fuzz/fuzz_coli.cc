@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Fuzz target: the .coli_kv importer on an arbitrary file, the way
 // `kvfile convert X.coli_kv OUT.kv` runs it, into a memory file system. An
 // import that succeeds reads back whole, with the header's record count;

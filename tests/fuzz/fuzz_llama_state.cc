@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Fuzz target: the llama.cpp state file importer on an arbitrary file, the
 // way `kvfile convert x.bin y.kv` reads it: the layout check, every cell of
 // every layer's K and V decoded, then the values written back as a new

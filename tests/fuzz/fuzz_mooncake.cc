@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Fuzz target: the Mooncake FP8 codec record parser on an arbitrary record,
 // the way `kvfile convert DIR OUT.kv` reads each record file. A record the
 // parser accepts decodes, and is canonical: EncodeCodes of its descriptor,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Fuzz target: the safetensors importer on an arbitrary file, the way
 // `kvfile convert x.safetensors y.kv` runs it: header parsing, the kvfile
 // convention (DescribeKv), token ids, the value scan, then every token

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The helpers the fuzz targets share (see fuzz_support.h).
 #include "fuzz/fuzz_support.h"
 

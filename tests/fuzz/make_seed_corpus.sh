@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Regenerates the seed corpus of the fuzz targets (tests/fuzz/corpus/) with
 # the kvfile CLI of a normal build: `tests/fuzz/make_seed_corpus.sh BUILD_DIR`.
 # The seeds are small on purpose (libFuzzer's default input length is the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Generation resumed from a .kv file, in two processes (test_torch.py runs it).
 
     resume_check.py save DIR    a random-weight Llama (seed 0) runs a prompt but

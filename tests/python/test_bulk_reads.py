@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Bulk reads from Python (Reader.read_all, Reader.codes_all) against the
 # per-layer reads, the out= buffers, their argument checks and failure
 # contract; fp8_decode_table and the GPU decode rule (table[code] * scale in

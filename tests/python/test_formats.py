@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Tests of the seeds' formats from Python: the Mooncake golden record both
 # ways, a refused record, and a colibri session imported and exported byte
 # for byte (fixtures: tests/fixtures/seeds, written by make_fixtures.py).

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Tests of the Python module against the library's documented behaviour:
 # exact round trips, fp8 codes known from spec/CODEC.md, reads across chunk
 # boundaries, rewind, prefixes, info, verify of a damaged file, argument

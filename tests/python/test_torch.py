@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # kvfile.torch and kvfile.transformers. Needs torch (skipped, with the
 # reason shown, when it is missing); the CUDA tests need a GPU ("skipped: no
 # CUDA" on a machine without one, as in CI). docs/gpu.md records a GPU run.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Running the kvfile binary from a test: exit status, stdout and stderr.
 // KVFILE_BINARY is the path of the binary (a compile definition).
 #pragma once

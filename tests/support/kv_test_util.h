@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Shared by the tests of the writer, reader, scan, verify, rewind and
 // recovery units (tests/<unit>_test.cc): deterministic sequences of rows,
 // the bytes a file must hold for them (computed by the codec itself),

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The sweep fixtures and the read-back comparison (see sweep_fixtures.h).
 #include "support/sweep_fixtures.h"
 

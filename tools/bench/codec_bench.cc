@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Micro-benchmarks of the fp8 codec: QuantizeRows bf16 -> e4m3 and
 // DequantizeRows e4m3 -> bf16 on each instruction-set path, over a 16 MiB bf16
 // block of 128-wide rows, against a memcpy of the same block. Throughput is

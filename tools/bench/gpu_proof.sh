@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The GPU proof recorded in docs/gpu.md, in one run on a machine with a CUDA
 # GPU, torch, transformers and safetensors: builds the Python module and the
 # CLI, runs the Python tests (the CUDA ones included, -rs shows any skip),

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Resuming a saved session into GPU memory: kvfile.torch.load against
 safetensors and torch.load, hot and cold, beside the machine's own limits
 (pinned host-to-device copy, a raw sequential read of the .kv bytes), in one

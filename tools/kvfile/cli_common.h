@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What every kvfile subcommand shares: registration, exit codes and the one
 // line of error output.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvfile append: append the tokens of a safetensors file (the kvfile
 // convention, see src/safetensors.h) to a .kv file, creating it with the
 // input's geometry if it does not exist.

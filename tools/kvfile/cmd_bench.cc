@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvfile bench: every path of the library side by side with this machine's
 // own limits, measured in the same run, and with what a user would do
 // instead (write and read the KV raw as bf16).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvfile convert: .kv -> .kv (re-encode, re-chunk, compact), .safetensors ->
 // .kv (import), .kv -> .safetensors (export), and directory trees of .kv
 // files.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvfile dump: a .kv file's header, commit record, chunk table, token ids
 // and rows, field by field, as text or one JSON document. Read-only.
 #include <nlohmann/json.hpp>

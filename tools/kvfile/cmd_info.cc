@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvfile info: what a .kv file holds, as text or one JSON document.
 #include <nlohmann/json.hpp>
 

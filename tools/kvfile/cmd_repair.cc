@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvfile repair: finish what a crash interrupted (cut a torn tail, commit
 // whole chunks past the commit record, rewrite a damaged commit slot), and
 // refuse anything that is damage rather than a crash's leftovers.

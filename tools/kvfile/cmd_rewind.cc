@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvfile rewind: keep the first N tokens of a .kv file and drop the rest,
 // durably (spec/RECOVERY.md, "Rewind"). A v1 file is upgraded to v2 first
 // (--upgrade-dtype, --keep-raw), and stderr says so.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvfile synth: write a deterministic synthetic session, or check one.
 #include <cstdio>
 #include <cstring>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvfile verify: check every byte of files or of corpus directories.
 #include <nlohmann/json.hpp>
 

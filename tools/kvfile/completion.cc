@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `kvfile version`, and the man page and shell completions generated from
 // the CLI's own definitions (the CLI11 app), so that they list exactly the
 // verbs and flags the binary accepts: `kvfile completion bash|zsh` and the

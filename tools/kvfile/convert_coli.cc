@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvfile convert for colibri .coli_kv sessions (kvfile/coli_kv.h), and the
 // dispatch of convert_seeds.h: which conversions belong to the seeds'
 // formats.

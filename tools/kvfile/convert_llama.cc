@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvfile convert: llama.cpp state file -> .kv (import) and .kv -> llama.cpp
 // state file (export). The file layout and the provenance kept in the .kv
 // model id are in src/llama_state.h.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvfile convert to and from llama.cpp state files (sequence state 'ggsq',
 // session 'ggsn'): the import into a .kv file and the export of a .kv file
 // whose streams are k and v. cmd_convert.cc dispatches here.

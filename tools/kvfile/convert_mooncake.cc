@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvfile convert between a .kv file and a directory of Mooncake FP8 codec
 // records (kvfile/mooncake.h) with a manifest.json: one record per (chunk,
 // layer, fp8 stream). docs/formats.md describes the directory.

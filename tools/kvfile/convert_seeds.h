@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvfile convert for the seeds' own formats: a directory of Mooncake FP8
 // codec records (convert_mooncake.cc) and colibri .coli_kv sessions
 // (convert_coli.cc). cmd_convert.cc hands a conversion over here when one

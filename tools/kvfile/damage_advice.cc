@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Intact tokens and the command that keeps them (see damage_advice.h).
 #include "damage_advice.h"
 

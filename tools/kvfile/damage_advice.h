@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What a user can do about damage inside a .kv file: how many tokens before
 // it are intact, and the exact command that keeps them. verify and repair
 // add it to their one error line.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The kvfile command line: dispatches to one subcommand per file.
 #include <algorithm>
 #include <charconv>

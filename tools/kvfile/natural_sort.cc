@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Natural order of file names (see natural_sort.h).
 #include "natural_sort.h"
 

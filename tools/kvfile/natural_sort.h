@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Natural order of file names: digit runs compare as numbers, so doc2
 // comes before doc10 (as `ls -v` and `sort -V` list them).
 #pragma once

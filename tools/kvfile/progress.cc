@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The stderr progress bar (see progress.h).
 #include "progress.h"
 

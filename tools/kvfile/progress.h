@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A progress bar on stderr for work that takes more than about a second.
 //
 // Drawn only when stderr is a terminal and --quiet was not given, so scripts

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Standard input spooled to a temporary file (see stdin_copy.h).
 #include "stdin_copy.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `-` as FILE for the verbs that read a whole .kv file (info, verify): the
 // file format is read at random offsets, so standard input is first copied
 // to a temporary file, removed again when the verb ends.

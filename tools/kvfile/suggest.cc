@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Did-you-mean for unknown verbs (see suggest.h).
 #include "suggest.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Did-you-mean for the command line: an unknown verb is answered with the
 // nearest known one ("unknown command 'verfy'; did you mean 'verify'?").
 #pragma once

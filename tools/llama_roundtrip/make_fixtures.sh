@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The llama.cpp round trip of issue 19 (docs/llama.md), outside the project's
 # build: gets llama.cpp from the npm package node-llama-cpp (its
 # llama/gitRelease.bundle), builds its `llama` library (CPU), builds

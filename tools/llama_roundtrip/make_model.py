@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Writes a tiny random-weight llama-architecture GGUF model for the llama.cpp
 round trip (docs/llama.md): 2 layers, 128-wide embeddings, 2 query heads and
 2 KV heads of 64 values, a 128-token vocabulary with no tokenizer

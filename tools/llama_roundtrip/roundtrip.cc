@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // llama_roundtrip: the llama.cpp side of kvfile's llama.cpp round-trip proof
 // (docs/llama.md). Built against llama.h by make_fixtures.sh, not by the
 // project's CMake.

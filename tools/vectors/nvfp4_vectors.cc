@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Makes the NVFP4 reference vectors in tests/vectors/ from NVIDIA's host
 // conversions (cuda_fp4.hpp, cuda_fp8.hpp), independently of kvfile's codec.
 // Not part of the build; see tests/vectors/README.md for how to run it.

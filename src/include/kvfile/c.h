@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* The kvfile C API: create, append to, read and verify .kv files from C.
  *
  * Plain C99 (usable from C++ too): opaque handles, fixed-size structs, no

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The fp8 row codec: f32/bf16/f16 rows <-> fp8 (e4m3 or e5m2) codes plus one
 // f32 scale per row, exactly as spec/CODEC.md defines it.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // colibri's .coli_kv session files, in and out.
 //
 // The layout (colibri c/kv_persist.h; docs/formats.md names the fork and

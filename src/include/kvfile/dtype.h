@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvfile::Dtype: the one element type of the library. It names a stream's
 // storage dtype (the value is the byte written to disk, spec/FORMAT.md), the
 // dtype rows are read or written as, and, as kE4M3 or kE5M2, the fp8 kind of

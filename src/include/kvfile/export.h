@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* KVFILE_EXPORT marks what libkvfile.so exports: the public classes and
  * functions of these headers. The library is compiled with
  * -fvisibility=hidden, so everything else (kvfile::internal, Writer::Impl,

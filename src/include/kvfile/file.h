@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The small file interface all kvfile I/O goes through.
 //
 // The library never calls the operating system directly: it asks a

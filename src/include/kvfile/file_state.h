@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What a scan of a .kv file finds, as the Reader reports it: the chunk
 // table, the state past the valid chunks, the commit record in force and
 // the state of both commit slots (spec/FORMAT.md sections 4 and 5).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Geometry and model identity: what a .kv file stores per token, and for
 // which model. These are the logical contents of the file header.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Named geometries of real model families, used by the CLI and the tests.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Reader: opens a .kv file, validates it, and reads rows back.
 //
 // Open reads the header, the commit slots and every chunk's head (header,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Replacing a whole file atomically (spec/RECOVERY.md, "Replacing a file"):
 // what the kvfile CLI writes every output file through.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Reading and writing the safetensors format, and the convention kvfile
 // uses to exchange sessions with tensor libraries.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Status: the result of every fallible kvfile operation.
 //
 // kvfile never lets an exception cross its public API and never aborts on bad

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Verification of a whole .kv file, for `kvfile verify` and `repair`.
 //
 // Read-only: it never modifies the file. Every finding is reported with the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Writer: creates a .kv v2 file and appends tokens to it.
 //
 // Appended tokens gather in a staging buffer laid out exactly as the chunk

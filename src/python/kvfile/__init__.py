@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """kvfile: LLM KV caches on disk, from Python.
 
 A thin layer over the C++ library's binding (the extension kvfile._kvfile):

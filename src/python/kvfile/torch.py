@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """kvfile.torch: .kv files to and from torch tensors.
 
     load(path, device="cuda", dtype=torch.bfloat16, start=0, stop=None)

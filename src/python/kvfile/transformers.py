@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """kvfile.transformers: Hugging Face transformers' KV cache to and from .kv files.
 
     save_cache(cache, path, tokens, model="", fingerprint=0, dtype="bf16")

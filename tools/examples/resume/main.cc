@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // resume_example: the loop of an inference engine that keeps each
 // session's KV cache in a .kv file, on the llama-3.1-8b geometry with
 // synthetic KV (synthetic_kv.h).
