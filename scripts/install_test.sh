@@ -24,7 +24,7 @@ set -euo pipefail
 KVFILE_ROOT=$(cd "$(dirname "$0")/.." && pwd)
 build_dir=${1:-$KVFILE_ROOT/build}
 source "$KVFILE_ROOT/scripts/deps.sh"
-kvfile_build "$build_dir" --preset=dev kvfile kvfile_cli kvfile_python
+kvfile_build "$build_dir" --preset=dev kvfile kvfile_cli kvfile_docs kvfile_python
 # The static library alone (the installed kvfile command that checks the
 # sessions comes from the shared build).
 kvfile_build "$build_dir-static" --preset=dev -DBUILD_SHARED_LIBS=OFF -DKVFILE_BUILD_TESTS=OFF \
