@@ -8,6 +8,8 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <string>
+#include <string_view>
 #include <vector>
 
 namespace kvfile::cli {
@@ -51,8 +53,17 @@ Status StdinCopy::Copy(std::string* path) {
 }
 
 Status NameStdin(const Status& st, const std::string& copy) {
-  std::string m = st.message();
-  for (size_t at; !copy.empty() && (at = m.find(copy)) != std::string::npos;) m.replace(at, copy.size(), "-");
+  // The message with every occurrence of the temporary copy's path as "-"
+  // (built anew: GCC 12 reports a false -Wrestrict for replace() in place).
+  const std::string text = st.message();
+  const std::string_view from(text);
+  std::string m;
+  size_t pos = 0;
+  for (size_t at; !copy.empty() && (at = from.find(copy, pos)) != std::string_view::npos; pos = at + copy.size()) {
+    m.append(from.substr(pos, at - pos));
+    m.push_back('-');
+  }
+  m.append(from.substr(pos));
   using C = Status::Code;
   switch (st.code()) {
     case C::kOk: return st;
