@@ -5,6 +5,7 @@
 # project version, its one owner. Used by `pip install .` (pyproject.toml).
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -26,7 +27,11 @@ class CMakeBuild(build_ext):
         build = Path(self.build_temp).resolve() / "cmake"
         configure = ["cmake", "-S", str(ROOT), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
                      f"-DPython_EXECUTABLE={sys.executable}", "-DKVFILE_BUILD_TESTS=OFF",
-                     "-DKVFILE_BUILD_PYTHON=ON"]
+                     "-DKVFILE_BUILD_PYTHON=ON", "-DKVFILE_BUILD_TOOLS=OFF"]
+        # CMAKE_ARGS (a shell-quoted list) adds to the configure line or
+        # overrides it, as in other CMake-driven Python packages:
+        # CMAKE_ARGS="-DKVFILE_WITH_URING=OFF" pip install .
+        configure += shlex.split(os.environ.get("CMAKE_ARGS", ""))
         if shutil.which("ninja"):
             configure += ["-G", "Ninja"]
         subprocess.run(configure, check=True)

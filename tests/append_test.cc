@@ -163,7 +163,7 @@ TEST(AppendTest, CloseDropsAnUnfinishedAppend) {
 // In a 2.0 file (no append ends) Close() must remove the open append's
 // chunks itself: the next open would keep them whole.
 TEST(AppendTest, CloseDropsAnUnfinishedAppendOfA20File) {
-  std::ifstream in(std::string(KVFILE_TEST_DATA) + "/fixtures/example_v2_0.kv", std::ios::binary);
+  std::ifstream in(std::string(KVFILE_TEST_DATA "/fixtures/example_v2_0.kv"), std::ios::binary);
   std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), {});
   ASSERT_EQ(bytes.size(), 16384u);
   FaultFs fs({{kPath, bytes}});
@@ -281,7 +281,7 @@ TEST(AppendTest, AnIoErrorCutsTheFileBackToItsLastCommit) {
 // to: its chunks carry no append end, and readers keep 2.0's rule (whole
 // uncommitted chunks count).
 TEST(AppendTest, A20FileStays20) {
-  std::ifstream in(std::string(KVFILE_TEST_DATA) + "/fixtures/example_v2_0.kv", std::ios::binary);
+  std::ifstream in(std::string(KVFILE_TEST_DATA "/fixtures/example_v2_0.kv"), std::ios::binary);
   std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), {});
   ASSERT_EQ(bytes.size(), 16384u);
   FaultFs fs({{kPath, bytes}});

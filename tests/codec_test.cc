@@ -44,7 +44,7 @@ uint32_t Bits(float x) { return std::bit_cast<uint32_t>(x); }
 float FromBits(uint32_t b) { return std::bit_cast<float>(b); }
 
 std::vector<uint8_t> ReadVector(const std::string& name) {
-  const std::string path = std::string(KVFILE_TEST_DATA) + "/vectors/" + name;
+  const std::string path = std::string(KVFILE_TEST_DATA "/vectors/").append(name);
   std::ifstream f(path, std::ios::binary);
   EXPECT_TRUE(f.good()) << "cannot open " << path;
   return std::vector<uint8_t>(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());

@@ -41,7 +41,7 @@ float LatentF32(int t, int l, int j) {
 }
 float RopeF32(int t, int l, int j) { return static_cast<float>(-(t + 2) * 1.5 + l + j * 0.25); }
 
-std::string Fixture(const char* name) { return std::string(KVFILE_TEST_DATA) + "/fixtures/seeds/" + name; }
+std::string Fixture(const char* name) { return std::string(KVFILE_TEST_DATA "/fixtures/seeds/").append(name); }
 
 std::vector<uint8_t> Bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

@@ -33,7 +33,7 @@ class ConvertSeeds : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
   std::string P(const std::string& name) const { return (dir_ / name).string(); }
-  static std::string Fixture(const char* name) { return std::string(KVFILE_TEST_DATA) + "/fixtures/seeds/" + name; }
+  static std::string Fixture(const char* name) { return std::string(KVFILE_TEST_DATA "/fixtures/seeds/").append(name); }
   fs::path dir_;
 };
 

@@ -54,7 +54,7 @@ void WriteExample(const std::string& path, uint16_t major = 2) {
 }
 
 void CheckGolden(const std::string& name, uint16_t major, size_t size) {
-  std::string fixture = std::string(KVFILE_TEST_DATA) + "/fixtures/" + name;
+  std::string fixture = std::string(KVFILE_TEST_DATA "/fixtures/").append(name);
   std::string out = testing::TempDir() + "kvfile_golden_" + name;
   WriteExample(out, major);
   std::vector<uint8_t> written = ReadAll(out);
@@ -75,7 +75,7 @@ TEST(Golden, ExampleFileIsByteIdentical) { CheckGolden("example_v2.kv", 2, 16384
 TEST(Golden, ExampleV1FileIsByteIdentical) { CheckGolden("example_v1.kv", 1, 16384); }
 
 TEST(Golden, ExampleV1ReadsBackAndQuantizesLikeV2) {
-  std::string fixture = std::string(KVFILE_TEST_DATA) + "/fixtures/example_v1.kv";
+  std::string fixture = std::string(KVFILE_TEST_DATA "/fixtures/example_v1.kv");
   std::unique_ptr<Reader> r;
   Status st = Reader::Open(fixture, {}, &r);
   ASSERT_TRUE(st.ok()) << st.ToString();
@@ -99,7 +99,7 @@ TEST(Golden, ExampleV1ReadsBackAndQuantizesLikeV2) {
 class GoldenV2 : public ::testing::TestWithParam<std::pair<const char*, int>> {};
 
 TEST_P(GoldenV2, ExampleFileReadsBack) {
-  std::string fixture = std::string(KVFILE_TEST_DATA) + "/fixtures/" + GetParam().first;
+  std::string fixture = std::string(KVFILE_TEST_DATA "/fixtures/").append(GetParam().first);
   std::unique_ptr<Reader> r;
   Status st = Reader::Open(fixture, {}, &r);
   ASSERT_TRUE(st.ok()) << st.ToString();

@@ -20,7 +20,7 @@ namespace kvfile::mooncake {
 namespace {
 
 std::vector<uint8_t> Fixture(const char* name) {
-  std::ifstream in(std::string(KVFILE_TEST_DATA) + "/fixtures/seeds/" + name, std::ios::binary);
+  std::ifstream in(std::string(KVFILE_TEST_DATA "/fixtures/seeds/").append(name), std::ios::binary);
   return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});
 }
 
