@@ -539,5 +539,58 @@ TEST(ConvertAdversityMooncake, StaleTreesOfKilledExportsAreCleanedUp) {
   fs::remove_all(dir);
 }
 
+// Directory (batch) mode: each file is its own transaction. On a full
+// disk the file that fits is replaced whole, the one that does not is left
+// as it was, exit 2 with one line for it; a FIFO where an output goes is
+// refused the same way, and a FIFO in the input tree is not read.
+TEST(ConvertAdversityBatch, EachFileIsATransaction) {
+  fs::path dir = fs::path(::testing::TempDir()) / ("kvfile_convadv_batch_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir / "tree");
+  fs::create_directories(dir / "small");
+  auto p = [&dir](const std::string& n) { return (dir / n).string(); };
+  if (::mount("tmpfs", p("small").c_str(), "tmpfs", 0, "size=1m") != 0) {
+    fs::remove_all(dir);
+    GTEST_SKIP() << "cannot mount a tmpfs here: " << std::strerror(errno);
+  }
+  struct Unmount {  // also when an assertion below returns early
+    std::string path;
+    ~Unmount() { ::umount2(path.c_str(), MNT_DETACH); }
+  } unmount{p("small")};
+  ASSERT_EQ(Kvfile("-q synth " + p("tree/a.kv") + " --preset tiny --tokens 9 --seed 1").exit_code, 0);
+  ASSERT_EQ(Kvfile("-q synth " + p("tree/b.kv") + " --preset tiny --tokens 20000 --seed 2").exit_code, 0);
+  ASSERT_EQ(Kvfile("-q synth " + p("small/a.kv") + " --preset tiny --tokens 5 --seed 3").exit_code, 0);
+  ASSERT_EQ(Kvfile("-q synth " + p("small/b.kv") + " --preset tiny --tokens 5 --seed 4").exit_code, 0);
+  ASSERT_EQ(::mkfifo(p("tree/f.kv").c_str(), 0644), 0);
+  ASSERT_EQ(Kvfile("-q convert " + p("tree/a.kv") + " " + p("ref.kv") + " --dtype e5m2").exit_code, 0);
+  std::string b_before = ReadFile(p("small/b.kv"));
+  CliRun r = Kvfile("convert " + p("tree") + " " + p("small") + " --force --dtype e5m2", "timeout 60");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  ExpectOneLine(r);
+  EXPECT_EQ(r.err.rfind("kvfile: error: " + p("tree/b.kv") + ": " + p("small/b.kv") + ".kvtmp-", 0), 0u) << r.err;
+  EXPECT_NE(r.err.find("No space left on device"), std::string::npos) << r.err;
+  EXPECT_NE(r.out.find("converted 1 of 2 files"), std::string::npos) << r.out;
+  EXPECT_TRUE(KvContent(p("small/a.kv")) == KvContent(p("ref.kv")));
+  EXPECT_TRUE(ReadFile(p("small/b.kv")) == b_before);
+  std::set<std::string> names;
+  for (const auto& e : fs::directory_iterator(p("small"))) names.insert(e.path().filename().string());
+  EXPECT_EQ(names, (std::set<std::string>{"a.kv", "b.kv"}));
+
+  // A FIFO where b.kv's output goes (the other file fits now).
+  ASSERT_EQ(::umount2(p("small").c_str(), MNT_DETACH), 0);
+  fs::remove(p("tree/b.kv"));
+  ASSERT_EQ(Kvfile("-q synth " + p("tree/b.kv") + " --preset tiny --tokens 7 --seed 5").exit_code, 0);
+  fs::remove_all(p("small"));
+  fs::create_directories(p("small"));
+  ASSERT_EQ(::mkfifo(p("small/b.kv").c_str(), 0644), 0);
+  r = Kvfile("convert " + p("tree") + " " + p("small") + " --force --dtype e5m2", "timeout 60");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_EQ(r.err, "kvfile: error: " + p("small/b.kv") + ": not a regular file; not replaced\n");
+  EXPECT_NE(r.out.find("converted 1 of 2 files"), std::string::npos) << r.out;  // f.kv in IN is not read
+  EXPECT_TRUE(fs::is_fifo(p("small/b.kv")));
+  EXPECT_TRUE(KvContent(p("small/a.kv")) == KvContent(p("ref.kv")));
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace kvfile
