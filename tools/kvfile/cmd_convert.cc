@@ -633,6 +633,13 @@ int RunConvert(const ConvertArgs& a) {
   p.salvage = a.salvage;
   std::error_code ec;
   if (!fs::exists(a.in, ec)) return ReportError(Status::NotFound(a.in + ": No such file or directory"));
+  if (!fs::is_directory(a.in, ec) && !fs::is_regular_file(a.in, ec)) {
+    // A FIFO, device or socket: the file layer's one refusal ("not a
+    // regular file (a FIFO)"), before its name decides anything.
+    std::unique_ptr<File> f;
+    Status st = FileSystem::Default()->Open(a.in, OpenMode::kRead, &f);
+    if (!st.ok()) return ReportError(st);
+  }
   // Mooncake record directories and colibri .coli_kv sessions (convert_seeds.h).
   {
     SeedConvertArgs sa{a.in, a.out, a.format, a.group_size, a.vocab, a.force,

@@ -61,7 +61,11 @@ bool ConvertSeedFormat(const SeedConvertArgs& a, int* exit_code) {
   bool in_dir = fs::is_directory(a.in, ec);
   bool mooncake_out = a.format == "mooncake";
   bool coli_out = a.format == "coli-v2";
-  bool mooncake_in = in_dir && IsMooncakeDir(a.in);
+  // A manifest.json that is not a regular file (a FIFO): refused by the
+  // import with one line, rather than taken for a tree of .kv files.
+  bool odd_manifest = in_dir && fs::exists(fs::symlink_status(fs::path(a.in) / "manifest.json", ec)) &&
+                      !fs::is_regular_file(fs::path(a.in) / "manifest.json", ec);
+  bool mooncake_in = in_dir && (IsMooncakeDir(a.in) || odd_manifest);
   bool coli_in = !in_dir && EndsWith(a.in, ".coli_kv");
   if (!mooncake_out && !coli_out && !mooncake_in && !coli_in) {
     if (a.group_size) *exit_code = UsageError("--group-size applies to --format mooncake");

@@ -201,21 +201,18 @@ Status ExportLlama(const std::string& in, Reader& r, uint64_t tokens, const std:
         if (raw_dtype && !(part == 1 && spec.v_trans)) {
           raw.resize(n * width * ElementSize(*raw_dtype));
           KVFILE_RETURN_IF_ERROR(r.ReadRows(l, s, t0, t0 + n, *raw_dtype, raw.data()));
-          st = sw.RawRows(part == 1, l, t0, n, raw.data());
-          if (!st.ok()) return st.WithContext(tmp);
+          KVFILE_RETURN_IF_ERROR(sw.RawRows(part == 1, l, t0, n, raw.data()));  // errors name tmp
           KVFILE_RETURN_IF_ERROR(CheckInterrupt(in));
           continue;
         }
         vals.resize(n * width);
         KVFILE_RETURN_IF_ERROR(r.ReadRows(l, s, t0, t0 + n, Dtype::kF32, vals.data()));
-        st = sw.Rows(part == 1, l, t0, n, vals.data());
-        if (!st.ok()) return st.WithContext(tmp);
+        KVFILE_RETURN_IF_ERROR(sw.Rows(part == 1, l, t0, n, vals.data()));
         KVFILE_RETURN_IF_ERROR(CheckInterrupt(in));
       }
     }
   }
-  st = out->Sync();
-  if (!st.ok()) return st.WithContext(tmp);
+  KVFILE_RETURN_IF_ERROR(out->Sync());
   *summary = std::to_string(tokens) + " tokens; " + std::to_string(g.layers) + " layers; llama.cpp " +
              (o.session ? "session" : "sequence state") + ", " + llama::CacheTypeName(type) + " cache" +
              (spec.v_trans ? " (V transposed)" : "") + "; " + std::to_string(total) + " bytes";

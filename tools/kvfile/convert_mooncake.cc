@@ -5,9 +5,17 @@
 //
 // The directory is written under a temporary name next to OUT and renamed
 // into place when complete; an existing OUT (only one this command wrote,
-// with --force) is renamed aside first and removed after.
+// with --force) is exchanged with it in one rename (renameat2
+// RENAME_EXCHANGE; where the file system lacks it, renamed aside first) and
+// removed after, and its mode, owner and group carry over. A symlink OUT is
+// followed (the link stays). Temporary directories of killed runs are
+// removed by the next export to the same OUT.
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -75,6 +83,65 @@ struct TempDir {
     if (!keep && !path.empty()) RemoveTree(path);
   }
 };
+
+// `name` is "<base>.kvtmp-<pid>" or "<base>.kvold-<pid>": *old says which.
+bool IsTempOf(const std::string& base, const std::string& name, long* pid, bool* old) {
+  for (const char* tag : {".kvtmp-", ".kvold-"}) {
+    std::string prefix = base + tag;
+    if (!name.starts_with(prefix) || name.size() == prefix.size() || name.size() - prefix.size() > 9) continue;
+    std::string digits = name.substr(prefix.size());
+    if (digits.find_first_not_of("0123456789") != std::string::npos) return false;
+    *pid = std::stol(digits);
+    *old = tag[3] == 'o';
+    return true;
+  }
+  return false;
+}
+
+// Removes what exports to `out` killed mid-way left (their process is
+// gone): temporary trees, and old trees renamed aside, except that an old
+// tree whose OUT is missing (killed between the two renames of the
+// fallback) is put back.
+void RemoveStaleTemps(const fs::path& out) {
+  std::error_code ec;
+  std::string base = out.filename().string();
+  fs::path parent = out.has_parent_path() ? out.parent_path() : fs::path(".");
+  std::vector<fs::path> stale;
+  for (const auto& e : fs::directory_iterator(parent, ec)) {
+    long pid = 0;
+    bool old = false;
+    std::string name = e.path().filename().string();
+    if (!IsTempOf(base, name, &pid, &old) || pid == getpid()) continue;
+    if (pid > 0 && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM)) continue;  // alive
+    if (old && !fs::exists(fs::symlink_status(out, ec))) {
+      fs::rename(e.path(), out, ec);
+      if (!ec) continue;
+    }
+    stale.push_back(e.path());
+  }
+  for (const fs::path& p : stale) RemoveTree(p.string());
+}
+
+// Gives `dir` and every file in it the mode, owner and group of `like_dir`
+// and of the file `like_file` (the tree being replaced).
+Status CopyTreeAttributes(const std::string& like_dir, const std::string& like_file, const std::string& dir) {
+  FileSystem* fs = FileSystem::Default();
+  PathInfo d, f;
+  KVFILE_RETURN_IF_ERROR(fs->Stat(like_dir, &d));
+  KVFILE_RETURN_IF_ERROR(fs->Stat(like_file, &f));
+  std::error_code ec;
+  if (f.exists)
+    for (const auto& e : fs::directory_iterator(dir, ec))
+      KVFILE_RETURN_IF_ERROR(fs->CopyAttributes(f, e.path().string()));
+  if (ec) return Status::IOError(dir + ": " + ec.message());
+  return d.exists ? fs->CopyAttributes(d, dir) : Status::OK();
+}
+
+// rename(2) with renameat2's flags; false with errno EINVAL or ENOSYS where
+// the file system or kernel has no such rename.
+bool Rename2(const std::string& from, const std::string& to, unsigned flags) {
+  return ::renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), flags) == 0;
+}
 
 }  // namespace
 
@@ -185,42 +252,73 @@ Status Export(const SeedConvertArgs& a, const std::string& dir, std::string* lin
 
 int ExportMooncake(const SeedConvertArgs& a) {
   if (a.group_size && *a.group_size == 0) return UsageError("--group-size must be at least 1");
+  // A symlink OUT: its final target is what gets replaced, as for files.
+  std::string target;
+  Status st = FileSystem::Default()->ResolveSymlinks(a.out, &target);
+  if (!st.ok()) return ReportError(st);
+  fs::path out = fs::path(target).lexically_normal();
+  if (out.filename().empty()) out = out.parent_path();
+  std::string parent = out.has_parent_path() ? out.parent_path().string() : ".";
+  RemoveStaleTemps(out);
   std::error_code ec;
-  bool exists = fs::exists(fs::symlink_status(a.out, ec));
+  bool exists = fs::exists(fs::symlink_status(out, ec));
+  PathInfo original;
+  st = FileSystem::Default()->Stat(out.string(), &original);
+  if (!st.ok()) return ReportError(st);
   if (exists) {
     if (!a.force) return ReportError(Status::InvalidArgument(a.out + ": exists; use --force to replace it"));
-    if (!fs::is_directory(fs::symlink_status(a.out, ec)) || !IsMooncakeDir(a.out))
+    if (!fs::is_directory(fs::symlink_status(out, ec)) || !IsMooncakeDir(out.string()))
       return ReportError(Status::InvalidArgument(
           a.out + ": exists and is not a Mooncake directory written by kvfile convert; not replaced"));
   }
-  Status st = VerifyBeforeConvert(a.in);
+  st = VerifyBeforeConvert(a.in);
   if (!st.ok()) return ReportError(st);
-  fs::path out = fs::path(a.out).lexically_normal();
-  if (out.filename().empty()) out = out.parent_path();
-  std::string parent = out.has_parent_path() ? out.parent_path().string() : ".";
   TempDir tmp{out.string() + ".kvtmp-" + std::to_string(getpid())};
   RemoveTree(tmp.path);
   if (!fs::create_directory(tmp.path, ec)) return ReportError(Status::IOError(tmp.path + ": " + ec.message()));
   std::string line, note;
   st = Export(a, tmp.path, &line, &note);
+  if (st.ok() && exists) st = CopyTreeAttributes(out.string(), (out / kManifest).string(), tmp.path);
   if (PendingSignal()) st = CheckInterrupt(a.out);  // a signal: OUT stays as it was
   if (!st.ok()) return ReportError(st);
-  std::string old;
-  if (exists) {
-    old = out.string() + ".kvold-" + std::to_string(getpid());
-    RemoveTree(old);
-    fs::rename(out, old, ec);
-    if (ec) return ReportError(Status::IOError(a.out + ": cannot move the old directory aside: " + ec.message()));
+  if (exists && Rename2(tmp.path, out, RENAME_EXCHANGE)) {
+    // OUT is the new tree; the old one, now under the temporary name, goes
+    // with `tmp`, unless it is not the one checked above.
+    PathInfo swapped;
+    st = FileSystem::Default()->Stat(tmp.path, &swapped);
+    if (!st.ok() || !(swapped.id == original.id)) {
+      tmp.keep = !Rename2(tmp.path, out, RENAME_EXCHANGE);  // else both stay, rather than remove the wrong one
+      return ReportError(st.ok() ? Status::Busy(a.out + ": replaced by another process while the new directory "
+                                                        "was written; not replaced")
+                                 : st);
+    }
+  } else if (exists && errno != EINVAL && errno != ENOSYS) {
+    return ReportError(ErrnoStatus(a.out + ": rename into place", errno));
+  } else {
+    std::string old;
+    if (exists) {
+      old = out.string() + ".kvold-" + std::to_string(getpid());
+      RemoveTree(old);
+      fs::rename(out, old, ec);
+      if (ec) return ReportError(Status::IOError(a.out + ": cannot move the old directory aside: " + ec.message()));
+    }
+    // Not over a directory made meanwhile (rename(2) replaces an empty one).
+    bool renamed = Rename2(tmp.path, out, RENAME_NOREPLACE);
+    if (!renamed && (errno == EINVAL || errno == ENOSYS)) {
+      fs::rename(tmp.path, out, ec);
+      renamed = !ec;
+      if (ec) errno = ec.value();
+    }
+    if (!renamed) {
+      int err = errno;
+      std::error_code ec2;
+      if (exists) fs::rename(old, out, ec2);
+      return ReportError(ErrnoStatus(a.out + ": rename into place", err));
+    }
+    tmp.keep = true;
+    if (!old.empty()) RemoveTree(old);
   }
-  fs::rename(tmp.path, out, ec);
-  if (ec) {
-    std::error_code ec2;
-    if (exists) fs::rename(old, out, ec2);
-    return ReportError(Status::IOError(a.out + ": rename into place: " + ec.message()));
-  }
-  tmp.keep = true;
   st = FileSystem::Default()->SyncDir(parent);
-  if (!old.empty()) RemoveTree(old);
   if (!st.ok()) return ReportError(st);
   std::printf("%s\n", line.c_str());
   if (!note.empty()) {
