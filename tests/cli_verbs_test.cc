@@ -1089,6 +1089,78 @@ TEST_F(CliVerbsTest, DumpTextAndErrors) {
   EXPECT_EQ(junk.err, "kvfile: error: " + P("junk.kv") + ": not a kvfile: bad magic at offset 0\n");
 }
 
+// --header of several FILEs: each single FILE's block under "file: PATH",
+// a failed one as an "error:" entry while the others are still shown, one
+// stderr line (the first failure), exit status the worst; --json an array
+// of the single FILEs' documents. The other parts take one FILE.
+TEST_F(CliVerbsTest, DumpHeaderOfSeveralFiles) {
+  Synth("a.kv", "--preset tiny --tokens 10 --chunk-tokens 4 --seed 2");
+  Synth("b.kv", "--preset dsa-mixed --tokens 20 --chunk-tokens 8 --seed 5");
+  std::ofstream(P("junk.kv")) << std::string(20000, 'x');
+  const std::string a = P("a.kv"), b = P("b.kv"), junk = P("junk.kv"), missing = P("missing.kv");
+  const std::string before_a = ReadFile(a), before_b = ReadFile(b);
+  CliRun one_a = Kvfile("dump --header " + a), one_b = Kvfile("dump --header " + b);
+  ASSERT_EQ(one_a.exit_code, 0) << one_a.err;
+  ASSERT_EQ(one_b.exit_code, 0) << one_b.err;
+  ASSERT_TRUE(one_a.out.starts_with("header:\n  version           2.1\n")) << one_a.out;
+  const std::string junk_error = junk + ": not a kvfile: bad magic at offset 0";
+  CliRun m = Kvfile("dump " + missing);
+  ASSERT_EQ(m.exit_code, 2);
+  ASSERT_TRUE(m.err.starts_with("kvfile: error: " + missing + ": ")) << m.err;
+  const std::string missing_error = m.err.substr(15, m.err.size() - 16);
+
+  CliRun r = Kvfile("dump --header " + a + " " + b);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.err, "");
+  EXPECT_EQ(r.out, "file: " + a + "\n" + one_a.out + "\nfile: " + b + "\n" + one_b.out);
+  // Flags after the files, a damaged and a missing one among them: the
+  // others are still shown; the first failure is the stderr line; the
+  // worst status (2, the missing file, over 1, the damaged one) is the exit.
+  r = Kvfile("dump " + a + " " + junk + " " + missing + " " + b + " --header");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err, "kvfile: error: " + junk_error + "\n");
+  EXPECT_EQ(r.out, "file: " + a + "\n" + one_a.out + "\nfile: " + junk + "\nerror: " + junk_error + "\n\nfile: " +
+                       missing + "\nerror: " + missing_error + "\n\nfile: " + b + "\n" + one_b.out);
+  r = Kvfile("dump --header " + junk + " " + a);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err, "kvfile: error: " + junk_error + "\n");
+
+  // JSON: an array of what each FILE alone prints.
+  json ja = json::parse(Kvfile("dump --header --json " + a).out);
+  json jb = json::parse(Kvfile("dump --header --json " + b).out);
+  ASSERT_TRUE(ja.contains("header") && ja.contains("commit")) << ja.dump();
+  r = Kvfile("dump --header --json " + a + " " + junk + " " + b);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err, "kvfile: error: " + junk_error + "\n");
+  json j = json::parse(r.out);
+  ASSERT_TRUE(j.is_array());
+  ASSERT_EQ(j.size(), 3u);
+  EXPECT_EQ(j[0], ja);
+  EXPECT_EQ(j[1], json({{"path", junk}, {"ok", false}, {"error", junk_error}}));
+  EXPECT_EQ(j[2], jb);
+  EXPECT_EQ(j[2]["header"]["token_count"], 20);
+  // The JSON of one FILE that fails, as before: one object.
+  r = Kvfile("dump --header --json " + junk);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(json::parse(r.out), json({{"path", junk}, {"ok", false}, {"error", junk_error}}));
+
+  // More than the header of several FILEs: one usage line, nothing on stdout.
+  const std::string refused = "kvfile: error: dump: 2 FILEs: several FILEs take --header alone (chunks, tokens and "
+                              "rows: one FILE at a time)\n";
+  for (std::string parts : {"", "--header --chunks", "--chunks", "--header --tokens --json",
+                                    "--header --rows --layer 0 --stream k"}) {
+    SCOPED_TRACE(parts);
+    r = Kvfile("dump " + parts + " " + a + " " + b);
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_EQ(r.err, refused);
+    EXPECT_EQ(r.out, "");
+  }
+  r = Kvfile("dump " + a + " " + b + " " + junk);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(r.err.starts_with("kvfile: error: dump: 3 FILEs: ")) << r.err;
+  EXPECT_TRUE(ReadFile(a) == before_a && ReadFile(b) == before_b) << "dump is read-only";
+}
+
 TEST_F(CliVerbsTest, EveryVerbHasHelpWithAnExample) {
   for (const char* verb : {"dump", "rewind", "append", "convert"}) {
     CliRun h = Kvfile(std::string(verb) + " --help");

@@ -16,6 +16,7 @@
 #include "kvfile/replace.h"
 #include "cli_common.h"
 #include "progress.h"
+#include "progress_fs.h"
 #include "signals.h"
 #include "kvfile/reader.h"
 #include "kvfile/writer.h"
@@ -155,10 +156,18 @@ int RunAppend(const AppendArgs& a) {
   // when complete and durable (sync mode close at least): a failure leaves
   // no FILE.
   std::unique_ptr<PendingReplace> create;
+  // Declared before the writer, which reads and writes through its fs().
+  std::unique_ptr<UpgradeProgress> upgrading;
   std::unique_ptr<Writer> w;
   st = CheckInterrupt(a.path);
-  if (st.ok() && exists) {
-    // The open recovers the file, and upgrades a v1 one: both can take a while.
+  if (st.ok() && exists && !old_format.empty()) {
+    // The open upgrades a v1 file: a bar of the v1 bytes read.
+    upgrading = std::make_unique<UpgradeProgress>("append " + a.path + ": upgrading", a.path);
+    opt.fs = upgrading->fs();
+    st = Writer::Open(a.path, opt, &w);
+    upgrading->Finish();
+  } else if (st.ok() && exists) {
+    // The open recovers the file: it can take a while.
     Activity opening("append " + a.path + ": opening");
     st = Writer::Open(a.path, opt, &w);
   } else if (st.ok()) {

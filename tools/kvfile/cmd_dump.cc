@@ -1,12 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
 // kvfile dump: a .kv file's header, commit record, chunk table, token ids
-// and rows, field by field, as text or one JSON document. Read-only.
+// and rows, field by field, as text or one JSON document; the header and
+// commit record of several files. Read-only.
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <charconv>
 #include <cstdio>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "cli_common.h"
 #include "json_output.h"
@@ -19,7 +22,8 @@ namespace {
 using nlohmann::ordered_json;
 
 struct DumpArgs {
-  std::string path;
+  std::vector<std::string> paths;
+  std::string path;  // the one FILE of a dump of more than the header
   bool header = false;
   bool chunks = false;
   bool tokens = false;
@@ -297,10 +301,63 @@ Status DumpRows(const DumpArgs& a, Reader& r, const RowSelection& sel, ordered_j
   return Status::OK();
 }
 
+// --header of several FILEs, in the order given: each file's header and
+// commit record under a "file: PATH" line (a failed one as "error: ..."
+// there), or with --json an array of the documents a single FILE's dump
+// prints. The first failure is the one stderr line; the exit status is the
+// worst.
+int RunDumpHeaders(const DumpArgs& a) {
+  ordered_json all = ordered_json::array();
+  int code = kExitOk;
+  bool reported = false;
+  for (size_t i = 0; i < a.paths.size(); ++i) {
+    const std::string& path = a.paths[i];
+    SetCurrentPath(path);
+    std::unique_ptr<Reader> r;
+    Status st = Reader::Open(path, {}, &r);
+    if (a.json) {
+      ordered_json j;
+      j["path"] = path;
+      if (st.ok()) {
+        j["header"] = HeaderJson(*r);
+        j["commit"] = CommitJson(*r);
+      } else {
+        j["ok"] = false;
+        j["error"] = st.message();
+      }
+      all.push_back(std::move(j));
+    } else {
+      std::printf("%sfile: %s\n", i > 0 ? "\n" : "", EscapeLine(path).c_str());
+      if (st.ok()) {
+        std::printf("header:\n");
+        PrintHeader(*r);
+      } else {
+        std::printf("error: %s\n", EscapeLine(st.message()).c_str());
+      }
+    }
+    if (!st.ok()) {
+      std::fflush(stdout);
+      int c = st.IsDataError() ? kExitData : kExitUsage;
+      if (!reported) c = ReportError(st);
+      reported = true;
+      code = std::max(code, c);
+    }
+  }
+  if (a.json) PrintJson(all);
+  return code;
+}
+
 int RunDump(DumpArgs a) {
-  SetCurrentPath(a.path);
   if (!a.rows && (a.layer || a.stream || a.token || a.codes))
     return UsageError("--layer, --stream, --token and --codes select rows: add --rows");
+  if (a.paths.size() > 1) {
+    if (!a.header || a.chunks || a.tokens || a.rows)
+      return UsageError("dump: " + std::to_string(a.paths.size()) +
+                        " FILEs: several FILEs take --header alone (chunks, tokens and rows: one FILE at a time)");
+    return RunDumpHeaders(a);
+  }
+  a.path = a.paths.at(0);
+  SetCurrentPath(a.path);
   if (!a.header && !a.chunks && !a.tokens && !a.rows) a.header = a.chunks = true;
   std::unique_ptr<Reader> r;
   Status st = Reader::Open(a.path, {}, &r);
@@ -367,10 +424,12 @@ void RegisterDump(CLI::App& app, int* exit_code) {
   CLI::App* cmd = app.add_subcommand(
       "dump",
       "Show a .kv file field by field: header and commit record, chunk table, token ids, rows.\n"
-      "With no part selected: --header and --chunks. Read-only.\n"
+      "With no part selected: --header and --chunks. With several FILEs: --header alone, one block\n"
+      "each (with --json, an array of their documents). Read-only.\n"
       "Example: kvfile dump session.kv --rows --layer 0 --stream k --token 0:4\n"
-      "         kvfile dump session.kv --header --tokens --json");
-  cmd->add_option("FILE", args->path, "the .kv file")->required();
+      "         kvfile dump session.kv --header --tokens --json\n"
+      "         kvfile dump --header a.kv b.kv");
+  cmd->add_option("FILE", args->paths, "the .kv file (several with --header alone)")->required();
   cmd->add_flag("--header", args->header, "the header, field by field, and the active commit record");
   cmd->add_flag("--chunks", args->chunks, "the chunk table");
   cmd->add_flag("--tokens", args->tokens, "the token ids");

@@ -10,6 +10,7 @@
 #include "cli_common.h"
 #include "damage_advice.h"
 #include "progress.h"
+#include "progress_fs.h"
 #include "signals.h"
 #include "kvfile/reader.h"
 #include "kvfile/verify.h"
@@ -29,8 +30,13 @@ int RunRepair(const RepairArgs& a) {
   InstallSignalHandlers();
   SetCurrentPath(a.path);
   VerifyReport rep;
-  Activity checking("repair " + a.path + ": checking");
+  // The check reads the whole file: its bar counts the bytes read.
+  std::error_code size_ec;
+  uint64_t size = std::filesystem::file_size(a.path, size_ec);
+  Progress checking("repair " + a.path + ": checking", size_ec ? 0 : size);
+  ReadProgressFileSystem counted(FileSystem::Default(), &checking);
   VerifyOptions vo;
+  vo.fs = &counted;
   vo.threads = std::max(1u, std::thread::hardware_concurrency());
   Status st = VerifyFile(a.path, vo, &rep);
   checking.Finish();
@@ -106,12 +112,19 @@ int RunRepair(const RepairArgs& a) {
     if (Reader::Open(a.path, {}, &reader).ok())
       old_format = FormatAndDtypes(reader->major_version(), reader->minor_version(), reader->geometry());
   }
+  // Declared before the writer, which reads and writes through its fs().
+  std::unique_ptr<UpgradeProgress> upgrading;
   std::unique_ptr<Writer> w;
   WriterOptions options;
   options.drop_missing_committed = a.force && rep.committed_data_missing;
   st = CheckInterrupt(a.path);
-  if (st.ok()) {
-    Activity repairing("repair " + a.path + (rep.major == 1 ? ": upgrading" : ": repairing"));
+  if (st.ok() && rep.major == 1) {
+    upgrading = std::make_unique<UpgradeProgress>("repair " + a.path + ": upgrading", a.path);
+    options.fs = upgrading->fs();
+    st = Writer::Open(a.path, options, &w);
+    upgrading->Finish();
+  } else if (st.ok()) {
+    Activity repairing("repair " + a.path + ": repairing");
     st = Writer::Open(a.path, options, &w);
   }
   if (!st.ok()) return ReportError(st);

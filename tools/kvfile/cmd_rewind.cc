@@ -8,6 +8,7 @@
 #include "cli_common.h"
 #include "damage_advice.h"
 #include "progress.h"
+#include "progress_fs.h"
 #include "signals.h"
 #include "kvfile/reader.h"
 #include "kvfile/writer.h"
@@ -47,10 +48,17 @@ int RunRewind(const RewindArgs& a) {
   WriterOptions opt;
   if (a.upgrade_dtype) opt.upgrade_dtype = *a.upgrade_dtype == "e5m2" ? Dtype::kE5M2 : Dtype::kE4M3;
   opt.keep_raw = a.keep_raw;
+  // Declared before the writer, which reads and writes through its fs().
+  std::unique_ptr<UpgradeProgress> upgrading;
   std::unique_ptr<Writer> w;
   Status st = CheckInterrupt(a.path);
-  if (st.ok()) {
-    Activity opening("rewind " + a.path + ": opening");  // recovery, or a v1 upgrade
+  if (st.ok() && !old_format.empty()) {
+    upgrading = std::make_unique<UpgradeProgress>("rewind " + a.path + ": upgrading", a.path);
+    opt.fs = upgrading->fs();
+    st = Writer::Open(a.path, opt, &w);
+    upgrading->Finish();
+  } else if (st.ok()) {
+    Activity opening("rewind " + a.path + ": opening");  // recovery
     st = Writer::Open(a.path, opt, &w);
   }
   if (!st.ok() && st.IsDataError()) {

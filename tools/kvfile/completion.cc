@@ -91,6 +91,7 @@ std::string ManPage(const CLI::App& app) {
   m += ".PP\nEvery failure prints exactly one line on standard error: "
        "\\fBkvfile: error: PATH: what went wrong\\fR.\n";
   m += ".SH ENVIRONMENT\n.TP\nKVFILE_IO\nthe I/O backend of the library (see docs/cli.md)\n";
+  m += ".TP\nKVFILE_PROGRESS_DELAY_MS\nmilliseconds before a progress bar appears on a terminal (default 1000)\n";
   return m;
 }
 
