@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "support/cli_run.h"
+#include "support/scratch_dir.h"
 #include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -178,15 +179,8 @@ const char* StDtype(Dtype d) {
   }
 }
 
-class CliVerbsTest : public testing::Test {
+class CliVerbsTest : public kvfile::testing::ScratchDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::path(testing::TempDir()) / ("kvfile_verbs_" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string P(const std::string& name) const { return (dir_ / name).string(); }
   void Synth(const std::string& name, const std::string& flags) {
     CliRun r = Kvfile("synth " + P(name) + " " + flags);
     ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -198,7 +192,6 @@ class CliVerbsTest : public testing::Test {
       if (e.path().filename().string().find(part) != std::string::npos) found.push_back(e.path().string());
     return found;
   }
-  fs::path dir_;
 };
 
 // A small hand-made input in the convention: 2 layers, k [2 rows x 4] and

@@ -20,6 +20,7 @@
 
 #include "kvfile/safetensors.h"
 #include "support/alloc_tracker.h"
+#include "support/scratch_dir.h"
 
 namespace {
 
@@ -279,14 +280,8 @@ TEST(SafetensorsParse, RefusesGapsOverlapsAndUncoveredBytes) {
 
 // ---- Files ---------------------------------------------------------------------------
 
-class SafetensorsFileTest : public testing::Test {
+class SafetensorsFileTest : public kvfile::testing::ScratchDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::path(testing::TempDir()) / ("kvfile_st_" + std::to_string(::getpid()));
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string P(const std::string& name) const { return (dir_ / name).string(); }
   // Writes an 8-byte length `n`, then `body`.
   std::string WriteRaw(const std::string& name, uint64_t n, const std::string& body) {
     std::ofstream f(P(name), std::ios::binary);
@@ -300,7 +295,6 @@ class SafetensorsFileTest : public testing::Test {
     std::unique_ptr<SafetensorsFile> f;
     return SafetensorsFile::Open(path, nullptr, out ? out : &f);
   }
-  fs::path dir_;
 };
 
 TEST_F(SafetensorsFileTest, RefusesBadHeaderLengths) {
