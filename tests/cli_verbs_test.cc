@@ -26,6 +26,7 @@
 #include "kvfile/codec.h"
 #include "kvfile/presets.h"
 #include "kvfile/reader.h"
+#include "kvfile/safetensors.h"
 
 namespace {
 
@@ -169,15 +170,9 @@ void ExpectSameContents(const Snap& a, const Snap& b) {
   }
 }
 
-const char* StDtype(Dtype d) {
-  switch (d) {
-    case Dtype::kE4M3: return "F8_E4M3";
-    case Dtype::kE5M2: return "F8_E5M2";
-    case Dtype::kF16: return "F16";
-    case Dtype::kF32: return "F32";
-    default: return "BF16";
-  }
-}
+// The safetensors dtype name of a kvfile dtype (the mapping is tested in
+// safetensors_test).
+const char* StDtype(Dtype d) { return kvfile::safetensors::DTypeName(kvfile::safetensors::DTypeOf(d)); }
 
 class CliVerbsTest : public kvfile::testing::ScratchDirTest {
  protected:
