@@ -88,6 +88,15 @@ kvfile_status NullArgument(std::string_view function, std::string_view argument)
   }
 }
 
+// The converters never replace a file: KVFILE_INVALID_ARGUMENT
+// ("<path>: file exists") where `path` exists.
+kvfile_status RefuseExisting(kvfile::FileSystem* fs, const char* path) {
+  bool exists = false;
+  if (kvfile_status st = Report(fs->Exists(path, &exists)); st != KVFILE_OK) return st;
+  if (exists) return Fail(KVFILE_INVALID_ARGUMENT, std::string(path), ": file exists");
+  return KVFILE_OK;
+}
+
 template <typename Body>
 kvfile_status Guarded(Body&& body) noexcept {
   try {
@@ -599,9 +608,7 @@ kvfile_status kvfile_coli_import(const char* coli_path, const char* kv_path) {
     if (coli_path == nullptr) return NullArgument("kvfile_coli_import", "coli_path");
     if (kv_path == nullptr) return NullArgument("kvfile_coli_import", "kv_path");
     kvfile::FileSystem* fs = kvfile::FileSystem::Default();
-    bool exists = false;
-    if (kvfile_status st = Report(fs->Exists(kv_path, &exists)); st != KVFILE_OK) return st;
-    if (exists) return Fail(KVFILE_INVALID_ARGUMENT, std::string(kv_path), ": file exists");
+    if (kvfile_status st = RefuseExisting(fs, kv_path); st != KVFILE_OK) return st;
     kvfile::coli::ImportResult res;
     Status st = kvfile::coli::Import(coli_path, kv_path, fs, &res);
     if (!st.ok()) (void)fs->Remove(kv_path);
@@ -614,9 +621,7 @@ kvfile_status kvfile_coli_export(const char* kv_path, const char* coli_path, uin
     if (kv_path == nullptr) return NullArgument("kvfile_coli_export", "kv_path");
     if (coli_path == nullptr) return NullArgument("kvfile_coli_export", "coli_path");
     kvfile::FileSystem* fs = kvfile::FileSystem::Default();
-    bool exists = false;
-    if (kvfile_status st = Report(fs->Exists(coli_path, &exists)); st != KVFILE_OK) return st;
-    if (exists) return Fail(KVFILE_INVALID_ARGUMENT, std::string(coli_path), ": file exists");
+    if (kvfile_status st = RefuseExisting(fs, coli_path); st != KVFILE_OK) return st;
     kvfile::coli::ExportOptions o;
     if (vocab != 0) o.vocab = vocab;
     uint64_t tokens = 0;

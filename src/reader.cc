@@ -48,6 +48,21 @@ struct KVFILE_NO_EXPORT Reader::Impl {
   Status LoadSections(uint32_t layer, uint32_t stream, uint64_t begin, uint64_t end,
                       std::vector<Piece>* pieces);
   size_t FirstChunkFor(uint64_t begin) const;
+  // The tokens of chunk ci that a read of [begin, end) covers.
+  struct ChunkWindow {
+    uint64_t from;   // first token, in the file's numbering
+    uint32_t first;  // first token within the chunk
+    uint32_t count;
+  };
+  // ReadMany's and ReadManyCodes' shared step on one chunk: each target's
+  // (layer, stream) section read into *buf on its own (a buffer that stays in
+  // the core's cache while it is checked and used; consecutive targets read
+  // consecutive bytes) and checked (CheckSection), then handed to
+  // use(target, spec, section, window), which takes what it needs from *buf.
+  template <typename Target, typename Use>
+  Status ForEachCheckedSection(File& f, internal::LayoutCache& chunk_layouts, size_t ci,
+                               std::span<const Target> targets, uint64_t begin, uint64_t end,
+                               internal::PageBuffer* buf, Use&& use) const;
   Status ReadChunkTargets(File& f, internal::LayoutCache& chunk_layouts, size_t ci,
                           std::span<const RowsTarget> targets, uint64_t begin, uint64_t end,
                           Dtype out_dtype, internal::PageBuffer* buf) const;
@@ -165,22 +180,17 @@ Status Reader::Impl::LoadSections(uint32_t layer, uint32_t stream, uint64_t begi
   return Status::OK();
 }
 
-// ReadMany's work on one chunk: each target's section read on its own
-// (a buffer that stays in the core's cache while it is checked and
-// decoded; consecutive targets read consecutive bytes), checked, decoded
-// into its destination.
-Status Reader::Impl::ReadChunkTargets(File& f, internal::LayoutCache& chunk_layouts, size_t ci,
-                                      std::span<const RowsTarget> targets, uint64_t begin, uint64_t end,
-                                      Dtype out_dtype, internal::PageBuffer* buf) const {
+template <typename Target, typename Use>
+Status Reader::Impl::ForEachCheckedSection(File& f, internal::LayoutCache& chunk_layouts, size_t ci,
+                                           std::span<const Target> targets, uint64_t begin, uint64_t end,
+                                           internal::PageBuffer* buf, Use&& use) const {
   const ChunkInfo& c = chunk_infos[ci];
   const ChunkLayout* layout;
   KVFILE_RETURN_IF_ERROR(chunk_layouts.Get(c.stored_tokens, &layout));
   uint64_t from = std::max(begin, c.first_token);
   uint64_t to = std::min(end, c.first_token + c.live_tokens);
-  auto first = static_cast<uint32_t>(from - c.first_token);
-  auto count = static_cast<uint32_t>(to - from);
-  size_t out_elem = ElementSize(out_dtype);
-  for (const RowsTarget& t : targets) {
+  const ChunkWindow w{from, static_cast<uint32_t>(from - c.first_token), static_cast<uint32_t>(to - from)};
+  for (const Target& t : targets) {
     const StreamSpec& spec = g().streams[t.stream];
     const SectionLayout& sec = layout->section(t.layer, t.stream);
     uint64_t bytes = sec.end - sec.offset;
@@ -190,58 +200,59 @@ Status Reader::Impl::ReadChunkTargets(File& f, internal::LayoutCache& chunk_layo
     Status st = f.ReadAt(c.offset + sec.offset, buf->data(), bytes);
     if (st.ok())
       st = CheckSection(spec, sec, buf->data(), scan.SectionChecksums(ci)[idx], c.offset + sec.offset,
-                        c.first_token, first, count);
+                        c.first_token, w.first, w.count);
     if (!st.ok()) return st.WithContext(SectionWhere(path, ci, c.offset, t.layer, spec));
-    auto* out = static_cast<uint8_t*>(t.dst) + (from - begin) * spec.ElementsPerToken() * out_elem;
-    DecodeSection(spec, sec, buf->data(), first, count, out_dtype, out);
+    KVFILE_RETURN_IF_ERROR(use(t, spec, sec, w));
   }
   return Status::OK();
 }
 
-// ReadManyCodes' work on one chunk: like ReadChunkTargets, with the codes
-// and scales copied out (or, in a v1 file, the raw rows quantized).
+// ReadMany's work on one chunk: each target's checked section decoded into
+// its destination.
+Status Reader::Impl::ReadChunkTargets(File& f, internal::LayoutCache& chunk_layouts, size_t ci,
+                                      std::span<const RowsTarget> targets, uint64_t begin, uint64_t end,
+                                      Dtype out_dtype, internal::PageBuffer* buf) const {
+  size_t out_elem = ElementSize(out_dtype);
+  return ForEachCheckedSection(
+      f, chunk_layouts, ci, targets, begin, end, buf,
+      [&](const RowsTarget& t, const StreamSpec& spec, const SectionLayout& sec, const ChunkWindow& w) {
+        auto* out = static_cast<uint8_t*>(t.dst) + (w.from - begin) * spec.ElementsPerToken() * out_elem;
+        DecodeSection(spec, sec, buf->data(), w.first, w.count, out_dtype, out);
+        return Status::OK();
+      });
+}
+
+// ReadManyCodes' work on one chunk: each target's checked codes and scales
+// copied out (or, in a v1 file, the raw rows quantized).
 Status Reader::Impl::ReadChunkCodes(File& f, internal::LayoutCache& chunk_layouts, size_t ci,
                                     std::span<const CodesTarget> targets, uint64_t begin, uint64_t end,
                                     Dtype v1_quantize_as, internal::PageBuffer* buf) const {
-  const ChunkInfo& c = chunk_infos[ci];
-  const ChunkLayout* layout;
-  KVFILE_RETURN_IF_ERROR(chunk_layouts.Get(c.stored_tokens, &layout));
-  uint64_t from = std::max(begin, c.first_token);
-  uint64_t to = std::min(end, c.first_token + c.live_tokens);
-  auto first = static_cast<uint32_t>(from - c.first_token);
-  auto count = static_cast<uint32_t>(to - from);
   const bool quantize = scan.header.major == kMajorV1;
-  for (const CodesTarget& t : targets) {
-    const StreamSpec& spec = g().streams[t.stream];
-    const SectionLayout& sec = layout->section(t.layer, t.stream);
-    uint64_t bytes = sec.end - sec.offset;
-    if (buf->size() < bytes && !buf->Resize(bytes))
-      return Status::IOError(path + ": no memory for a section of " + std::to_string(bytes) + " bytes");
-    size_t idx = static_cast<size_t>(t.layer) * g().streams.size() + t.stream;
-    Status st = f.ReadAt(c.offset + sec.offset, buf->data(), bytes);
-    if (st.ok())
-      st = CheckSection(spec, sec, buf->data(), scan.SectionChecksums(ci)[idx], c.offset + sec.offset,
-                        c.first_token, first, count);
-    if (!st.ok()) return st.WithContext(SectionWhere(path, ci, c.offset, t.layer, spec));
-    uint64_t row0 = uint64_t{first} * spec.rows_per_token;
-    uint64_t rows = uint64_t{count} * spec.rows_per_token;
-    uint64_t out_row0 = (from - begin) * spec.rows_per_token;
-    uint8_t* codes = t.codes + out_row0 * spec.row_width;
-    float* scales = t.scales + out_row0;
-    if (quantize) {
-      // v1 rows were checked finite above (CheckSection).
-      size_t bad_row;
-      if (!codec::QuantizeRows(v1_quantize_as, spec.dtype,
-                               buf->data() + row0 * spec.row_width * ElementSize(spec.dtype), rows, spec.row_width,
-                               codes, scales, &bad_row))
-        return Status::Corruption(SectionWhere(path, ci, c.offset, t.layer, spec) + ": non-finite value at token " +
-                                  std::to_string(c.first_token + first + bad_row / spec.rows_per_token));
-    } else {
-      std::memcpy(codes, buf->data() + row0 * spec.row_width, rows * spec.row_width);
-      std::memcpy(scales, buf->data() + (sec.scales_offset - sec.offset) + row0 * 4, rows * 4);
-    }
-  }
-  return Status::OK();
+  return ForEachCheckedSection(
+      f, chunk_layouts, ci, targets, begin, end, buf,
+      [&](const CodesTarget& t, const StreamSpec& spec, const SectionLayout& sec, const ChunkWindow& w) {
+        uint64_t row0 = uint64_t{w.first} * spec.rows_per_token;
+        uint64_t rows = uint64_t{w.count} * spec.rows_per_token;
+        uint64_t out_row0 = (w.from - begin) * spec.rows_per_token;
+        uint8_t* codes = t.codes + out_row0 * spec.row_width;
+        float* scales = t.scales + out_row0;
+        if (quantize) {
+          // v1 rows were checked finite (CheckSection).
+          size_t bad_row;
+          if (!codec::QuantizeRows(v1_quantize_as, spec.dtype,
+                                   buf->data() + row0 * spec.row_width * ElementSize(spec.dtype), rows,
+                                   spec.row_width, codes, scales, &bad_row)) {
+            const ChunkInfo& c = chunk_infos[ci];
+            return Status::Corruption(SectionWhere(path, ci, c.offset, t.layer, spec) +
+                                      ": non-finite value at token " +
+                                      std::to_string(c.first_token + w.first + bad_row / spec.rows_per_token));
+          }
+        } else {
+          std::memcpy(codes, buf->data() + row0 * spec.row_width, rows * spec.row_width);
+          std::memcpy(scales, buf->data() + (sec.scales_offset - sec.offset) + row0 * 4, rows * 4);
+        }
+        return Status::OK();
+      });
 }
 
 Reader::Reader(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

@@ -26,19 +26,34 @@ static_assert(std::endian::native == std::endian::little,
 
 namespace {
 
+// The format's element types, and the one mapping between them and
+// kvfile::Dtype (KvDtypeOf, DTypeOf): the kvfile Dtype of the five that
+// have one.
 struct DTypeEntry {
   DType dtype;
   const char* name;
   size_t size;
+  std::optional<Dtype> kv;
 };
 
 constexpr DTypeEntry kDTypes[] = {
-    {DType::kBool, "BOOL", 1},     {DType::kU8, "U8", 1},           {DType::kI8, "I8", 1},
-    {DType::kF8E5M2, "F8_E5M2", 1}, {DType::kF8E4M3, "F8_E4M3", 1}, {DType::kF8E8M0, "F8_E8M0", 1},
-    {DType::kI16, "I16", 2},       {DType::kU16, "U16", 2},         {DType::kF16, "F16", 2},
-    {DType::kBF16, "BF16", 2},     {DType::kI32, "I32", 4},         {DType::kU32, "U32", 4},
-    {DType::kF32, "F32", 4},       {DType::kC64, "C64", 8},         {DType::kF64, "F64", 8},
-    {DType::kI64, "I64", 8},       {DType::kU64, "U64", 8},
+    {DType::kBool, "BOOL", 1, std::nullopt},
+    {DType::kU8, "U8", 1, std::nullopt},
+    {DType::kI8, "I8", 1, std::nullopt},
+    {DType::kF8E5M2, "F8_E5M2", 1, Dtype::kE5M2},
+    {DType::kF8E4M3, "F8_E4M3", 1, Dtype::kE4M3},
+    {DType::kF8E8M0, "F8_E8M0", 1, std::nullopt},
+    {DType::kI16, "I16", 2, std::nullopt},
+    {DType::kU16, "U16", 2, std::nullopt},
+    {DType::kF16, "F16", 2, Dtype::kF16},
+    {DType::kBF16, "BF16", 2, Dtype::kBF16},
+    {DType::kI32, "I32", 4, std::nullopt},
+    {DType::kU32, "U32", 4, std::nullopt},
+    {DType::kF32, "F32", 4, Dtype::kF32},
+    {DType::kC64, "C64", 8, std::nullopt},
+    {DType::kF64, "F64", 8, std::nullopt},
+    {DType::kI64, "I64", 8, std::nullopt},
+    {DType::kU64, "U64", 8, std::nullopt},
 };
 
 // Newer versions of the format define packed sub-byte types; a byte-level
@@ -150,6 +165,18 @@ bool ParseDType(std::string_view name, DType* out) {
       return true;
     }
   return false;
+}
+
+std::optional<Dtype> KvDtypeOf(DType d) {
+  for (const DTypeEntry& e : kDTypes)
+    if (e.dtype == d) return e.kv;
+  return std::nullopt;
+}
+
+DType DTypeOf(Dtype d) {
+  for (const DTypeEntry& e : kDTypes)
+    if (e.kv == d) return e.dtype;
+  return DType::kBF16;
 }
 
 const TensorInfo* Header::Find(std::string_view name) const {
@@ -514,13 +541,7 @@ Status SafetensorsWriter::Close() {
 
 Dtype KvStream::source_dtype() const {
   const TensorInfo* t = codes ? codes : values;
-  switch (t->dtype) {
-    case DType::kF8E4M3: return Dtype::kE4M3;
-    case DType::kF8E5M2: return Dtype::kE5M2;
-    case DType::kF16: return Dtype::kF16;
-    case DType::kF32: return Dtype::kF32;
-    default: return Dtype::kBF16;
-  }
+  return KvDtypeOf(t->dtype).value_or(Dtype::kBF16);
 }
 
 uint64_t BlockTokens(uint64_t bytes_per_token, uint64_t budget) {
@@ -608,10 +629,11 @@ Status DescribeKv(const Header& h, KvTensors* out) {
       return Status::InvalidArgument(where + ": " + Quote(s.name + ".codes") + " without " +
                                      Quote(s.name + ".scales"));
     const TensorInfo& t = s.values ? *s.values : *s.codes;
-    if (s.values && t.dtype != DType::kBF16 && t.dtype != DType::kF16 && t.dtype != DType::kF32)
+    const std::optional<Dtype> kd = KvDtypeOf(t.dtype);
+    if (s.values && (!kd || IsFp8(*kd)))
       return Status::InvalidArgument("tensor " + Quote(t.name) + " is " + DTypeName(t.dtype) +
                                      "; stream values must be BF16, F16 or F32");
-    if (s.codes && t.dtype != DType::kF8E4M3 && t.dtype != DType::kF8E5M2)
+    if (s.codes && (!kd || !IsFp8(*kd)))
       return Status::InvalidArgument("tensor " + Quote(t.name) + " is " + DTypeName(t.dtype) +
                                      "; codes must be F8_E4M3 or F8_E5M2");
     if (t.shape.size() != 4)

@@ -11,37 +11,9 @@
 #include <string.h>
 
 #include "kvfile/c.h"
-
-static int failures = 0;
-
-#define CHECK(cond)                                                           \
-  do {                                                                        \
-    if (!(cond)) {                                                            \
-      fprintf(stderr, "%s:%d: CHECK failed: %s (last error: %s)\n", __FILE__, \
-              __LINE__, #cond, kvfile_last_error());                          \
-      ++failures;                                                             \
-    }                                                                         \
-  } while (0)
+#include "support/c_check.h"
 
 static char dir[512], fixtures[512];
-
-static const char* in_dir(const char* base, const char* name) {
-  static char buf[4][1100];
-  static int next = 0;
-  char* p = buf[next++ % 4];
-  snprintf(p, sizeof buf[0], "%s/%s", base, name);
-  return p;
-}
-
-/* Reads a whole file into buf (at most cap bytes); returns its size or -1. */
-static long slurp(const char* path, uint8_t* buf, long cap) {
-  FILE* f = fopen(path, "rb");
-  long n;
-  if (f == NULL) return -1;
-  n = (long)fread(buf, 1, (size_t)cap, f);
-  fclose(f);
-  return n;
-}
 
 static void test_mooncake(void) {
   static const uint16_t values[4] = {0x5F00, 0xDF00, 0x3C00, 0x8000}; /* fp16 448, -448, 1, -0.0 */
@@ -111,10 +83,5 @@ int main(int argc, char** argv) {
   snprintf(fixtures, sizeof fixtures, "%s", argv[2]);
   test_mooncake();
   test_coli();
-  if (failures != 0) {
-    fprintf(stderr, "c_api_seeds_test: %d checks failed\n", failures);
-    return 1;
-  }
-  printf("c_api_seeds_test: all checks passed\n");
-  return 0;
+  return check_summary("c_api_seeds_test");
 }

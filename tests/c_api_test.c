@@ -11,34 +11,13 @@
 #include <string.h>
 
 #include "kvfile/c.h"
-
-static int failures = 0;
-
-#define CHECK(cond)                                                           \
-  do {                                                                        \
-    if (!(cond)) {                                                            \
-      fprintf(stderr, "%s:%d: CHECK failed: %s (last error: %s)\n", __FILE__, \
-              __LINE__, #cond, kvfile_last_error());                          \
-      ++failures;                                                             \
-    }                                                                         \
-  } while (0)
-
-#define CHECK_STATUS(expr, want) CHECK((expr) == (want))
-#define CHECK_CONTAINS(text, part) CHECK(strstr((text), (part)) != NULL)
+#include "support/c_check.h"
 
 /* The tiny preset: 2 layers, streams k and v of 2 rows x 16. */
 enum { kLayers = 2, kStreams = 2, kRows = 2, kWidth = 16, kPerToken = kRows * kWidth };
 enum { kTokens = 10, kChunkTokens = 4 };
 
 static char dir[512];
-
-static const char* path_in_dir(const char* name) {
-  static char buf[4][600];
-  static int next = 0;
-  char* p = buf[next++ % 4];
-  snprintf(p, sizeof buf[0], "%s/%s", dir, name);
-  return p;
-}
 
 /* Element i of (layer, stream) for token t; magnitudes in [0.5, 1). */
 static float value(int layer, int stream, int t, int i) {
@@ -107,7 +86,7 @@ static void test_presets(void) {
  * pre-quantized codes + scales read back from the file's own tokens 0..2
  * (so their codes are known exactly). */
 static void test_write(void) {
-  const char* path = path_in_dir("s.kv");
+  const char* path = in_dir(dir, "s.kv");
   kvfile_geometry g;
   CHECK_STATUS(kvfile_preset("tiny", KVFILE_E4M3, &g), KVFILE_OK);
   kvfile_writer_options options;
@@ -115,7 +94,7 @@ static void test_write(void) {
   options.chunk_tokens = kChunkTokens;
 
   kvfile_writer* w = (kvfile_writer*)1;
-  CHECK_STATUS(kvfile_writer_create(path_in_dir("no/such/dir/x.kv"), &g, "m", 1, &options, &w), KVFILE_NOT_FOUND);
+  CHECK_STATUS(kvfile_writer_create(in_dir(dir, "no/such/dir/x.kv"), &g, "m", 1, &options, &w), KVFILE_NOT_FOUND);
   CHECK(w == NULL);
   CHECK_CONTAINS(kvfile_last_error(), "no/such/dir");
 
@@ -160,7 +139,7 @@ static void test_write(void) {
   CHECK_STATUS(kvfile_writer_close(w), KVFILE_OK);
 
   /* Reopen for writing; append tokens 7..9 as the codes of tokens 0..2. */
-  CHECK_STATUS(kvfile_writer_open(path_in_dir("missing.kv"), NULL, &w), KVFILE_NOT_FOUND);
+  CHECK_STATUS(kvfile_writer_open(in_dir(dir, "missing.kv"), NULL, &w), KVFILE_NOT_FOUND);
   CHECK(w == NULL);
   CHECK_STATUS(kvfile_writer_open(path, NULL, &w), KVFILE_OK);
   CHECK_STATUS(kvfile_writer_token_count(w, &n), KVFILE_OK);
@@ -221,9 +200,9 @@ static void test_write(void) {
 }
 
 static void test_read(void) {
-  const char* path = path_in_dir("s.kv");
+  const char* path = in_dir(dir, "s.kv");
   kvfile_reader* r = (kvfile_reader*)1;
-  CHECK_STATUS(kvfile_reader_open(path_in_dir("missing.kv"), &r), KVFILE_NOT_FOUND);
+  CHECK_STATUS(kvfile_reader_open(in_dir(dir, "missing.kv"), &r), KVFILE_NOT_FOUND);
   CHECK(r == NULL);
   CHECK_CONTAINS(kvfile_last_error(), "missing.kv");
   CHECK_STATUS(kvfile_reader_open(path, &r), KVFILE_OK);
@@ -311,7 +290,7 @@ static void test_read(void) {
  * kvfile_reader_read_codes' bytes, over ranges inside and across chunks. */
 static void test_read_many(void) {
   kvfile_reader* r = NULL;
-  CHECK_STATUS(kvfile_reader_open(path_in_dir("s.kv"), &r), KVFILE_OK);
+  CHECK_STATUS(kvfile_reader_open(in_dir(dir, "s.kv"), &r), KVFILE_OK);
   if (r == NULL) return;
   enum { kPairs = kLayers * kStreams };
   static float want[kTokens * kPerToken], got[kPairs][kTokens * kPerToken];
@@ -392,8 +371,8 @@ static void copy_prefix(const char* from, const char* to, long n) {
 
 /* s.kv cut 100 bytes into its second chunk: the info says what is gone. */
 static void test_cut_file(void) {
-  const char* cut = path_in_dir("cut.kv");
-  copy_prefix(path_in_dir("s.kv"), cut, 12288 + 4096 + 100);
+  const char* cut = in_dir(dir, "cut.kv");
+  copy_prefix(in_dir(dir, "s.kv"), cut, 12288 + 4096 + 100);
   kvfile_reader* r = NULL;
   CHECK_STATUS(kvfile_reader_open(cut, &r), KVFILE_OK);
   if (r == NULL) return;
@@ -410,13 +389,13 @@ static void test_cut_file(void) {
 }
 
 static void test_verify_and_damage(void) {
-  const char* path = path_in_dir("s.kv");
+  const char* path = in_dir(dir, "s.kv");
   kvfile_verify_result v;
   CHECK_STATUS(kvfile_verify(path, 0, &v), KVFILE_OK);
   CHECK(v.ok == 1 && v.errors == 0 && v.warnings == 0);
   CHECK(v.major_version == 2 && v.tokens == kTokens && v.chunks == 3 && v.bytes == 12288 + 3 * 4096);
   CHECK(v.first_message[0] == '\0');
-  CHECK_STATUS(kvfile_verify(path_in_dir("missing.kv"), 0, &v), KVFILE_NOT_FOUND);
+  CHECK_STATUS(kvfile_verify(in_dir(dir, "missing.kv"), 0, &v), KVFILE_NOT_FOUND);
 
   /* A torn tail: a warning, still ok. */
   FILE* f = fopen(path, "ab");
@@ -480,7 +459,7 @@ static void test_verify_and_damage(void) {
   kvfile_reader_close(r);
 
   /* Not a kvfile at all. */
-  const char* junk_path = path_in_dir("junk.kv");
+  const char* junk_path = in_dir(dir, "junk.kv");
   f = fopen(junk_path, "wb");
   CHECK(f != NULL);
   if (f == NULL) return;
@@ -497,7 +476,7 @@ static void test_verify_and_damage(void) {
 /* A geometry given field by field, f16 input, an e5m2 stream beside a raw
  * bf16 one: the raw stream keeps the exact values and has no codes. */
 static void test_explicit_geometry(void) {
-  const char* path = path_in_dir("explicit.kv");
+  const char* path = in_dir(dir, "explicit.kv");
   kvfile_geometry g;
   memset(&g, 0, sizeof g);
   g.layers = 1;
@@ -570,10 +549,5 @@ int main(int argc, char** argv) {
   test_cut_file();
   test_verify_and_damage();
   test_explicit_geometry();
-  if (failures != 0) {
-    fprintf(stderr, "c_api_test: %d checks failed\n", failures);
-    return 1;
-  }
-  printf("c_api_test: all checks passed\n");
-  return 0;
+  return check_summary("c_api_test");
 }

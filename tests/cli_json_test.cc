@@ -17,6 +17,8 @@
 #include "kvfile/presets.h"
 #include "kvfile/writer.h"
 #include "support/cli_run.h"
+#include "support/file_util.h"
+#include "support/scratch_dir.h"
 #include "support/sweep_fixtures.h"
 #include "testing_hooks.h"
 
@@ -25,30 +27,14 @@ namespace {
 
 namespace fs = std::filesystem;
 using testing::Kvfile;
+using testing::ShellQuote;
+using testing::WriteFile;
 
-// Single-quotes `s` for sh: every byte but ' stands for itself there.
-std::string ShellQuote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
-class CliJsonTest : public ::testing::Test {
+class CliJsonTest : public testing::ScratchDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::path(::testing::TempDir()) / ("kvfile_cli_json_" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   // A file name built to break naive JSON output.
   std::string Hostile(const std::string& tag) const {
     return (dir_ / ("q\"uo'te \\back\nnew\tline \xff\xfe bad-utf8 " + tag + ".kv")).string();
-  }
-  void WriteBytes(const std::string& path, const std::vector<uint8_t>& bytes) const {
-    std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()),
-                                                 static_cast<std::streamsize>(bytes.size()));
   }
   // Runs `kvfile VERB --json PATH`, parses stdout and returns the document.
   nlohmann::json RunJson(const std::string& verb, const std::string& path, int* exit_code = nullptr) {
@@ -63,7 +49,6 @@ class CliJsonTest : public ::testing::Test {
     }
     return j;
   }
-  fs::path dir_;
 };
 
 std::vector<uint8_t> Garbage(size_t n, uint64_t seed) {
@@ -92,7 +77,7 @@ TEST_F(CliJsonTest, ValidJsonForEveryInput) {
   for (const auto& [tag, bytes] : inputs) {
     SCOPED_TRACE(tag);
     std::string path = Hostile(tag);
-    WriteBytes(path, bytes);
+    WriteFile(path, bytes);
     int code = 0;
     nlohmann::json v = RunJson("verify", path, &code);
     ASSERT_TRUE(v.is_array());
@@ -152,7 +137,7 @@ TEST_F(CliJsonTest, VerifyLocatesDamageInTextAndJson) {
   const auto& c = f.chunks[1];
   bytes[c.sections[0].first + 1] ^= 0x10;  // payload of chunk 1
   std::string path = Hostile("damaged");
-  WriteBytes(path, bytes);
+  WriteFile(path, bytes);
   testing::CliRun text = Kvfile("verify " + ShellQuote(path));
   EXPECT_EQ(text.exit_code, 1);
   EXPECT_NE(text.err.find("chunk 1 at offset " + std::to_string(c.begin)), std::string::npos) << text.err;
@@ -166,7 +151,7 @@ TEST_F(CliJsonTest, VerifyLocatesDamageInTextAndJson) {
   // A truncated closed file: the offset is where the file now ends.
   bytes = f.bytes;
   bytes.resize(c.begin + 100);
-  WriteBytes(path, bytes);
+  WriteFile(path, bytes);
   text = Kvfile("verify " + ShellQuote(path));
   EXPECT_NE(text.err.find("offset " + std::to_string(c.begin + 100)), std::string::npos) << text.err;
   j = RunJson("verify", path);

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "support/cli_run.h"
+#include "support/scratch_dir.h"
 
 namespace {
 
@@ -49,11 +50,10 @@ std::vector<std::string> Names(const Listing& l) {
   return v;
 }
 
-class CliSignalsTest : public testing::Test {
+class CliSignalsTest : public kvfile::testing::ScratchDirTest {
  protected:
   void SetUp() override {
-    dir_ = fs::path(testing::TempDir()) / ("kvfile_signals_" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
+    ScratchDirTest::SetUp();
     fs::create_directories(dir_ / "work");
   }
   void TearDown() override {
@@ -61,9 +61,8 @@ class CliSignalsTest : public testing::Test {
       ::kill(pid_, SIGKILL);
       ::waitpid(pid_, nullptr, 0);
     }
-    fs::remove_all(dir_);
+    ScratchDirTest::TearDown();
   }
-  std::string P(const std::string& name) const { return (dir_ / name).string(); }
   std::string W(const std::string& name) const { return (dir_ / "work" / name).string(); }
 
   // Starts `kvfile ARGS...` with stdout to /dev/null and stderr to a file.
@@ -133,7 +132,6 @@ class CliSignalsTest : public testing::Test {
     ASSERT_EQ(r.exit_code, 0) << r.err;
   }
 
-  fs::path dir_;
   pid_t pid_ = -1;
   std::string err_path_;
 };

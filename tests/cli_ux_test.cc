@@ -17,42 +17,21 @@
 #include <vector>
 
 #include "support/cli_run.h"
+#include "support/file_util.h"
+#include "support/scratch_dir.h"
 
 namespace {
 
 namespace fs = std::filesystem;
 using kvfile::testing::CliRun;
+using kvfile::testing::FlipBit;
 using kvfile::testing::Kvfile;
+using kvfile::testing::Lines;
 using kvfile::testing::ReadFile;
+using kvfile::testing::SplitLines;
 
-size_t Lines(const std::string& s) { return static_cast<size_t>(std::count(s.begin(), s.end(), '\n')); }
-
-std::vector<std::string> SplitLines(const std::string& s) {
-  std::vector<std::string> out;
-  std::istringstream in(s);
-  for (std::string line; std::getline(in, line);) out.push_back(line);
-  return out;
-}
-
-void FlipBit(const std::string& path, std::streamoff offset, int bit) {
-  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
-  f.seekg(offset);
-  char c;
-  f.get(c);
-  c = static_cast<char>(c ^ (1 << bit));
-  f.seekp(offset);
-  f.put(c);
-}
-
-class CliUxTest : public testing::Test {
+class CliUxTest : public kvfile::testing::ScratchDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::path(testing::TempDir()) / ("kvfile_ux_" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string P(const std::string& name) const { return (dir_ / name).string(); }
   // Runs with DIR as the working directory, so that paths in messages are short.
   CliRun Here(const std::string& args) { return Kvfile(args, "cd " + dir_.string() + " &&"); }
   void Synth(const std::string& name, int tokens, int seed, int chunk = 64) {
@@ -61,7 +40,6 @@ class CliUxTest : public testing::Test {
                   .exit_code,
               0);
   }
-  fs::path dir_;
 };
 
 TEST_F(CliUxTest, UnknownVerbSuggestsTheNearest) {

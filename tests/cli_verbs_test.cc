@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "support/cli_run.h"
+#include "support/scratch_dir.h"
 #include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -25,6 +26,7 @@
 #include "kvfile/codec.h"
 #include "kvfile/presets.h"
 #include "kvfile/reader.h"
+#include "kvfile/safetensors.h"
 
 namespace {
 
@@ -168,25 +170,12 @@ void ExpectSameContents(const Snap& a, const Snap& b) {
   }
 }
 
-const char* StDtype(Dtype d) {
-  switch (d) {
-    case Dtype::kE4M3: return "F8_E4M3";
-    case Dtype::kE5M2: return "F8_E5M2";
-    case Dtype::kF16: return "F16";
-    case Dtype::kF32: return "F32";
-    default: return "BF16";
-  }
-}
+// The safetensors dtype name of a kvfile dtype (the mapping is tested in
+// safetensors_test).
+const char* StDtype(Dtype d) { return kvfile::safetensors::DTypeName(kvfile::safetensors::DTypeOf(d)); }
 
-class CliVerbsTest : public testing::Test {
+class CliVerbsTest : public kvfile::testing::ScratchDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::path(testing::TempDir()) / ("kvfile_verbs_" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string P(const std::string& name) const { return (dir_ / name).string(); }
   void Synth(const std::string& name, const std::string& flags) {
     CliRun r = Kvfile("synth " + P(name) + " " + flags);
     ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -198,7 +187,6 @@ class CliVerbsTest : public testing::Test {
       if (e.path().filename().string().find(part) != std::string::npos) found.push_back(e.path().string());
     return found;
   }
-  fs::path dir_;
 };
 
 // A small hand-made input in the convention: 2 layers, k [2 rows x 4] and

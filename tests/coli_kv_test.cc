@@ -20,11 +20,14 @@
 #include "kvfile/reader.h"
 #include "kvfile/writer.h"
 #include "support/fault_fs.h"
+#include "support/file_util.h"
+#include "support/scratch_dir.h"
 
 namespace kvfile::coli {
 namespace {
 
 namespace fs = std::filesystem;
+using kvfile::testing::ReadFileBytes;
 
 constexpr uint32_t kLayers = 2, kLora = 4, kRope = 2, kIhd = 3, kVocab = 100;
 const uint32_t kIds[3] = {5, 17, 99};
@@ -43,20 +46,8 @@ float RopeF32(int t, int l, int j) { return static_cast<float>(-(t + 2) * 1.5 + 
 
 std::string Fixture(const char* name) { return std::string(KVFILE_TEST_DATA "/fixtures/seeds/").append(name); }
 
-std::vector<uint8_t> Bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});
-}
-
-class ColiKv : public ::testing::Test {
+class ColiKv : public kvfile::testing::ScratchDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::path(::testing::TempDir()) / ("coli_kv_test_" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string P(const std::string& name) const { return (dir_ / name).string(); }
   // Imports `bytes` in a memory file system (mem_), to "out.kv" there.
   Status ImportBytes(const std::vector<uint8_t>& bytes, ImportResult* res) {
     kvfile::testing::DiskImage image;
@@ -72,7 +63,6 @@ class ColiKv : public ::testing::Test {
     EXPECT_TRUE(Reader::Open("out.kv", ro, &r).ok());
     return r;
   }
-  fs::path dir_;
   std::unique_ptr<kvfile::testing::FaultFs> mem_;
 };
 
@@ -151,8 +141,8 @@ TEST_F(ColiKv, ExportOfTheImportIsTheFixtureByteForByte) {
   ASSERT_TRUE(Export(P("a.kv"), P("b.coli_kv"), {}, &tokens).ok());
   EXPECT_EQ(tokens, 3u);
   // The fixture without its 7 torn bytes, which are not part of the session.
-  const std::vector<uint8_t> fixture = Bytes(Fixture("coli_v2.coli_kv"));
-  const std::vector<uint8_t> got = Bytes(P("b.coli_kv"));
+  const std::vector<uint8_t> fixture = ReadFileBytes(Fixture("coli_v2.coli_kv"));
+  const std::vector<uint8_t> got = ReadFileBytes(P("b.coli_kv"));
   ASSERT_GE(fixture.size(), 7u);
   ASSERT_EQ(got.size(), fixture.size() - 7);
   EXPECT_TRUE(std::equal(got.begin(), got.end(), fixture.begin()));
@@ -163,11 +153,11 @@ TEST_F(ColiKv, ExportOfTheImportIsTheFixtureByteForByte) {
   std::vector<uint8_t> want(got);
   want[28] = 0xE8;
   want[29] = 0x03;
-  EXPECT_EQ(Bytes(P("c.coli_kv")), want);
+  EXPECT_EQ(ReadFileBytes(P("c.coli_kv")), want);
 }
 
 TEST_F(ColiKv, RefusedLayouts) {
-  std::vector<uint8_t> good = Bytes(Fixture("coli_v2.coli_kv"));
+  std::vector<uint8_t> good = ReadFileBytes(Fixture("coli_v2.coli_kv"));
   struct Case {
     const char* what;
     size_t offset;
@@ -198,7 +188,7 @@ TEST_F(ColiKv, RefusedLayouts) {
 }
 
 TEST_F(ColiKv, BadRecordsAreCorruption) {
-  std::vector<uint8_t> good = Bytes(Fixture("coli_v2.coli_kv"));
+  std::vector<uint8_t> good = ReadFileBytes(Fixture("coli_v2.coli_kv"));
   const uint64_t r1 = 40 + kRecV2;  // record 1
   struct Case {
     const char* what;
@@ -229,7 +219,7 @@ TEST_F(ColiKv, BadRecordsAreCorruption) {
 // is an error (kCorruption), anything from the last committed byte on
 // imports the three records and ignores the rest.
 TEST_F(ColiKv, EveryTruncation) {
-  std::vector<uint8_t> full = Bytes(Fixture("coli_v2.coli_kv"));
+  std::vector<uint8_t> full = ReadFileBytes(Fixture("coli_v2.coli_kv"));
   const uint64_t committed = 40 + 3 * kRecV2;
   for (uint64_t n = 0; n <= full.size(); ++n) {
     SCOPED_TRACE(n);
@@ -252,7 +242,7 @@ TEST_F(ColiKv, EveryTruncation) {
 // the CLI); an import that succeeds holds exactly what the flipped bytes
 // say (checked for flips inside codes and scales of record 0).
 TEST_F(ColiKv, EveryBitFlip) {
-  std::vector<uint8_t> full = Bytes(Fixture("coli_v2.coli_kv"));
+  std::vector<uint8_t> full = ReadFileBytes(Fixture("coli_v2.coli_kv"));
   size_t ok = 0, refused = 0;
   for (size_t bit = 0; bit < full.size() * 8; ++bit) {
     std::vector<uint8_t> b = full;

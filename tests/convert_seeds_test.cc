@@ -15,6 +15,7 @@
 #include "kvfile/reader.h"
 #include "kvfile/writer.h"
 #include "support/cli_run.h"
+#include "support/scratch_dir.h"
 
 namespace kvfile {
 namespace {
@@ -24,17 +25,9 @@ using testing::CliRun;
 using testing::Kvfile;
 using testing::ReadFile;
 
-class ConvertSeeds : public ::testing::Test {
+class ConvertSeeds : public testing::ScratchDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::path(::testing::TempDir()) / ("convert_seeds_" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string P(const std::string& name) const { return (dir_ / name).string(); }
   static std::string Fixture(const char* name) { return std::string(KVFILE_TEST_DATA "/fixtures/seeds/").append(name); }
-  fs::path dir_;
 };
 
 // Every fp8 stream of a and b holds the same codes and scales, and the

@@ -12,6 +12,7 @@
 
 #include "kvfile/reader.h"
 #include "kvfile/writer.h"
+#include "support/file_util.h"
 
 namespace kvfile {
 namespace {
@@ -19,7 +20,7 @@ namespace {
 // Two appends of 3 tokens, 2 tokens per chunk: chunks of 2, 1, 2, 1 tokens.
 // One file per test (CTest runs the tests of this file in parallel).
 std::string WriteSession() {
-  std::string path = testing::TempDir() + "kvfile_reader_state_" +
+  std::string path = ::testing::TempDir() + "kvfile_reader_state_" +
                      ::testing::UnitTest::GetInstance()->current_test_info()->name() + ".kv";
   Geometry g;
   g.layers = 1;
@@ -42,16 +43,6 @@ std::string WriteSession() {
   }
   EXPECT_TRUE(w->Close().ok());
   return path;
-}
-
-void FlipByte(const std::string& path, uint64_t offset) {
-  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
-  f.seekg(static_cast<std::streamoff>(offset));
-  char c = 0;
-  f.read(&c, 1);
-  c = static_cast<char>(c ^ 0x01);
-  f.seekp(static_cast<std::streamoff>(offset));
-  f.write(&c, 1);
 }
 
 TEST(ReaderStateTest, CommitRecordAndBothSlots) {
@@ -84,7 +75,7 @@ TEST(ReaderStateTest, DamagedInactiveSlotIsReportedAndTheOtherStaysInForce) {
   const int active = r->active_commit_slot();
   const CommitInfo before = r->commit();
   r.reset();
-  FlipByte(path, 4096 + 4096 * static_cast<uint64_t>(1 - active) + 8);  // the sequence field
+  testing::FlipBit(path, 4096 + 4096 * static_cast<std::streamoff>(1 - active) + 8, 0);  // the sequence field
   ASSERT_TRUE(Reader::Open(path, {}, &r).ok());
   EXPECT_EQ(r->active_commit_slot(), active);
   EXPECT_EQ(r->commit().sequence, before.sequence);

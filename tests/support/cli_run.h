@@ -15,6 +15,8 @@
 
 #include <gtest/gtest.h>
 
+#include "support/file_util.h"
+
 namespace kvfile::testing {
 
 struct CliRun {
@@ -42,11 +44,6 @@ inline CliRun Kvfile(const std::string& args, const std::string& prefix = "") {
   r.err.assign(std::istreambuf_iterator<char>(e), {});
   std::filesystem::remove(err_path);
   return r;
-}
-
-inline std::string ReadFile(const std::filesystem::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
 }  // namespace kvfile::testing

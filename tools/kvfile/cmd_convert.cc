@@ -101,16 +101,6 @@ Dtype ParseDtype(const std::string& s) {
   return Dtype::kE4M3;
 }
 
-DType SafetensorsDType(Dtype d) {
-  switch (d) {
-    case Dtype::kE4M3: return DType::kF8E4M3;
-    case Dtype::kE5M2: return DType::kF8E5M2;
-    case Dtype::kF16: return DType::kF16;
-    case Dtype::kF32: return DType::kF32;
-    default: return DType::kBF16;
-  }
-}
-
 // The stored dtype of a stream whose values are stored as `have` (a raw
 // stream, or an fp8 stream's codes):
 // - --keep-raw: a raw --dtype, else a raw stream's own dtype, else bf16;
@@ -341,13 +331,13 @@ Status Export(const std::string& in, const std::string& tmp, const Plan& p, std:
                                      "' cannot be exported: the name is reserved by the safetensors convention");
     std::vector<uint64_t> shape = {g.layers, T, spec.rows_per_token, spec.row_width};
     if (p.codes && IsFp8(spec.dtype)) {
-      tensors.push_back({spec.name + ".codes", SafetensorsDType(spec.dtype), shape, 0, 0, 0});
+      tensors.push_back({spec.name + ".codes", safetensors::DTypeOf(spec.dtype), shape, 0, 0, 0});
       items.push_back({s, Part::kCodes, spec.dtype});
       tensors.push_back({spec.name + ".scales", DType::kF32, {g.layers, T, spec.rows_per_token}, 0, 0, 0});
       items.push_back({s, Part::kScales, Dtype::kF32});
     } else {
       Dtype d = p.codes ? spec.dtype : out_dtype;
-      tensors.push_back({spec.name, SafetensorsDType(d), shape, 0, 0, 0});
+      tensors.push_back({spec.name, safetensors::DTypeOf(d), shape, 0, 0, 0});
       items.push_back({s, Part::kValues, d});
     }
   }

@@ -59,6 +59,12 @@ enum class DType : uint8_t {
 KVFILE_EXPORT const char* DTypeName(DType d);      // "BF16", "F8_E4M3", ...
 KVFILE_EXPORT size_t DTypeSize(DType d);           // bytes per element
 KVFILE_EXPORT bool ParseDType(std::string_view name, DType* out);
+// The one mapping between these and kvfile::Dtype. DType stays the format's
+// own tag (most of its 17 values are no kvfile dtype): F8_E4M3, F8_E5M2,
+// F16, BF16 and F32 are kvfile's five; KvDtypeOf is nullopt for the rest.
+// DTypeOf is the inverse (kBF16 for a byte that is no Dtype).
+KVFILE_EXPORT std::optional<Dtype> KvDtypeOf(DType d);
+KVFILE_EXPORT DType DTypeOf(Dtype d);
 
 inline constexpr uint64_t kMaxHeaderBytes = 100'000'000;  // the format's own cap
 // What a header may list (spec/FORMAT.md 7.1): with these caps, what
