@@ -215,22 +215,8 @@ class ConvertAdversity : public ::testing::TestWithParam<Path> {
       i = j + 1;
     }
     err_path_ = I("stderr.txt");
-    pid_ = ::fork();
+    pid_ = kvfile::testing::StartKvfile(words, err_path_);
     ASSERT_GE(pid_, 0);
-    if (pid_ == 0) {
-      int err = ::open(err_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      int out = ::open("/dev/null", O_WRONLY);
-      if (err < 0 || out < 0) ::_exit(127);
-      ::dup2(err, 2);
-      ::dup2(out, 1);
-      std::vector<char*> argv;
-      std::string bin = KVFILE_BINARY;
-      argv.push_back(bin.data());
-      for (std::string& w : words) argv.push_back(w.data());
-      argv.push_back(nullptr);
-      ::execv(bin.c_str(), argv.data());
-      ::_exit(127);
-    }
   }
   // Polls until a name that `before` lacks appears in d/ (the command's
   // temporary file or directory); false if the child exited first.

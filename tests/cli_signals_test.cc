@@ -68,23 +68,8 @@ class CliSignalsTest : public kvfile::testing::ScratchDirTest {
   // Starts `kvfile ARGS...` with stdout to /dev/null and stderr to a file.
   void Start(const std::vector<std::string>& args) {
     err_path_ = P("stderr.txt");
-    pid_ = ::fork();
+    pid_ = kvfile::testing::StartKvfile(args, err_path_);
     ASSERT_GE(pid_, 0);
-    if (pid_ == 0) {
-      int err = ::open(err_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      int out = ::open("/dev/null", O_WRONLY);
-      if (err < 0 || out < 0) ::_exit(127);
-      ::dup2(err, 2);
-      ::dup2(out, 1);
-      std::vector<char*> argv;
-      std::string bin = KVFILE_BINARY;
-      argv.push_back(bin.data());
-      std::vector<std::string> copy = args;
-      for (std::string& a : copy) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      ::execv(bin.c_str(), argv.data());
-      ::_exit(127);
-    }
   }
 
   // Polls `started` every millisecond (up to 60 s); false if the child
