@@ -169,7 +169,11 @@ class MemFile : public File {
   std::string path_ = "mem";
 };
 
-std::string TempPath(const std::string& name) { return ::testing::TempDir() + "llama_state_" + name; }
+// One name per process: CTest runs each test of this file in its own
+// process, two at a time, and a shared name let one test read the other's.
+std::string TempPath(const std::string& name) {
+  return ::testing::TempDir() + "llama_state_" + std::to_string(::getpid()) + "_" + name;
+}
 
 void Write(const std::string& path, const std::string& bytes) {
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
