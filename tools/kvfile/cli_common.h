@@ -60,6 +60,10 @@ std::string MissingCommittedData(const TailInfo& tail);
 // InvalidArgument naming the first of `names` that is no stream of `g`
 // ("--keep-raw: no stream 'x' (streams: k, v)"), else OK.
 Status CheckStreamNames(const std::string& path, const Geometry& g, const std::vector<std::string>& names);
+// Sixteen lowercase hex digits: checksums, salts, fingerprints, flags.
+std::string Hex16(uint64_t v);
+// The memory a conversion's block of tokens may take (safetensors::BlockTokens).
+inline constexpr uint64_t kConvertBufferBudget = uint64_t{128} << 20;
 // "format 1.0 (k bf16, v bf16)".
 std::string FormatAndDtypes(uint16_t major, uint16_t minor, const Geometry& g);
 // What an upgrade on open did (append, rewind, repair): "upgraded from

@@ -79,8 +79,6 @@ struct Plan {
   LlamaExport llama;                  // llama.cpp export
 };
 
-constexpr uint64_t kBufferBudget = uint64_t{128} << 20;
-
 enum class Kind { kKv, kSafetensors, kDirectory, kLlama, kOther };
 
 Kind KindOf(const std::string& path) {
@@ -205,7 +203,7 @@ Status KvToKv(const std::string& in, const std::string& tmp, const Plan& p, std:
   size_t S = gi.streams.size();
   uint64_t per_token = 0;
   for (const StreamSpec& s : gi.streams) per_token += s.ElementsPerToken() * 5;  // f32 or codes + scales
-  uint64_t block = safetensors::BlockTokens(per_token * gi.layers, kBufferBudget);
+  uint64_t block = safetensors::BlockTokens(per_token * gi.layers, kConvertBufferBudget);
   std::vector<std::vector<uint8_t>> data(gi.layers * S);
   std::vector<std::vector<float>> scales(gi.layers * S);
   auto ids = r->tokens();
@@ -291,7 +289,7 @@ Status Import(const std::string& in, const std::string& tmp, const Plan& p, std:
   KVFILE_RETURN_IF_ERROR(Writer::Create(tmp, g, id, wo, &w));
   uint64_t per_token = 0;
   for (const StreamSpec& s : g.streams) per_token += s.ElementsPerToken() * 12;
-  const uint64_t block = safetensors::BlockTokens(per_token * g.layers, kBufferBudget);
+  const uint64_t block = safetensors::BlockTokens(per_token * g.layers, kConvertBufferBudget);
   Progress progress("import " + in, kv.tokens);
   KVFILE_RETURN_IF_ERROR(safetensors::AppendAll(*f, kv, ids, stream_of, *w, block, [&in, &progress, block] {
     progress.Add(block);

@@ -35,12 +35,6 @@ struct DumpArgs {
   bool json = false;
 };
 
-std::string Hex16(uint64_t v) {
-  char buf[20];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
-  return buf;
-}
-
 unsigned long long U(uint64_t v) { return static_cast<unsigned long long>(v); }
 
 // "T", "T:T2" (T2 excluded) or "T:" (to the end).

@@ -19,12 +19,6 @@ struct InfoArgs {
   bool json = false;
 };
 
-std::string Hex16(uint64_t v) {
-  char buf[20];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
-  return buf;
-}
-
 // Bytes the same tokens would take stored raw as bf16 (no scales, no
 // headers): what an engine writes without kvfile.
 uint64_t Bf16Bytes(const Geometry& g, uint64_t tokens) {

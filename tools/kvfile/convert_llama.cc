@@ -18,8 +18,6 @@ namespace kvfile::cli {
 
 namespace {
 
-constexpr uint64_t kBufferBudget = uint64_t{128} << 20;
-
 uint64_t FileSizeOf(const std::string& path) {
   std::error_code ec;
   uint64_t n = std::filesystem::file_size(path, ec);
@@ -95,7 +93,7 @@ Status ImportLlama(const std::string& in, const std::string& tmp, const LlamaImp
   std::unique_ptr<Writer> w;
   KVFILE_RETURN_IF_ERROR(Writer::Create(tmp, g, id, wo, &w));
   uint64_t per_token = (uint64_t{s.k_width} + s.v_width) * (4 + 4) * s.layers;  // f32 values + the read buffer
-  uint64_t block = safetensors::BlockTokens(per_token, kBufferBudget);
+  uint64_t block = safetensors::BlockTokens(per_token, kConvertBufferBudget);
   std::vector<std::vector<float>> data(2 * s.layers);
   std::vector<std::vector<uint8_t>> bytes(2 * s.layers);
   Progress progress("convert " + in, s.cells);

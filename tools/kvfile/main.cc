@@ -113,6 +113,12 @@ std::string Dtypes(const Geometry& g) {
 }
 }  // namespace
 
+std::string Hex16(uint64_t v) {
+  char buf[20];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
 std::string FormatAndDtypes(uint16_t major, uint16_t minor, const Geometry& g) {
   return "format " + std::to_string(major) + "." + std::to_string(minor) + " " + Dtypes(g);
 }
