@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "cli_common.h"
+#include "cmd_pack.h"
 #include "json_output.h"
 #include "kvfile/verify.h"
 #include "progress.h"
@@ -66,6 +67,7 @@ Status Expand(const std::vector<std::string>& paths, std::vector<std::string>* f
 int RunVerify(const VerifyArgs& a) {
   InstallSignalHandlers();
   if (!a.paths.empty()) SetCurrentPath(a.paths[0]);
+  if (a.paths.size() == 1 && IsPackFile(a.paths[0])) return RunPackVerify(a.paths[0], a.json);
   std::vector<std::string> files;
   Status st = Expand(a.paths, &files);
   if (!st.ok()) {

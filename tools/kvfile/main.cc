@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include "cli_common.h"
+#include "cmd_pack.h"
 #include "kvfile/format/chunk_layout.h"
 #include "progress.h"
 #include "signals.h"
@@ -145,6 +146,9 @@ int main(int argc, char** argv) {
   RegisterAppend(app, &exit_code);
   RegisterConvert(app, &exit_code);
   RegisterBench(app, &exit_code);
+  RegisterPack(app, &exit_code);
+  RegisterUnpack(app, &exit_code);
+  RegisterLs(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -1,0 +1,165 @@
+// The pack verbs of the CLI: kvfile pack, unpack, ls, and verify of a pack;
+// exit statuses, the one error line, and files left untouched on failure.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+
+#include "kvfile/reader.h"
+#include "support/cli_run.h"
+
+namespace kvfile {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::Kvfile;
+using testing::ReadFile;
+
+class PackCliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::path(::testing::TempDir()) / ("pack_cli_" + std::to_string(::getpid()) + "_" +
+                                             ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_ / "corpus/sub");
+    // Same seed: the rows and token ids of a position are the same, so the
+    // two sessions share their first 32 tokens (two pack chunks of 16).
+    Synth("corpus/a.kv", 40);
+    Synth("corpus/sub/b.kv", 60);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  void Synth(const std::string& name, int tokens) {
+    auto r = Kvfile("synth " + P(name) + " --preset tiny --tokens " + std::to_string(tokens) + " --seed 3 --chunk-tokens 8");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+  }
+  std::string P(const std::string& rel) const { return (dir_ / rel).string(); }
+  fs::path dir_;
+};
+
+// Token ids and every code and scale, as a reader returns them.
+std::string Contents(const std::string& path) {
+  std::unique_ptr<Reader> r;
+  Status st = Reader::Open(path, {}, &r);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  if (!st.ok()) return "";
+  std::string out(reinterpret_cast<const char*>(r->tokens().data()), r->tokens().size() * 4);
+  out += r->identity().model_id;
+  uint64_t n = r->token_count();
+  const Geometry& g = r->geometry();
+  for (uint32_t l = 0; l < g.layers; ++l)
+    for (uint32_t s = 0; s < g.streams.size(); ++s) {
+      uint64_t rows = n * g.streams[s].rows_per_token;
+      std::string codes(rows * g.streams[s].row_width, '\0');
+      std::vector<float> scales(rows);
+      EXPECT_TRUE(r->ReadCodes(l, s, 0, n, reinterpret_cast<uint8_t*>(codes.data()), scales.data()).ok());
+      out += codes;
+      out.append(reinterpret_cast<const char*>(scales.data()), rows * 4);
+    }
+  return out;
+}
+
+bool OneErrorLine(const std::string& err, const std::string& path) {
+  return err.starts_with("kvfile: error: " + path + ": ") && err.find('\n') == err.size() - 1;
+}
+
+TEST_F(PackCliTest, PackLsVerifyUnpackRoundTrip) {
+  auto r = Kvfile("pack " + P("corpus") + " -o " + P("c.kvpack") + " --chunk-tokens 16");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.err, "");
+  EXPECT_NE(r.out.find("2 members, 100 tokens"), std::string::npos) << r.out;
+
+  r = Kvfile("ls " + P("c.kvpack") + " --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["members"].size(), 2u);
+  EXPECT_EQ(j["members"][0]["name"], "a.kv");
+  EXPECT_EQ(j["members"][0]["tokens"], 40);
+  EXPECT_EQ(j["members"][1]["name"], "sub/b.kv");
+  EXPECT_EQ(j["members"][1]["tokens"], 60);
+  // Both members hold the same two shared 16-token chunks.
+  uint64_t shared = j["members"][0]["shared_bytes"];
+  EXPECT_GT(shared, 0u);
+  EXPECT_EQ(j["members"][1]["shared_bytes"], shared);
+  EXPECT_EQ(j["chunks"], 2 + 1 + 2);  // shared [0,32); a: [32,40); b: [32,48), [48,60)
+  EXPECT_EQ(j["file_bytes"], fs::file_size(P("c.kvpack")));
+
+  r = Kvfile("verify " + P("c.kvpack"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, P("c.kvpack") + ": ok: 2 members, 5 chunks, " + std::to_string(fs::file_size(P("c.kvpack"))) +
+                       " bytes\n");
+
+  r = Kvfile("unpack " + P("c.kvpack") + " -o " + P("out"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(Contents(P("out/a.kv")), Contents(P("corpus/a.kv")));
+  EXPECT_EQ(Contents(P("out/sub/b.kv")), Contents(P("corpus/sub/b.kv")));
+  EXPECT_EQ(Kvfile("verify " + P("out/sub/b.kv")).exit_code, 0);
+
+  // One member only; an existing output needs --force.
+  r = Kvfile("unpack " + P("c.kvpack") + " -o " + P("one") + " sub/b.kv");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(fs::exists(P("one/sub/b.kv")));
+  EXPECT_FALSE(fs::exists(P("one/a.kv")));
+  r = Kvfile("unpack " + P("c.kvpack") + " -o " + P("one") + " sub/b.kv");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(OneErrorLine(r.err, P("one/sub/b.kv"))) << r.err;
+  EXPECT_EQ(Kvfile("unpack " + P("c.kvpack") + " -o " + P("one") + " sub/b.kv --force").exit_code, 0);
+  r = Kvfile("unpack " + P("c.kvpack") + " -o " + P("none") + " nosuch.kv");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(OneErrorLine(r.err, P("c.kvpack"))) << r.err;
+  EXPECT_FALSE(fs::exists(P("none")));
+}
+
+TEST_F(PackCliTest, DamagedPackExitsOneAndWritesNothing) {
+  ASSERT_EQ(Kvfile("pack " + P("corpus") + " -o " + P("c.kvpack")).exit_code, 0);
+  std::string bytes = ReadFile(P("c.kvpack"));
+  // A byte in the first chunk's payload (the data region starts at 128).
+  bytes[200] ^= 0x10;
+  std::ofstream(P("bad.kvpack"), std::ios::binary) << bytes;
+  auto r = Kvfile("verify " + P("bad.kvpack"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_TRUE(OneErrorLine(r.err, P("bad.kvpack"))) << r.err;
+  EXPECT_NE(r.err.find("checksum mismatch"), std::string::npos) << r.err;
+  r = Kvfile("unpack " + P("bad.kvpack") + " -o " + P("out"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_TRUE(OneErrorLine(r.err, P("bad.kvpack"))) << r.err;
+  EXPECT_FALSE(fs::exists(P("out")));
+  // Truncated: every verb refuses it at open.
+  std::ofstream(P("cut.kvpack"), std::ios::binary) << bytes.substr(0, bytes.size() - 1);
+  for (std::string verb : {"verify ", "ls "}) {
+    r = Kvfile(verb + P("cut.kvpack"));
+    EXPECT_EQ(r.exit_code, 1) << verb;
+    EXPECT_TRUE(OneErrorLine(r.err, P("cut.kvpack"))) << r.err;
+  }
+}
+
+TEST_F(PackCliTest, FailedPackLeavesOutputUntouched) {
+  ASSERT_EQ(Kvfile("pack " + P("corpus/a.kv") + " -o " + P("c.kvpack")).exit_code, 0);
+  std::string before = ReadFile(P("c.kvpack"));
+  // Existing output without --force.
+  auto r = Kvfile("pack " + P("corpus") + " -o " + P("c.kvpack") + " --chunk-tokens 16");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(OneErrorLine(r.err, P("c.kvpack"))) << r.err;
+  // A missing input, and a damaged input, with --force.
+  r = Kvfile("pack " + P("corpus") + " " + P("nosuch.kv") + " -o " + P("c.kvpack") + " --force");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(OneErrorLine(r.err, P("nosuch.kv"))) << r.err;
+  std::string kv = ReadFile(P("corpus/sub/b.kv"));
+  kv[kv.size() - 2000] ^= 1;
+  std::ofstream(P("corpus/sub/b.kv"), std::ios::binary) << kv;
+  r = Kvfile("pack " + P("corpus") + " -o " + P("c.kvpack") + " --force");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_TRUE(OneErrorLine(r.err, P("corpus/sub/b.kv"))) << r.err;
+  EXPECT_EQ(ReadFile(P("c.kvpack")), before);
+  // No temporary file is left next to it.
+  size_t files = 0;
+  for (auto& e : fs::directory_iterator(dir_)) files += e.is_regular_file();
+  EXPECT_EQ(files, 1u);
+  // Two inputs with the same member name.
+  r = Kvfile("pack " + P("corpus/a.kv") + " " + P("corpus/a.kv") + " -o " + P("d.kvpack"));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_FALSE(fs::exists(P("d.kvpack")));
+}
+
+}  // namespace
+}  // namespace kvfile
