@@ -371,3 +371,81 @@ TEST(PackTest, FailedWriteLeavesTheOldPack) {
 
 }  // namespace
 }  // namespace kvfile
+
+namespace kvfile {
+namespace {
+
+// Tables forged with every checksum recomputed: what the checksums cannot
+// catch is caught by the structural rules (tiling, ranges, order).
+TEST(PackTest, ForgedTablesAreRefused) {
+  FaultFs fs;
+  std::vector<uint8_t> pack = SmallPack(fs);
+  auto u64 = [&](size_t at) {
+    uint64_t v;
+    std::memcpy(&v, pack.data() + at, 8);
+    return v;
+  };
+  const uint64_t data_end = u64(32), models = u64(40), chunks = u64(48), members = u64(56), names = u64(64);
+  const uint64_t chunk_table = data_end + 1304 * models;
+  const uint64_t index = chunk_table + 48 * chunks + names;
+  ASSERT_EQ(chunks, 3u);  // a and b share [0, 4); a: [4, 6); b: [4, 5)
+  ASSERT_EQ(members, 2u);
+  // Rewrites one table field and recomputes the table's and the header's checksums.
+  auto forge = [&](uint64_t at, uint64_t value, size_t width, uint64_t table, uint64_t table_bytes, size_t sum_field) {
+    std::vector<uint8_t> bad = pack;
+    std::memcpy(bad.data() + at, &value, width);
+    uint64_t sum = XXH3_64bits(bad.data() + table, table_bytes);
+    std::memcpy(bad.data() + sum_field, &sum, 8);
+    sum = XXH3_64bits(bad.data(), 120);
+    std::memcpy(bad.data() + 120, &sum, 8);
+    return bad;
+  };
+  auto chunk_field = [&](uint64_t chunk, uint64_t field, uint64_t value, size_t width = 8) {
+    return CheckAll(forge(chunk_table + 48 * chunk + field, value, width, chunk_table, 48 * chunks, 80));
+  };
+  auto index_field = [&](uint64_t member, uint64_t field, uint64_t value, size_t width = 8) {
+    return CheckAll(forge(index + 64 * member + field, value, width, index, 64 * members, 96));
+  };
+  std::vector<std::pair<std::string, Status>> cases = {
+      {"chunk offset +1", chunk_field(0, 0, u64(chunk_table) + 1)},
+      {"chunk offset = another chunk's", chunk_field(1, 0, u64(chunk_table))},
+      {"chunk offset past data_end", chunk_field(0, 0, data_end)},
+      {"chunk first_token", chunk_field(1, 8, 8)},
+      {"chunk token_count 0", chunk_field(0, 16, 0, 4)},
+      {"chunk model", chunk_field(0, 20, 1, 4)},
+      {"chunk chain hash", chunk_field(0, 24, 12345)},
+      {"chunk reserved", chunk_field(0, 40, 1)},
+      {"record offset", index_field(0, 24, u64(index + 64 + 24))},
+      {"token count", index_field(0, 16, 7)},
+      {"name length", index_field(0, 8, 3, 4)},
+      {"member reserved", index_field(1, 48, 1)},
+      {"source chunk tokens 0", index_field(1, 40, 0, 4)},
+  };
+  for (const auto& [what, st] : cases) EXPECT_EQ(st.code(), Status::Code::kCorruption) << what << ": " << st.ToString();
+  // A stray byte at the end of the data region, header fixed up: no
+  // checksum covers it; the tiling rule does.
+  std::vector<uint8_t> stray = pack;
+  stray.insert(stray.begin() + data_end, 0x00);
+  uint64_t v = data_end + 1;
+  std::memcpy(stray.data() + 32, &v, 8);
+  v = pack.size() + 1;
+  std::memcpy(stray.data() + 104, &v, 8);
+  uint64_t hs = XXH3_64bits(stray.data(), 120);
+  std::memcpy(stray.data() + 120, &hs, 8);
+  Status stray_st = CheckAll(stray);
+  EXPECT_EQ(stray_st.code(), Status::Code::kCorruption);
+  EXPECT_NE(stray_st.message().find("belong to no chunk or record"), std::string::npos) << stray_st.message();
+  // Swapping the two index entries breaks the name order.
+  std::vector<uint8_t> swapped = pack;
+  std::swap_ranges(swapped.begin() + index, swapped.begin() + index + 64, swapped.begin() + index + 64);
+  uint64_t sum = XXH3_64bits(swapped.data() + index, 128);
+  std::memcpy(swapped.data() + 96, &sum, 8);
+  sum = XXH3_64bits(swapped.data(), 120);
+  std::memcpy(swapped.data() + 120, &sum, 8);
+  Status st = CheckAll(swapped);
+  EXPECT_EQ(st.code(), Status::Code::kCorruption);
+  EXPECT_NE(st.message().find("name"), std::string::npos) << st.message();
+}
+
+}  // namespace
+}  // namespace kvfile
