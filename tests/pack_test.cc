@@ -449,3 +449,34 @@ TEST(PackTest, ForgedTablesAreRefused) {
 
 }  // namespace
 }  // namespace kvfile
+
+namespace kvfile {
+namespace {
+
+// A member refused half way (its source is damaged near its end, after some
+// of its chunks were written) leaves no trace: the finished pack is byte for
+// byte the pack made without it.
+TEST(PackTest, RefusedMemberLeavesNoTrace) {
+  FaultFs base;
+  Geometry g = MixedGeometry();
+  WriteKv(base, "/a.kv", g, Tokens(10, 21), [](uint64_t) { return 1; });
+  WriteKv(base, "/b.kv", g, Tokens(10, 9), [](uint64_t) { return 1; });
+  testing::DiskImage img = base.Image();
+  img["/a.kv"][img["/a.kv"].size() - 100] ^= 1;  // the last chunk's last section
+  FaultFs fs(img);
+  PackWriterOptions po;
+  po.fs = &fs;
+  po.chunk_tokens = 4;
+  std::unique_ptr<PackWriter> w;
+  ASSERT_TRUE(PackWriter::Begin("/with.kvpack", po, &w).ok());
+  Status st = w->AddFile("a.kv", "/a.kv");
+  ASSERT_EQ(st.code(), Status::Code::kCorruption) << st.ToString();
+  ASSERT_TRUE(w->AddFile("b.kv", "/b.kv").ok());
+  ASSERT_TRUE(w->Finish().ok());
+  EXPECT_EQ(w->stats().members, 1u);
+  ASSERT_TRUE(PackFiles(fs, "/without.kvpack", {{"b.kv", "/b.kv"}}, 4).ok());
+  EXPECT_EQ(FileBytes(fs, "/with.kvpack"), FileBytes(fs, "/without.kvpack"));
+}
+
+}  // namespace
+}  // namespace kvfile

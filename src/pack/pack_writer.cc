@@ -161,6 +161,27 @@ Status PackWriter::AddFile(const std::string& name, const std::string& kv_path) 
 
 Status PackWriter::Add(const std::string& name, Reader& r) {
   Impl& w = *impl_;
+  const uint64_t offset = w.offset;
+  const size_t chunks = w.chunks.size(), models = w.models.size();
+  const PackWriteStats stats = w.stats;
+  Status st = AddMember(name, r);
+  if (!st.ok() && !w.failed) {
+    // A refused member leaves no trace: its new chunks are dropped and
+    // their bytes are overwritten or cut off by Finish.
+    for (size_t i = chunks; i < w.chunks.size(); ++i) {
+      const PackChunk& c = w.chunks[i];
+      w.index.erase(std::make_tuple(c.model, c.first_token, c.token_count, c.chain_hash, c.payload_checksum));
+    }
+    w.chunks.resize(chunks);
+    w.models.resize(models);
+    w.offset = offset;
+    w.stats = stats;
+  }
+  return st;
+}
+
+Status PackWriter::AddMember(const std::string& name, Reader& r) {
+  Impl& w = *impl_;
   if (w.failed || w.finished) return Status::Failed(w.replace->target() + ": the pack writer failed or finished earlier");
   if (!IsValidPackMemberName(name))
     return Status::InvalidArgument(r.path() + ": member name '" + name +
@@ -282,6 +303,7 @@ Status PackWriter::Finish() {
   StoreU64(h + pack::hdr::kFileBytes, w.offset);
   StoreU64(h + pack::hdr::kChecksum, Checksum(h, pack::hdr::kChecksum));
   Status st = w.file->WriteAt(0, h, sizeof h);
+  if (st.ok()) st = w.file->Truncate(w.offset);  // bytes of a refused member past the end
   if (st.ok()) st = w.file->Sync();
   if (!st.ok()) {
     w.failed = true;

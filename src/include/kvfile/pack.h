@@ -93,6 +93,8 @@ class PackWriter {
 
   // Adds the live tokens of an open .kv file as member `name` (a relative
   // path, unique in the pack). Every section read is checked on the way.
+  // A failure other than an I/O error on the pack leaves the pack as it
+  // was before the call (the writer stays usable).
   Status Add(const std::string& name, Reader& reader);
   // Opens `kv_path` (through the writer's file system) and adds it.
   Status AddFile(const std::string& name, const std::string& kv_path);
@@ -104,6 +106,7 @@ class PackWriter {
  private:
   struct Impl;
   explicit PackWriter(std::unique_ptr<Impl> impl);
+  Status AddMember(const std::string& name, Reader& reader);
   std::unique_ptr<Impl> impl_;
 };
 
