@@ -184,7 +184,7 @@ Status PackReader::Impl::ParseTables(const uint8_t* h) {
     if (m.model >= models.size()) return Damage(where + "model " + std::to_string(m.model) + " does not exist");
     if (m.source_chunk_tokens < 1 || m.source_chunk_tokens > pack::kMaxChunkTokens)
       return Damage(where + "source chunk tokens out of range");
-    if (m.token_count > data_end) return Damage(where + "token count larger than the data region");
+    if (m.token_count > data_end / 4) return Damage(where + "more token ids than the data region holds");
     uint64_t c = models[m.model].chunk_tokens;
     m.chunk_count = (m.token_count + c - 1) / c;
     uint64_t record = 4 * (m.token_count + m.chunk_count);

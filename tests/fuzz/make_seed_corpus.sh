@@ -37,3 +37,12 @@ done
 cp "$TMP"/{v1_bf16,v1_f32,rewound,torn}.kv "$CORPUS/upgrade/"
 cp "$TMP"/*.safetensors "$CORPUS/safetensors/"
 du -sh "$CORPUS"
+
+# .kvpack seeds (fuzz_pack): members sharing chunks (two fp8 dtypes), and a raw stream.
+mkdir -p "$TMP/p/d" "$TMP/r" "$CORPUS/pack"
+k synth "$TMP/p/a.kv" --preset tiny --tokens 7 --chunk-tokens 4 --seed 1
+k synth "$TMP/p/d/b.kv" --preset tiny --tokens 11 --chunk-tokens 3 --seed 1
+k synth "$TMP/p/e.kv" --preset tiny --tokens 3 --dtype e5m2 --seed 2
+k pack "$TMP/p" -o "$CORPUS/pack/shared.kvpack" --chunk-tokens 4 --force
+k convert "$TMP/p/a.kv" "$TMP/r/raw.kv" --keep-raw v --chunk-tokens 8
+k pack "$TMP/r" -o "$CORPUS/pack/raw.kvpack" --chunk-tokens 2 --force
