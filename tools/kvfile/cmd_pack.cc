@@ -218,6 +218,9 @@ int RunLs(const LsArgs& a) {
 }  // namespace
 
 bool IsPackFile(const std::string& path) {
+  // Only a regular file is opened: opening a FIFO would wait for a writer.
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) return false;
   std::ifstream in(path, std::ios::binary);
   char m[8] = {};
   if (!in.read(m, 8)) return false;
