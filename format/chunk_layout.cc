@@ -1,5 +1,6 @@
+// SPDX-License-Identifier: Apache-2.0
 // Section offsets inside a chunk (see chunk_layout.h for the picture).
-#include "kvfile/format/chunk_layout.h"
+#include "format/chunk_layout.h"
 
 namespace kvfile::format {
 
@@ -57,3 +58,14 @@ Status ComputeChunkLayout(const Geometry& g, uint32_t token_count, ChunkLayout* 
 }
 
 }  // namespace kvfile::format
+
+namespace kvfile {
+
+Status ChunkBytes(const Geometry& g, uint32_t tokens, uint64_t* bytes) {
+  format::ChunkLayout layout;
+  KVFILE_RETURN_IF_ERROR(format::ComputeChunkLayout(g, tokens, &layout));
+  *bytes = layout.chunk_bytes;
+  return Status::OK();
+}
+
+}  // namespace kvfile

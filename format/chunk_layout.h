@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Where everything sits inside one chunk, computed from the geometry and the
 // chunk's token count. Reader and writer both use this single definition.
 //
@@ -18,7 +19,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "kvfile/format/geometry.h"
+#include "format/geometry.h"
 #include "kvfile/status.h"
 
 namespace kvfile::format {

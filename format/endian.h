@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Little-endian loads and stores of fixed-width integers and floats.
 //
 // Every multi-byte field of the format is little-endian; these helpers are

@@ -1,9 +1,16 @@
+// SPDX-License-Identifier: Apache-2.0
 // Geometry validation and the expected-vs-actual comparison.
-#include "kvfile/format/geometry.h"
+#include "format/geometry.h"
 
 #include <set>
 
-namespace kvfile::format {
+namespace kvfile {
+
+using format::kMaxLayers;
+using format::kMaxRowsPerToken;
+using format::kMaxRowWidth;
+namespace hdr = format::hdr;
+namespace sd = format::sd;
 
 bool IsValidStreamName(std::string_view name) {
   if (name.empty() || name.size() >= sd::kNameCapacity) return false;
@@ -95,4 +102,4 @@ Status CheckExpected(const ModelIdentity& fid, const Geometry& fg, const ModelId
   return Status::OK();
 }
 
-}  // namespace kvfile::format
+}  // namespace kvfile

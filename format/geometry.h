@@ -1,55 +1,15 @@
-// Geometry and model identity: what a .kv file stores per token, and for
-// which model. These are the logical contents of the file header.
+// SPDX-License-Identifier: Apache-2.0
+// The geometry types inside the format code: the public ones
+// (kvfile/geometry.h) under their format:: names.
 #pragma once
 
-#include <cstdint>
-#include <optional>
-#include <string>
-#include <string_view>
-#include <vector>
-
-#include "kvfile/format/kv_format.h"
-#include "kvfile/status.h"
+#include "format/kv_format.h"
+#include "kvfile/geometry.h"
 
 namespace kvfile::format {
-
-// One stream of every layer: `rows_per_token` rows of `row_width` elements per
-// token (for example stream "k" of a GQA model: one row per kv head).
-struct StreamSpec {
-  std::string name;
-  uint32_t rows_per_token = 0;
-  uint32_t row_width = 0;
-  Dtype dtype = Dtype::kE4M3;
-
-  bool operator==(const StreamSpec&) const = default;
-  uint64_t ElementsPerToken() const { return uint64_t{rows_per_token} * row_width; }
-};
-
-struct Geometry {
-  uint32_t layers = 0;
-  std::vector<StreamSpec> streams;
-
-  bool operator==(const Geometry&) const = default;
-  // Checks the limits of spec/FORMAT.md ("Limits") and the stream names.
-  Status Validate() const;
-  std::optional<uint32_t> FindStream(std::string_view name) const;
-  // Bytes one token occupies in the payload (codes + scales or raw rows),
-  // summed over layers and streams, without alignment padding.
-  uint64_t PayloadBytesPerToken() const;
-};
-
-struct ModelIdentity {
-  std::string model_id;      // at most 255 bytes of UTF-8
-  uint64_t fingerprint = 0;  // chosen by the writer (e.g. a hash of the weights)
-
-  bool operator==(const ModelIdentity&) const = default;
-};
-
-// What a reader expects; Check() names the first difference with the file.
-Status CheckExpected(const ModelIdentity& file_identity, const Geometry& file_geometry,
-                     const ModelIdentity& expected_identity, const Geometry& expected_geometry);
-
-// "[a-z0-9_.-]{1,31}": stream names are identifiers in tools and safetensors.
-bool IsValidStreamName(std::string_view name);
-
+using kvfile::CheckExpected;
+using kvfile::Geometry;
+using kvfile::IsValidStreamName;
+using kvfile::ModelIdentity;
+using kvfile::StreamSpec;
 }  // namespace kvfile::format

@@ -1,5 +1,6 @@
+// SPDX-License-Identifier: Apache-2.0
 // Encoding and decoding of the file header, commit slots and chunk headers.
-#include "kvfile/format/header.h"
+#include "format/header.h"
 
 #include <xxhash.h>
 
@@ -7,7 +8,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "kvfile/format/endian.h"
+#include "format/endian.h"
 
 namespace kvfile::format {
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Encoding and decoding of the fixed-size records of a .kv file: the file
 // header, the two commit slots and the 64-byte chunk header.
 //
@@ -10,8 +11,8 @@
 #include <span>
 #include <string>
 
-#include "kvfile/format/geometry.h"
-#include "kvfile/format/kv_format.h"
+#include "format/geometry.h"
+#include "format/kv_format.h"
 #include "kvfile/status.h"
 
 namespace kvfile::format {

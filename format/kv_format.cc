@@ -1,7 +1,8 @@
-// Names of the wire enums.
-#include "kvfile/format/kv_format.h"
+// SPDX-License-Identifier: Apache-2.0
+// Names of the dtypes (kvfile/dtype.h).
+#include "format/kv_format.h"
 
-namespace kvfile::format {
+namespace kvfile {
 
 const char* DtypeName(Dtype d) {
   switch (d) {
@@ -14,4 +15,4 @@ const char* DtypeName(Dtype d) {
   return "invalid";
 }
 
-}  // namespace kvfile::format
+}  // namespace kvfile

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Wire constants of the .kv container, shared by every reader and writer.
 //
 // spec/FORMAT.md is normative; this file is its machine-readable summary. Any
@@ -7,6 +8,8 @@
 
 #include <cstddef>
 #include <cstdint>
+
+#include "kvfile/dtype.h"
 
 namespace kvfile::format {
 
@@ -67,21 +70,13 @@ inline constexpr size_t kRowsPerToken = 36;      // u32
 inline constexpr size_t kRowWidth = 40;          // u32
 }  // namespace sd
 
-// Storage dtypes. The values are written to disk.
-enum class Dtype : uint8_t {
-  kE4M3 = 1,  // fp8 e4m3 code per element + one f32 scale per row
-  kE5M2 = 2,  // fp8 e5m2 code per element + one f32 scale per row
-  kBF16 = 3,  // raw bfloat16
-  kF16 = 4,   // raw IEEE binary16
-  kF32 = 5,   // raw IEEE binary32
-};
-inline constexpr bool IsValidDtype(uint8_t v) { return v >= 1 && v <= 5; }
-inline constexpr bool IsFp8(Dtype d) { return d == Dtype::kE4M3 || d == Dtype::kE5M2; }
-// Bytes per stored element.
-inline constexpr size_t ElementSize(Dtype d) {
-  return d == Dtype::kF32 ? 4 : (d == Dtype::kBF16 || d == Dtype::kF16) ? 2 : 1;
-}
-const char* DtypeName(Dtype d);  // "e4m3", "e5m2", "bf16", "f16", "f32"
+// Storage dtypes: the public kvfile::Dtype (kvfile/dtype.h); its values
+// are the bytes written to disk.
+using kvfile::Dtype;
+using kvfile::DtypeName;
+using kvfile::ElementSize;
+using kvfile::IsFp8;
+using kvfile::IsValidDtype;
 
 // ---- Commit slot (offsets 4096 and 8192, 4096 bytes each) -----------------------
 namespace cs {

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Installs, with apt-get, the Debian 12 packages kvfile needs to build and
 # test, skipping those already installed. Sourced by demo.sh and test.sh.
 set -euo pipefail
@@ -8,6 +9,7 @@ KVFILE_PACKAGES=(
   liburing-dev zlib1g-dev libcli11-dev libgtest-dev libxxhash-dev nlohmann-json3-dev
   libbenchmark-dev
   python3-dev pybind11-dev python3-numpy python3-pytest
+  python3-venv python3-pip python3-setuptools python3-wheel  # pip install . (scripts/install_test.sh)
   clang libclang-rt-14-dev  # the libFuzzer build (scripts/fuzz.sh); libclang-rt-14-dev has libFuzzer
 )
 
@@ -28,22 +30,26 @@ kvfile_install_deps() {
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
 
-# Configures and builds into $1 with warnings as errors; further arguments
-# are CMake options (-D...) or the targets to build (all when none). The
-# build log goes to $1/build.log and is printed only if the build fails.
+# Configures and builds into $1 with a configure preset of CMakePresets.json
+# (--preset=NAME; default dev: warnings as errors); further arguments are
+# CMake options (-D...) or the targets to build (all when none). The build
+# log goes to $1/build.log and is printed only if the build fails.
 kvfile_build() {
   local build_dir=$1
   shift
-  local targets=() options=()
+  local targets=() options=() preset=dev
   for t in "$@"; do
     case "$t" in
+      --preset=*) preset=${t#--preset=} ;;
       -D*) options+=("$t") ;;
       *) targets+=(--target "$t") ;;
     esac
   done
   mkdir -p "$build_dir"
-  if ! { cmake -S "$KVFILE_ROOT" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-           -DKVFILE_WERROR=ON -DKVFILE_BUILD_BENCH=ON "${options[@]}" &&
+  # The Python module is built for Debian's interpreter, the one the
+  # packages above install numpy and pytest into (KVFILE_PYTHON: another).
+  if ! { (cd "$KVFILE_ROOT" && cmake --preset "$preset" -B "$build_dir" \
+            -DPython_EXECUTABLE="${KVFILE_PYTHON:-/usr/bin/python3}" "${options[@]}") &&
          cmake --build "$build_dir" -j "$(nproc)" "${targets[@]}"; } >"$build_dir/build.log" 2>&1; then
     cat "$build_dir/build.log" >&2
     echo "kvfile: build failed (log: $build_dir/build.log)" >&2

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets (clang, -DKVFILE_FUZZING=ON, into
-# build-fuzz/) and runs each for a bounded time: `scripts/fuzz.sh [seconds]`
-# (default 60 per target). Targets run from a scratch copy of the seed corpus
+# SPDX-License-Identifier: Apache-2.0
+# Builds the libFuzzer targets (the fuzz preset of CMakePresets.json: clang,
+# -DKVFILE_FUZZING=ON, into build-fuzz/) and runs each for a bounded time: `scripts/fuzz.sh [seconds]`
+# (default 60 per target; `scripts/fuzz.sh --build-only` builds them only). Targets run from a scratch copy of the seed corpus
 # (tests/fuzz/corpus/<target>/), so the tree is not modified; KVFILE_FUZZ_JOBS
 # targets run at once (default 1). For long campaigns, KVFILE_FUZZ_CORPUS=DIR
 # keeps each target's corpus in DIR/<target>/ (seeded on first use), so that
@@ -12,22 +13,24 @@
 # once fixed, so that it is replayed by every test run from then on.
 set -euo pipefail
 KVFILE_ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BUILD_ONLY=0
+if [ "${1:-}" = --build-only ]; then BUILD_ONLY=1; shift; fi  # build the targets, run none
 SECONDS_PER_TARGET=${1:-60}
 JOBS=${KVFILE_FUZZ_JOBS:-1}
-TARGETS=(read verify upgrade safetensors)
+TARGETS=(read verify upgrade safetensors mooncake coli llama_state)
 BUILD="$KVFILE_ROOT/build-fuzz"
 OUT="$BUILD/fuzz-out"
 source "$KVFILE_ROOT/scripts/deps.sh"
 kvfile_install_deps
 mkdir -p "$BUILD"
-if ! { cmake -S "$KVFILE_ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-         -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DKVFILE_FUZZING=ON -DKVFILE_WERROR=ON &&
+if ! { (cd "$KVFILE_ROOT" && cmake --preset fuzz -B "$BUILD") &&
        cmake --build "$BUILD" -j "$(nproc)" $(printf -- '--target fuzz_%s ' "${TARGETS[@]}"); } \
      >"$BUILD/build.log" 2>&1; then
   cat "$BUILD/build.log" >&2
   echo "fuzz: build failed (log: $BUILD/build.log)" >&2
   exit 1
 fi
+[ "$BUILD_ONLY" = 0 ] || exit 0
 
 # One target: libFuzzer's own limits turn a hang (-timeout, seconds per
 # input) or an allocation out of proportion to a <= 1 MiB input

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // PendingReplace: whole-file replacement through a temporary file in the
 // destination's directory (see atomic_replace.h and spec/RECOVERY.md,
 // "Replacing a file").
@@ -66,6 +67,12 @@ bool IsReplaceTemp(const std::string& dest_name, const std::string& name, long* 
   std::string rest = name.substr(i);
   return rest.empty() || rest == ".kvnew";
 }
+
+}  // namespace kvfile::internal
+
+namespace kvfile {
+
+using namespace internal;  // LockWithGrace, IsReplaceTemp and the helpers above
 
 Status PendingReplace::Begin(const std::string& dest, FileSystem* fs, std::unique_ptr<PendingReplace>* out) {
   std::unique_ptr<PendingReplace> r(new PendingReplace());
@@ -162,4 +169,4 @@ PendingReplace::~PendingReplace() {
   }
 }
 
-}  // namespace kvfile::internal
+}  // namespace kvfile

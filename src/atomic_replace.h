@@ -1,4 +1,7 @@
-// Replacing a whole file atomically (spec/RECOVERY.md, "Replacing a file").
+// SPDX-License-Identifier: Apache-2.0
+// Replacing a whole file atomically (spec/RECOVERY.md, "Replacing a file"):
+// the library-internal helpers; the PendingReplace class itself is public,
+// kvfile/replace.h.
 //
 // A PendingReplace is made for a destination path before anything is
 // written. The caller writes the complete new file at temp_path() (in the
@@ -15,6 +18,7 @@
 #include <string>
 
 #include "kvfile/file.h"
+#include "kvfile/replace.h"
 #include "kvfile/status.h"
 
 namespace kvfile::internal {
@@ -33,47 +37,8 @@ Status LockWithGrace(File& file);
 // or 0 where the name has none.
 bool IsReplaceTemp(const std::string& dest_name, const std::string& name, long* pid);
 
-class PendingReplace {
- public:
-  // Prepares the replacement of `dest` (fs: nullptr for the default).
-  // A symlink is followed to its final target, which is what gets
-  // replaced (the link stays a link). Refuses, touching nothing, a
-  // destination that exists and is not a regular file. Removes the stale
-  // temporary files of earlier replacements of the same destination: those
-  // whose creating process is gone and that no process holds locked.
-  static Status Begin(const std::string& dest, FileSystem* fs, std::unique_ptr<PendingReplace>* out);
+// PendingReplace is public (kvfile/replace.h).
+using kvfile::PendingReplace;
 
-  ~PendingReplace();
-  PendingReplace(const PendingReplace&) = delete;
-  PendingReplace& operator=(const PendingReplace&) = delete;
-
-  // Where the caller writes the new file (not created yet).
-  const std::string& temp_path() const { return temp_; }
-  // The path replaced: dest, with symlinks followed.
-  const std::string& target() const { return target_; }
-  // What the target was at Begin (exists == false: nothing there).
-  const PathInfo& original() const { return original_; }
-  // Stale temporary files Begin removed.
-  int removed_stale() const { return removed_stale_; }
-
-  // Replaces the destination with the file at temp_path(), which must be
-  // complete and closed. kBusy if a writer holds the destination or it was
-  // replaced, removed or created meanwhile; the destination is then
-  // unchanged. After a failure the temporary file is still removed by the
-  // destructor.
-  Status Commit();
-
- private:
-  PendingReplace() = default;
-  Status RemoveStaleTemps();
-
-  FileSystem* fs_ = nullptr;
-  std::string dest_;
-  std::string target_;
-  std::string temp_;
-  PathInfo original_;
-  int removed_stale_ = 0;
-  bool committed_ = false;
-};
 
 }  // namespace kvfile::internal

@@ -1,4 +1,5 @@
-// The C API (kvfile/kvfile.h) over the C++ Writer, Reader and VerifyFile.
+// SPDX-License-Identifier: Apache-2.0
+// The C API (kvfile/c.h) over the C++ Writer, Reader and VerifyFile.
 //
 // Every entry point runs its body through Guarded(), which catches every
 // exception (an allocation failure inside the C++ library or here, or
@@ -7,7 +8,7 @@
 // undefined behaviour. Statuses become codes of the same value (the enums
 // mirror each other, checked below) and the message goes to the calling
 // thread's last-error string.
-#include "kvfile/kvfile.h"
+#include "kvfile/c.h"
 
 #include <algorithm>
 #include <cstring>
@@ -17,7 +18,11 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <thread>
+#include <vector>
 
+#include "kvfile/coli_kv.h"
+#include "kvfile/mooncake.h"
 #include "kvfile/presets.h"
 #include "kvfile/reader.h"
 #include "kvfile/verify.h"
@@ -81,6 +86,15 @@ kvfile_status NullArgument(std::string_view function, std::string_view argument)
   } catch (...) {
     return Fail(KVFILE_INVALID_ARGUMENT, "an argument is NULL");
   }
+}
+
+// The converters never replace a file: KVFILE_INVALID_ARGUMENT
+// ("<path>: file exists") where `path` exists.
+kvfile_status RefuseExisting(kvfile::FileSystem* fs, const char* path) {
+  bool exists = false;
+  if (kvfile_status st = Report(fs->Exists(path, &exists)); st != KVFILE_OK) return st;
+  if (exists) return Fail(KVFILE_INVALID_ARGUMENT, std::string(path), ": file exists");
+  return KVFILE_OK;
 }
 
 template <typename Body>
@@ -188,6 +202,12 @@ kvfile_status CommonPrefix(std::string_view function, std::string_view handle_na
   });
 }
 
+// A bulk read's worker count: 0 means one per core.
+unsigned ReadThreads(unsigned threads) {
+  if (threads != 0) return threads;
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
 }  // namespace
 
 extern "C" {
@@ -215,7 +235,7 @@ const char* kvfile_status_name(kvfile_status status) {
 
 size_t kvfile_dtype_size(kvfile_dtype dtype) {
   if (!IsDtype(dtype)) return 0;
-  return kvfile::format::ElementSize(static_cast<Dtype>(dtype));
+  return kvfile::ElementSize(static_cast<Dtype>(dtype));
 }
 
 kvfile_status kvfile_preset(const char* name, kvfile_dtype fp8_dtype, kvfile_geometry* out) {
@@ -404,6 +424,60 @@ kvfile_status kvfile_reader_read_codes(kvfile_reader* reader, uint32_t layer, ui
   });
 }
 
+kvfile_status kvfile_reader_read_many(kvfile_reader* reader, uint64_t begin, uint64_t end, kvfile_dtype out_dtype,
+                                      const kvfile_rows_target* targets, size_t target_count, unsigned threads) {
+  return Guarded([&] {
+    if (reader == nullptr) return NullArgument("kvfile_reader_read_many", "reader");
+    if (targets == nullptr && target_count > 0) return NullArgument("kvfile_reader_read_many", "targets");
+    if (out_dtype != KVFILE_BF16 && out_dtype != KVFILE_F16 && out_dtype != KVFILE_F32)
+      return Fail(KVFILE_INVALID_ARGUMENT, "kvfile_reader_read_many: decoded reads produce bf16, f16 or f32");
+    const kvfile::Reader& r = *reader->impl;
+    std::vector<kvfile::RowsTarget> many;
+    many.reserve(target_count);
+    for (size_t i = 0; i < target_count; ++i) {
+      const kvfile_rows_target& t = targets[i];
+      uint64_t rows = RowsInRead(r, t.layer, t.stream, begin, end);
+      if (rows > 0) {
+        uint64_t need = rows * r.geometry().streams[t.stream].row_width * kvfile_dtype_size(out_dtype);
+        std::string what = "kvfile_reader_read_many: targets[" + std::to_string(i) + "].dst_bytes";
+        if (kvfile_status st = CheckCapacity(what, need, t.dst_bytes); st != KVFILE_OK) return st;
+        if (t.dst == nullptr) return NullArgument("kvfile_reader_read_many", "targets[" + std::to_string(i) + "].dst");
+      }
+      many.push_back({t.layer, t.stream, t.dst});
+    }
+    return Report(reader->impl->ReadMany(many, begin, end, static_cast<Dtype>(out_dtype), ReadThreads(threads)));
+  });
+}
+
+kvfile_status kvfile_reader_read_codes_many(kvfile_reader* reader, uint64_t begin, uint64_t end,
+                                            const kvfile_codes_target* targets, size_t target_count,
+                                            unsigned threads) {
+  return Guarded([&] {
+    if (reader == nullptr) return NullArgument("kvfile_reader_read_codes_many", "reader");
+    if (targets == nullptr && target_count > 0) return NullArgument("kvfile_reader_read_codes_many", "targets");
+    const kvfile::Reader& r = *reader->impl;
+    std::vector<kvfile::CodesTarget> many;
+    many.reserve(target_count);
+    for (size_t i = 0; i < target_count; ++i) {
+      const kvfile_codes_target& t = targets[i];
+      uint64_t rows = RowsInRead(r, t.layer, t.stream, begin, end);
+      if (rows > 0) {
+        std::string target = "targets[" + std::to_string(i) + "]";
+        std::string where = "kvfile_reader_read_codes_many: " + target;
+        uint64_t need_codes = rows * r.geometry().streams[t.stream].row_width;
+        if (kvfile_status st = CheckCapacity(where + ".codes_bytes", need_codes, t.codes_bytes); st != KVFILE_OK)
+          return st;
+        if (kvfile_status st = CheckCapacity(where + ".scale_count", rows, t.scale_count); st != KVFILE_OK)
+          return st;
+        if (t.codes == nullptr) return NullArgument("kvfile_reader_read_codes_many", target + ".codes");
+        if (t.scales == nullptr) return NullArgument("kvfile_reader_read_codes_many", target + ".scales");
+      }
+      many.push_back({t.layer, t.stream, t.codes, t.scales});
+    }
+    return Report(reader->impl->ReadManyCodes(many, begin, end, ReadThreads(threads)));
+  });
+}
+
 kvfile_status kvfile_reader_info(const kvfile_reader* reader, kvfile_info* out) {
   return Guarded([&] {
     if (reader == nullptr) return NullArgument("kvfile_reader_info", "reader");
@@ -450,6 +524,110 @@ kvfile_status kvfile_verify(const char* path, int quick, kvfile_verify_result* o
     if (!report.findings.empty())
       CopyString(report.findings.front().message, out->first_message, sizeof out->first_message);
     return KVFILE_OK;
+  });
+}
+
+}  // extern "C"
+
+// ---- The seeds' formats ----
+
+namespace {
+
+kvfile_status ToDesc(std::string_view function, const kvfile_mooncake_desc* in, kvfile::mooncake::RecordDesc* out) {
+  if (in == nullptr) return NullArgument(function, "desc");
+  if (in->rank > 8) return Fail(KVFILE_INVALID_ARGUMENT, std::string(function), ": rank above 8");
+  out->dtype = static_cast<kvfile::mooncake::SourceDtype>(in->source_dtype);
+  out->group_size = in->group_size;
+  out->shape.assign(in->shape, in->shape + in->rank);
+  return KVFILE_OK;
+}
+
+}  // namespace
+
+extern "C" {
+
+kvfile_status kvfile_mooncake_record_size(const kvfile_mooncake_desc* desc, size_t* bytes) {
+  return Guarded([&] {
+    if (bytes == nullptr) return NullArgument("kvfile_mooncake_record_size", "bytes");
+    kvfile::mooncake::RecordDesc d;
+    if (kvfile_status st = ToDesc("kvfile_mooncake_record_size", desc, &d); st != KVFILE_OK) return st;
+    uint64_t n = 0, size = 0;
+    if (kvfile_status st = Report(kvfile::mooncake::RecordSize(d, &n, &size)); st != KVFILE_OK) return st;
+    if (size > SIZE_MAX) return Fail(KVFILE_INVALID_ARGUMENT, "kvfile_mooncake_record_size: the record exceeds SIZE_MAX");
+    *bytes = static_cast<size_t>(size);
+    return KVFILE_OK;
+  });
+}
+
+kvfile_status kvfile_mooncake_encode(const kvfile_mooncake_desc* desc, const uint16_t* values, uint8_t* out,
+                                     size_t capacity, size_t* size) {
+  return Guarded([&] {
+    if (size == nullptr) return NullArgument("kvfile_mooncake_encode", "size");
+    kvfile::mooncake::RecordDesc d;
+    if (kvfile_status st = ToDesc("kvfile_mooncake_encode", desc, &d); st != KVFILE_OK) return st;
+    uint64_t n = 0, bytes = 0;
+    if (kvfile_status st = Report(kvfile::mooncake::RecordSize(d, &n, &bytes)); st != KVFILE_OK) return st;
+    if (kvfile_status st = CheckCapacity("kvfile_mooncake_encode: capacity", bytes, capacity); st != KVFILE_OK)
+      return st;
+    if (values == nullptr) return NullArgument("kvfile_mooncake_encode", "values");
+    if (out == nullptr) return NullArgument("kvfile_mooncake_encode", "out");
+    std::vector<uint8_t> rec;
+    if (kvfile_status st = Report(kvfile::mooncake::EncodeValues(d, values, &rec)); st != KVFILE_OK) return st;
+    std::memcpy(out, rec.data(), rec.size());
+    *size = rec.size();
+    return KVFILE_OK;
+  });
+}
+
+kvfile_status kvfile_mooncake_decode(const uint8_t* record, size_t record_bytes, kvfile_mooncake_desc* desc,
+                                     uint16_t* dst, size_t dst_count) {
+  return Guarded([&] {
+    if (desc == nullptr) return NullArgument("kvfile_mooncake_decode", "desc");
+    if (record == nullptr && record_bytes > 0) return NullArgument("kvfile_mooncake_decode", "record");
+    kvfile::mooncake::RecordView v;
+    if (kvfile_status st = Report(kvfile::mooncake::ParseRecord({record, record_bytes}, &v)); st != KVFILE_OK)
+      return st;
+    if (dst != nullptr || dst_count != 0) {
+      if (kvfile_status st = CheckCapacity("kvfile_mooncake_decode: dst_count", v.elements, dst_count);
+          st != KVFILE_OK)
+        return st;
+      if (dst == nullptr) return NullArgument("kvfile_mooncake_decode", "dst");
+      kvfile::mooncake::DecodeValues(v, dst);
+    }
+    *desc = kvfile_mooncake_desc{};
+    desc->source_dtype = static_cast<uint8_t>(v.desc.dtype);
+    desc->rank = static_cast<uint8_t>(v.desc.shape.size());
+    desc->group_size = v.desc.group_size;
+    std::copy(v.desc.shape.begin(), v.desc.shape.end(), desc->shape);
+    return KVFILE_OK;
+  });
+}
+
+kvfile_status kvfile_coli_import(const char* coli_path, const char* kv_path) {
+  return Guarded([&] {
+    if (coli_path == nullptr) return NullArgument("kvfile_coli_import", "coli_path");
+    if (kv_path == nullptr) return NullArgument("kvfile_coli_import", "kv_path");
+    kvfile::FileSystem* fs = kvfile::FileSystem::Default();
+    if (kvfile_status st = RefuseExisting(fs, kv_path); st != KVFILE_OK) return st;
+    kvfile::coli::ImportResult res;
+    Status st = kvfile::coli::Import(coli_path, kv_path, fs, &res);
+    if (!st.ok()) (void)fs->Remove(kv_path);
+    return Report(st);
+  });
+}
+
+kvfile_status kvfile_coli_export(const char* kv_path, const char* coli_path, uint32_t vocab) {
+  return Guarded([&] {
+    if (kv_path == nullptr) return NullArgument("kvfile_coli_export", "kv_path");
+    if (coli_path == nullptr) return NullArgument("kvfile_coli_export", "coli_path");
+    kvfile::FileSystem* fs = kvfile::FileSystem::Default();
+    if (kvfile_status st = RefuseExisting(fs, coli_path); st != KVFILE_OK) return st;
+    kvfile::coli::ExportOptions o;
+    if (vocab != 0) o.vocab = vocab;
+    uint64_t tokens = 0;
+    Status st = kvfile::coli::Export(kv_path, coli_path, o, &tokens);
+    if (!st.ok()) (void)fs->Remove(coli_path);  // created by Export, if it got that far
+    return Report(st);
   });
 }
 

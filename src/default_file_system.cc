@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // FileSystem::Default(): which backend the library uses when the caller
 // does not pass one.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The scan of a .kv file at open (see file_scan.h).
 #include "file_scan.h"
 
@@ -5,8 +6,10 @@
 #include <cstring>
 #include <utility>
 
+#include "codec/row_check.h"
 #include "kvfile/codec.h"
-#include "kvfile/format/endian.h"
+#include "format/endian.h"
+#include "commit_log.h"
 
 namespace kvfile::internal {
 
@@ -64,7 +67,20 @@ Status ReadChunkHead(File& file, const FileHeader& h, LayoutCache& layouts, uint
   ChunkHeader c;
   KVFILE_RETURN_IF_ERROR(DecodeChunkHeader(std::span<const uint8_t, ch::kHeaderSize>(buf->data(), ch::kHeaderSize),
                                            (h.required_flags & kFlagAppendEnds) != 0, &c));
-  if (c.salt != h.salt) return Status::Corruption("chunk belongs to another file (salt mismatch)");
+  if (c.salt != h.salt) {
+    // Another file's chunk is whole under its own salt: its head checksum
+    // (which covers the salt) matches. A head that fails it is damage here,
+    // a flipped salt bit included.
+    uint64_t other_head = HeadBytes(h.geometry, c.token_count);
+    if (other_head > ch::kHeaderSize && other_head <= c.chunk_bytes && other_head <= limit - offset) {
+      buf->resize(std::max<uint64_t>(other_head, guess));
+      if (other_head > guess)
+        KVFILE_RETURN_IF_ERROR(file.ReadAt(offset + guess, buf->data() + guess, other_head - guess));
+      if (LoadU64(buf->data() + other_head - 8) == Checksum(buf->data(), other_head - 8))
+        return Status::Corruption("chunk belongs to another file (salt mismatch)");
+    }
+    return Status::Corruption("chunk head damaged (its salt does not match the file's, and its checksum fails)");
+  }
   if (c.chunk_offset != offset)
     return Status::Corruption("chunk records offset " + std::to_string(c.chunk_offset) +
                               " (moved or duplicated)");
@@ -297,25 +313,16 @@ Status CheckSectionValues(const StreamSpec& spec, const SectionLayout& sec, cons
                           uint64_t chunk_first_token, uint32_t first, uint32_t count) {
   uint64_t row0 = uint64_t{first} * spec.rows_per_token;
   uint64_t rows = uint64_t{count} * spec.rows_per_token;
-  uint64_t elems = rows * spec.row_width;
-  if (!IsFp8(spec.dtype)) {
-    size_t bad = codec::FindNonFinite(spec.dtype, section + row0 * spec.row_width * ElementSize(spec.dtype), elems);
-    if (bad < elems)
-      return Status::Corruption("non-finite value at token " +
-                                std::to_string(chunk_first_token + first + bad / spec.ElementsPerToken()));
-    return Status::OK();
-  }
-  auto kind = spec.dtype == Dtype::kE5M2 ? codec::Fp8Kind::kE5M2 : codec::Fp8Kind::kE4M3;
-  size_t bad = codec::FindInvalidCode(kind, section + row0 * spec.row_width, elems);
-  if (bad < elems)
-    return Status::Corruption("non-finite code at token " +
-                              std::to_string(chunk_first_token + first + bad / spec.ElementsPerToken()));
-  const auto* scales = reinterpret_cast<const float*>(section + (sec.scales_offset - sec.offset)) + row0;
-  size_t bad_scale = codec::FindInvalidScale(scales, rows);
-  if (bad_scale < rows)
-    return Status::Corruption("invalid scale at token " +
-                              std::to_string(chunk_first_token + first + bad_scale / spec.rows_per_token));
-  return Status::OK();
+  const float* scales =
+      IsFp8(spec.dtype) ? reinterpret_cast<const float*>(section + (sec.scales_offset - sec.offset)) + row0
+                        : nullptr;
+  codec::RowCheck rc = codec::CheckRows(spec.dtype, section + row0 * spec.row_width * ElementSize(spec.dtype),
+                                        scales, rows, spec.row_width);
+  if (rc.ok()) return Status::OK();
+  const char* what = rc.fault == codec::RowFault::kNonFiniteCode  ? "non-finite code at token "
+                     : rc.fault == codec::RowFault::kInvalidScale ? "invalid scale at token "
+                                                                  : "non-finite value at token ";
+  return Status::Corruption(what + std::to_string(chunk_first_token + first + rc.row / spec.rows_per_token));
 }
 
 Status ScanFile(File& file, ScanResult* out, DamageLocation* where) {
@@ -343,24 +350,15 @@ Status ScanFile(File& file, ScanResult* out, DamageLocation* where) {
 
   // The newest valid commit slot wins; a damaged one is remembered (verify
   // reports it) but is not fatal: a crash while writing a slot tears it.
-  bool have = false;
+  CommitSlots slots;
+  bool have = ReadCommitSlots(fixed, r.header.salt, &slots);
+  r.commit = slots.newest;
+  r.active_slot = slots.active_slot;
+  r.slot_errors = slots.errors;
   for (int i = 0; i < 2; ++i) {
-    CommitRecord c;
-    Status st = DecodeCommitRecord(
-        std::span<const uint8_t, kCommitSlotSize>(fixed.data() + kCommitSlotOffset[i], kCommitSlotSize), &c);
-    if (st.ok() && c.salt != r.header.salt) st = Status::Corruption("commit slot salt mismatch");
-    if (st.ok() && c.sequence % 2 != static_cast<uint64_t>(i))
-      st = Status::Corruption("commit sequence " + std::to_string(c.sequence) + " in the wrong slot");
-    if (!st.ok()) {
-      r.slot_errors[i] = "commit slot " + std::to_string(i) + " at offset " +
-                         std::to_string(kCommitSlotOffset[i]) + ": " + st.message();
-      continue;
-    }
-    if (!have || c.sequence > r.commit.sequence) {
-      r.commit = c;
-      r.active_slot = i;
-      have = true;
-    }
+    r.slots[i].valid = slots.valid[i];
+    r.slots[i].sequence = slots.sequence[i];
+    r.slots[i].error = slots.reason[i];
   }
   where->offset = static_cast<int64_t>(kCommitSlotOffset[0]);
   if (!have) return Status::Corruption("both commit slots are damaged: " + r.slot_errors[0]);

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Scanning a .kv file: header, commit slots and the chain of chunk heads.
 //
 // Both the Reader and a writable open start here. The scan trusts nothing:
@@ -16,9 +17,9 @@
 #include <vector>
 
 #include "kvfile/file.h"
-#include "kvfile/format/chunk_layout.h"
-#include "kvfile/format/header.h"
-#include "kvfile/reader.h"
+#include "format/chunk_layout.h"
+#include "format/header.h"
+#include "kvfile/file_state.h"
 #include "page_buffer.h"
 
 namespace kvfile::internal {
@@ -33,6 +34,7 @@ struct ScanResult {
   format::CommitRecord commit;       // the newest valid commit slot
   int active_slot = 0;
   std::array<std::string, 2> slot_errors;  // empty when the slot is valid
+  std::array<CommitSlotState, 2> slots;    // each slot as found (the error without the slot's offset)
   PageVector<ScannedChunk> chunks;
   PageVector<uint32_t> tokens;       // live tokens, in order
   // Every chunk's section checksums (layers * streams of them), chunk after

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The backends' fault hook (see io_fault_hook.h).
 #include "io_fault_hook.h"
 

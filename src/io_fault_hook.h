@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Fault injection at the system-call level of the two real file backends,
 // for tests: the POSIX backend asks the hook before each pread, pwrite and
 // fdatasync; the io_uring backend before preparing each read, write and

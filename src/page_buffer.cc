@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // PageBuffer (see page_buffer.h): mmap, madvise(MADV_HUGEPAGE), mremap.
 #include "page_buffer.h"
 

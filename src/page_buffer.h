@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // PageBuffer: a large, reusable byte buffer mapped directly from the kernel,
 // with transparent huge pages advised.
 //

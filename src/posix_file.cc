@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The POSIX backend of the file interface: pread/pwrite/fdatasync, flock.
 //
 // pread/pwrite loop until every byte is transferred (a short count is

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The preset geometries. Shapes follow the published model configurations:
 // Llama 3.1 8B (32 layers, 8 KV heads of 128), Qwen2.5 7B (28 layers, 4 KV
 // heads of 128), DeepSeek-V3 (61 layers, MLA latent 512 + decoupled RoPE key
@@ -42,9 +43,9 @@ std::vector<std::string> PresetNames() {
 }
 
 Status GetPreset(std::string_view name, Dtype fp8_dtype, Geometry* out) {
-  if (!format::IsFp8(fp8_dtype))
+  if (!IsFp8(fp8_dtype))
     return Status::InvalidArgument(std::string("preset dtype must be e4m3 or e5m2, not ") +
-                                   format::DtypeName(fp8_dtype));
+                                   DtypeName(fp8_dtype));
   for (const Preset& p : Presets()) {
     if (name != p.name) continue;
     Geometry g;

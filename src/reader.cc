@@ -1,17 +1,15 @@
+// SPDX-License-Identifier: Apache-2.0
 // Reader: open = scan (file_scan.h); reads check whole sections before they
 // decode anything into the caller's buffer.
 #include "kvfile/reader.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cstring>
-#include <mutex>
-#include <system_error>
-#include <thread>
 
 #include "file_scan.h"
+#include "parallel_chunks.h"
 #include "kvfile/codec.h"
-#include "kvfile/format/endian.h"
+#include "format/endian.h"
 
 namespace kvfile {
 
@@ -22,12 +20,13 @@ using internal::ScanResult;
 // disk is one.
 constexpr size_t kMaxReadThreads = 16;
 
-struct Reader::Impl {
+struct KVFILE_NO_EXPORT Reader::Impl {
   std::string path;
   FileSystem* fs = nullptr;
   std::unique_ptr<File> file;
   ScanResult scan;
   internal::PageVector<ChunkInfo> chunk_infos;
+  CommitInfo commit;  // scan.commit, as the public type
   std::unique_ptr<internal::LayoutCache> layouts;
   internal::PageBuffer scratch;  // reused across reads: no allocation per call once warm
   // ReadMany's workers: one section buffer each, kept for the next call.
@@ -49,9 +48,32 @@ struct Reader::Impl {
   Status LoadSections(uint32_t layer, uint32_t stream, uint64_t begin, uint64_t end,
                       std::vector<Piece>* pieces);
   size_t FirstChunkFor(uint64_t begin) const;
+  // The tokens of chunk ci that a read of [begin, end) covers.
+  struct ChunkWindow {
+    uint64_t from;   // first token, in the file's numbering
+    uint32_t first;  // first token within the chunk
+    uint32_t count;
+  };
+  // ReadMany's and ReadManyCodes' shared step on one chunk: each target's
+  // (layer, stream) section read into *buf on its own (a buffer that stays in
+  // the core's cache while it is checked and used; consecutive targets read
+  // consecutive bytes) and checked (CheckSection), then handed to
+  // use(target, spec, section, window), which takes what it needs from *buf.
+  template <typename Target, typename Use>
+  Status ForEachCheckedSection(File& f, internal::LayoutCache& chunk_layouts, size_t ci,
+                               std::span<const Target> targets, uint64_t begin, uint64_t end,
+                               internal::PageBuffer* buf, Use&& use) const;
   Status ReadChunkTargets(File& f, internal::LayoutCache& chunk_layouts, size_t ci,
                           std::span<const RowsTarget> targets, uint64_t begin, uint64_t end,
                           Dtype out_dtype, internal::PageBuffer* buf) const;
+  Status ReadChunkCodes(File& f, internal::LayoutCache& chunk_layouts, size_t ci,
+                        std::span<const CodesTarget> targets, uint64_t begin, uint64_t end,
+                        Dtype v1_quantize_as, internal::PageBuffer* buf) const;
+  // Runs per_chunk(File&, LayoutCache&, chunk index, PageBuffer*) for every
+  // chunk overlapping [begin, end) (not empty) on up to `threads` workers;
+  // returns the error of the first failing chunk in file order.
+  template <typename PerChunk>
+  Status ForEachChunk(uint64_t begin, uint64_t end, unsigned threads, PerChunk&& per_chunk);
 };
 
 Status Reader::Impl::CheckRange(uint32_t layer, uint32_t stream, uint64_t begin,
@@ -73,8 +95,6 @@ Status Reader::Impl::CheckTokenRange(uint64_t begin, uint64_t end) const {
 }
 
 namespace {
-
-codec::Fp8Kind KindOf(Dtype d) { return d == Dtype::kE5M2 ? codec::Fp8Kind::kE5M2 : codec::Fp8Kind::kE4M3; }
 
 // Checks one (layer, stream) section held in memory: its checksum, then the
 // values of the rows a read uses (tokens [first, first + count) of the
@@ -101,7 +121,7 @@ uint8_t* DecodeSection(const StreamSpec& spec, const SectionLayout& sec, const u
   uint64_t rows = uint64_t{count} * spec.rows_per_token;
   if (IsFp8(spec.dtype)) {
     const float* scales = reinterpret_cast<const float*>(bytes + (sec.scales_offset - sec.offset)) + row0;
-    codec::DequantizeRows(KindOf(spec.dtype), bytes + row0 * spec.row_width, scales, rows, spec.row_width,
+    codec::DequantizeRows(spec.dtype, bytes + row0 * spec.row_width, scales, rows, spec.row_width,
                           out_dtype, out);
   } else {
     codec::ConvertRaw(spec.dtype, bytes + row0 * spec.row_width * ElementSize(spec.dtype), rows * spec.row_width,
@@ -160,22 +180,17 @@ Status Reader::Impl::LoadSections(uint32_t layer, uint32_t stream, uint64_t begi
   return Status::OK();
 }
 
-// ReadMany's work on one chunk: each target's section read on its own
-// (a buffer that stays in the core's cache while it is checked and
-// decoded; consecutive targets read consecutive bytes), checked, decoded
-// into its destination.
-Status Reader::Impl::ReadChunkTargets(File& f, internal::LayoutCache& chunk_layouts, size_t ci,
-                                      std::span<const RowsTarget> targets, uint64_t begin, uint64_t end,
-                                      Dtype out_dtype, internal::PageBuffer* buf) const {
+template <typename Target, typename Use>
+Status Reader::Impl::ForEachCheckedSection(File& f, internal::LayoutCache& chunk_layouts, size_t ci,
+                                           std::span<const Target> targets, uint64_t begin, uint64_t end,
+                                           internal::PageBuffer* buf, Use&& use) const {
   const ChunkInfo& c = chunk_infos[ci];
   const ChunkLayout* layout;
   KVFILE_RETURN_IF_ERROR(chunk_layouts.Get(c.stored_tokens, &layout));
   uint64_t from = std::max(begin, c.first_token);
   uint64_t to = std::min(end, c.first_token + c.live_tokens);
-  auto first = static_cast<uint32_t>(from - c.first_token);
-  auto count = static_cast<uint32_t>(to - from);
-  size_t out_elem = ElementSize(out_dtype);
-  for (const RowsTarget& t : targets) {
+  const ChunkWindow w{from, static_cast<uint32_t>(from - c.first_token), static_cast<uint32_t>(to - from)};
+  for (const Target& t : targets) {
     const StreamSpec& spec = g().streams[t.stream];
     const SectionLayout& sec = layout->section(t.layer, t.stream);
     uint64_t bytes = sec.end - sec.offset;
@@ -185,12 +200,59 @@ Status Reader::Impl::ReadChunkTargets(File& f, internal::LayoutCache& chunk_layo
     Status st = f.ReadAt(c.offset + sec.offset, buf->data(), bytes);
     if (st.ok())
       st = CheckSection(spec, sec, buf->data(), scan.SectionChecksums(ci)[idx], c.offset + sec.offset,
-                        c.first_token, first, count);
+                        c.first_token, w.first, w.count);
     if (!st.ok()) return st.WithContext(SectionWhere(path, ci, c.offset, t.layer, spec));
-    auto* out = static_cast<uint8_t*>(t.dst) + (from - begin) * spec.ElementsPerToken() * out_elem;
-    DecodeSection(spec, sec, buf->data(), first, count, out_dtype, out);
+    KVFILE_RETURN_IF_ERROR(use(t, spec, sec, w));
   }
   return Status::OK();
+}
+
+// ReadMany's work on one chunk: each target's checked section decoded into
+// its destination.
+Status Reader::Impl::ReadChunkTargets(File& f, internal::LayoutCache& chunk_layouts, size_t ci,
+                                      std::span<const RowsTarget> targets, uint64_t begin, uint64_t end,
+                                      Dtype out_dtype, internal::PageBuffer* buf) const {
+  size_t out_elem = ElementSize(out_dtype);
+  return ForEachCheckedSection(
+      f, chunk_layouts, ci, targets, begin, end, buf,
+      [&](const RowsTarget& t, const StreamSpec& spec, const SectionLayout& sec, const ChunkWindow& w) {
+        auto* out = static_cast<uint8_t*>(t.dst) + (w.from - begin) * spec.ElementsPerToken() * out_elem;
+        DecodeSection(spec, sec, buf->data(), w.first, w.count, out_dtype, out);
+        return Status::OK();
+      });
+}
+
+// ReadManyCodes' work on one chunk: each target's checked codes and scales
+// copied out (or, in a v1 file, the raw rows quantized).
+Status Reader::Impl::ReadChunkCodes(File& f, internal::LayoutCache& chunk_layouts, size_t ci,
+                                    std::span<const CodesTarget> targets, uint64_t begin, uint64_t end,
+                                    Dtype v1_quantize_as, internal::PageBuffer* buf) const {
+  const bool quantize = scan.header.major == kMajorV1;
+  return ForEachCheckedSection(
+      f, chunk_layouts, ci, targets, begin, end, buf,
+      [&](const CodesTarget& t, const StreamSpec& spec, const SectionLayout& sec, const ChunkWindow& w) {
+        uint64_t row0 = uint64_t{w.first} * spec.rows_per_token;
+        uint64_t rows = uint64_t{w.count} * spec.rows_per_token;
+        uint64_t out_row0 = (w.from - begin) * spec.rows_per_token;
+        uint8_t* codes = t.codes + out_row0 * spec.row_width;
+        float* scales = t.scales + out_row0;
+        if (quantize) {
+          // v1 rows were checked finite (CheckSection).
+          size_t bad_row;
+          if (!codec::QuantizeRows(v1_quantize_as, spec.dtype,
+                                   buf->data() + row0 * spec.row_width * ElementSize(spec.dtype), rows,
+                                   spec.row_width, codes, scales, &bad_row)) {
+            const ChunkInfo& c = chunk_infos[ci];
+            return Status::Corruption(SectionWhere(path, ci, c.offset, t.layer, spec) +
+                                      ": non-finite value at token " +
+                                      std::to_string(c.first_token + w.first + bad_row / spec.rows_per_token));
+          }
+        } else {
+          std::memcpy(codes, buf->data() + row0 * spec.row_width, rows * spec.row_width);
+          std::memcpy(scales, buf->data() + (sec.scales_offset - sec.offset) + row0 * 4, rows * 4);
+        }
+        return Status::OK();
+      });
 }
 
 Reader::Reader(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -215,6 +277,8 @@ Status Reader::Open(const std::string& path, const ReaderOptions& options,
   impl->layouts = std::make_unique<internal::LayoutCache>(&impl->scan.header.geometry);
   impl->chunk_infos.reserve(impl->scan.chunks.size());
   for (const auto& c : impl->scan.chunks) impl->chunk_infos.push_back(c.info);
+  const CommitRecord& cr = impl->scan.commit;
+  impl->commit = CommitInfo{cr.sequence, cr.epoch, cr.tokens, cr.end, cr.chunks};
   out->reset(new Reader(std::move(impl)));
   return Status::OK();
 }
@@ -230,6 +294,11 @@ uint64_t Reader::token_count() const { return impl_->scan.tokens.size(); }
 std::span<const uint32_t> Reader::tokens() const { return impl_->scan.tokens; }
 std::span<const ChunkInfo> Reader::chunks() const { return impl_->chunk_infos; }
 const TailInfo& Reader::tail() const { return impl_->scan.tail; }
+uint64_t Reader::required_flags() const { return impl_->scan.header.required_flags; }
+uint64_t Reader::optional_flags() const { return impl_->scan.header.optional_flags; }
+const CommitInfo& Reader::commit() const { return impl_->commit; }
+int Reader::active_commit_slot() const { return impl_->scan.active_slot; }
+const std::array<CommitSlotState, 2>& Reader::commit_slots() const { return impl_->scan.slots; }
 const char* Reader::io_backend() const { return impl_->file->backend(); }
 const std::string& Reader::path() const { return impl_->path; }
 
@@ -255,6 +324,25 @@ Status Reader::ReadRows(uint32_t layer, uint32_t stream, uint64_t begin, uint64_
   return Status::OK();
 }
 
+template <typename PerChunk>
+Status Reader::Impl::ForEachChunk(uint64_t begin, uint64_t end, unsigned threads, PerChunk&& per_chunk) {
+  size_t first_chunk = FirstChunkFor(begin);
+  size_t last_chunk = first_chunk;
+  while (last_chunk < chunk_infos.size() && chunk_infos[last_chunk].first_token < end) ++last_chunk;
+  threads = internal::WorkerCount(threads, last_chunk - first_chunk, kMaxReadThreads);
+
+  // Each further worker reads through its own File, which must be the file
+  // this reader opened.
+  std::vector<std::unique_ptr<File>> files;
+  KVFILE_RETURN_IF_ERROR(internal::OpenWorkerFiles(*fs, path, *file, threads - 1, "since it was opened", &files));
+  if (worker_buffers.size() < threads) worker_buffers.resize(threads);
+  std::vector<internal::LayoutCache> chunk_layouts(threads, internal::LayoutCache(&g()));
+  return internal::ForEachChunk(first_chunk, last_chunk, threads, [&](unsigned w, size_t ci) {
+    File& f = w == 0 ? *file : *files[w - 1];
+    return per_chunk(f, chunk_layouts[w], ci, &worker_buffers[w]);
+  });
+}
+
 Status Reader::ReadMany(std::span<const RowsTarget> targets, uint64_t begin, uint64_t end,
                         Dtype out_dtype, unsigned threads) {
   Impl& r = *impl_;
@@ -268,63 +356,44 @@ Status Reader::ReadMany(std::span<const RowsTarget> targets, uint64_t begin, uin
     if (t.dst == nullptr) return Status::InvalidArgument(r.path + ": ReadMany target without a destination");
   }
   if (begin == end || targets.empty()) return Status::OK();
-  size_t first_chunk = r.FirstChunkFor(begin);
-  size_t last_chunk = first_chunk;
-  while (last_chunk < r.chunk_infos.size() && r.chunk_infos[last_chunk].first_token < end) ++last_chunk;
-  threads = static_cast<unsigned>(std::clamp<size_t>(threads, 1, std::clamp<size_t>(last_chunk - first_chunk, 1, kMaxReadThreads)));
-
-  // Each further worker reads through its own File (a File is used by one
-  // thread at a time), which must be the file this reader opened.
-  std::vector<std::unique_ptr<File>> files;
-  FileId id;
-  KVFILE_RETURN_IF_ERROR(r.file->Id(&id));
-  for (unsigned i = 1; i < threads; ++i) {
-    std::unique_ptr<File> f;
-    KVFILE_RETURN_IF_ERROR(r.fs->Open(r.path, OpenMode::kRead, &f));
-    FileId other;
-    KVFILE_RETURN_IF_ERROR(f->Id(&other));
-    if (!(other == id)) return Status::Failed(r.path + ": the file was replaced since it was opened");
-    files.push_back(std::move(f));
-  }
-
-  std::atomic<size_t> next{first_chunk};
-  std::atomic<bool> failed{false};
-  std::mutex error_mu;
-  size_t error_chunk = SIZE_MAX;
-  Status error;
-  if (r.worker_buffers.size() < threads) r.worker_buffers.resize(threads);
-  auto work = [&](File* f, internal::PageBuffer* buf) {
-    internal::LayoutCache chunk_layouts(&r.g());
-    while (!failed.load(std::memory_order_relaxed)) {
-      size_t ci = next.fetch_add(1);
-      if (ci >= last_chunk) break;
-      Status st = r.ReadChunkTargets(*f, chunk_layouts, ci, targets, begin, end, out_dtype, buf);
-      if (!st.ok()) {
-        std::lock_guard<std::mutex> lock(error_mu);
-        if (ci < error_chunk) {
-          error_chunk = ci;
-          error = std::move(st);
-        }
-        failed = true;
-      }
-    }
-  };
-  std::vector<std::thread> workers;
-  for (size_t i = 0; i < files.size(); ++i) {
-    try {
-      workers.emplace_back(work, files[i].get(), &r.worker_buffers[i + 1]);
-    } catch (const std::system_error&) {
-      break;  // no thread to be had: the workers started so far finish the job
-    }
-  }
-  work(r.file.get(), &r.worker_buffers[0]);
-  for (auto& w : workers) w.join();
-  if (failed) {
+  Status st = r.ForEachChunk(begin, end, threads,
+                             [&](File& f, internal::LayoutCache& layouts, size_t ci, internal::PageBuffer* buf) {
+                               return r.ReadChunkTargets(f, layouts, ci, targets, begin, end, out_dtype, buf);
+                             });
+  if (!st.ok())
     for (const RowsTarget& t : targets)
       std::memset(t.dst, 0, (end - begin) * r.g().streams[t.stream].ElementsPerToken() * ElementSize(out_dtype));
-    return error;
+  return st;
+}
+
+Status Reader::ReadManyCodes(std::span<const CodesTarget> targets, uint64_t begin, uint64_t end,
+                             unsigned threads, Dtype v1_quantize_as) {
+  Impl& r = *impl_;
+  KVFILE_RETURN_IF_ERROR(r.CheckTokenRange(begin, end));
+  const bool quantize = r.scan.header.major == kMajorV1;
+  if (quantize && !IsFp8(v1_quantize_as))
+    return Status::InvalidArgument(r.path + ": codes are e4m3 or e5m2, not " + DtypeName(v1_quantize_as));
+  for (const CodesTarget& t : targets) {
+    KVFILE_RETURN_IF_ERROR(r.CheckRange(t.layer, t.stream, begin, end));
+    const StreamSpec& spec = r.g().streams[t.stream];
+    if (!quantize && !IsFp8(spec.dtype))
+      return Status::InvalidArgument(r.path + ": stream '" + spec.name + "' is stored raw (" +
+                                     DtypeName(spec.dtype) + "); read it with ReadMany");
+    if (t.codes == nullptr || t.scales == nullptr)
+      return Status::InvalidArgument(r.path + ": ReadManyCodes target without a destination");
   }
-  return Status::OK();
+  if (begin == end || targets.empty()) return Status::OK();
+  Status st = r.ForEachChunk(begin, end, threads,
+                             [&](File& f, internal::LayoutCache& layouts, size_t ci, internal::PageBuffer* buf) {
+                               return r.ReadChunkCodes(f, layouts, ci, targets, begin, end, v1_quantize_as, buf);
+                             });
+  if (!st.ok())
+    for (const CodesTarget& t : targets) {
+      const StreamSpec& spec = r.g().streams[t.stream];
+      std::memset(t.codes, 0, (end - begin) * spec.ElementsPerToken());
+      std::memset(t.scales, 0, (end - begin) * spec.rows_per_token * sizeof(float));
+    }
+  return st;
 }
 
 Status Reader::ReadCodes(uint32_t layer, uint32_t stream, uint64_t begin, uint64_t end,
@@ -348,8 +417,7 @@ Status Reader::ReadCodes(uint32_t layer, uint32_t stream, uint64_t begin, uint64
       // v1 rows were finite when written (the writer refuses non-finite
       // rows), but a file is input: a non-finite row is reported.
       size_t bad_row;
-      auto kind = v1_quantize_as == Dtype::kE5M2 ? codec::Fp8Kind::kE5M2 : codec::Fp8Kind::kE4M3;
-      if (!codec::QuantizeRows(kind, spec.dtype, buf + row0 * spec.row_width * ElementSize(spec.dtype),
+      if (!codec::QuantizeRows(v1_quantize_as, spec.dtype, buf + row0 * spec.row_width * ElementSize(spec.dtype),
                                rows, spec.row_width, codes, scales, &bad_row))
         return Status::Corruption(r.path + ": layer " + std::to_string(layer) + " stream '" + spec.name +
                                   "': non-finite value at token " +

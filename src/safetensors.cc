@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The safetensors reader and writer, and the kvfile convention on top of them
 // (see safetensors.h).
 #include "kvfile/safetensors.h"
@@ -11,8 +12,10 @@
 #include <optional>
 #include <set>
 
+#include "codec/row_check.h"
 #include "kvfile/codec.h"
-#include "kvfile/format/endian.h"
+#include "format/endian.h"
+#include "format/geometry.h"
 #include "kvfile/writer.h"
 
 namespace kvfile::safetensors {
@@ -23,19 +26,34 @@ static_assert(std::endian::native == std::endian::little,
 
 namespace {
 
+// The format's element types, and the one mapping between them and
+// kvfile::Dtype (KvDtypeOf, DTypeOf): the kvfile Dtype of the five that
+// have one.
 struct DTypeEntry {
   DType dtype;
   const char* name;
   size_t size;
+  std::optional<Dtype> kv;
 };
 
 constexpr DTypeEntry kDTypes[] = {
-    {DType::kBool, "BOOL", 1},     {DType::kU8, "U8", 1},           {DType::kI8, "I8", 1},
-    {DType::kF8E5M2, "F8_E5M2", 1}, {DType::kF8E4M3, "F8_E4M3", 1}, {DType::kF8E8M0, "F8_E8M0", 1},
-    {DType::kI16, "I16", 2},       {DType::kU16, "U16", 2},         {DType::kF16, "F16", 2},
-    {DType::kBF16, "BF16", 2},     {DType::kI32, "I32", 4},         {DType::kU32, "U32", 4},
-    {DType::kF32, "F32", 4},       {DType::kC64, "C64", 8},         {DType::kF64, "F64", 8},
-    {DType::kI64, "I64", 8},       {DType::kU64, "U64", 8},
+    {DType::kBool, "BOOL", 1, std::nullopt},
+    {DType::kU8, "U8", 1, std::nullopt},
+    {DType::kI8, "I8", 1, std::nullopt},
+    {DType::kF8E5M2, "F8_E5M2", 1, Dtype::kE5M2},
+    {DType::kF8E4M3, "F8_E4M3", 1, Dtype::kE4M3},
+    {DType::kF8E8M0, "F8_E8M0", 1, std::nullopt},
+    {DType::kI16, "I16", 2, std::nullopt},
+    {DType::kU16, "U16", 2, std::nullopt},
+    {DType::kF16, "F16", 2, Dtype::kF16},
+    {DType::kBF16, "BF16", 2, Dtype::kBF16},
+    {DType::kI32, "I32", 4, std::nullopt},
+    {DType::kU32, "U32", 4, std::nullopt},
+    {DType::kF32, "F32", 4, Dtype::kF32},
+    {DType::kC64, "C64", 8, std::nullopt},
+    {DType::kF64, "F64", 8, std::nullopt},
+    {DType::kI64, "I64", 8, std::nullopt},
+    {DType::kU64, "U64", 8, std::nullopt},
 };
 
 // Newer versions of the format define packed sub-byte types; a byte-level
@@ -147,6 +165,18 @@ bool ParseDType(std::string_view name, DType* out) {
       return true;
     }
   return false;
+}
+
+std::optional<Dtype> KvDtypeOf(DType d) {
+  for (const DTypeEntry& e : kDTypes)
+    if (e.dtype == d) return e.kv;
+  return std::nullopt;
+}
+
+DType DTypeOf(Dtype d) {
+  for (const DTypeEntry& e : kDTypes)
+    if (e.kv == d) return e.dtype;
+  return DType::kBF16;
 }
 
 const TensorInfo* Header::Find(std::string_view name) const {
@@ -511,13 +541,7 @@ Status SafetensorsWriter::Close() {
 
 Dtype KvStream::source_dtype() const {
   const TensorInfo* t = codes ? codes : values;
-  switch (t->dtype) {
-    case DType::kF8E4M3: return Dtype::kE4M3;
-    case DType::kF8E5M2: return Dtype::kE5M2;
-    case DType::kF16: return Dtype::kF16;
-    case DType::kF32: return Dtype::kF32;
-    default: return Dtype::kBF16;
-  }
+  return KvDtypeOf(t->dtype).value_or(Dtype::kBF16);
 }
 
 uint64_t BlockTokens(uint64_t bytes_per_token, uint64_t budget) {
@@ -557,8 +581,6 @@ std::string ShapeText(const std::vector<uint64_t>& shape) {
 bool EndsWith(std::string_view s, std::string_view suffix) {
   return s.size() > suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
 }
-
-codec::Fp8Kind KindOf(Dtype d) { return d == Dtype::kE5M2 ? codec::Fp8Kind::kE5M2 : codec::Fp8Kind::kE4M3; }
 
 }  // namespace
 
@@ -607,10 +629,11 @@ Status DescribeKv(const Header& h, KvTensors* out) {
       return Status::InvalidArgument(where + ": " + Quote(s.name + ".codes") + " without " +
                                      Quote(s.name + ".scales"));
     const TensorInfo& t = s.values ? *s.values : *s.codes;
-    if (s.values && t.dtype != DType::kBF16 && t.dtype != DType::kF16 && t.dtype != DType::kF32)
+    const std::optional<Dtype> kd = KvDtypeOf(t.dtype);
+    if (s.values && (!kd || IsFp8(*kd)))
       return Status::InvalidArgument("tensor " + Quote(t.name) + " is " + DTypeName(t.dtype) +
                                      "; stream values must be BF16, F16 or F32");
-    if (s.codes && t.dtype != DType::kF8E4M3 && t.dtype != DType::kF8E5M2)
+    if (s.codes && (!kd || !IsFp8(*kd)))
       return Status::InvalidArgument("tensor " + Quote(t.name) + " is " + DTypeName(t.dtype) +
                                      "; codes must be F8_E4M3 or F8_E5M2");
     if (t.shape.size() != 4)
@@ -708,22 +731,18 @@ Status CheckValues(SafetensorsFile& f, const KvTensors& kv) {
       for (uint64_t t0 = 0; t0 < kv.tokens; t0 += block) {
         uint64_t n = std::min(block, kv.tokens - t0);
         KVFILE_RETURN_IF_ERROR(ReadStreamSlab(f, kv, s, l, t0, n, &data, &scales));
-        uint64_t elems = n * elems_per_token;
         auto where = [&](uint64_t row, const std::string& tensor) {
           return f.path() + ": tensor " + Quote(tensor) + ": layer " + std::to_string(l) + ", token " +
                  std::to_string(t0 + row / s.rows_per_token) + ", row " + std::to_string(row % s.rows_per_token);
         };
-        if (s.codes) {
-          size_t bad = codec::FindInvalidCode(KindOf(dt), data.data(), elems);
-          if (bad < elems) return Status::NonFinite(where(bad / s.row_width, t.name) + ": non-finite code");
-          size_t bad_scale = codec::FindInvalidScale(scales.data(), n * s.rows_per_token);
-          if (bad_scale < n * s.rows_per_token)
-            return Status::NonFinite(where(bad_scale, s.scales->name) +
-                                     ": invalid scale (scales must be finite and > 0)");
-        } else {
-          size_t bad = codec::FindNonFinite(dt, data.data(), elems);
-          if (bad < elems) return Status::NonFinite(where(bad / s.row_width, t.name) + ": non-finite value");
-        }
+        codec::RowCheck rc =
+            codec::CheckRows(dt, data.data(), s.codes ? scales.data() : nullptr, n * s.rows_per_token, s.row_width);
+        if (rc.fault == codec::RowFault::kNonFiniteCode)
+          return Status::NonFinite(where(rc.row, t.name) + ": non-finite code");
+        if (rc.fault == codec::RowFault::kInvalidScale)
+          return Status::NonFinite(where(rc.row, s.scales->name) + ": invalid scale (scales must be finite and > 0)");
+        if (rc.fault == codec::RowFault::kNonFiniteValue)
+          return Status::NonFinite(where(rc.row, t.name) + ": non-finite value");
       }
     }
   }
@@ -765,16 +784,14 @@ Status AppendAll(SafetensorsFile& f, const KvTensors& kv, std::span<const uint32
           // valid codes and scales.
           uint64_t rows = n * spec.rows_per_token;
           uint64_t elems = rows * spec.row_width;
-          size_t bad = codec::FindInvalidCode(KindOf(from), data[i].data(), elems);
-          size_t bad_scale = codec::FindInvalidScale(scales[i].data(), rows);
-          if (bad < elems || bad_scale < rows)
+          codec::RowCheck rc = codec::CheckRows(from, data[i].data(), scales[i].data(), rows, spec.row_width);
+          if (!rc.ok())
             return Status::NonFinite(f.path() + ": stream " + Quote(src.name) + ": layer " + std::to_string(l) +
-                                     ", token " +
-                                     std::to_string(t0 + (bad < elems ? bad / (spec.ElementsPerToken())
-                                                                      : bad_scale / spec.rows_per_token)) +
-                                     (bad < elems ? ": non-finite code" : ": invalid scale"));
+                                     ", token " + std::to_string(t0 + rc.row / spec.rows_per_token) +
+                                     (rc.fault == codec::RowFault::kNonFiniteCode ? ": non-finite code"
+                                                                                  : ": invalid scale"));
           decoded[i].resize(elems);
-          codec::DequantizeRows(KindOf(from), data[i].data(), scales[i].data(), rows, spec.row_width,
+          codec::DequantizeRows(from, data[i].data(), scales[i].data(), rows, spec.row_width,
                                 Dtype::kF32, decoded[i].data());
           batch.blocks.push_back({Dtype::kF32, decoded[i].data(), nullptr});
         }

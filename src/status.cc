@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Status formatting and the errno mapping.
 #include "kvfile/status.h"
 

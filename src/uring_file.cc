@@ -1,6 +1,14 @@
+// SPDX-License-Identifier: Apache-2.0
 // The io_uring backend of the file interface (liburing): reads, writes and
 // fdatasync go through a ring; the rest (open, flock, ftruncate, fstat and the
 // directory operations) are the same system calls as the POSIX backend.
+//
+// Three parts: the ring (uring_ring.h: submission, completion, the kernel's
+// retries), the write-chain scheduler (write_chain_scheduler.h: the queued
+// writes and fsyncs as pure logic, everything from "SubmitWrite queues" to
+// "Resubmission without progress" below) and this file, the File adapter:
+// the synchronous operations, the fault hook, and the routing of
+// completions to their owner.
 //
 // Ring ownership: one ring per open File (kQueueDepth submission entries, the
 // kernel's default of twice that for completions), set up in Open and torn
@@ -19,14 +27,14 @@
 // failure of a queued write found then is kept for WaitWrites.
 //
 // SubmitWrite queues without waiting: the write is split into 8 MiB SQEs,
-// grouped into link chains of up to kChainWrites writes (IOSQE_IO_LINK in
+// grouped into link chains of up to 8 writes (Limits::chain_writes) (IOSQE_IO_LINK in
 // order), and with sync_after the last chain ends with a linked
 // IORING_FSYNC_DATASYNC fsync. The fsync must also follow every write queued
 // earlier (not linked to it), so a chain holding an fsync gets IOSQE_IO_DRAIN
 // when anything else is still in flight. A write overlapping a queued write
 // that has not finished waits for it, so overlapping writes land in order.
 //
-// Every in-flight SQE has an entry in ops_ (user_data -> chain and part);
+// Every in-flight SQE has an entry in the scheduler's ops_ (user_data -> chain and part);
 // every chain not yet finished is in chains_ (by submission order). A chain
 // is judged once all its completions are in: if a part failed with a real
 // error (EIO, ENOSPC, ...) the chain's first error is kept for WaitWrites and
@@ -60,16 +68,11 @@
 #include <liburing.h>
 #include <sys/file.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
-#include <cstring>
 #include <cstdint>
-#include <deque>
-#include <map>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -77,13 +80,17 @@
 
 #include "file_backends.h"
 #include "io_fault_hook.h"
+#include "uring_ring.h"
+#include "write_chain_scheduler.h"
 
 namespace kvfile {
 namespace {
 
+using internal::ChainOp;
+using internal::UringRing;
+using internal::WriteChainScheduler;
+
 constexpr unsigned kQueueDepth = 64;       // SQ entries; also the in-flight cap
-constexpr size_t kAsyncChunk = 8u << 20;   // bytes per queued write SQE
-constexpr size_t kChainWrites = 8;         // write SQEs per link chain
 constexpr size_t kSyncChunk = 1u << 30;    // bytes per ReadAt/WriteAt SQE
 constexpr int kMaxStalls = 1000;           // resubmissions without progress
 constexpr uint64_t kSyncUserData = ~uint64_t{0};
@@ -91,36 +98,30 @@ constexpr uint64_t kSyncUserData = ~uint64_t{0};
 // and never get near it.
 constexpr uint64_t kBatchUserData = uint64_t{1} << 62;
 
+constexpr WriteChainScheduler::Limits kChainLimits{
+    .queue_depth = kQueueDepth, .write_bytes = 8u << 20, .chain_writes = 8, .max_stalls = kMaxStalls};
+
 bool Retryable(int res) { return res == -EINTR || res == -EAGAIN; }
 
-std::atomic<uint64_t> g_chain_resubmissions{0};
-
-pid_t ThisThread() {
-  thread_local const pid_t tid = ::gettid();
-  return tid;
-}
-
-class UringFile final : public File {
+class UringFile final : public File, private internal::ChainIo {
  public:
-  UringFile(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
+  UringFile(std::string path, int fd)
+      : path_(std::move(path)),
+        fd_(fd),
+        ring_(path_, [this](uint64_t ud, int res) { OnCompletion(ud, res); }),
+        chains_(path_, this, kChainLimits) {}
   UringFile(const UringFile&) = delete;
   UringFile& operator=(const UringFile&) = delete;
 
   ~UringFile() override {
-    if (ring_ready_) {
+    if (ring_.ready()) {
       Drain();  // the kernel must be done with the callers' buffers
-      io_uring_queue_exit(&ring_);
+      ring_.Close();
     }
     ::close(fd_);
   }
 
-  Status Init() {
-    int r = io_uring_queue_init(kQueueDepth, &ring_, 0);
-    if (r < 0) return ErrnoStatus(path_ + ": io_uring_queue_init", -r);
-    ring_ready_ = true;
-    return Status::OK();
-  }
-
+  Status Init() { return ring_.Init(kQueueDepth); }
   Status ReadAt(uint64_t offset, void* buf, size_t n) override {
     KVFILE_RETURN_IF_ERROR(DrainForSyncOp());
     auto* p = static_cast<uint8_t*>(buf);
@@ -157,7 +158,7 @@ class UringFile final : public File {
         const ReadRequest& r = requests[base + i];
         if (r.n == 0 || r.n > kSyncChunk) continue;  // nothing to do, or ReadAt's job below
         io_uring_sqe* sqe = nullptr;
-        KVFILE_RETURN_IF_ERROR(GetSqe(&sqe));
+        KVFILE_RETURN_IF_ERROR(Ring(ring_.GetSqe(&sqe)));
         auto len = static_cast<unsigned>(r.n);
         const int fd = FaultedFd(Kind::kRead, kBatchUserData + i, &len);
         io_uring_prep_read(sqe, fd, r.buf, len, r.offset);
@@ -165,7 +166,7 @@ class UringFile final : public File {
         ++batch_pending_;
       }
       KVFILE_RETURN_IF_ERROR(Submit());
-      while (batch_pending_ > 0) KVFILE_RETURN_IF_ERROR(ReapOne());
+      while (batch_pending_ > 0) KVFILE_RETURN_IF_ERROR(Reap());
       for (size_t i = 0; i < count; ++i) {
         const ReadRequest& r = requests[base + i];
         int res = batch_results_[i];
@@ -236,44 +237,10 @@ class UringFile final : public File {
   }
 
   Status SubmitWrite(uint64_t offset, const void* buf, size_t n, bool sync_after) override {
-    if (!ring_error_.ok()) return ring_error_;
-    if (n == 0 && !sync_after) return Status::OK();
-    const auto* p = static_cast<const uint8_t*>(buf);
-    // Overlapping queued writes would race: let the earlier ones finish.
-    while (n > 0 && OverlapsQueuedWrite(offset, n)) {
-      KVFILE_RETURN_IF_ERROR(FlushRetries());
-      if (!OverlapsQueuedWrite(offset, n)) break;
-      KVFILE_RETURN_IF_ERROR(ReapOne());
-    }
-    if (n == 0) {
-      Chain c;
-      c.parts.push_back(Part{.fsync = true, .offset = offset});
-      return Enqueue(std::move(c));
-    }
-    const uint64_t first_offset = offset;
-    while (n > 0) {
-      Chain c;
-      for (size_t k = 0; k < kChainWrites && n > 0; ++k) {
-        size_t len = std::min(n, kAsyncChunk);
-        c.parts.push_back(Part{.offset = offset, .data = p, .len = len});
-        p += len;
-        n -= len;
-        offset += len;
-      }
-      if (n == 0 && sync_after)
-        c.parts.push_back(Part{.fsync = true, .after_write = true, .offset = first_offset});
-      KVFILE_RETURN_IF_ERROR(Enqueue(std::move(c)));
-    }
-    return Status::OK();
+    return chains_.SubmitWrite(offset, buf, n, sync_after);
   }
 
-  Status WaitWrites() override {
-    Drain();
-    Status st = std::move(first_error_);
-    first_error_ = Status::OK();
-    if (st.ok() && !ring_error_.ok()) return ring_error_;
-    return st;
-  }
+  Status WaitWrites() override { return chains_.WaitWrites(); }
 
   const char* backend() const override { return "io_uring"; }
   const std::string& path() const override { return path_; }
@@ -281,169 +248,64 @@ class UringFile final : public File {
  private:
   enum class Kind { kRead, kWrite, kFsync };
 
-  // One SQE of a chain: a write (of what is left of it) or an fsync.
-  struct Part {
-    bool fsync = false;
-    bool after_write = false;  // fsync: queued by a SubmitWrite with bytes
-    uint64_t offset = 0;       // write: next byte; fsync: the SubmitWrite's offset
-    const uint8_t* data = nullptr;
-    size_t len = 0;            // write: bytes still to write
-    bool done = false;
-    bool in_flight = false;
-    bool reissue = false;  // in-flight fsync that must run again once it completes
-  };
-
-  // SQEs submitted together, linked in order.
-  struct Chain {
-    std::vector<Part> parts;
-    size_t outstanding = 0;  // parts in flight
-    Status error;            // first real failure among the parts
-    bool progress = false;   // since the chain was last (re)submitted
-    int stalls = 0;          // resubmissions in a row without progress
-    pid_t submitter = 0;     // thread that last submitted the chain
-    int last_errno = 0;      // the last retryable error seen (not -ECANCELED)
-  };
-
   Status NoProgress(uint64_t offset) const {
-    return Status::IOError(path_ + ": write at offset " + std::to_string(offset) +
-                           ": no bytes written");
+    return Status::IOError(path_ + ": write at offset " + std::to_string(offset) + ": no bytes written");
   }
 
-  bool OverlapsQueuedWrite(uint64_t offset, size_t n) const {
-    for (const auto& [seq, c] : chains_)
-      for (const Part& part : c.parts)
-        if (!part.fsync && !part.done && part.offset < offset + n && offset < part.offset + part.len)
-          return true;
-    return false;
-  }
-
-  static size_t PartsLeft(const Chain& c) {
-    return static_cast<size_t>(
-        std::count_if(c.parts.begin(), c.parts.end(), [](const Part& p) { return !p.done; }));
-  }
-
-  // Queues a new chain once there is room for it, after every resubmission.
-  Status Enqueue(Chain c) {
-    const uint64_t seq = next_seq_++;
-    const size_t need = c.parts.size();
-    chains_.emplace(seq, std::move(c));
-    for (;;) {
-      KVFILE_RETURN_IF_ERROR(FlushRetries());
-      if (ops_.size() + need <= kQueueDepth) break;
-      KVFILE_RETURN_IF_ERROR(ReapOne());
+  // The ring's failures: nothing queued can be trusted to complete.
+  Status Ring(Status st) {
+    if (!st.ok()) {
+      chains_.RingFailed(st);
+      injected_.clear();
     }
-    return SubmitChain(seq);
+    return st;
   }
 
-  // Submits the chains waiting to be resubmitted, oldest first.
-  Status FlushRetries() {
-    while (!retry_.empty()) {
-      auto it = chains_.find(retry_.front());
-      if (it == chains_.end()) {
-        retry_.pop_front();
-        continue;
-      }
-      if (ops_.size() + PartsLeft(it->second) > kQueueDepth) {
-        KVFILE_RETURN_IF_ERROR(ReapOne());
-        continue;
-      }
-      const uint64_t seq = retry_.front();
-      retry_.pop_front();
-      KVFILE_RETURN_IF_ERROR(SubmitChain(seq));
+  // internal::ChainIo: the scheduler's ops go into the ring, through the
+  // fault hook. A faked short write cancels the rest of its chain.
+  Status Prepare(const ChainOp& op) override {
+    io_uring_sqe* sqe = nullptr;
+    KVFILE_RETURN_IF_ERROR(Ring(ring_.GetSqe(&sqe)));
+    if (op.first_in_chain) cancel_rest_ = false;
+    auto len = static_cast<unsigned>(op.len);
+    int fd = -1;
+    if (cancel_rest_) {
+      // Not run, as behind a real short write: the first of the rest
+      // fails on fd -1 (reported as cancelled), the kernel cancels the others.
+      injected_[op.user_data] = -ECANCELED;
+    } else {
+      fd = FaultedFd(op.fsync ? Kind::kFsync : Kind::kWrite, op.user_data, &len);
+      cancel_rest_ = !op.fsync && len < op.len;
     }
+    if (op.fsync) {
+      io_uring_prep_fsync(sqe, fd, IORING_FSYNC_DATASYNC);
+    } else {
+      io_uring_prep_write(sqe, fd, op.data, len, op.offset);
+    }
+    unsigned flags = 0;
+    if (op.link) flags |= IOSQE_IO_LINK;
+    if (op.drain) flags |= IOSQE_IO_DRAIN;
+    io_uring_sqe_set_flags(sqe, flags);
+    io_uring_sqe_set_data64(sqe, op.user_data);
     return Status::OK();
   }
+  Status Submit() override { return Ring(ring_.Submit()); }
+  Status Reap() override { return Ring(ring_.WaitAndDeliver()); }
 
-  // Puts every part of chain seq that is not done into the ring, linked.
-  Status SubmitChain(uint64_t seq) {
-    Chain& c = chains_.at(seq);
-    const size_t count = PartsLeft(c);
-    bool has_fsync = false;
-    for (const Part& part : c.parts) has_fsync |= part.fsync && !part.done;
-    // An fsync must follow every write queued before it, linked or not.
-    const bool drain = has_fsync && !ops_.empty();
-    c.submitter = ThisThread();
-    size_t k = 0;
-    bool cancel_rest = false;  // a faked short write: the link breaks after it
-    for (size_t i = 0; i < c.parts.size(); ++i) {
-      Part& part = c.parts[i];
-      if (part.done) continue;
-      io_uring_sqe* sqe = nullptr;
-      KVFILE_RETURN_IF_ERROR(GetSqe(&sqe));
-      const uint64_t ud = next_user_data_++;
-      auto len = static_cast<unsigned>(part.len);
-      int fd = -1;
-      if (cancel_rest) {
-        // Not run, as behind a real short write: the first of the rest
-        // fails on fd -1 (reported as cancelled), the kernel cancels the others.
-        injected_[ud] = -ECANCELED;
-      } else {
-        fd = FaultedFd(part.fsync ? Kind::kFsync : Kind::kWrite, ud, &len);
-        cancel_rest = !part.fsync && len < part.len;
-      }
-      if (part.fsync) {
-        io_uring_prep_fsync(sqe, fd, IORING_FSYNC_DATASYNC);
-      } else {
-        io_uring_prep_write(sqe, fd, part.data, len, part.offset);
-      }
-      unsigned flags = 0;
-      if (++k < count) flags |= IOSQE_IO_LINK;
-      if (k == 1 && drain) flags |= IOSQE_IO_DRAIN;
-      io_uring_sqe_set_flags(sqe, flags);
-      io_uring_sqe_set_data64(sqe, ud);
-      ops_.emplace(ud, std::make_pair(seq, i));
-      part.in_flight = true;
-      ++c.outstanding;
+  // Every completion: a synchronous op's, a batch read's, or the scheduler's.
+  void OnCompletion(uint64_t ud, int res) {
+    if (!injected_.empty()) res = InjectedResult(ud, res);
+    if (ud == kSyncUserData) {
+      sync_res_ = res;
+      sync_done_ = true;
+      return;
     }
-    return Submit();  // may complete (and erase) the chain: c is not used after
-  }
-
-  Status GetSqe(io_uring_sqe** out) {
-    for (int tries = 0; tries < 2; ++tries) {
-      if ((*out = io_uring_get_sqe(&ring_)) != nullptr) return Status::OK();
-      KVFILE_RETURN_IF_ERROR(Submit());
+    if (ud >= kBatchUserData && ud - kBatchUserData < batch_results_.size()) {
+      batch_results_[ud - kBatchUserData] = res;
+      --batch_pending_;
+      return;
     }
-    return RingFailure("io_uring_get_sqe", EBUSY);
-  }
-
-  // Hands every prepared SQE to the kernel.
-  Status Submit() {
-    for (int tries = 0; io_uring_sq_ready(&ring_) > 0;) {
-      int r = io_uring_submit(&ring_);
-      if (r > 0 || r == -EINTR) continue;
-      if ((r == 0 || r == -EAGAIN || r == -EBUSY) && ++tries < 10000) {
-        // Out of kernel resources for now: take what has completed, pause.
-        ReapReady();
-        struct timespec pause = {0, 100000};
-        ::nanosleep(&pause, nullptr);
-        continue;
-      }
-      return RingFailure("io_uring_submit", r < 0 ? -r : EBUSY);
-    }
-    return Status::OK();
-  }
-
-  // Waits for at least one completion, then handles every completion ready.
-  Status ReapOne() {
-    io_uring_cqe* cqe = nullptr;
-    int r;
-    do {
-      r = io_uring_wait_cqe(&ring_, &cqe);
-    } while (r == -EINTR);
-    if (r < 0) return RingFailure("io_uring_wait_cqe", -r);
-    ReapReady();
-    return Status::OK();
-  }
-
-  void ReapReady() {
-    io_uring_cqe* cqe = nullptr;
-    while (io_uring_peek_cqe(&ring_, &cqe) == 0 && cqe != nullptr) {
-      const uint64_t ud = cqe->user_data;
-      int res = cqe->res;
-      io_uring_cqe_seen(&ring_, cqe);
-      if (!injected_.empty()) res = InjectedResult(ud, res);
-      Complete(ud, res);
-    }
+    chains_.Complete(ud, res);
   }
 
   // The fault hook's say on an SQE about to be prepared for `kind` with
@@ -474,145 +336,18 @@ class UringFile final : public File {
     return res;
   }
 
-  void Complete(uint64_t ud, int res) {
-    if (ud == kSyncUserData) {
-      sync_res_ = res;
-      sync_done_ = true;
-      return;
-    }
-    if (ud >= kBatchUserData && ud - kBatchUserData < batch_results_.size()) {
-      batch_results_[ud - kBatchUserData] = res;
-      --batch_pending_;
-      return;
-    }
-    auto op = ops_.find(ud);
-    if (op == ops_.end()) return;
-    const auto [seq, idx] = op->second;
-    ops_.erase(op);
-    auto it = chains_.find(seq);
-    if (it == chains_.end()) return;
-    Chain& c = it->second;
-    Part& part = c.parts[idx];
-    part.in_flight = false;
-    --c.outstanding;
-    // -ECANCELED: the link broke (a short write, -EINTR...) or the thread
-    // that submitted it exited. -EFAULT from a thread other than this one:
-    // the kernel fails the requests of an exiting thread with -EFAULT (a
-    // really bad buffer fails again when resubmitted from this thread).
-    const bool retry = Retryable(res) || res == -ECANCELED ||
-                       (res == -EFAULT && c.submitter != ThisThread());
-    if (retry && res < 0 && res != -ECANCELED) c.last_errno = -res;
-    if (part.fsync) {
-      if (res == 0) {
-        c.progress = true;
-        part.done = !part.reissue;
-      } else if (!retry && c.error.ok()) {
-        c.error = ErrnoStatus(FsyncWhat(part), -res);
-      }
-      part.reissue = false;
-    } else if (res > 0) {
-      size_t put = std::min(static_cast<size_t>(res), part.len);
-      part.data += put;
-      part.len -= put;
-      part.offset += put;
-      part.done = part.len == 0;
-      c.progress = true;
-    } else if (res == 0) {
-      if (c.error.ok()) c.error = NoProgress(part.offset);
-    } else if (!retry && c.error.ok()) {
-      c.error = ErrnoStatus(path_ + ": write at offset " + std::to_string(part.offset), -res);
-    }
-    if (c.outstanding == 0) FinishChain(it);
-  }
-
-  std::string FsyncWhat(const Part& part) const {
-    if (!part.after_write) return path_ + ": fdatasync";
-    return path_ + ": fdatasync after write at offset " + std::to_string(part.offset);
-  }
-
-  // All of a chain's completions are in: done, failed, or to be resubmitted.
-  void FinishChain(std::map<uint64_t, Chain>::iterator it) {
-    const uint64_t seq = it->first;
-    Chain& c = it->second;
-    if (!c.error.ok()) {
-      Record(c.error);
-      chains_.erase(it);
-      return;
-    }
-    bool writes_left = false;
-    for (const Part& part : c.parts) writes_left |= !part.fsync && !part.done;
-    if (writes_left) {
-      // The chain's fsync (cancelled, or run early) must follow the rest.
-      for (Part& part : c.parts)
-        if (part.fsync) part.done = false;
-    }
-    if (PartsLeft(c) == 0) {
-      chains_.erase(it);
-      return;
-    }
-    if (c.progress) {
-      c.stalls = 0;
-    } else if (++c.stalls >= kMaxStalls) {
-      // Name the operation that made no progress, and why.
-      std::string what = path_;
-      for (const Part& part : c.parts)
-        if (!part.done) {
-          what = part.fsync ? FsyncWhat(part) : path_ + ": write at offset " + std::to_string(part.offset);
-          break;
-        }
-      std::string why = c.last_errno ? std::string(": ") + std::strerror(c.last_errno) : "";
-      Record(Status::IOError(what + why + " (io_uring kept interrupting or cancelling it)"));
-      chains_.erase(it);
-      return;
-    }
-    c.progress = false;
-    if (writes_left) {
-      // Later fsyncs may have run before these bytes: run each again.
-      for (auto later = std::next(it); later != chains_.end(); ++later)
-        for (Part& part : later->second.parts)
-          if (part.fsync) {
-            if (part.in_flight)
-              part.reissue = true;
-            else
-              part.done = false;
-          }
-    }
-    retry_.push_back(seq);
-    g_chain_resubmissions.fetch_add(1, std::memory_order_relaxed);
-  }
-
-  void Record(const Status& st) {
-    if (first_error_.ok()) first_error_ = st;
-  }
-
-  // The ring itself failed: nothing queued can be trusted to complete.
-  Status RingFailure(const char* what, int err) {
-    ring_error_ = ErrnoStatus(path_ + ": " + what, err);
-    Record(ring_error_);
-    ops_.clear();
-    chains_.clear();
-    retry_.clear();
-    injected_.clear();
-    return ring_error_;
-  }
-
   // Waits for every queued write and fsync (resubmitting what must be).
-  void Drain() {
-    while (ring_error_.ok()) {
-      if (!FlushRetries().ok() || chains_.empty()) return;
-      if (!ReapOne().ok()) return;
-    }
-  }
+  void Drain() { chains_.Drain(); }
 
   Status DrainForSyncOp() {
     Drain();
-    return ring_error_;
+    return chains_.ring_error();
   }
 
   // Runs one read, write or fsync and waits for its result (after Drain).
   Status RunOne(Kind kind, uint64_t offset, uint8_t* p, unsigned len, int* res) {
     io_uring_sqe* sqe = nullptr;
-    KVFILE_RETURN_IF_ERROR(GetSqe(&sqe));
+    KVFILE_RETURN_IF_ERROR(Ring(ring_.GetSqe(&sqe)));
     const int fd = FaultedFd(kind, kSyncUserData, &len);
     switch (kind) {
       case Kind::kRead: io_uring_prep_read(sqe, fd, p, len, offset); break;
@@ -622,24 +357,17 @@ class UringFile final : public File {
     io_uring_sqe_set_data64(sqe, kSyncUserData);
     sync_done_ = false;
     KVFILE_RETURN_IF_ERROR(Submit());
-    while (!sync_done_) KVFILE_RETURN_IF_ERROR(ReapOne());
+    while (!sync_done_) KVFILE_RETURN_IF_ERROR(Reap());
     *res = sync_res_;
     return Status::OK();
   }
 
   std::string path_;
   int fd_;
-  io_uring ring_{};
-  bool ring_ready_ = false;
-
-  std::map<uint64_t, Chain> chains_;  // unfinished chains, by submission order
-  std::unordered_map<uint64_t, std::pair<uint64_t, size_t>> ops_;  // in flight: user_data -> (chain, part)
-  std::deque<uint64_t> retry_;        // chains waiting to be resubmitted
+  UringRing ring_;
+  WriteChainScheduler chains_;
   std::unordered_map<uint64_t, int> injected_;  // user_data -> faked result (tests)
-  uint64_t next_seq_ = 1;
-  uint64_t next_user_data_ = 1;
-  Status first_error_;  // for WaitWrites
-  Status ring_error_;   // the ring is unusable
+  bool cancel_rest_ = false;  // a faked short write: the rest of its chain is cancelled
   bool sync_done_ = false;
   int sync_res_ = 0;
   std::vector<int> batch_results_;  // ReadBatch: result of each read in flight
@@ -754,9 +482,7 @@ Status UringFileSystemInstance(FileSystem** out) {
   return probed.status;
 }
 
-uint64_t UringChainResubmissions() {
-  return g_chain_resubmissions.load(std::memory_order_relaxed);
-}
+uint64_t UringChainResubmissions() { return WriteChainScheduler::Resubmissions(); }
 
 }  // namespace internal
 

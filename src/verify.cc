@@ -1,12 +1,10 @@
+// SPDX-License-Identifier: Apache-2.0
 // VerifyFile: the scan of open, then every chunk read whole and checked.
 #include "kvfile/verify.h"
 
-#include <algorithm>
-#include <atomic>
-#include <system_error>
-#include <thread>
-
 #include "file_scan.h"
+#include "page_buffer.h"
+#include "parallel_chunks.h"
 
 namespace kvfile {
 
@@ -51,42 +49,21 @@ Status VerifyFile(const std::string& path, const VerifyOptions& options, VerifyR
       report->findings.push_back({true, -1, static_cast<int64_t>(format::kCommitSlotOffset[i]),
                                   scan.slot_errors[i] + " (the other slot is in use; `kvfile repair` rewrites it)"});
   if (!options.quick) {
+    unsigned threads = internal::WorkerCount(options.threads, scan.chunks.size(), kMaxVerifyThreads);
     std::vector<std::unique_ptr<File>> files;
     files.push_back(std::move(file));
-    unsigned threads = static_cast<unsigned>(
-        std::clamp<size_t>(options.threads, 1, std::clamp<size_t>(scan.chunks.size(), 1, kMaxVerifyThreads)));
-    FileId id;
-    KVFILE_RETURN_IF_ERROR(files[0]->Id(&id));
-    for (unsigned i = 1; i < threads; ++i) {
-      std::unique_ptr<File> f;
-      KVFILE_RETURN_IF_ERROR(fs->Open(path, OpenMode::kRead, &f));
-      FileId other;
-      KVFILE_RETURN_IF_ERROR(f->Id(&other));
-      if (!(other == id)) return Status::Failed(path + ": the file was replaced while it was verified");
-      files.push_back(std::move(f));
-    }
+    KVFILE_RETURN_IF_ERROR(
+        internal::OpenWorkerFiles(*fs, path, *files[0], threads - 1, "while it was verified", &files));
     // One result per chunk, filled by whichever worker takes it; findings
     // are then reported in chunk order.
     std::vector<Status> results(scan.chunks.size());
-    std::atomic<size_t> next{0};
-    auto work = [&](File* f) {
-      internal::LayoutCache layouts(&scan.header.geometry);
-      internal::PageBuffer buf;
-      for (size_t i; (i = next.fetch_add(1)) < scan.chunks.size();) {
-        const auto& c = scan.chunks[i];
-        results[i] = internal::ReadAndCheckChunk(*f, scan.header.geometry, layouts, c, scan.SectionChecksums(i), &buf);
-      }
-    };
-    std::vector<std::thread> workers;
-    for (size_t i = 1; i < files.size(); ++i) {
-      try {
-        workers.emplace_back(work, files[i].get());
-      } catch (const std::system_error&) {
-        break;  // no thread to be had: the others do the work
-      }
-    }
-    work(files[0].get());
-    for (auto& w : workers) w.join();
+    std::vector<internal::LayoutCache> layouts(threads, internal::LayoutCache(&scan.header.geometry));
+    std::vector<internal::PageBuffer> bufs(threads);
+    (void)internal::ForEachChunk(0, scan.chunks.size(), threads, [&](unsigned w, size_t i) {
+      results[i] = internal::ReadAndCheckChunk(*files[w], scan.header.geometry, layouts[w], scan.chunks[i],
+                                               scan.SectionChecksums(i), &bufs[w]);
+      return Status::OK();  // every chunk is checked, whatever the others gave
+    });
     for (size_t i = 0; i < results.size(); ++i) {
       const Status& cst = results[i];
       if (cst.ok()) continue;

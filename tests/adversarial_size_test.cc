@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Hostile counts and sizes: headers, commit slots and chunk headers that
 // claim 2^40 tokens, 2^31 layers, rows of 2^32-1 elements, chunks of huge
 // token counts or sizes, and safetensors header lengths of 2^63 and of the
@@ -21,8 +22,8 @@
 #include <functional>
 #include <string>
 
-#include "kvfile/format/endian.h"
-#include "kvfile/format/header.h"
+#include "format/endian.h"
+#include "format/header.h"
 #include "kvfile/reader.h"
 #include "kvfile/safetensors.h"
 #include "kvfile/verify.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Atomic appends (spec/RECOVERY.md, "Atomic appends"): an append is all or
 // nothing across failed calls, Close() and crashes. The crash-state
 // enumeration (crash_test.cc) checks the crash side exhaustively; these
@@ -12,13 +13,14 @@
 #include <iterator>
 #include <limits>
 
-#include "kvfile/format/endian.h"
-#include "kvfile/format/kv_format.h"
+#include "format/endian.h"
+#include "format/kv_format.h"
 #include "kvfile/presets.h"
 #include "kvfile/reader.h"
 #include "kvfile/verify.h"
 #include "kvfile/writer.h"
 #include "support/fault_fs.h"
+#include "testing_hooks.h"
 
 namespace kvfile {
 namespace {
@@ -88,7 +90,7 @@ WriterOptions Options(FaultFs* fs, SyncMode mode, uint32_t chunk) {
   o.fs = fs;
   o.sync = mode;
   o.chunk_tokens = chunk;
-  o.salt = 77;
+  hooks::SetWriterSalt(77);
   return o;
 }
 
@@ -161,7 +163,7 @@ TEST(AppendTest, CloseDropsAnUnfinishedAppend) {
 // In a 2.0 file (no append ends) Close() must remove the open append's
 // chunks itself: the next open would keep them whole.
 TEST(AppendTest, CloseDropsAnUnfinishedAppendOfA20File) {
-  std::ifstream in(std::string(KVFILE_TEST_DATA) + "/fixtures/example_v2_0.kv", std::ios::binary);
+  std::ifstream in(std::string(KVFILE_TEST_DATA "/fixtures/example_v2_0.kv"), std::ios::binary);
   std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), {});
   ASSERT_EQ(bytes.size(), 16384u);
   FaultFs fs({{kPath, bytes}});
@@ -279,7 +281,7 @@ TEST(AppendTest, AnIoErrorCutsTheFileBackToItsLastCommit) {
 // to: its chunks carry no append end, and readers keep 2.0's rule (whole
 // uncommitted chunks count).
 TEST(AppendTest, A20FileStays20) {
-  std::ifstream in(std::string(KVFILE_TEST_DATA) + "/fixtures/example_v2_0.kv", std::ios::binary);
+  std::ifstream in(std::string(KVFILE_TEST_DATA "/fixtures/example_v2_0.kv"), std::ios::binary);
   std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), {});
   ASSERT_EQ(bytes.size(), 16384u);
   FaultFs fs({{kPath, bytes}});

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // PendingReplace (src/atomic_replace.h): whole-file replacement. Faults at
 // every step on the fault-injecting file system, and the real file system
 // for what it alone has: symlinks, special files, locks held by other open
@@ -22,6 +23,8 @@
 #include <vector>
 
 #include "support/fault_fs.h"
+#include "support/file_util.h"
+#include "support/scratch_dir.h"
 
 namespace kvfile::internal {
 namespace {
@@ -30,6 +33,8 @@ namespace fs = std::filesystem;
 using kvfile::testing::DiskImage;
 using kvfile::testing::FaultFs;
 using kvfile::testing::FsOp;
+using kvfile::testing::ReadFile;
+using kvfile::testing::WriteFile;
 
 const std::vector<uint8_t> kOld = {'o', 'l', 'd', ' ', 'f', 'i', 'l', 'e'};
 const std::vector<uint8_t> kNew(10000, 'n');
@@ -109,74 +114,56 @@ TEST(AtomicReplaceTest, TempNames) {
   EXPECT_FALSE(IsReplaceTemp("x", "x.kv.kvtmp-1-2", &pid));
 }
 
-class AtomicReplaceFsTest : public ::testing::Test {
+class AtomicReplaceFsTest : public kvfile::testing::ScratchDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::path(::testing::TempDir()) / ("kvfile_replace_" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string P(const std::string& name) const { return (dir_ / name).string(); }
-  static std::string Read(const std::string& p) {
-    std::ifstream in(p, std::ios::binary);
-    return std::string(std::istreambuf_iterator<char>(in), {});
-  }
-  static void Write(const std::string& p, const std::string& s) { std::ofstream(p, std::ios::binary) << s; }
-  std::vector<std::string> Names() const {
-    std::vector<std::string> n;
-    for (const auto& e : fs::directory_iterator(dir_)) n.push_back(e.path().filename().string());
-    std::sort(n.begin(), n.end());
-    return n;
-  }
+  std::vector<std::string> Names() const { return kvfile::testing::SortedNames(dir_); }
   // Replaces `dest` with `content` through a PendingReplace.
   static Status Replace(const std::string& dest, const std::string& content) {
     std::unique_ptr<PendingReplace> r;
     KVFILE_RETURN_IF_ERROR(PendingReplace::Begin(dest, nullptr, &r));
-    Write(r->temp_path(), content);
+    WriteFile(r->temp_path(), content);
     return r->Commit();
   }
-  fs::path dir_;
 };
 
 TEST_F(AtomicReplaceFsTest, ReplacesAndCreates) {
   ASSERT_TRUE(Replace(P("x.kv"), "first").ok());
-  EXPECT_EQ(Read(P("x.kv")), "first");
+  EXPECT_EQ(ReadFile(P("x.kv")), "first");
   ASSERT_TRUE(Replace(P("x.kv"), "second").ok());
-  EXPECT_EQ(Read(P("x.kv")), "second");
+  EXPECT_EQ(ReadFile(P("x.kv")), "second");
   EXPECT_EQ(Names(), std::vector<std::string>{"x.kv"});
 }
 
 TEST_F(AtomicReplaceFsTest, UncommittedTempIsRemoved) {
-  Write(P("x.kv"), "old");
+  WriteFile(P("x.kv"), "old");
   std::string temp;
   {
     std::unique_ptr<PendingReplace> r;
     ASSERT_TRUE(PendingReplace::Begin(P("x.kv"), nullptr, &r).ok());
     temp = r->temp_path();
     EXPECT_EQ(fs::path(temp).parent_path(), dir_);
-    Write(temp, "half");
-    Write(temp + ".kvnew", "header");
+    WriteFile(temp, "half");
+    WriteFile(temp + ".kvnew", "header");
   }
   EXPECT_EQ(Names(), std::vector<std::string>{"x.kv"});
-  EXPECT_EQ(Read(P("x.kv")), "old");
+  EXPECT_EQ(ReadFile(P("x.kv")), "old");
 }
 
 TEST_F(AtomicReplaceFsTest, SymlinkStaysALinkAndItsTargetIsReplaced) {
   fs::create_directories(dir_ / "real");
-  Write(P("real/t.kv"), "old");
+  WriteFile(P("real/t.kv"), "old");
   fs::create_symlink("real/t.kv", dir_ / "link.kv");
   ASSERT_TRUE(Replace(P("link.kv"), "new").ok());
   EXPECT_TRUE(fs::is_symlink(dir_ / "link.kv"));
   EXPECT_EQ(fs::read_symlink(dir_ / "link.kv"), "real/t.kv");
-  EXPECT_EQ(Read(P("real/t.kv")), "new");
+  EXPECT_EQ(ReadFile(P("real/t.kv")), "new");
   EXPECT_EQ(Names(), (std::vector<std::string>{"link.kv", "real"}));
   EXPECT_EQ(fs::directory_iterator(dir_ / "real")->path().filename(), "t.kv");
   // A dangling link: its target is created, the link kept.
   fs::create_symlink("real/new.kv", dir_ / "dangling.kv");
   ASSERT_TRUE(Replace(P("dangling.kv"), "created").ok());
   EXPECT_TRUE(fs::is_symlink(dir_ / "dangling.kv"));
-  EXPECT_EQ(Read(P("real/new.kv")), "created");
+  EXPECT_EQ(ReadFile(P("real/new.kv")), "created");
 }
 
 TEST_F(AtomicReplaceFsTest, RefusesWhatIsNotARegularFileAtOnce) {
@@ -212,10 +199,10 @@ TEST_F(AtomicReplaceFsTest, RefusesWhatIsNotARegularFileAtOnce) {
 }
 
 TEST_F(AtomicReplaceFsTest, LockedDestinationIsNotReplaced) {
-  Write(P("x.kv"), "old");
+  WriteFile(P("x.kv"), "old");
   std::unique_ptr<PendingReplace> r;
   ASSERT_TRUE(PendingReplace::Begin(P("x.kv"), nullptr, &r).ok());
-  Write(r->temp_path(), "new");
+  WriteFile(r->temp_path(), "new");
   // Another open file description holds the writer lock, as a writer does.
   int fd = ::open(P("x.kv").c_str(), O_RDWR);
   ASSERT_GE(fd, 0);
@@ -228,38 +215,38 @@ TEST_F(AtomicReplaceFsTest, LockedDestinationIsNotReplaced) {
   EXPECT_GE(waited, std::chrono::milliseconds(900));  // it waited for the lock
   r.reset();
   ::close(fd);
-  EXPECT_EQ(Read(P("x.kv")), "old");
+  EXPECT_EQ(ReadFile(P("x.kv")), "old");
   EXPECT_EQ(Names(), std::vector<std::string>{"x.kv"});
 }
 
 TEST_F(AtomicReplaceFsTest, DestinationReplacedOrCreatedMeanwhileIsKept) {
-  Write(P("x.kv"), "old");
+  WriteFile(P("x.kv"), "old");
   {
     std::unique_ptr<PendingReplace> r;
     ASSERT_TRUE(PendingReplace::Begin(P("x.kv"), nullptr, &r).ok());
-    Write(r->temp_path(), "mine");
-    Write(P("other"), "theirs");
+    WriteFile(r->temp_path(), "mine");
+    WriteFile(P("other"), "theirs");
     fs::rename(P("other"), P("x.kv"));
     Status st = r->Commit();
     EXPECT_EQ(st.code(), Status::Code::kBusy);
     EXPECT_EQ(st.message(), P("x.kv") + ": replaced by another process while the new file was written; not replaced");
   }
-  EXPECT_EQ(Read(P("x.kv")), "theirs");
+  EXPECT_EQ(ReadFile(P("x.kv")), "theirs");
   {
     std::unique_ptr<PendingReplace> r;
     ASSERT_TRUE(PendingReplace::Begin(P("y.kv"), nullptr, &r).ok());
-    Write(r->temp_path(), "mine");
-    Write(P("y.kv"), "theirs");
+    WriteFile(r->temp_path(), "mine");
+    WriteFile(P("y.kv"), "theirs");
     Status st = r->Commit();
     EXPECT_EQ(st.code(), Status::Code::kBusy);
     EXPECT_EQ(st.message(), P("y.kv") + ": created by another process while the new file was written; not replaced");
   }
-  EXPECT_EQ(Read(P("y.kv")), "theirs");
+  EXPECT_EQ(ReadFile(P("y.kv")), "theirs");
   EXPECT_EQ(Names(), (std::vector<std::string>{"x.kv", "y.kv"}));
 }
 
 TEST_F(AtomicReplaceFsTest, KeepsModeOwnerAndGroup) {
-  Write(P("x.kv"), "old");
+  WriteFile(P("x.kv"), "old");
   ASSERT_EQ(::chmod(P("x.kv").c_str(), 0600), 0);
   if (::chown(P("x.kv").c_str(), 4321, 8765) != 0) GTEST_SKIP() << "chown needs root: " << std::strerror(errno);
   ASSERT_TRUE(Replace(P("x.kv"), "new").ok());
@@ -268,23 +255,23 @@ TEST_F(AtomicReplaceFsTest, KeepsModeOwnerAndGroup) {
   EXPECT_EQ(st.st_mode & 07777, 0600u);
   EXPECT_EQ(st.st_uid, 4321u);
   EXPECT_EQ(st.st_gid, 8765u);
-  EXPECT_EQ(Read(P("x.kv")), "new");
+  EXPECT_EQ(ReadFile(P("x.kv")), "new");
 }
 
 // Temporary files of this destination whose creator is gone and that no
 // one holds locked are removed; live ones and other names are not.
 TEST_F(AtomicReplaceFsTest, RemovesStaleTempsOnly) {
-  Write(P("x.kv"), "old");
+  WriteFile(P("x.kv"), "old");
   const std::string dead = "999999999";  // above any pid_max
   for (const std::string& n : std::vector<std::string>{"x.kv.kvtmp-" + dead + "-0", "x.kv.kvtmp-" + dead + "-3.kvnew",
                                "x.kv.kvtmp-" + dead, "x.kv.kvnew"})
-    Write(P(n), "stale");
+    WriteFile(P(n), "stale");
   // Kept: another destination's, an unrelated name, one of a live process
   // (this one's parent), and one a live process holds locked.
   const std::string live = "x.kv.kvtmp-" + std::to_string(::getppid()) + "-1";
   const std::string locked = "x.kv.kvtmp-" + dead + "-7";
   for (const std::string& n : {std::string("y.kv.kvtmp-") + dead + "-0", std::string("x.kv.kvtmp-old"), live, locked})
-    Write(P(n), "keep");
+    WriteFile(P(n), "keep");
   int fd = ::open(P(locked).c_str(), O_RDWR);
   ASSERT_GE(fd, 0);
   ASSERT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `kvfile bench` on a small session: it runs every path, prints its table
 // and a JSON document with every row, and fails cleanly on bad arguments.
 // Timings are not asserted (CI machines are noisy); shapes and sanity are.
@@ -27,6 +28,9 @@ const std::set<std::string> kPaths = {
     "resume whole session, hot",
     "resume layer by layer, hot",
     "verify",
+    "kvfile verify FILE (command)",
+    "limit: copy of the bf16 KV + fsync (cp)",
+    "kvfile convert FILE OUT.safetensors (bf16)",
     "limit: raw read, cold",
     "instead: raw bf16 read, cold",
     "resume whole session, cold",

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Every single-bit flip of every byte of the closed sweep fixtures
 // (support/sweep_fixtures.h), and every bit of every reserved or padding
 // byte flipped with its checksum recomputed, so that the structural check
@@ -21,9 +22,9 @@
 #include <cstdio>
 #include <cstring>
 
-#include "kvfile/format/chunk_layout.h"
-#include "kvfile/format/endian.h"
-#include "kvfile/format/header.h"
+#include "format/chunk_layout.h"
+#include "format/endian.h"
+#include "format/header.h"
 #include "kvfile/reader.h"
 #include "kvfile/verify.h"
 #include "support/sweep_fixtures.h"

@@ -1,4 +1,5 @@
-/* Tests of the C API (kvfile/kvfile.h), compiled as C99 with warnings as
+// SPDX-License-Identifier: Apache-2.0
+/* Tests of the C API (kvfile/c.h), compiled as C99 with warnings as
  * errors: every function, on good input and on each kind of bad input
  * (wrong path, bad argument, buffer too small, damaged file), checking
  * values, status codes and messages.
@@ -9,35 +10,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kvfile/kvfile.h"
-
-static int failures = 0;
-
-#define CHECK(cond)                                                           \
-  do {                                                                        \
-    if (!(cond)) {                                                            \
-      fprintf(stderr, "%s:%d: CHECK failed: %s (last error: %s)\n", __FILE__, \
-              __LINE__, #cond, kvfile_last_error());                          \
-      ++failures;                                                             \
-    }                                                                         \
-  } while (0)
-
-#define CHECK_STATUS(expr, want) CHECK((expr) == (want))
-#define CHECK_CONTAINS(text, part) CHECK(strstr((text), (part)) != NULL)
+#include "kvfile/c.h"
+#include "support/c_check.h"
 
 /* The tiny preset: 2 layers, streams k and v of 2 rows x 16. */
 enum { kLayers = 2, kStreams = 2, kRows = 2, kWidth = 16, kPerToken = kRows * kWidth };
 enum { kTokens = 10, kChunkTokens = 4 };
 
 static char dir[512];
-
-static const char* path_in_dir(const char* name) {
-  static char buf[4][600];
-  static int next = 0;
-  char* p = buf[next++ % 4];
-  snprintf(p, sizeof buf[0], "%s/%s", dir, name);
-  return p;
-}
 
 /* Element i of (layer, stream) for token t; magnitudes in [0.5, 1). */
 static float value(int layer, int stream, int t, int i) {
@@ -106,7 +86,7 @@ static void test_presets(void) {
  * pre-quantized codes + scales read back from the file's own tokens 0..2
  * (so their codes are known exactly). */
 static void test_write(void) {
-  const char* path = path_in_dir("s.kv");
+  const char* path = in_dir(dir, "s.kv");
   kvfile_geometry g;
   CHECK_STATUS(kvfile_preset("tiny", KVFILE_E4M3, &g), KVFILE_OK);
   kvfile_writer_options options;
@@ -114,7 +94,7 @@ static void test_write(void) {
   options.chunk_tokens = kChunkTokens;
 
   kvfile_writer* w = (kvfile_writer*)1;
-  CHECK_STATUS(kvfile_writer_create(path_in_dir("no/such/dir/x.kv"), &g, "m", 1, &options, &w), KVFILE_NOT_FOUND);
+  CHECK_STATUS(kvfile_writer_create(in_dir(dir, "no/such/dir/x.kv"), &g, "m", 1, &options, &w), KVFILE_NOT_FOUND);
   CHECK(w == NULL);
   CHECK_CONTAINS(kvfile_last_error(), "no/such/dir");
 
@@ -159,7 +139,7 @@ static void test_write(void) {
   CHECK_STATUS(kvfile_writer_close(w), KVFILE_OK);
 
   /* Reopen for writing; append tokens 7..9 as the codes of tokens 0..2. */
-  CHECK_STATUS(kvfile_writer_open(path_in_dir("missing.kv"), NULL, &w), KVFILE_NOT_FOUND);
+  CHECK_STATUS(kvfile_writer_open(in_dir(dir, "missing.kv"), NULL, &w), KVFILE_NOT_FOUND);
   CHECK(w == NULL);
   CHECK_STATUS(kvfile_writer_open(path, NULL, &w), KVFILE_OK);
   CHECK_STATUS(kvfile_writer_token_count(w, &n), KVFILE_OK);
@@ -220,9 +200,9 @@ static void test_write(void) {
 }
 
 static void test_read(void) {
-  const char* path = path_in_dir("s.kv");
+  const char* path = in_dir(dir, "s.kv");
   kvfile_reader* r = (kvfile_reader*)1;
-  CHECK_STATUS(kvfile_reader_open(path_in_dir("missing.kv"), &r), KVFILE_NOT_FOUND);
+  CHECK_STATUS(kvfile_reader_open(in_dir(dir, "missing.kv"), &r), KVFILE_NOT_FOUND);
   CHECK(r == NULL);
   CHECK_CONTAINS(kvfile_last_error(), "missing.kv");
   CHECK_STATUS(kvfile_reader_open(path, &r), KVFILE_OK);
@@ -305,6 +285,76 @@ static void test_read(void) {
   kvfile_reader_close(NULL);
 }
 
+/* Bulk reads (every (layer, stream) pair in one call, on 1, 3 and the
+ * machine's threads) give exactly kvfile_reader_read_rows' and
+ * kvfile_reader_read_codes' bytes, over ranges inside and across chunks. */
+static void test_read_many(void) {
+  kvfile_reader* r = NULL;
+  CHECK_STATUS(kvfile_reader_open(in_dir(dir, "s.kv"), &r), KVFILE_OK);
+  if (r == NULL) return;
+  enum { kPairs = kLayers * kStreams };
+  static float want[kTokens * kPerToken], got[kPairs][kTokens * kPerToken];
+  static uint8_t want_codes[kTokens * kPerToken], codes[kPairs][kTokens * kPerToken];
+  static float want_scales[kTokens * kRows], scales[kPairs][kTokens * kRows];
+  static const uint64_t ranges[][2] = {{0, kTokens}, {1, 3}, {3, 9}, {5, 5}};
+  static const unsigned threads[] = {1, 3, 0};
+  static const kvfile_dtype dtypes[] = {KVFILE_F32, KVFILE_BF16, KVFILE_F16};
+  for (size_t ri = 0; ri < sizeof ranges / sizeof ranges[0]; ++ri) {
+    uint64_t b = ranges[ri][0], e = ranges[ri][1];
+    for (size_t ti = 0; ti < 3; ++ti) {
+      kvfile_dtype dt = dtypes[(ri + ti) % 3];
+      size_t bytes = (size_t)(e - b) * kPerToken * kvfile_dtype_size(dt);
+      kvfile_rows_target rt[kPairs];
+      kvfile_codes_target ct[kPairs];
+      memset(got, 0xAB, sizeof got);
+      memset(codes, 0xAB, sizeof codes);
+      for (int p = 0; p < kPairs; ++p) {
+        rt[p].layer = ct[p].layer = (uint32_t)(p / kStreams);
+        rt[p].stream = ct[p].stream = (uint32_t)(p % kStreams);
+        rt[p].dst = got[p];
+        rt[p].dst_bytes = bytes;
+        ct[p].codes = codes[p];
+        ct[p].codes_bytes = (size_t)(e - b) * kPerToken;
+        ct[p].scales = scales[p];
+        ct[p].scale_count = (size_t)(e - b) * kRows;
+      }
+      CHECK_STATUS(kvfile_reader_read_many(r, b, e, dt, rt, kPairs, threads[ti]), KVFILE_OK);
+      CHECK_STATUS(kvfile_reader_read_codes_many(r, b, e, ct, kPairs, threads[ti]), KVFILE_OK);
+      for (int p = 0; p < kPairs; ++p) {
+        uint32_t l = (uint32_t)(p / kStreams), s = (uint32_t)(p % kStreams);
+        CHECK_STATUS(kvfile_reader_read_rows(r, l, s, b, e, dt, want, sizeof want), KVFILE_OK);
+        CHECK(memcmp(got[p], want, bytes) == 0);
+        if (bytes < sizeof got[p]) CHECK(((const uint8_t*)got[p])[bytes] == 0xAB); /* nothing past the target */
+        CHECK_STATUS(kvfile_reader_read_codes(r, l, s, b, e, want_codes, sizeof want_codes, want_scales,
+                                              kTokens * kRows), KVFILE_OK);
+        CHECK(memcmp(codes[p], want_codes, (size_t)(e - b) * kPerToken) == 0);
+        CHECK(memcmp(scales[p], want_scales, (size_t)(e - b) * kRows * sizeof(float)) == 0);
+      }
+    }
+  }
+  /* Every target is checked before anything is read. */
+  kvfile_rows_target rt[2] = {{0, 0, got[0], kTokens * kPerToken * 4}, {1, 1, got[1], kTokens * kPerToken * 4 - 1}};
+  got[0][0] = 42.0f;
+  CHECK_STATUS(kvfile_reader_read_many(r, 0, kTokens, KVFILE_F32, rt, 2, 0), KVFILE_BUFFER_TOO_SMALL);
+  CHECK_CONTAINS(kvfile_last_error(), "targets[1].dst_bytes holds 1279, the result needs 1280");
+  CHECK(got[0][0] == 42.0f);
+  rt[1].dst_bytes = kTokens * kPerToken * 4;
+  rt[1].layer = 2;
+  CHECK_STATUS(kvfile_reader_read_many(r, 0, kTokens, KVFILE_F32, rt, 2, 0), KVFILE_INVALID_ARGUMENT);
+  CHECK_CONTAINS(kvfile_last_error(), "layer 2 out of range (2 layers)");
+  CHECK_STATUS(kvfile_reader_read_many(r, 0, kTokens, KVFILE_E4M3, rt, 1, 0), KVFILE_INVALID_ARGUMENT);
+  CHECK_STATUS(kvfile_reader_read_many(r, 0, kTokens, KVFILE_F32, NULL, 1, 0), KVFILE_INVALID_ARGUMENT);
+  CHECK(strcmp(kvfile_last_error(), "kvfile_reader_read_many: targets is NULL") == 0);
+  kvfile_codes_target ct = {0, 1, codes[0], kTokens * kPerToken, NULL, kTokens * kRows};
+  CHECK_STATUS(kvfile_reader_read_codes_many(r, 0, kTokens, &ct, 1, 0), KVFILE_INVALID_ARGUMENT);
+  CHECK(strcmp(kvfile_last_error(), "kvfile_reader_read_codes_many: targets[0].scales is NULL") == 0);
+  ct.scales = scales[0];
+  ct.scale_count = kTokens * kRows - 1;
+  CHECK_STATUS(kvfile_reader_read_codes_many(r, 0, kTokens, &ct, 1, 0), KVFILE_BUFFER_TOO_SMALL);
+  CHECK_CONTAINS(kvfile_last_error(), "targets[0].scale_count holds 19, the result needs 20");
+  kvfile_reader_close(r);
+}
+
 /* Copies the first n bytes of file `from` to a new file `to`. */
 static void copy_prefix(const char* from, const char* to, long n) {
   FILE* in = fopen(from, "rb");
@@ -321,8 +371,8 @@ static void copy_prefix(const char* from, const char* to, long n) {
 
 /* s.kv cut 100 bytes into its second chunk: the info says what is gone. */
 static void test_cut_file(void) {
-  const char* cut = path_in_dir("cut.kv");
-  copy_prefix(path_in_dir("s.kv"), cut, 12288 + 4096 + 100);
+  const char* cut = in_dir(dir, "cut.kv");
+  copy_prefix(in_dir(dir, "s.kv"), cut, 12288 + 4096 + 100);
   kvfile_reader* r = NULL;
   CHECK_STATUS(kvfile_reader_open(cut, &r), KVFILE_OK);
   if (r == NULL) return;
@@ -339,13 +389,13 @@ static void test_cut_file(void) {
 }
 
 static void test_verify_and_damage(void) {
-  const char* path = path_in_dir("s.kv");
+  const char* path = in_dir(dir, "s.kv");
   kvfile_verify_result v;
   CHECK_STATUS(kvfile_verify(path, 0, &v), KVFILE_OK);
   CHECK(v.ok == 1 && v.errors == 0 && v.warnings == 0);
   CHECK(v.major_version == 2 && v.tokens == kTokens && v.chunks == 3 && v.bytes == 12288 + 3 * 4096);
   CHECK(v.first_message[0] == '\0');
-  CHECK_STATUS(kvfile_verify(path_in_dir("missing.kv"), 0, &v), KVFILE_NOT_FOUND);
+  CHECK_STATUS(kvfile_verify(in_dir(dir, "missing.kv"), 0, &v), KVFILE_NOT_FOUND);
 
   /* A torn tail: a warning, still ok. */
   FILE* f = fopen(path, "ab");
@@ -386,10 +436,30 @@ static void test_verify_and_damage(void) {
   CHECK(dst[0] == 123.0f); /* a failed read leaves the buffer untouched */
   CHECK_STATUS(kvfile_reader_read_rows(r, 0, 1, 0, kTokens, KVFILE_F32, dst, sizeof dst), KVFILE_OK);
   CHECK_STATUS(kvfile_reader_read_rows(r, 1, 1, 4, kTokens, KVFILE_F32, dst, sizeof dst), KVFILE_OK);
+  /* A bulk read over the damaged section fails as a whole: every target
+   * zero-filled, the message naming chunk 0, layer 1, stream 'v'. */
+  static float other[kTokens * kPerToken];
+  other[5] = 7.0f;
+  dst[5] = 7.0f;
+  kvfile_rows_target rt[2] = {{0, 0, other, sizeof other}, {1, 1, dst, sizeof dst}};
+  CHECK_STATUS(kvfile_reader_read_many(r, 0, kTokens, KVFILE_F32, rt, 2, 2), KVFILE_CORRUPTION);
+  CHECK_CONTAINS(kvfile_last_error(), "chunk 0");
+  CHECK_CONTAINS(kvfile_last_error(), "layer 1 stream 'v'");
+  CHECK(other[5] == 0.0f && dst[5] == 0.0f && other[kTokens * kPerToken - 1] == 0.0f);
+  static uint8_t codes[kTokens * kPerToken];
+  static float scales[kTokens * kRows];
+  codes[0] = 9;
+  scales[0] = 9.0f;
+  kvfile_codes_target ct = {1, 1, codes, sizeof codes, scales, kTokens * kRows};
+  CHECK_STATUS(kvfile_reader_read_codes_many(r, 0, kTokens, &ct, 1, 0), KVFILE_CORRUPTION);
+  CHECK(codes[0] == 0 && scales[0] == 0.0f);
+  /* Tokens past the damaged chunk read fine. */
+  CHECK_STATUS(kvfile_reader_read_codes_many(r, 4, kTokens, &ct, 1, 0), KVFILE_OK);
+  CHECK(scales[0] > 0.0f);
   kvfile_reader_close(r);
 
   /* Not a kvfile at all. */
-  const char* junk_path = path_in_dir("junk.kv");
+  const char* junk_path = in_dir(dir, "junk.kv");
   f = fopen(junk_path, "wb");
   CHECK(f != NULL);
   if (f == NULL) return;
@@ -406,7 +476,7 @@ static void test_verify_and_damage(void) {
 /* A geometry given field by field, f16 input, an e5m2 stream beside a raw
  * bf16 one: the raw stream keeps the exact values and has no codes. */
 static void test_explicit_geometry(void) {
-  const char* path = path_in_dir("explicit.kv");
+  const char* path = in_dir(dir, "explicit.kv");
   kvfile_geometry g;
   memset(&g, 0, sizeof g);
   g.layers = 1;
@@ -475,13 +545,9 @@ int main(int argc, char** argv) {
   test_presets();
   test_write();
   test_read();
+  test_read_many();
   test_cut_file();
   test_verify_and_damage();
   test_explicit_geometry();
-  if (failures != 0) {
-    fprintf(stderr, "c_api_test: %d checks failed\n", failures);
-    return 1;
-  }
-  printf("c_api_test: all checks passed\n");
-  return 0;
+  return check_summary("c_api_test");
 }

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The kvfile binary keeps its contract where input is hostile or damaged:
 // one stderr line whatever the path holds, numbers range-checked (exit 2),
 // damaged input never converted silently (--salvage), an upgrade on open
@@ -17,40 +18,24 @@
 #include <vector>
 
 #include "support/cli_run.h"
+#include "support/file_util.h"
+#include "support/scratch_dir.h"
 
 namespace {
 
 namespace fs = std::filesystem;
 using kvfile::testing::CliRun;
 using kvfile::testing::Kvfile;
+using kvfile::testing::Lines;
 using kvfile::testing::ReadFile;
+using kvfile::testing::ShellQuote;
+using kvfile::testing::SortedNames;
 
-size_t Lines(const std::string& s) { return static_cast<size_t>(std::count(s.begin(), s.end(), '\n')); }
-
-// Shell-quotes `s` with single quotes (for Kvfile(), which runs a shell).
-std::string Q(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
-class CliContractTest : public testing::Test {
+class CliContractTest : public kvfile::testing::ScratchDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::path(testing::TempDir()) / ("kvfile_contract_" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string P(const std::string& name) const { return (dir_ / name).string(); }
-  std::vector<std::string> Entries() const {
-    std::vector<std::string> v;
-    for (const auto& e : fs::directory_iterator(dir_)) v.push_back(e.path().filename().string());
-    std::sort(v.begin(), v.end());
-    return v;
-  }
+  std::vector<std::string> Entries() const { return SortedNames(dir_); }
   nlohmann::json Info(const std::string& path) {
-    CliRun r = Kvfile("info --json " + Q(path));
+    CliRun r = Kvfile("info --json " + ShellQuote(path));
     EXPECT_EQ(r.exit_code, 0) << r.err;
     return nlohmann::json::parse(r.out);
   }
@@ -61,37 +46,36 @@ class CliContractTest : public testing::Test {
     ASSERT_EQ(Kvfile("convert " + P("a.kv") + " " + P("in.safetensors")).exit_code, 0);
     ASSERT_EQ(Kvfile("convert " + P("a.kv") + " " + P("v1.kv") + " --format v1").exit_code, 0);
   }
-  fs::path dir_;
 };
 
 // ---- one line, whatever the path holds ----
 
 TEST_F(CliContractTest, ControlCharactersInAPathAreEscaped) {
   std::string nl = P("a\nb.kv"), ctl = P("x\x01y\x7f.kv");
-  CliRun r = Kvfile("info " + Q(nl));
+  CliRun r = Kvfile("info " + ShellQuote(nl));
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_EQ(Lines(r.err), 1u) << r.err;
   EXPECT_NE(r.err.find(P("a") + "\\nb.kv"), std::string::npos) << r.err;
-  r = Kvfile("verify " + Q(ctl));
+  r = Kvfile("verify " + ShellQuote(ctl));
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_EQ(Lines(r.err), 1u) << r.err;
   EXPECT_NE(r.err.find(P("x") + "\\x01y\\x7f.kv"), std::string::npos) << r.err;
   // A real file with a newline in its name, damaged: verify's finding lines.
-  ASSERT_EQ(Kvfile("synth " + Q(nl) + " --preset tiny --tokens 100 --chunk-tokens 64").exit_code, 0);
+  ASSERT_EQ(Kvfile("synth " + ShellQuote(nl) + " --preset tiny --tokens 100 --chunk-tokens 64").exit_code, 0);
   {
     std::fstream f(nl, std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(12288 + 200);
     f.put('\x55');
   }
-  r = Kvfile("verify " + Q(nl));
+  r = Kvfile("verify " + ShellQuote(nl));
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_EQ(Lines(r.err), 1u) << r.err;
   EXPECT_TRUE(r.err.starts_with("kvfile: error: " + P("a") + "\\nb.kv: ")) << r.err;
   // A destination with a tab that exists: convert refuses in one line.
   std::string tab = P("out\t.kv");
-  ASSERT_EQ(Kvfile("synth " + Q(tab) + " --preset tiny --tokens 10").exit_code, 0);
+  ASSERT_EQ(Kvfile("synth " + ShellQuote(tab) + " --preset tiny --tokens 10").exit_code, 0);
   ASSERT_EQ(Kvfile("synth " + P("c.kv") + " --preset tiny --tokens 10").exit_code, 0);
-  r = Kvfile("convert " + P("c.kv") + " " + Q(tab));
+  r = Kvfile("convert " + P("c.kv") + " " + ShellQuote(tab));
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_EQ(r.err, "kvfile: error: " + P("out") + "\\t.kv: file exists; use --force to replace it\n");
 }
@@ -107,7 +91,7 @@ TEST_F(CliContractTest, OutOfMemoryIsAnErrorLineNamingThePath) {
   std::string f = P("big.kv"), err = P("err.txt");
   std::string cmd = "ulimit -v 200000 && " + std::string(KVFILE_BINARY) + " synth " + f +
                     " --preset llama-3.1-8b --tokens 65536 --chunk-tokens 4096 2>" + err;
-  int status = std::system(("sh -c " + Q(cmd)).c_str());
+  int status = std::system(("sh -c " + ShellQuote(cmd)).c_str());
   ASSERT_TRUE(WIFEXITED(status)) << status;
   EXPECT_EQ(WEXITSTATUS(status), 2);
   EXPECT_EQ(ReadFile(err), "kvfile: error: " + f + ": out of memory\n");
@@ -144,10 +128,16 @@ TEST_F(CliContractTest, NegativeAndOverflowingNumbersAreRefused) {
       SCOPED_TRACE(c.args + " " + v);
       EXPECT_EQ(r.exit_code, 2) << r.err;
       EXPECT_EQ(Lines(r.err), 1u) << r.err;
-      EXPECT_TRUE(r.err.starts_with("kvfile: error: " + c.flag + ": must be ")) << r.err;
-      if (v == "-5") EXPECT_NE(r.err.find("must be a non-negative integer"), std::string::npos) << r.err;
-      else if (v == "12x") EXPECT_NE(r.err.find("must be an integer"), std::string::npos) << r.err;
-      else EXPECT_NE(r.err.find("must be at most"), std::string::npos) << r.err;
+      if (v == "-5")
+        EXPECT_TRUE(r.err.starts_with("kvfile: error: " + c.flag + ": expected a non-negative number, got '-5'"))
+            << r.err;
+      else
+        EXPECT_TRUE(r.err.starts_with("kvfile: error: " + c.flag + ": must be ")) << r.err;
+      if (v == "12x") {
+        EXPECT_NE(r.err.find("must be an integer"), std::string::npos) << r.err;
+      } else if (v != "-5") {
+        EXPECT_NE(r.err.find("must be at most"), std::string::npos) << r.err;
+      }
       EXPECT_EQ(r.err.find("18446744073709551611"), std::string::npos) << r.err;  // -5 wrapped around
     }
   }

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Every kvfile command on damaged files: info, dump, verify, convert (to
 // .kv and to .safetensors, and back from a damaged .safetensors) and
 // repair either succeed or fail with one "kvfile: error:" line and exit
@@ -12,6 +13,8 @@
 #include <vector>
 
 #include "support/cli_run.h"
+#include "support/file_util.h"
+#include "support/scratch_dir.h"
 #include "support/sweep_fixtures.h"
 
 namespace kvfile {
@@ -21,20 +24,10 @@ namespace fs = std::filesystem;
 using testing::CliRun;
 using testing::Kvfile;
 using testing::SweepFixture;
+using testing::WriteFile;
 
-class CliDamageTest : public ::testing::Test {
+class CliDamageTest : public testing::ScratchDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::path(::testing::TempDir()) / ("kvfile_cli_damage_" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string P(const std::string& name) const { return (dir_ / name).string(); }
-  void Write(const std::string& path, const std::vector<uint8_t>& bytes) const {
-    std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()),
-                                                 static_cast<std::streamsize>(bytes.size()));
-  }
   // Runs `args` and checks the exit status and the error line; returns the run.
   CliRun Run(const std::string& args) {
     CliRun r = Kvfile(args);
@@ -45,7 +38,6 @@ class CliDamageTest : public ::testing::Test {
     }
     return r;
   }
-  fs::path dir_;
 };
 
 // Damaged copies of a fixture: what the commands are run on.
@@ -78,7 +70,7 @@ TEST_F(CliDamageTest, NoCommandCrashesOnDamagedFiles) {
     for (const auto& [name, bytes] : Damaged(f)) {
       SCOPED_TRACE(f.name + " " + name);
       std::string in = P(name + ".kv");
-      Write(in, bytes);
+      WriteFile(in, bytes);
       Run("info " + in);
       Run("dump " + in);
       Run("dump --tokens --rows --layer 0 --stream k " + in);
@@ -102,7 +94,7 @@ TEST_F(CliDamageTest, NoCommandCrashesOnDamagedFiles) {
 TEST_F(CliDamageTest, ImportOfDamagedSafetensors) {
   const SweepFixture& f = testing::SweepFixtures(true)[1];
   std::string kv = P("good.kv");
-  Write(kv, f.bytes);
+  WriteFile(kv, f.bytes);
   ASSERT_EQ(Run("convert " + kv + " " + P("good.safetensors")).exit_code, 0);
   std::string text = testing::ReadFile(P("good.safetensors"));
   std::vector<uint8_t> st(text.begin(), text.end());
@@ -126,7 +118,7 @@ TEST_F(CliDamageTest, ImportOfDamagedSafetensors) {
   for (const auto& [name, bytes] : cases) {
     SCOPED_TRACE(name);
     std::string in = P(name + ".safetensors");
-    Write(in, bytes);
+    WriteFile(in, bytes);
     CliRun r = Run("convert " + in + " " + P(name + ".kv"));
     if (r.exit_code == 0) {
       EXPECT_EQ(Run("verify --strict " + P(name + ".kv")).exit_code, 0);

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `kvfile verify|info|dump --json` print one valid JSON document whatever
 // the input: file names with quotes, backslashes, newlines and invalid
 // UTF-8, files of garbage, truncated and damaged files, and a model id of
@@ -16,37 +17,24 @@
 #include "kvfile/presets.h"
 #include "kvfile/writer.h"
 #include "support/cli_run.h"
+#include "support/file_util.h"
+#include "support/scratch_dir.h"
 #include "support/sweep_fixtures.h"
+#include "testing_hooks.h"
 
 namespace kvfile {
 namespace {
 
 namespace fs = std::filesystem;
 using testing::Kvfile;
+using testing::ShellQuote;
+using testing::WriteFile;
 
-// Single-quotes `s` for sh: every byte but ' stands for itself there.
-std::string ShellQuote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
-class CliJsonTest : public ::testing::Test {
+class CliJsonTest : public testing::ScratchDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::path(::testing::TempDir()) / ("kvfile_cli_json_" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   // A file name built to break naive JSON output.
   std::string Hostile(const std::string& tag) const {
     return (dir_ / ("q\"uo'te \\back\nnew\tline \xff\xfe bad-utf8 " + tag + ".kv")).string();
-  }
-  void WriteBytes(const std::string& path, const std::vector<uint8_t>& bytes) const {
-    std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()),
-                                                 static_cast<std::streamsize>(bytes.size()));
   }
   // Runs `kvfile VERB --json PATH`, parses stdout and returns the document.
   nlohmann::json RunJson(const std::string& verb, const std::string& path, int* exit_code = nullptr) {
@@ -61,7 +49,6 @@ class CliJsonTest : public ::testing::Test {
     }
     return j;
   }
-  fs::path dir_;
 };
 
 std::vector<uint8_t> Garbage(size_t n, uint64_t seed) {
@@ -90,7 +77,7 @@ TEST_F(CliJsonTest, ValidJsonForEveryInput) {
   for (const auto& [tag, bytes] : inputs) {
     SCOPED_TRACE(tag);
     std::string path = Hostile(tag);
-    WriteBytes(path, bytes);
+    WriteFile(path, bytes);
     int code = 0;
     nlohmann::json v = RunJson("verify", path, &code);
     ASSERT_TRUE(v.is_array());
@@ -129,7 +116,7 @@ TEST_F(CliJsonTest, ModelIdOfInvalidUtf8) {
   ASSERT_TRUE(GetPreset("tiny", Dtype::kE4M3, &g).ok());
   std::unique_ptr<Writer> w;
   WriterOptions opt;
-  opt.salt = 77;
+  hooks::SetWriterSalt(77);
   ASSERT_TRUE(Writer::Create(path, g, {"bad\xff\xc0 \"id\"\n", 1}, opt, &w).ok());
   ASSERT_TRUE(w->Close().ok());
   int code = 0;
@@ -150,7 +137,7 @@ TEST_F(CliJsonTest, VerifyLocatesDamageInTextAndJson) {
   const auto& c = f.chunks[1];
   bytes[c.sections[0].first + 1] ^= 0x10;  // payload of chunk 1
   std::string path = Hostile("damaged");
-  WriteBytes(path, bytes);
+  WriteFile(path, bytes);
   testing::CliRun text = Kvfile("verify " + ShellQuote(path));
   EXPECT_EQ(text.exit_code, 1);
   EXPECT_NE(text.err.find("chunk 1 at offset " + std::to_string(c.begin)), std::string::npos) << text.err;
@@ -164,7 +151,7 @@ TEST_F(CliJsonTest, VerifyLocatesDamageInTextAndJson) {
   // A truncated closed file: the offset is where the file now ends.
   bytes = f.bytes;
   bytes.resize(c.begin + 100);
-  WriteBytes(path, bytes);
+  WriteFile(path, bytes);
   text = Kvfile("verify " + ShellQuote(path));
   EXPECT_NE(text.err.find("offset " + std::to_string(c.begin + 100)), std::string::npos) << text.err;
   j = RunJson("verify", path);

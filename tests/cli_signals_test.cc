@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The kvfile binary under real signals (tools/kvfile/signals.*): started as a
 // child, sent SIGINT, SIGTERM or SIGHUP once it has begun writing (or
 // reading), it must stop at a safe point, exit 130 / 143 / 129 with exactly
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "support/cli_run.h"
+#include "support/scratch_dir.h"
 
 namespace {
 
@@ -48,11 +50,10 @@ std::vector<std::string> Names(const Listing& l) {
   return v;
 }
 
-class CliSignalsTest : public testing::Test {
+class CliSignalsTest : public kvfile::testing::ScratchDirTest {
  protected:
   void SetUp() override {
-    dir_ = fs::path(testing::TempDir()) / ("kvfile_signals_" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
+    ScratchDirTest::SetUp();
     fs::create_directories(dir_ / "work");
   }
   void TearDown() override {
@@ -60,31 +61,15 @@ class CliSignalsTest : public testing::Test {
       ::kill(pid_, SIGKILL);
       ::waitpid(pid_, nullptr, 0);
     }
-    fs::remove_all(dir_);
+    ScratchDirTest::TearDown();
   }
-  std::string P(const std::string& name) const { return (dir_ / name).string(); }
   std::string W(const std::string& name) const { return (dir_ / "work" / name).string(); }
 
   // Starts `kvfile ARGS...` with stdout to /dev/null and stderr to a file.
   void Start(const std::vector<std::string>& args) {
     err_path_ = P("stderr.txt");
-    pid_ = ::fork();
+    pid_ = kvfile::testing::StartKvfile(args, err_path_);
     ASSERT_GE(pid_, 0);
-    if (pid_ == 0) {
-      int err = ::open(err_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      int out = ::open("/dev/null", O_WRONLY);
-      if (err < 0 || out < 0) ::_exit(127);
-      ::dup2(err, 2);
-      ::dup2(out, 1);
-      std::vector<char*> argv;
-      std::string bin = KVFILE_BINARY;
-      argv.push_back(bin.data());
-      std::vector<std::string> copy = args;
-      for (std::string& a : copy) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      ::execv(bin.c_str(), argv.data());
-      ::_exit(127);
-    }
   }
 
   // Polls `started` every millisecond (up to 60 s); false if the child
@@ -132,7 +117,6 @@ class CliSignalsTest : public testing::Test {
     ASSERT_EQ(r.exit_code, 0) << r.err;
   }
 
-  fs::path dir_;
   pid_t pid_ = -1;
   std::string err_path_;
 };

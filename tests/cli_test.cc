@@ -1,9 +1,12 @@
+// SPDX-License-Identifier: Apache-2.0
 // The kvfile binary, run as a user runs it: exit status, stdout, the one
 // stderr line, and files left as they were.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "support/cli_run.h"
+#include "support/file_util.h"
+#include "support/scratch_dir.h"
 #include <sys/wait.h>
 
 #include <algorithm>
@@ -19,19 +22,11 @@ namespace {
 namespace fs = std::filesystem;
 
 using kvfile::testing::CliRun;
+using kvfile::testing::FlipBit;
 using kvfile::testing::Kvfile;
 using kvfile::testing::ReadFile;
 
-class CliTest : public testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = fs::path(testing::TempDir()) / ("kvfile_cli_" + std::to_string(::getpid()));
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string P(const std::string& name) const { return (dir_ / name).string(); }
-  fs::path dir_;
-};
+class CliTest : public kvfile::testing::ScratchDirTest {};
 
 TEST_F(CliTest, SynthInfoAndCheck) {
   CliRun w = Kvfile("synth " + P("a.kv") + " --preset tiny --tokens 300 --chunk-tokens 64 --seed 7");
@@ -137,15 +132,6 @@ void AppendGarbage(const std::string& path, size_t n) {
   for (size_t i = 0; i < n; ++i) f.put(static_cast<char>(i * 37 + 11));
 }
 
-void FlipByte(const std::string& path, std::streamoff offset) {
-  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
-  f.seekg(offset);
-  char c;
-  f.get(c);
-  f.seekp(offset);
-  f.put(static_cast<char>(c ^ 0x01));
-}
-
 TEST_F(CliTest, VerifyTellsTornTailFromDamage) {
   ASSERT_EQ(Kvfile("synth " + P("a.kv") + " --preset tiny --tokens 100 --chunk-tokens 16").exit_code, 0);
   CliRun ok = Kvfile("verify " + P("a.kv"));
@@ -173,12 +159,13 @@ TEST_F(CliTest, VerifyTellsTornTailFromDamage) {
 
   // Damage before the end: one flipped bit in a committed chunk's payload.
   ASSERT_EQ(Kvfile("synth " + P("b.kv") + " --preset tiny --tokens 100 --chunk-tokens 16").exit_code, 0);
-  FlipByte(P("b.kv"), 12288 + 4096 + 300);
+  FlipBit(P("b.kv"), 12288 + 4096 + 300, 0);
   CliRun bad = Kvfile("verify " + P("b.kv"));
   EXPECT_EQ(bad.exit_code, 1);
   EXPECT_EQ(bad.err, "kvfile: error: " + P("b.kv") +
                          ": chunk 1 at offset 16384: payload checksum mismatch in layer 0 stream 'k' "
-                         "(section at offset 16576)\n");
+                         "(section at offset 16576); tokens 0-15 are intact; keep them: kvfile rewind " +
+                         P("b.kv") + " --to 16\n");
   auto jb = nlohmann::json::parse(Kvfile("verify --json " + P("b.kv")).out);
   EXPECT_EQ(jb[0]["ok"], false);
   EXPECT_EQ(jb[0]["errors"][0]["chunk"], 1);
@@ -204,7 +191,7 @@ TEST_F(CliTest, RepairCutsTornTailAndRefusesDamage) {
   EXPECT_EQ(ReadFile(P("a.kv")), healthy) << "repair must leave exactly the valid file";
   EXPECT_EQ(Kvfile("synth --check " + P("a.kv")).exit_code, 0);
   // Damage in committed data: refused, file untouched.
-  FlipByte(P("a.kv"), 12288 + 200);
+  FlipBit(P("a.kv"), 12288 + 200, 0);
   std::string damaged = ReadFile(P("a.kv"));
   CliRun refuse = Kvfile("repair " + P("a.kv"));
   EXPECT_EQ(refuse.exit_code, 1);
@@ -245,7 +232,7 @@ TEST_F(CliTest, RepairForceCutsAFileTruncatedInsideCommittedData) {
   EXPECT_EQ(ReadFile(P("a.kv")), cut);
   CliRun refuse = Kvfile("repair " + P("a.kv"));
   EXPECT_EQ(refuse.exit_code, 1);
-  EXPECT_NE(refuse.err.find("use --force"), std::string::npos) << refuse.err;
+  EXPECT_NE(refuse.err.find("repair --force keeps the"), std::string::npos) << refuse.err;
   EXPECT_EQ(ReadFile(P("a.kv")), cut);
   CliRun fix = Kvfile("repair --force " + P("a.kv"));
   EXPECT_EQ(fix.exit_code, 0) << fix.err;
@@ -270,12 +257,14 @@ TEST_F(CliTest, VerifySnapshotDirectoryReportsExactlyTheDamagedFile) {
     ASSERT_EQ(Kvfile("synth " + f + " --preset tiny --tokens " + std::to_string(5 + i) + " --seed " + std::to_string(i)).exit_code, 0);
   }
   std::ofstream(P("snap/readme.txt")) << "not a kv file";
-  FlipByte(P("snap/sub/doc7.kv"), 12288 + 130);
+  FlipBit(P("snap/sub/doc7.kv"), 12288 + 130, 0);
   CliRun r = Kvfile("verify --jobs 2 " + P("snap"));
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
   EXPECT_NE(r.err.find("doc7.kv"), std::string::npos) << r.err;
-  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 11) << r.out;
+  // One line per file (the damaged one too) and the summary.
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 13) << r.out;
+  EXPECT_NE(r.out.find("1 of 12 files damaged\n"), std::string::npos) << r.out;
   auto j = nlohmann::json::parse(Kvfile("verify --json --jobs 2 " + P("snap")).out);
   ASSERT_EQ(j.size(), 12u);
   int bad = 0;

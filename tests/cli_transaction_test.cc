@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The CLI's writing verbs replace whole files atomically (issue 13, class
 // 1; spec/RECOVERY.md "Replacing a file"), on real full disks (a small
 // tmpfs), real locks held by another process, real symlinks, hard links,
@@ -23,6 +24,8 @@
 
 #include "kvfile/reader.h"
 #include "support/cli_run.h"
+#include "support/file_util.h"
+#include "support/scratch_dir.h"
 
 namespace kvfile {
 namespace {
@@ -32,18 +35,12 @@ using testing::CliRun;
 using testing::Kvfile;
 using testing::ReadFile;
 
-class CliTransactionTest : public ::testing::Test {
+class CliTransactionTest : public testing::ScratchDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::path(::testing::TempDir()) / ("kvfile_txn_" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
   void TearDown() override {
     if (mounted_) ::umount2(P("small").c_str(), MNT_DETACH);
-    fs::remove_all(dir_);
+    ScratchDirTest::TearDown();
   }
-  std::string P(const std::string& name) const { return (dir_ / name).string(); }
   void Synth(const std::string& name, const std::string& flags) {
     CliRun r = Kvfile("synth " + P(name) + " " + flags);
     ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -56,12 +53,7 @@ class CliTransactionTest : public ::testing::Test {
     return true;
   }
   // Every name under `sub` of the test directory.
-  std::vector<std::string> Names(const std::string& sub = "") const {
-    std::vector<std::string> n;
-    for (const auto& e : fs::directory_iterator(dir_ / sub)) n.push_back(e.path().filename().string());
-    std::sort(n.begin(), n.end());
-    return n;
-  }
+  std::vector<std::string> Names(const std::string& sub = "") const { return testing::SortedNames(dir_ / sub); }
   uint64_t Tokens(const std::string& path) {
     std::unique_ptr<Reader> r;
     Status st = Reader::Open(path, {}, &r);
@@ -81,7 +73,6 @@ class CliTransactionTest : public ::testing::Test {
     EXPECT_NE(r.err.find("No space left on device"), std::string::npos) << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
   }
-  fs::path dir_;
   bool mounted_ = false;
 };
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The verbs dump, rewind, append and convert, run as a user runs them: exit
 // status, the one stderr line, files left exactly as they were on failure,
 // and every code, scale and value checked against the library and the codec.
@@ -5,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "support/cli_run.h"
+#include "support/scratch_dir.h"
 #include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -24,6 +26,7 @@
 #include "kvfile/codec.h"
 #include "kvfile/presets.h"
 #include "kvfile/reader.h"
+#include "kvfile/safetensors.h"
 
 namespace {
 
@@ -110,9 +113,9 @@ Snap TakeSnap(const std::string& path) {
     for (uint32_t k = 0; k < s.g.streams.size(); ++k) {
       const kvfile::StreamSpec& spec = s.g.streams[k];
       uint64_t rows = T * spec.rows_per_token;
-      std::string d(rows * spec.row_width * kvfile::format::ElementSize(spec.dtype), '\0');
+      std::string d(rows * spec.row_width * kvfile::ElementSize(spec.dtype), '\0');
       std::vector<float> sc;
-      if (kvfile::format::IsFp8(spec.dtype)) {
+      if (kvfile::IsFp8(spec.dtype)) {
         sc.resize(rows);
         st = r->ReadCodes(l, k, 0, T, reinterpret_cast<uint8_t*>(d.data()), sc.data());
       } else {
@@ -125,17 +128,13 @@ Snap TakeSnap(const std::string& path) {
   return s;
 }
 
-kvfile::codec::Fp8Kind KindOf(Dtype d) {
-  return d == Dtype::kE5M2 ? kvfile::codec::Fp8Kind::kE5M2 : kvfile::codec::Fp8Kind::kE4M3;
-}
-
 // What reading (layer, stream) decoded as `out` gives, from the stored codes.
 std::string Decoded(const Snap& s, size_t i, Dtype out) {
   const kvfile::StreamSpec& spec = s.g.streams[i % s.g.streams.size()];
   uint64_t rows = s.tokens.size() * spec.rows_per_token;
-  std::string d(rows * spec.row_width * kvfile::format::ElementSize(out), '\0');
-  if (kvfile::format::IsFp8(spec.dtype))
-    kvfile::codec::DequantizeRows(KindOf(spec.dtype), reinterpret_cast<const uint8_t*>(s.data[i].data()),
+  std::string d(rows * spec.row_width * kvfile::ElementSize(out), '\0');
+  if (kvfile::IsFp8(spec.dtype))
+    kvfile::codec::DequantizeRows(spec.dtype, reinterpret_cast<const uint8_t*>(s.data[i].data()),
                                   s.scales[i].data(), rows, spec.row_width, out, d.data());
   else
     kvfile::codec::ConvertRaw(spec.dtype, s.data[i].data(), rows * spec.row_width, out, d.data());
@@ -148,7 +147,7 @@ std::pair<std::string, std::vector<float>> Quantized(Dtype kind, Dtype in, const
   std::string codes(rows * width, '\0');
   std::vector<float> scales(rows);
   size_t bad;
-  EXPECT_TRUE(kvfile::codec::QuantizeRows(KindOf(kind), in, src, rows, width, reinterpret_cast<uint8_t*>(codes.data()),
+  EXPECT_TRUE(kvfile::codec::QuantizeRows(kind, in, src, rows, width, reinterpret_cast<uint8_t*>(codes.data()),
                                           scales.data(), &bad));
   return {codes, scales};
 }
@@ -171,25 +170,12 @@ void ExpectSameContents(const Snap& a, const Snap& b) {
   }
 }
 
-const char* StDtype(Dtype d) {
-  switch (d) {
-    case Dtype::kE4M3: return "F8_E4M3";
-    case Dtype::kE5M2: return "F8_E5M2";
-    case Dtype::kF16: return "F16";
-    case Dtype::kF32: return "F32";
-    default: return "BF16";
-  }
-}
+// The safetensors dtype name of a kvfile dtype (the mapping is tested in
+// safetensors_test).
+const char* StDtype(Dtype d) { return kvfile::safetensors::DTypeName(kvfile::safetensors::DTypeOf(d)); }
 
-class CliVerbsTest : public testing::Test {
+class CliVerbsTest : public kvfile::testing::ScratchDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::path(testing::TempDir()) / ("kvfile_verbs_" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string P(const std::string& name) const { return (dir_ / name).string(); }
   void Synth(const std::string& name, const std::string& flags) {
     CliRun r = Kvfile("synth " + P(name) + " " + flags);
     ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -201,7 +187,6 @@ class CliVerbsTest : public testing::Test {
       if (e.path().filename().string().find(part) != std::string::npos) found.push_back(e.path().string());
     return found;
   }
-  fs::path dir_;
 };
 
 // A small hand-made input in the convention: 2 layers, k [2 rows x 4] and
@@ -262,7 +247,7 @@ TEST_F(CliVerbsTest, RoundTripEveryPresetAndDtypeThroughSafetensors) {
       for (uint32_t s = 0; s < sa.g.streams.size(); ++s) {
         const auto& spec = sa.g.streams[s];
         json shape = {sa.g.layers, T, spec.rows_per_token, spec.row_width};
-        if (kvfile::format::IsFp8(spec.dtype)) {
+        if (kvfile::IsFp8(spec.dtype)) {
           EXPECT_EQ(st.header[spec.name + ".codes"]["dtype"], StDtype(spec.dtype));
           EXPECT_EQ(st.header[spec.name + ".codes"]["shape"], shape);
           EXPECT_EQ(st.header[spec.name + ".scales"]["shape"], json({sa.g.layers, T, spec.rows_per_token}));
@@ -291,7 +276,7 @@ TEST_F(CliVerbsTest, RoundTripEveryPresetAndDtypeThroughSafetensors) {
           const auto& spec = sa.g.streams[s];
           EXPECT_EQ(sd.header[spec.name]["dtype"], StDtype(out));
           EXPECT_TRUE(sd.Tensor(spec.name) == Concat(sa, s, [&](size_t i) { return Decoded(sa, i, out); }))
-              << spec.name << " as " << kvfile::format::DtypeName(out);
+              << spec.name << " as " << kvfile::DtypeName(out);
         }
       }
       EXPECT_TRUE(ReadFile(a) == a_bytes) << "convert must never write IN";
@@ -1090,6 +1075,78 @@ TEST_F(CliVerbsTest, DumpTextAndErrors) {
   junk = Kvfile("dump " + P("junk.kv"));
   EXPECT_EQ(junk.exit_code, 1);
   EXPECT_EQ(junk.err, "kvfile: error: " + P("junk.kv") + ": not a kvfile: bad magic at offset 0\n");
+}
+
+// --header of several FILEs: each single FILE's block under "file: PATH",
+// a failed one as an "error:" entry while the others are still shown, one
+// stderr line (the first failure), exit status the worst; --json an array
+// of the single FILEs' documents. The other parts take one FILE.
+TEST_F(CliVerbsTest, DumpHeaderOfSeveralFiles) {
+  Synth("a.kv", "--preset tiny --tokens 10 --chunk-tokens 4 --seed 2");
+  Synth("b.kv", "--preset dsa-mixed --tokens 20 --chunk-tokens 8 --seed 5");
+  std::ofstream(P("junk.kv")) << std::string(20000, 'x');
+  const std::string a = P("a.kv"), b = P("b.kv"), junk = P("junk.kv"), missing = P("missing.kv");
+  const std::string before_a = ReadFile(a), before_b = ReadFile(b);
+  CliRun one_a = Kvfile("dump --header " + a), one_b = Kvfile("dump --header " + b);
+  ASSERT_EQ(one_a.exit_code, 0) << one_a.err;
+  ASSERT_EQ(one_b.exit_code, 0) << one_b.err;
+  ASSERT_TRUE(one_a.out.starts_with("header:\n  version           2.1\n")) << one_a.out;
+  const std::string junk_error = junk + ": not a kvfile: bad magic at offset 0";
+  CliRun m = Kvfile("dump " + missing);
+  ASSERT_EQ(m.exit_code, 2);
+  ASSERT_TRUE(m.err.starts_with("kvfile: error: " + missing + ": ")) << m.err;
+  const std::string missing_error = m.err.substr(15, m.err.size() - 16);
+
+  CliRun r = Kvfile("dump --header " + a + " " + b);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.err, "");
+  EXPECT_EQ(r.out, "file: " + a + "\n" + one_a.out + "\nfile: " + b + "\n" + one_b.out);
+  // Flags after the files, a damaged and a missing one among them: the
+  // others are still shown; the first failure is the stderr line; the
+  // worst status (2, the missing file, over 1, the damaged one) is the exit.
+  r = Kvfile("dump " + a + " " + junk + " " + missing + " " + b + " --header");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err, "kvfile: error: " + junk_error + "\n");
+  EXPECT_EQ(r.out, "file: " + a + "\n" + one_a.out + "\nfile: " + junk + "\nerror: " + junk_error + "\n\nfile: " +
+                       missing + "\nerror: " + missing_error + "\n\nfile: " + b + "\n" + one_b.out);
+  r = Kvfile("dump --header " + junk + " " + a);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err, "kvfile: error: " + junk_error + "\n");
+
+  // JSON: an array of what each FILE alone prints.
+  json ja = json::parse(Kvfile("dump --header --json " + a).out);
+  json jb = json::parse(Kvfile("dump --header --json " + b).out);
+  ASSERT_TRUE(ja.contains("header") && ja.contains("commit")) << ja.dump();
+  r = Kvfile("dump --header --json " + a + " " + junk + " " + b);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err, "kvfile: error: " + junk_error + "\n");
+  json j = json::parse(r.out);
+  ASSERT_TRUE(j.is_array());
+  ASSERT_EQ(j.size(), 3u);
+  EXPECT_EQ(j[0], ja);
+  EXPECT_EQ(j[1], json({{"path", junk}, {"ok", false}, {"error", junk_error}}));
+  EXPECT_EQ(j[2], jb);
+  EXPECT_EQ(j[2]["header"]["token_count"], 20);
+  // The JSON of one FILE that fails, as before: one object.
+  r = Kvfile("dump --header --json " + junk);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(json::parse(r.out), json({{"path", junk}, {"ok", false}, {"error", junk_error}}));
+
+  // More than the header of several FILEs: one usage line, nothing on stdout.
+  const std::string refused = "kvfile: error: dump: 2 FILEs: several FILEs take --header alone (chunks, tokens and "
+                              "rows: one FILE at a time)\n";
+  for (std::string parts : {"", "--header --chunks", "--chunks", "--header --tokens --json",
+                                    "--header --rows --layer 0 --stream k"}) {
+    SCOPED_TRACE(parts);
+    r = Kvfile("dump " + parts + " " + a + " " + b);
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_EQ(r.err, refused);
+    EXPECT_EQ(r.out, "");
+  }
+  r = Kvfile("dump " + a + " " + b + " " + junk);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(r.err.starts_with("kvfile: error: dump: 3 FILEs: ")) << r.err;
+  EXPECT_TRUE(ReadFile(a) == before_a && ReadFile(b) == before_b) << "dump is read-only";
 }
 
 TEST_F(CliVerbsTest, EveryVerbHasHelpWithAnExample) {

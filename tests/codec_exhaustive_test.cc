@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Exhaustive codec sweeps (CTest label `long`):
 //
 //  1. The element conversion over every finite f32 bit pattern, in increasing
@@ -29,7 +30,7 @@ namespace {
 
 using internal::Kernels;
 
-const char* KindName(Fp8Kind k) { return k == Fp8Kind::kE4M3 ? "e4m3" : "e5m2"; }
+const char* KindName(Dtype k) { return k == Dtype::kE4M3 ? "e4m3" : "e5m2"; }
 
 double Seconds(std::chrono::steady_clock::time_point since) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
@@ -48,7 +49,7 @@ struct RangeResult {
 
 // Encodes the f32 patterns [begin, end) with `fast` (crc over its codes) and
 // with the scalar reference, comparing every code.
-void SweepRange(Fp8Kind kind, const Kernels* fast, uint32_t begin, uint32_t end, RangeResult* out) {
+void SweepRange(Dtype kind, const Kernels* fast, uint32_t begin, uint32_t end, RangeResult* out) {
   std::vector<float> x(kChunk);
   std::vector<uint8_t> codes(kChunk);
   std::vector<uint8_t> ref(kChunk);
@@ -77,7 +78,7 @@ void SweepRange(Fp8Kind kind, const Kernels* fast, uint32_t begin, uint32_t end,
 // The digest of all finite f32 patterns through the `isa` kernels: the
 // positive patterns [0, 0x7F800000) on one thread, the negative ones
 // [0x80000000, 0xFF800000) on another, joined with crc32_combine.
-void CheckDigest(Fp8Kind kind, Isa isa, uint32_t want) {
+void CheckDigest(Dtype kind, Isa isa, uint32_t want) {
   const Kernels* k = &internal::KernelsFor(isa);
   const auto t0 = std::chrono::steady_clock::now();
   RangeResult pos, neg;
@@ -99,16 +100,16 @@ constexpr uint32_t kE5M2Digest = 0x770f73f6u;
 
 // The fastest path: its digest, and every one of its codes against the scalar
 // reference (so the scalar reference has the same digest).
-TEST(EveryFiniteF32, E4M3) { CheckDigest(Fp8Kind::kE4M3, Isa::kBest, kE4M3Digest); }
-TEST(EveryFiniteF32, E5M2) { CheckDigest(Fp8Kind::kE5M2, Isa::kBest, kE5M2Digest); }
+TEST(EveryFiniteF32, E4M3) { CheckDigest(Dtype::kE4M3, Isa::kBest, kE4M3Digest); }
+TEST(EveryFiniteF32, E5M2) { CheckDigest(Dtype::kE5M2, Isa::kBest, kE5M2Digest); }
 
 // The other vector path, when it is not the best one, gets the same sweep.
 TEST(EveryFiniteF32, Avx2WhenNotBest) {
   if (BestIsa() == Isa::kAvx2 || !IsaSupported(Isa::kAvx2)) {
     GTEST_SKIP() << "avx2 is the best path here (already swept) or is unsupported";
   }
-  CheckDigest(Fp8Kind::kE4M3, Isa::kAvx2, kE4M3Digest);
-  CheckDigest(Fp8Kind::kE5M2, Isa::kAvx2, kE5M2Digest);
+  CheckDigest(Dtype::kE4M3, Isa::kAvx2, kE4M3Digest);
+  CheckDigest(Dtype::kE5M2, Isa::kAvx2, kE5M2Digest);
 }
 
 // ---- 2. Random rows ----
@@ -184,7 +185,7 @@ struct RandomResult {
 // and the scalar reference; counts rows whose codes or scale differ.
 // With `short_rows`, widths are 1..8 and `total` counts rows, not elements:
 // per-row work (amax, the scale division, the zero-row rule) dominates.
-void RandomSweep(Fp8Kind kind, Dtype dt, uint64_t total, uint64_t seed, RandomResult* res,
+void RandomSweep(Dtype kind, Dtype dt, uint64_t total, uint64_t seed, RandomResult* res,
                  bool short_rows = false) {
   Rng rng{seed * 0x9E3779B97F4A7C15ULL + 1};
   const size_t block = 1 << 20;  // elements per batch
@@ -229,10 +230,10 @@ void RandomSweep(Fp8Kind kind, Dtype dt, uint64_t total, uint64_t seed, RandomRe
   }
 }
 
-void CheckRandom(Fp8Kind kind, Dtype dt, uint64_t total) {
+void CheckRandom(Dtype kind, Dtype dt, uint64_t total) {
   const auto t0 = std::chrono::steady_clock::now();
   RandomResult a, b;
-  const uint64_t seed = (kind == Fp8Kind::kE4M3 ? 100 : 200) + static_cast<uint64_t>(dt);
+  const uint64_t seed = (kind == Dtype::kE4M3 ? 100 : 200) + static_cast<uint64_t>(dt);
   std::thread t([&] { RandomSweep(kind, dt, total / 2, seed, &a); });
   RandomSweep(kind, dt, total - total / 2, seed + 1000, &b);
   t.join();
@@ -246,8 +247,8 @@ void CheckRandom(Fp8Kind kind, Dtype dt, uint64_t total) {
 TEST(RandomRows, HundredMillionShortF32Rows) {
   const auto t0 = std::chrono::steady_clock::now();
   RandomResult a, b;
-  std::thread t([&] { RandomSweep(Fp8Kind::kE4M3, Dtype::kF32, 50'000'000, 7, &a, true); });
-  RandomSweep(Fp8Kind::kE5M2, Dtype::kF32, 50'000'000, 8, &b, true);
+  std::thread t([&] { RandomSweep(Dtype::kE4M3, Dtype::kF32, 50'000'000, 7, &a, true); });
+  RandomSweep(Dtype::kE5M2, Dtype::kF32, 50'000'000, 8, &b, true);
   t.join();
   std::printf("%" PRIu64 " random short f32 rows (%" PRIu64 " elements), %.1f s\n", a.rows + b.rows,
               a.elements + b.elements, Seconds(t0));
@@ -255,12 +256,12 @@ TEST(RandomRows, HundredMillionShortF32Rows) {
   EXPECT_EQ(a.failures + b.failures, 0u) << a.first_failure << b.first_failure;
 }
 
-TEST(RandomRows, E4M3FromF32) { CheckRandom(Fp8Kind::kE4M3, Dtype::kF32, 100'000'000); }
-TEST(RandomRows, E5M2FromF32) { CheckRandom(Fp8Kind::kE5M2, Dtype::kF32, 100'000'000); }
-TEST(RandomRows, E4M3FromBf16) { CheckRandom(Fp8Kind::kE4M3, Dtype::kBF16, 25'000'000); }
-TEST(RandomRows, E5M2FromBf16) { CheckRandom(Fp8Kind::kE5M2, Dtype::kBF16, 25'000'000); }
-TEST(RandomRows, E4M3FromF16) { CheckRandom(Fp8Kind::kE4M3, Dtype::kF16, 25'000'000); }
-TEST(RandomRows, E5M2FromF16) { CheckRandom(Fp8Kind::kE5M2, Dtype::kF16, 25'000'000); }
+TEST(RandomRows, E4M3FromF32) { CheckRandom(Dtype::kE4M3, Dtype::kF32, 100'000'000); }
+TEST(RandomRows, E5M2FromF32) { CheckRandom(Dtype::kE5M2, Dtype::kF32, 100'000'000); }
+TEST(RandomRows, E4M3FromBf16) { CheckRandom(Dtype::kE4M3, Dtype::kBF16, 25'000'000); }
+TEST(RandomRows, E5M2FromBf16) { CheckRandom(Dtype::kE5M2, Dtype::kBF16, 25'000'000); }
+TEST(RandomRows, E4M3FromF16) { CheckRandom(Dtype::kE4M3, Dtype::kF16, 25'000'000); }
+TEST(RandomRows, E5M2FromF16) { CheckRandom(Dtype::kE5M2, Dtype::kF16, 25'000'000); }
 
 }  // namespace
 }  // namespace kvfile::codec

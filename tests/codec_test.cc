@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Unit tests of the fp8 codec (spec/CODEC.md): element tables against the
 // independent reference vectors in tests/vectors/, the row rule, and bit
 // identity of every vectorized path with the scalar reference.
@@ -29,11 +30,11 @@ namespace {
 
 using internal::Kernels;
 
-constexpr Fp8Kind kKinds[] = {Fp8Kind::kE4M3, Fp8Kind::kE5M2};
+constexpr Dtype kKinds[] = {Dtype::kE4M3, Dtype::kE5M2};
 constexpr Dtype kRawDtypes[] = {Dtype::kBF16, Dtype::kF16, Dtype::kF32};
 constexpr Isa kVectorIsas[] = {Isa::kAvx2, Isa::kAvx512};
 
-const char* KindName(Fp8Kind k) { return k == Fp8Kind::kE4M3 ? "e4m3" : "e5m2"; }
+const char* KindName(Dtype k) { return k == Dtype::kE4M3 ? "e4m3" : "e5m2"; }
 const char* DtName(Dtype d) {
   return d == Dtype::kBF16 ? "bf16" : d == Dtype::kF16 ? "f16" : d == Dtype::kF32 ? "f32" : "?";
 }
@@ -43,7 +44,7 @@ uint32_t Bits(float x) { return std::bit_cast<uint32_t>(x); }
 float FromBits(uint32_t b) { return std::bit_cast<float>(b); }
 
 std::vector<uint8_t> ReadVector(const std::string& name) {
-  const std::string path = std::string(KVFILE_TEST_DATA) + "/vectors/" + name;
+  const std::string path = std::string(KVFILE_TEST_DATA "/vectors/").append(name);
   std::ifstream f(path, std::ios::binary);
   EXPECT_TRUE(f.good()) << "cannot open " << path;
   return std::vector<uint8_t>(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
@@ -126,7 +127,7 @@ struct QuantResult {
 
 // Quantizes with one kernel set, from a copy of `src` placed `offset` bytes
 // past an alignment boundary, codes likewise.
-QuantResult Quantize(const Kernels& k, Fp8Kind kind, Dtype dt,
+QuantResult Quantize(const Kernels& k, Dtype kind, Dtype dt,
                      const std::vector<unsigned char>& src, size_t rows, size_t width,
                      size_t offset = 0) {
   Buffer in(src.size(), offset);
@@ -143,7 +144,7 @@ QuantResult Quantize(const Kernels& k, Fp8Kind kind, Dtype dt,
 }
 
 // Expects bit-identical quantization by `k` and the scalar reference.
-void ExpectSameQuantize(const Kernels& k, Fp8Kind kind, Dtype dt,
+void ExpectSameQuantize(const Kernels& k, Dtype kind, Dtype dt,
                         const std::vector<unsigned char>& src, size_t rows, size_t width,
                         const std::string& what, size_t offset = 0) {
   const QuantResult ref = Quantize(internal::kScalarKernels, kind, dt, src, rows, width);
@@ -169,7 +170,7 @@ void ExpectSameQuantize(const Kernels& k, Fp8Kind kind, Dtype dt,
 // ===========================================================================
 
 TEST(ElementTables, EncodeEveryBf16Pattern) {
-  for (Fp8Kind kind : kKinds) {
+  for (Dtype kind : kKinds) {
     const std::vector<uint8_t> want = ReadVector(std::string(KindName(kind)) + "_from_bf16.bin");
     ASSERT_EQ(want.size(), 65536u);
     for (uint32_t h = 0; h < 65536; ++h) {
@@ -180,7 +181,7 @@ TEST(ElementTables, EncodeEveryBf16Pattern) {
 }
 
 TEST(ElementTables, EncodeEveryF16Pattern) {
-  for (Fp8Kind kind : kKinds) {
+  for (Dtype kind : kKinds) {
     const std::vector<uint8_t> want = ReadVector(std::string(KindName(kind)) + "_from_f16.bin");
     ASSERT_EQ(want.size(), 65536u);
     for (uint32_t h = 0; h < 65536; ++h) {
@@ -191,7 +192,7 @@ TEST(ElementTables, EncodeEveryF16Pattern) {
 }
 
 TEST(ElementTables, DecodeEveryCode) {
-  for (Fp8Kind kind : kKinds) {
+  for (Dtype kind : kKinds) {
     const std::vector<float> want = ReadF32(std::string(KindName(kind)) + "_to_f32.bin");
     ASSERT_EQ(want.size(), 256u);
     for (uint32_t c = 0; c < 256; ++c) {
@@ -211,23 +212,23 @@ TEST(ElementTables, DecodeEveryCode) {
 TEST(ElementTables, InvalidCodeSets) {
   for (uint32_t c = 0; c < 256; ++c) {
     const auto u = static_cast<uint8_t>(c);
-    EXPECT_EQ(IsNonFiniteCode(u, Fp8Kind::kE4M3), c == 0x7F || c == 0xFF);
-    EXPECT_EQ(IsNonFiniteCode(u, Fp8Kind::kE5M2), (c & 0x7F) >= 0x7C);
+    EXPECT_EQ(IsNonFiniteCode(u, Dtype::kE4M3), c == 0x7F || c == 0xFF);
+    EXPECT_EQ(IsNonFiniteCode(u, Dtype::kE5M2), (c & 0x7F) >= 0x7C);
   }
 }
 
 TEST(ElementTables, Constants) {
-  EXPECT_EQ(Fp8MaxFinite(Fp8Kind::kE4M3), 448.0f);
-  EXPECT_EQ(Fp8MaxFinite(Fp8Kind::kE5M2), 57344.0f);
-  EXPECT_EQ(DecodeElement(0x7E, Fp8Kind::kE4M3), 448.0f);
-  EXPECT_EQ(DecodeElement(0x7B, Fp8Kind::kE5M2), 57344.0f);
-  EXPECT_EQ(DecodeElement(0x01, Fp8Kind::kE4M3), std::ldexp(1.0f, -9));
-  EXPECT_EQ(DecodeElement(0x01, Fp8Kind::kE5M2), std::ldexp(1.0f, -16));
-  EXPECT_EQ(DecodeElement(0x08, Fp8Kind::kE4M3), std::ldexp(1.0f, -6));
-  EXPECT_EQ(DecodeElement(0x04, Fp8Kind::kE5M2), std::ldexp(1.0f, -14));
-  EXPECT_EQ(DecodeElement(0x7C, Fp8Kind::kE5M2), INFINITY);
-  EXPECT_EQ(DecodeElement(0xFC, Fp8Kind::kE5M2), -INFINITY);
-  EXPECT_EQ(Bits(DecodeElement(0x80, Fp8Kind::kE4M3)), 0x80000000u);
+  EXPECT_EQ(Fp8MaxFinite(Dtype::kE4M3), 448.0f);
+  EXPECT_EQ(Fp8MaxFinite(Dtype::kE5M2), 57344.0f);
+  EXPECT_EQ(DecodeElement(0x7E, Dtype::kE4M3), 448.0f);
+  EXPECT_EQ(DecodeElement(0x7B, Dtype::kE5M2), 57344.0f);
+  EXPECT_EQ(DecodeElement(0x01, Dtype::kE4M3), std::ldexp(1.0f, -9));
+  EXPECT_EQ(DecodeElement(0x01, Dtype::kE5M2), std::ldexp(1.0f, -16));
+  EXPECT_EQ(DecodeElement(0x08, Dtype::kE4M3), std::ldexp(1.0f, -6));
+  EXPECT_EQ(DecodeElement(0x04, Dtype::kE5M2), std::ldexp(1.0f, -14));
+  EXPECT_EQ(DecodeElement(0x7C, Dtype::kE5M2), INFINITY);
+  EXPECT_EQ(DecodeElement(0xFC, Dtype::kE5M2), -INFINITY);
+  EXPECT_EQ(Bits(DecodeElement(0x80, Dtype::kE4M3)), 0x80000000u);
 }
 
 // An independent check of round-to-nearest-even: every finite code decodes
@@ -235,8 +236,8 @@ TEST(ElementTables, Constants) {
 // the one with an even mantissa, and one f32 ulp either side of it goes to
 // the nearer one.
 TEST(ElementRounding, MidpointsAndNeighbours) {
-  for (Fp8Kind kind : kKinds) {
-    const uint8_t max_code = kind == Fp8Kind::kE4M3 ? 0x7E : 0x7B;
+  for (Dtype kind : kKinds) {
+    const uint8_t max_code = kind == Dtype::kE4M3 ? 0x7E : 0x7B;
     for (uint32_t sign : {0u, 0x80u}) {
       for (uint32_t c = 0; c <= max_code; ++c) {
         const auto code = static_cast<uint8_t>(sign | c);
@@ -256,8 +257,8 @@ TEST(ElementRounding, MidpointsAndNeighbours) {
 }
 
 TEST(ElementRounding, SaturationNanAndZeros) {
-  for (Fp8Kind kind : kKinds) {
-    const uint8_t max_code = kind == Fp8Kind::kE4M3 ? 0x7E : 0x7B;
+  for (Dtype kind : kKinds) {
+    const uint8_t max_code = kind == Dtype::kE4M3 ? 0x7E : 0x7B;
     const float m = Fp8MaxFinite(kind);
     EXPECT_EQ(EncodeElement(m * 2, kind), max_code);
     EXPECT_EQ(EncodeElement(-m * 2, kind), max_code | 0x80);
@@ -274,14 +275,14 @@ TEST(ElementRounding, SaturationNanAndZeros) {
   }
   // Between the largest finite and the next (missing) binade step, RNE would
   // reach 480 (e4m3); saturation keeps it at 448.
-  EXPECT_EQ(EncodeElement(464.0f, Fp8Kind::kE4M3), 0x7E);
-  EXPECT_EQ(EncodeElement(465.0f, Fp8Kind::kE4M3), 0x7E);
-  EXPECT_EQ(EncodeElement(61440.0f, Fp8Kind::kE5M2), 0x7B);
+  EXPECT_EQ(EncodeElement(464.0f, Dtype::kE4M3), 0x7E);
+  EXPECT_EQ(EncodeElement(465.0f, Dtype::kE4M3), 0x7E);
+  EXPECT_EQ(EncodeElement(61440.0f, Dtype::kE5M2), 0x7B);
   // Subnormal ties (e4m3 step 2^-9): 0.5 step -> 0, 1.5 steps -> 2, 2.5 -> 2.
-  EXPECT_EQ(EncodeElement(std::ldexp(0.5f, -9), Fp8Kind::kE4M3), 0x00);
-  EXPECT_EQ(EncodeElement(std::ldexp(1.5f, -9), Fp8Kind::kE4M3), 0x02);
-  EXPECT_EQ(EncodeElement(std::ldexp(2.5f, -9), Fp8Kind::kE4M3), 0x02);
-  EXPECT_EQ(EncodeElement(std::ldexp(7.5f, -9), Fp8Kind::kE4M3), 0x08);  // into the normals
+  EXPECT_EQ(EncodeElement(std::ldexp(0.5f, -9), Dtype::kE4M3), 0x00);
+  EXPECT_EQ(EncodeElement(std::ldexp(1.5f, -9), Dtype::kE4M3), 0x02);
+  EXPECT_EQ(EncodeElement(std::ldexp(2.5f, -9), Dtype::kE4M3), 0x02);
+  EXPECT_EQ(EncodeElement(std::ldexp(7.5f, -9), Dtype::kE4M3), 0x08);  // into the normals
 }
 
 // ---- bf16 / f16 conversions ----
@@ -440,7 +441,7 @@ TEST(RawConversions, F16MatchesF16cInstructions) {
 TEST_P(IsaTest, ReferenceRows) {
   const std::vector<uint8_t> src = ReadVector("rows_bf16.bin");
   ASSERT_EQ(src.size(), 4096u * 128 * 2);
-  for (Fp8Kind kind : kKinds) {
+  for (Dtype kind : kKinds) {
     const std::string k = KindName(kind);
     const std::vector<uint8_t> want_codes = ReadVector("rows_" + k + "_codes.bin");
     const std::vector<float> want_scales = ReadF32("rows_" + k + "_scales.bin");
@@ -479,7 +480,7 @@ TEST_P(VectorIsaTest, EncodeScaledEveryBf16AndF16Pattern) {
     x[h] = FromBits(h << 16);
     x[65536 + h] = F16ToF32(static_cast<uint16_t>(h));
   }
-  for (Fp8Kind kind : kKinds) {
+  for (Dtype kind : kKinds) {
     const std::vector<uint8_t> want_bf16 =
         ReadVector(std::string(KindName(kind)) + "_from_bf16.bin");
     const std::vector<uint8_t> want_f16 = ReadVector(std::string(KindName(kind)) + "_from_f16.bin");
@@ -517,7 +518,7 @@ TEST_P(VectorIsaTest, QuantizeEvery16BitPattern) {
     const std::vector<uint16_t> ordered = FinitePatterns(dt);
     std::vector<uint16_t> shuffled = ordered;
     std::shuffle(shuffled.begin(), shuffled.end(), std::mt19937_64(11));
-    for (Fp8Kind kind : kKinds) {
+    for (Dtype kind : kKinds) {
       // In order: rows of neighbouring patterns, so every row has its own
       // binade and each pattern is quantized against a nearby amax.
       for (size_t width : {128u, 37u, 1u}) {
@@ -591,7 +592,7 @@ TEST_P(VectorIsaTest, QuantizeRandomF32Rows) {
     }
     for (Dtype dt : kRawDtypes) {
       const std::vector<unsigned char> raw = ToRaw(dt, x);
-      for (Fp8Kind kind : kKinds) {
+      for (Dtype kind : kKinds) {
         ExpectSameQuantize(K(), kind, dt, raw, rows, width, "random", width % 3);
       }
     }
@@ -599,7 +600,7 @@ TEST_P(VectorIsaTest, QuantizeRandomF32Rows) {
 }
 
 TEST_P(VectorIsaTest, QuantizeZeroRowsAndWidths) {
-  for (Fp8Kind kind : kKinds) {
+  for (Dtype kind : kKinds) {
     for (Dtype dt : kRawDtypes) {
       ExpectSameQuantize(K(), kind, dt, {}, 0, 128, "no rows");
       ExpectSameQuantize(K(), kind, dt, {}, 0, 0, "nothing");
@@ -609,7 +610,7 @@ TEST_P(VectorIsaTest, QuantizeZeroRowsAndWidths) {
 }
 
 // Valid codes of a kind, in order.
-std::vector<uint8_t> ValidCodes(Fp8Kind kind) {
+std::vector<uint8_t> ValidCodes(Dtype kind) {
   std::vector<uint8_t> v;
   for (uint32_t c = 0; c < 256; ++c) {
     if (!IsNonFiniteCode(static_cast<uint8_t>(c), kind)) v.push_back(static_cast<uint8_t>(c));
@@ -656,7 +657,7 @@ std::vector<float> TestScales() {
 // Decoding every valid code with many scales into every dtype.
 TEST_P(IsaTest, DequantizeEveryCodeManyScales) {
   const std::vector<float> scales = TestScales();
-  for (Fp8Kind kind : kKinds) {
+  for (Dtype kind : kKinds) {
     const std::vector<uint8_t> valid = ValidCodes(kind);
     // Row r holds all valid codes rotated by r, so tails see every code.
     const size_t width = valid.size();
@@ -706,8 +707,8 @@ TEST_P(IsaTest, DequantizeEveryCodeManyScales) {
 }
 
 TEST_P(IsaTest, DequantizeOverflowClampsToMaxFinite) {
-  for (Fp8Kind kind : kKinds) {
-    const uint8_t max_code = kind == Fp8Kind::kE4M3 ? 0x7E : 0x7B;
+  for (Dtype kind : kKinds) {
+    const uint8_t max_code = kind == Dtype::kE4M3 ? 0x7E : 0x7B;
     const uint8_t codes[2] = {max_code, static_cast<uint8_t>(max_code | 0x80)};
     const float scale = FromBits(0x7F7FFFFF);  // product overflows f32 to Inf
     uint16_t bf[2], h[2];
@@ -736,7 +737,7 @@ TEST_P(IsaTest, DequantizeOverflowClampsToMaxFinite) {
 
 TEST_P(IsaTest, FindInvalidCode) {
   std::mt19937_64 rng(5);
-  for (Fp8Kind kind : kKinds) {
+  for (Dtype kind : kKinds) {
     const std::vector<uint8_t> valid = ValidCodes(kind);
     std::vector<uint8_t> bad;
     for (uint32_t c = 0; c < 256; ++c) {
@@ -869,7 +870,7 @@ TEST_P(IsaTest, NonFiniteRowsRejectedWithTheirIndex) {
         dt == Dtype::kF32    ? std::vector<uint32_t>{0x7F800000, 0xFF800000, 0x7FC00000, 0xFF800001}
         : dt == Dtype::kBF16 ? std::vector<uint32_t>{0x7F80, 0xFF80, 0x7FC0, 0xFF81}
                              : std::vector<uint32_t>{0x7C00, 0xFC00, 0x7E00, 0xFC01};
-    for (Fp8Kind kind : kKinds) {
+    for (Dtype kind : kKinds) {
       for (size_t width : {1u, 5u, 16u, 33u, 128u}) {
         const size_t rows = 9;
         std::vector<float> x(rows * width, 1.5f);
@@ -904,7 +905,7 @@ TEST_P(IsaTest, NonFiniteRowsRejectedWithTheirIndex) {
 
 TEST_P(IsaTest, AllZeroRowsKeepSignedZeros) {
   for (Dtype dt : kRawDtypes) {
-    for (Fp8Kind kind : kKinds) {
+    for (Dtype kind : kKinds) {
       for (size_t width : {1u, 3u, 16u, 40u, 128u}) {
         std::vector<float> x(2 * width);
         for (size_t i = 0; i < width; ++i) {
@@ -926,7 +927,7 @@ TEST_P(IsaTest, AllZeroRowsKeepSignedZeros) {
 
 TEST_P(IsaTest, TinyRowsGetFltMinScale) {
   for (Dtype dt : {Dtype::kBF16, Dtype::kF32}) {  // f16 cannot hold values this small
-    for (Fp8Kind kind : kKinds) {
+    for (Dtype kind : kKinds) {
       // amax = 2^-120: amax / 448 < FLT_MIN, so the scale is FLT_MIN and the
       // quotients are x * 2^126 exactly.
       std::vector<float> x = {std::ldexp(1.0f, -120), -std::ldexp(1.0f, -127),
@@ -937,7 +938,7 @@ TEST_P(IsaTest, TinyRowsGetFltMinScale) {
       for (size_t i = 0; i < x.size(); ++i) {
         EXPECT_EQ(r.codes[i], EncodeElement(std::ldexp(x[i], 126), kind)) << i;
       }
-      if (kind == Fp8Kind::kE4M3) {
+      if (kind == Dtype::kE4M3) {
         EXPECT_EQ(r.codes[0], 0x68);  // 64 = 2^6: exponent field 6 + 7 = 13 -> 0.1101.000
         EXPECT_EQ(r.codes[1], 0xB0);  // -0.5 = -2^-1: exponent field 6 -> 1.0110.000
         EXPECT_EQ(r.codes[2], 0x0C);  // 3 * 2^-7 = 1.5 * 2^-6: 0.0001.100
@@ -949,8 +950,8 @@ TEST_P(IsaTest, TinyRowsGetFltMinScale) {
 
 TEST_P(IsaTest, SaturationAndExactMaximum) {
   for (Dtype dt : kRawDtypes) {
-    for (Fp8Kind kind : kKinds) {
-      const uint8_t max_code = kind == Fp8Kind::kE4M3 ? 0x7E : 0x7B;
+    for (Dtype kind : kKinds) {
+      const uint8_t max_code = kind == Dtype::kE4M3 ? 0x7E : 0x7B;
       // amax elements map to +-max code; a value just below amax too or one below.
       std::vector<float> x = {3.0f, -3.0f, 1.5f, 0.0f, -2.9990234f, 3.0f};
       const QuantResult r = Quantize(K(), kind, dt, ToRaw(dt, x), 1, x.size());
@@ -977,7 +978,7 @@ TEST_P(IsaTest, SaturationAndExactMaximum) {
 // The spec's worked examples (spec/CODEC.md, "Worked examples"); the
 // expected bytes were computed independently of this code.
 struct WorkedRow {
-  Fp8Kind kind;
+  Dtype kind;
   float x[4];
   uint32_t scale_bits;
   uint8_t codes[4];
@@ -987,25 +988,25 @@ struct WorkedRow {
 
 TEST_P(IsaTest, WorkedExamples) {
   const WorkedRow rows[] = {
-      {Fp8Kind::kE4M3,
+      {Dtype::kE4M3,
        {7.0f, -0.3f, 0.06640625f, 0x3p-15f},
        0x3C800000u,
        {0x7E, 0xDA, 0x48, 0x03},
        {0x40E0, 0xBEA0, 0x3D80, 0x38C0},
        {0x4700, 0xB500, 0x2C00, 0x0600}},
-      {Fp8Kind::kE5M2,
+      {Dtype::kE5M2,
        {7.0f, -0.3f, 0.06640625f, 0x3p-15f},
        0x39000000u,
        {0x7B, 0xE9, 0x60, 0x3A},
        {0x40E0, 0xBEA0, 0x3D80, 0x38C0},
        {0x4700, 0xB500, 0x2C00, 0x0600}},
-      {Fp8Kind::kE4M3,
+      {Dtype::kE4M3,
        {1.0f, -0.3f, 0.0078125f, -0.0f},
        0x3B124925u,
        {0x7E, 0xF0, 0x46, 0x80},
        {0x3F80, 0xBE92, 0x3C00, 0x8000},
        {0x3C00, 0xB492, 0x2000, 0x8000}},
-      {Fp8Kind::kE5M2,
+      {Dtype::kE5M2,
        {1.0f, -0.3f, 0.0078125f, -0.0f},
        0x37924925u,
        {0x7B, 0xF4, 0x5F, 0x80},
@@ -1041,8 +1042,8 @@ TEST(SpecExamples, ElementTable) {
                       {0x3B400000, 0x02, 0x1A}, {0x80000000, 0x80, 0x80}, {0xB727C5AC, 0x80, 0x81},
                       {0x47700000, 0x7E, 0x7B}, {0x7FC00000, 0x7F, 0x7F}, {0xFF800000, 0xFE, 0xFB}};
   for (const Row& r : rows) {
-    EXPECT_EQ(EncodeElement(FromBits(r.x), Fp8Kind::kE4M3), r.e4m3) << std::hex << r.x;
-    EXPECT_EQ(EncodeElement(FromBits(r.x), Fp8Kind::kE5M2), r.e5m2) << std::hex << r.x;
+    EXPECT_EQ(EncodeElement(FromBits(r.x), Dtype::kE4M3), r.e4m3) << std::hex << r.x;
+    EXPECT_EQ(EncodeElement(FromBits(r.x), Dtype::kE5M2), r.e5m2) << std::hex << r.x;
   }
 }
 
@@ -1083,8 +1084,8 @@ TEST_P(IsaTest, SpecRowExamples) {
         raw.push_back(static_cast<unsigned char>(b >> 8));
       }
     }
-    const QuantResult a = Quantize(K(), Fp8Kind::kE4M3, ex.dt, raw, 1, ex.x.size());
-    const QuantResult b = Quantize(K(), Fp8Kind::kE5M2, ex.dt, raw, 1, ex.x.size());
+    const QuantResult a = Quantize(K(), Dtype::kE4M3, ex.dt, raw, 1, ex.x.size());
+    const QuantResult b = Quantize(K(), Dtype::kE5M2, ex.dt, raw, 1, ex.x.size());
     ASSERT_TRUE(a.ok && b.ok);
     EXPECT_EQ(a.scale_bits[0], ex.scale_e4m3);
     if (ex.scale_e5m2 != 0) {
@@ -1102,9 +1103,9 @@ TEST_P(IsaTest, SpecRowExamples) {
 TEST_P(IsaTest, DivisionNotReciprocal) {
   const float x[2] = {FromBits(0x3FF985CA), FromBits(0x3EF09C70)};
   const float scale_expected = FromBits(0x3B8E9598);
-  ASSERT_NE(EncodeElement(x[1] * (1.0f / scale_expected), Fp8Kind::kE4M3), 0x6E);
+  ASSERT_NE(EncodeElement(x[1] * (1.0f / scale_expected), Dtype::kE4M3), 0x6E);
   for (Dtype dt : {Dtype::kF32}) {
-    const QuantResult r = Quantize(K(), Fp8Kind::kE4M3, dt, ToRaw(dt, {x[0], x[1]}), 1, 2);
+    const QuantResult r = Quantize(K(), Dtype::kE4M3, dt, ToRaw(dt, {x[0], x[1]}), 1, 2);
     ASSERT_TRUE(r.ok);
     EXPECT_EQ(r.scale_bits[0], 0x3B8E9598u);
     EXPECT_EQ(r.codes[0], 0x7E);
@@ -1116,9 +1117,9 @@ TEST_P(IsaTest, DivisionNotReciprocal) {
 // within half a step of the code's binade (plus the division's rounding).
 TEST_P(IsaTest, ErrorBound) {
   std::mt19937_64 rng(77);
-  for (Fp8Kind kind : kKinds) {
-    const int mant_bits = kind == Fp8Kind::kE4M3 ? 3 : 2;
-    const int emin = kind == Fp8Kind::kE4M3 ? -6 : -14;
+  for (Dtype kind : kKinds) {
+    const int mant_bits = kind == Dtype::kE4M3 ? 3 : 2;
+    const int emin = kind == Dtype::kE4M3 ? -6 : -14;
     for (int t = 0; t < 300; ++t) {
       const size_t width = 1 + rng() % 200;
       const std::vector<float> x = RandomRow(rng, width);
@@ -1185,7 +1186,7 @@ TEST(PublicApi, BadDtypeIsRefused) {
   uint8_t codes[4];
   float scale;
   size_t bad = 99;
-  EXPECT_FALSE(QuantizeRows(Fp8Kind::kE4M3, Dtype::kE4M3, src, 1, 4, codes, &scale, &bad));
+  EXPECT_FALSE(QuantizeRows(Dtype::kE4M3, Dtype::kE4M3, src, 1, 4, codes, &scale, &bad));
   EXPECT_EQ(bad, 1u);  // == rows: no row is at fault
 }
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Simulated power loss: every workload runs against FaultFs, which records
 // each write, sync, truncate, rename and directory sync the library makes.
 // After every prefix of those operations, every crash state FaultFs can build
@@ -18,6 +19,7 @@
 #include "kvfile/reader.h"
 #include "kvfile/writer.h"
 #include "support/fault_fs.h"
+#include "testing_hooks.h"
 
 namespace kvfile {
 namespace {
@@ -55,7 +57,7 @@ class Workload {
     options_.fs = &fs_;
     options_.sync = mode;
     options_.chunk_tokens = chunk_tokens;
-    options_.salt = 0xABCDEF;
+    hooks::SetWriterSalt(0xABCDEF);
     versions_.push_back({{}, 0});
   }
 
@@ -241,9 +243,9 @@ class Workload {
           auto x = RowsOf(g_, id, l, s);
           in.insert(in.end(), x.begin(), x.end());
         }
-        if (!format::IsFp8(spec.dtype)) {
+        if (!IsFp8(spec.dtype)) {
           // Raw streams store the input converted to their dtype, exactly.
-          size_t bytes = elems * format::ElementSize(spec.dtype);
+          size_t bytes = elems * ElementSize(spec.dtype);
           std::vector<uint8_t> got(bytes), want(bytes);
           Status st = r.ReadRows(l, s, 0, ids.size(), spec.dtype, got.data());
           ASSERT_TRUE(st.ok()) << st.ToString();
@@ -256,7 +258,7 @@ class Workload {
         Status st = r.ReadCodes(l, s, 0, ids.size(), codes.data(), scales.data());
         ASSERT_TRUE(st.ok()) << st.ToString();
         size_t bad;
-        auto kind = spec.dtype == Dtype::kE5M2 ? codec::Fp8Kind::kE5M2 : codec::Fp8Kind::kE4M3;
+        auto kind = spec.dtype == Dtype::kE5M2 ? Dtype::kE5M2 : Dtype::kE4M3;
         ASSERT_TRUE(codec::QuantizeRows(kind, Dtype::kF32, in.data(), rows, spec.row_width,
                                         want_codes.data(), want_scales.data(), &bad));
         ASSERT_EQ(codes, want_codes) << "layer " << l << " stream " << s;

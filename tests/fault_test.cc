@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Injected I/O errors: EIO and ENOSPC on the Nth write, and EIO on the Nth
 // fsync, once and persistently. In every case the writer reports the error
 // with the path, refuses everything after it (a failed fsync is fatal: the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests of the on-disk records of a .kv file (format/): file header, commit
 // slots and chunk headers (encode -> decode round trips, byte positions, and
 // every way a decoder must refuse), the chunk layout, and the geometry checks.
@@ -10,11 +11,11 @@
 #include <string>
 #include <vector>
 
-#include "kvfile/format/chunk_layout.h"
-#include "kvfile/format/endian.h"
-#include "kvfile/format/geometry.h"
-#include "kvfile/format/header.h"
-#include "kvfile/format/kv_format.h"
+#include "format/chunk_layout.h"
+#include "format/endian.h"
+#include "format/geometry.h"
+#include "format/header.h"
+#include "format/kv_format.h"
 #include "kvfile/status.h"
 
 namespace kvfile::format {

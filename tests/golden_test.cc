@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The golden fixture: the worked example of spec/FORMAT.md, written by the
 // library and compared byte for byte with tests/fixtures/example_v2.kv
 // (version 2.1; example_v2_0.kv is the same example as 2.0 wrote it).
@@ -15,6 +16,7 @@
 
 #include "kvfile/reader.h"
 #include "kvfile/writer.h"
+#include "testing_hooks.h"
 
 namespace kvfile {
 namespace {
@@ -37,7 +39,7 @@ void WriteExample(const std::string& path, uint16_t major = 2) {
   WriterOptions opt;
   opt.format_major = major;
   opt.chunk_tokens = 2;
-  opt.salt = 0x1122334455667788ull;
+  hooks::SetWriterSalt(0x1122334455667788ull);
   opt.overwrite = true;
   std::unique_ptr<Writer> w;
   ASSERT_TRUE(Writer::Create(path, ExampleGeometry(major), {"example/tiny", 0x0123456789ABCDEFull}, opt, &w).ok());
@@ -52,7 +54,7 @@ void WriteExample(const std::string& path, uint16_t major = 2) {
 }
 
 void CheckGolden(const std::string& name, uint16_t major, size_t size) {
-  std::string fixture = std::string(KVFILE_TEST_DATA) + "/fixtures/" + name;
+  std::string fixture = std::string(KVFILE_TEST_DATA "/fixtures/").append(name);
   std::string out = testing::TempDir() + "kvfile_golden_" + name;
   WriteExample(out, major);
   std::vector<uint8_t> written = ReadAll(out);
@@ -73,7 +75,7 @@ TEST(Golden, ExampleFileIsByteIdentical) { CheckGolden("example_v2.kv", 2, 16384
 TEST(Golden, ExampleV1FileIsByteIdentical) { CheckGolden("example_v1.kv", 1, 16384); }
 
 TEST(Golden, ExampleV1ReadsBackAndQuantizesLikeV2) {
-  std::string fixture = std::string(KVFILE_TEST_DATA) + "/fixtures/example_v1.kv";
+  std::string fixture = std::string(KVFILE_TEST_DATA "/fixtures/example_v1.kv");
   std::unique_ptr<Reader> r;
   Status st = Reader::Open(fixture, {}, &r);
   ASSERT_TRUE(st.ok()) << st.ToString();
@@ -97,7 +99,7 @@ TEST(Golden, ExampleV1ReadsBackAndQuantizesLikeV2) {
 class GoldenV2 : public ::testing::TestWithParam<std::pair<const char*, int>> {};
 
 TEST_P(GoldenV2, ExampleFileReadsBack) {
-  std::string fixture = std::string(KVFILE_TEST_DATA) + "/fixtures/" + GetParam().first;
+  std::string fixture = std::string(KVFILE_TEST_DATA "/fixtures/").append(GetParam().first);
   std::unique_ptr<Reader> r;
   Status st = Reader::Open(fixture, {}, &r);
   ASSERT_TRUE(st.ok()) << st.ToString();

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Faults injected at the system-call level inside both real backends
 // (src/io_fault_hook.h): EINTR, EAGAIN and short counts on the Nth write,
 // fsync or read (pwrite/pread/fdatasync for POSIX, the SQE's completion for
@@ -35,6 +36,7 @@
 #include "kvfile/presets.h"
 #include "kvfile/reader.h"
 #include "kvfile/writer.h"
+#include "testing_hooks.h"
 
 namespace kvfile {
 namespace {
@@ -561,7 +563,7 @@ WriterOptions Options(FileSystem* fs, SyncMode mode) {
   o.fs = fs;
   o.sync = mode;
   o.chunk_tokens = 4;
-  o.salt = kSalt;
+  hooks::SetWriterSalt(kSalt);
   return o;
 }
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A real kill -9 loop: a child process appends with sync mode `chunk` and
 // reports each acknowledged token count on a pipe; the parent kills it at a
 // random moment, then checks that the file opens and holds at least every
@@ -123,7 +124,7 @@ TEST(KillTest, EveryAcknowledgedTokenSurvivesKill9) {
         std::vector<uint8_t> codes(n * per), want(n * per);
         std::vector<float> scales(rows), want_scales(rows);
         size_t bad;
-        ASSERT_TRUE(codec::QuantizeRows(codec::Fp8Kind::kE4M3, Dtype::kF32, in.data(), rows,
+        ASSERT_TRUE(codec::QuantizeRows(Dtype::kE4M3, Dtype::kF32, in.data(), rows,
                                         g.streams[s].row_width, want.data(), want_scales.data(), &bad));
         ASSERT_TRUE(r->ReadCodes(l, s, 0, n, codes.data(), scales.data()).ok());
         ASSERT_EQ(codes, want) << "after kill " << kills << ", layer " << l << " stream " << s;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests of the library's mmap-backed buffers (src/page_buffer.h): PageBuffer
 // keeps its contents across growth (mremap may move it) and hands out zeros
 // in every newly exposed byte, including bytes an earlier, larger size

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Checks that the documented API examples are the files CI compiles and
 # runs. docs/api.md shows each file whole, README.md an excerpt of it; a code
 # block is tied to its file by a marker line just before it:

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The safetensors reader and writer (src/safetensors.h): every rule of the
 // format refused with kCorruption and a message naming it, the kvfile
 // convention refused with kInvalidArgument, and a hostile header length
@@ -15,10 +16,13 @@
 #include <filesystem>
 #include <fstream>
 #include <new>
+#include <optional>
 #include <string>
+#include <utility>
 
 #include "kvfile/safetensors.h"
 #include "support/alloc_tracker.h"
+#include "support/scratch_dir.h"
 
 namespace {
 
@@ -74,6 +78,36 @@ TEST(SafetensorsParse, AcceptsValidHeaders) {
     EXPECT_STREQ(DTypeName(dt), d);
     std::string one = "{" + T("x", d, "[3]", 0, 3 * DTypeSize(dt)) + "}";
     EXPECT_TRUE(Parse(one, 3 * DTypeSize(dt)).ok()) << d;
+  }
+}
+
+// The one mapping between DType and kvfile::Dtype: kvfile's five dtypes
+// both ways, named as the format names them, and the twelve other DTypes
+// mapped to none.
+TEST(SafetensorsDType, MapsToAndFromKvfileDtype) {
+  using kvfile::Dtype;
+  const std::pair<Dtype, const char*> kv[] = {{Dtype::kE4M3, "F8_E4M3"}, {Dtype::kE5M2, "F8_E5M2"},
+                                              {Dtype::kBF16, "BF16"},    {Dtype::kF16, "F16"},
+                                              {Dtype::kF32, "F32"}};
+  for (const auto& [d, name] : kv) {
+    EXPECT_STREQ(DTypeName(DTypeOf(d)), name) << kvfile::DtypeName(d);
+    DType st;
+    ASSERT_TRUE(ParseDType(name, &st)) << name;
+    EXPECT_EQ(KvDtypeOf(st), std::optional<Dtype>(d)) << name;
+  }
+  // Every byte that is a Dtype is one of the five above and maps back to itself.
+  int valid = 0;
+  for (int v = 0; v < 256; ++v) {
+    if (!kvfile::IsValidDtype(static_cast<uint8_t>(v))) continue;
+    ++valid;
+    Dtype d = static_cast<Dtype>(v);
+    EXPECT_EQ(KvDtypeOf(DTypeOf(d)), std::optional<Dtype>(d)) << v;
+  }
+  EXPECT_EQ(valid, 5);
+  for (const char* name : {"BOOL", "U8", "I8", "F8_E8M0", "I16", "U16", "I32", "U32", "C64", "F64", "I64", "U64"}) {
+    DType st;
+    ASSERT_TRUE(ParseDType(name, &st)) << name;
+    EXPECT_FALSE(KvDtypeOf(st).has_value()) << name;
   }
 }
 
@@ -278,14 +312,8 @@ TEST(SafetensorsParse, RefusesGapsOverlapsAndUncoveredBytes) {
 
 // ---- Files ---------------------------------------------------------------------------
 
-class SafetensorsFileTest : public testing::Test {
+class SafetensorsFileTest : public kvfile::testing::ScratchDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::path(testing::TempDir()) / ("kvfile_st_" + std::to_string(::getpid()));
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string P(const std::string& name) const { return (dir_ / name).string(); }
   // Writes an 8-byte length `n`, then `body`.
   std::string WriteRaw(const std::string& name, uint64_t n, const std::string& body) {
     std::ofstream f(P(name), std::ios::binary);
@@ -299,7 +327,6 @@ class SafetensorsFileTest : public testing::Test {
     std::unique_ptr<SafetensorsFile> f;
     return SafetensorsFile::Open(path, nullptr, out ? out : &f);
   }
-  fs::path dir_;
 };
 
 TEST_F(SafetensorsFileTest, RefusesBadHeaderLengths) {

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Sparse files: what a reader does costs what the file holds, not what its
 // size or its commit record claims (issue 13, "never scale with what a file
 // claims"; spec/FORMAT.md 7.1).
@@ -26,8 +27,8 @@
 #include <string>
 
 #include "file_backends.h"
-#include "kvfile/format/endian.h"
-#include "kvfile/format/header.h"
+#include "format/endian.h"
+#include "format/header.h"
 #include "kvfile/reader.h"
 #include "kvfile/verify.h"
 #include "support/fault_fs.h"

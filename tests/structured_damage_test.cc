@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Structured damage of the sweep fixtures (support/sweep_fixtures.h), at
 // least 10^5 cases from a fixed seed: runs of 1-64 garbage bytes, 512-byte
 // and 4 KiB blocks zeroed or filled with garbage, a chunk duplicated (over
@@ -39,8 +40,8 @@
 #include <cstdio>
 #include <cstring>
 
-#include "kvfile/format/endian.h"
-#include "kvfile/format/header.h"
+#include "format/endian.h"
+#include "format/header.h"
 #include "kvfile/reader.h"
 #include "kvfile/verify.h"
 #include "support/sweep_fixtures.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Every truncation of every sweep fixture (support/sweep_fixtures.h), from
 // 0 bytes to the whole file, through VerifyFile and a Reader.
 //
@@ -21,6 +22,7 @@
 #include <chrono>
 #include <cstdio>
 
+#include "format/kv_format.h"
 #include "kvfile/reader.h"
 #include "kvfile/verify.h"
 #include "support/sweep_fixtures.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Format v1 and the v1 -> v2 upgrade on a writable open.
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -14,12 +15,13 @@
 #include <random>
 
 #include "kvfile/codec.h"
-#include "kvfile/format/header.h"
+#include "format/header.h"
 #include "kvfile/presets.h"
 #include "kvfile/reader.h"
 #include "kvfile/verify.h"
 #include "kvfile/writer.h"
 #include "support/fault_fs.h"
+#include "testing_hooks.h"
 
 namespace kvfile {
 namespace {
@@ -94,7 +96,7 @@ class UpgradeTest : public ::testing::Test {
 TEST_F(UpgradeTest, EveryPresetAndRawDtype) {
   for (const std::string& preset : PresetNames()) {
     for (Dtype raw : {Dtype::kBF16, Dtype::kF16, Dtype::kF32}) {
-      SCOPED_TRACE(preset + " " + format::DtypeName(raw));
+      SCOPED_TRACE(preset + " " + DtypeName(raw));
       Geometry g = RawPreset(preset, raw);
       std::string path = P("s.kv");
       std::filesystem::remove(path);
@@ -113,7 +115,7 @@ TEST_F(UpgradeTest, EveryPresetAndRawDtype) {
           size_t rows = tokens * spec.rows_per_token, elems = rows * spec.row_width;
           std::vector<float> in(elems);
           for (uint64_t t = 0; t < tokens; ++t) RowsOf(spec, t, l, s, in.data() + t * spec.ElementsPerToken());
-          std::vector<uint8_t> stored(elems * format::ElementSize(raw)), want(stored.size());
+          std::vector<uint8_t> stored(elems * ElementSize(raw)), want(stored.size());
           codec::ConvertRaw(Dtype::kF32, in.data(), elems, raw, want.data());
           ASSERT_TRUE(r1->ReadRows(l, s, 0, tokens, raw, stored.data()).ok());
           ASSERT_EQ(stored, want);
@@ -121,7 +123,7 @@ TEST_F(UpgradeTest, EveryPresetAndRawDtype) {
           std::vector<float> scales(rows), want_scales(rows);
           ASSERT_TRUE(r1->ReadCodes(l, s, 0, tokens, codes.data(), scales.data()).ok());
           size_t bad;
-          ASSERT_TRUE(codec::QuantizeRows(codec::Fp8Kind::kE4M3, raw, stored.data(), rows, spec.row_width,
+          ASSERT_TRUE(codec::QuantizeRows(Dtype::kE4M3, raw, stored.data(), rows, spec.row_width,
                                           want_codes.data(), want_scales.data(), &bad));
           ASSERT_EQ(codes, want_codes);
           ASSERT_EQ(0, std::memcmp(scales.data(), want_scales.data(), rows * 4));
@@ -412,45 +414,6 @@ TEST(UpgradeKill, FileIsWholeV1OrWholeV2AfterEveryKill) {
               static_cast<unsigned long long>(kTokens), upgrade_us / 1000, v1_seen, v2_seen);
   EXPECT_GT(v1_seen, 0);
   std::filesystem::remove_all(dir);
-}
-
-}  // namespace
-}  // namespace kvfile
-
-namespace kvfile {
-namespace {
-
-// A writer that opens a file with an exhausted epoch counter refuses to
-// rewind: a wrapped epoch would make the file unreadable.
-TEST(EpochLimit, RewindAtTheLastEpochIsRefused) {
-  Geometry g;
-  ASSERT_TRUE(GetPreset("tiny", Dtype::kE4M3, &g).ok());
-  FaultFs fs;
-  WriterOptions o;
-  o.fs = &fs;
-  o.chunk_tokens = 4;
-  o.salt = 99;
-  std::unique_ptr<Writer> w;
-  ASSERT_TRUE(Writer::Create("/e/y.kv", g, {"m", 1}, o, &w).ok());
-  ASSERT_TRUE(w->Close().ok());
-  // The empty file's active record (sequence 2, slot 0) rewritten with the
-  // last epoch, as a file that was rewound 2^32 - 2 times would hold.
-  testing::DiskImage img = fs.Image();
-  format::CommitRecord c;
-  c.sequence = 2;
-  c.salt = 99;
-  c.epoch = 0xFFFFFFFFu;
-  format::EncodeCommitRecord(c, std::span<uint8_t, format::kCommitSlotSize>(img.at("/e/y.kv").data() + 4096, 4096));
-  FaultFs disk(img);
-  o.fs = &disk;
-  Status st = Writer::Open("/e/y.kv", o, &w);
-  ASSERT_TRUE(st.ok()) << st.ToString();
-  ASSERT_TRUE(AppendF32(*w, 0, 5).ok());
-  ASSERT_TRUE(w->Sync().ok());
-  st = w->Rewind(2);
-  EXPECT_EQ(st.code(), Status::Code::kUnsupported) << st.ToString();
-  EXPECT_NE(st.message().find("epoch counter is exhausted"), std::string::npos) << st.message();
-  EXPECT_EQ(w->token_count(), 5u);
 }
 
 }  // namespace

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The file backends behind FileSystem::Default(): the same behavioural checks
 // on POSIX and io_uring (io_uring skipped where this process cannot use it),
 // byte-identical results from both, and the KVFILE_IO choice.

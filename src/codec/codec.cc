@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The fp8 codec: element conversions (the reference semantics of spec/CODEC.md),
 // run-time ISA dispatch and the public block wrappers.
 //
@@ -37,8 +38,8 @@ constexpr SmallFormat kE5M2Format{2, 15, 0x7B};
 constexpr SmallFormat kF16Format{10, 15, 0x7BFF};
 constexpr SmallFormat kBf16Format{7, 127, 0x7F7F};
 
-constexpr const SmallFormat& FormatOf(Fp8Kind kind) {
-  return kind == Fp8Kind::kE4M3 ? kE4M3Format : kE5M2Format;
+constexpr const SmallFormat& FormatOf(Dtype kind) {
+  return kind == Dtype::kE4M3 ? kE4M3Format : kE5M2Format;
 }
 
 constexpr uint32_t kF32AbsMask = 0x7FFFFFFFu;
@@ -107,18 +108,18 @@ struct DecodeTable {
   uint32_t bits[256];
 };
 
-constexpr DecodeTable MakeDecodeTable(Fp8Kind kind) {
+constexpr DecodeTable MakeDecodeTable(Dtype kind) {
   DecodeTable t{};
   const SmallFormat& f = FormatOf(kind);
   for (uint32_t c = 0; c < 256; ++c) {
     const uint32_t sign = (c & 0x80u) << 24;
     const uint32_t mag = c & 0x7Fu;
     uint32_t bits;
-    if (kind == Fp8Kind::kE4M3 && mag == 0x7F) {
+    if (kind == Dtype::kE4M3 && mag == 0x7F) {
       bits = kQuietNanBits;  // e4m3 has no Inf; S.1111.111 is NaN
-    } else if (kind == Fp8Kind::kE5M2 && mag == 0x7C) {
+    } else if (kind == Dtype::kE5M2 && mag == 0x7C) {
       bits = internal::kF32InfBits;  // e5m2 S.11111.00 is Inf
-    } else if (kind == Fp8Kind::kE5M2 && mag > 0x7C) {
+    } else if (kind == Dtype::kE5M2 && mag > 0x7C) {
       bits = kQuietNanBits;  // e5m2 S.11111.mm (mm != 0) is NaN
     } else {
       bits = ExpandMagnitude(mag, f);
@@ -128,8 +129,8 @@ constexpr DecodeTable MakeDecodeTable(Fp8Kind kind) {
   return t;
 }
 
-constexpr DecodeTable kE4M3Table = MakeDecodeTable(Fp8Kind::kE4M3);
-constexpr DecodeTable kE5M2Table = MakeDecodeTable(Fp8Kind::kE5M2);
+constexpr DecodeTable kE4M3Table = MakeDecodeTable(Dtype::kE4M3);
+constexpr DecodeTable kE5M2Table = MakeDecodeTable(Dtype::kE5M2);
 
 static_assert(kE4M3Table.bits[0x7E] == 0x43E00000u);  // 448
 static_assert(kE5M2Table.bits[0x7B] == 0x47600000u);  // 57344
@@ -171,7 +172,7 @@ bool IsRawDtype(Dtype d) { return d == Dtype::kBF16 || d == Dtype::kF16 || d == 
 
 // EncodeElement for one kind known at compile time (the shifts and constants
 // of RoundMagnitude then fold).
-template <Fp8Kind kKind>
+template <Dtype kKind>
 uint8_t EncodeAs(float x) {
   const uint32_t bits = std::bit_cast<uint32_t>(x);
   const uint32_t abs_bits = bits & kF32AbsMask;
@@ -204,11 +205,11 @@ const Kernels& KernelsFor(Isa isa) {
   }
 }
 
-void EncodeScaledReference(Fp8Kind kind, const float* x, size_t n, uint8_t* codes) {
-  if (kind == Fp8Kind::kE4M3) {
-    for (size_t i = 0; i < n; ++i) codes[i] = EncodeAs<Fp8Kind::kE4M3>(x[i]);
+void EncodeScaledReference(Dtype kind, const float* x, size_t n, uint8_t* codes) {
+  if (kind == Dtype::kE4M3) {
+    for (size_t i = 0; i < n; ++i) codes[i] = EncodeAs<Dtype::kE4M3>(x[i]);
   } else {
-    for (size_t i = 0; i < n; ++i) codes[i] = EncodeAs<Fp8Kind::kE5M2>(x[i]);
+    for (size_t i = 0; i < n; ++i) codes[i] = EncodeAs<Dtype::kE5M2>(x[i]);
   }
 }
 
@@ -244,22 +245,22 @@ const char* IsaName(Isa isa) {
   return "unknown";
 }
 
-float Fp8MaxFinite(Fp8Kind kind) {
-  return kind == Fp8Kind::kE4M3 ? internal::kE4M3Max : internal::kE5M2Max;
+float Fp8MaxFinite(Dtype kind) {
+  return kind == Dtype::kE4M3 ? internal::kE4M3Max : internal::kE5M2Max;
 }
 
-uint8_t EncodeElement(float x, Fp8Kind kind) {
-  return kind == Fp8Kind::kE4M3 ? EncodeAs<Fp8Kind::kE4M3>(x) : EncodeAs<Fp8Kind::kE5M2>(x);
+uint8_t EncodeElement(float x, Dtype kind) {
+  return kind == Dtype::kE4M3 ? EncodeAs<Dtype::kE4M3>(x) : EncodeAs<Dtype::kE5M2>(x);
 }
 
-float DecodeElement(uint8_t code, Fp8Kind kind) {
-  const DecodeTable& t = kind == Fp8Kind::kE4M3 ? kE4M3Table : kE5M2Table;
+float DecodeElement(uint8_t code, Dtype kind) {
+  const DecodeTable& t = kind == Dtype::kE4M3 ? kE4M3Table : kE5M2Table;
   return std::bit_cast<float>(t.bits[code]);
 }
 
-bool IsNonFiniteCode(uint8_t code, Fp8Kind kind) {
+bool IsNonFiniteCode(uint8_t code, Dtype kind) {
   const uint8_t mag = code & 0x7F;
-  return kind == Fp8Kind::kE4M3 ? mag == 0x7F : mag >= 0x7C;
+  return kind == Dtype::kE4M3 ? mag == 0x7F : mag >= 0x7C;
 }
 
 uint16_t F32ToBf16(float x) {
@@ -300,7 +301,7 @@ float F16ToF32(uint16_t bits) {
   return std::bit_cast<float>(sign | out);
 }
 
-bool QuantizeRows(Fp8Kind kind, Dtype src_dtype, const void* src, size_t rows, size_t width,
+bool QuantizeRows(Dtype kind, Dtype src_dtype, const void* src, size_t rows, size_t width,
                   uint8_t* codes, float* scales, size_t* bad_row, Isa isa) {
   if (!IsRawDtype(src_dtype)) {
     if (bad_row != nullptr) *bad_row = rows;  // not a row problem: a bad call
@@ -313,13 +314,13 @@ bool QuantizeRows(Fp8Kind kind, Dtype src_dtype, const void* src, size_t rows, s
   return ok;
 }
 
-void DequantizeRows(Fp8Kind kind, const uint8_t* codes, const float* scales, size_t rows,
+void DequantizeRows(Dtype kind, const uint8_t* codes, const float* scales, size_t rows,
                     size_t width, Dtype dst_dtype, void* dst, Isa isa) {
   if (!IsRawDtype(dst_dtype)) return;
   internal::KernelsFor(isa).dequantize_rows(kind, codes, scales, rows, width, dst_dtype, dst);
 }
 
-size_t FindInvalidCode(Fp8Kind kind, const uint8_t* codes, size_t n, Isa isa) {
+size_t FindInvalidCode(Dtype kind, const uint8_t* codes, size_t n, Isa isa) {
   return internal::KernelsFor(isa).find_invalid_code(kind, codes, n);
 }
 
@@ -337,7 +338,7 @@ size_t FindInvalidScale(const float* scales, size_t n) {
 void ConvertRaw(Dtype src_dtype, const void* src, size_t n, Dtype dst_dtype, void* dst) {
   if (!IsRawDtype(src_dtype) || !IsRawDtype(dst_dtype) || n == 0) return;
   if (src_dtype == dst_dtype) {
-    std::memmove(dst, src, n * format::ElementSize(src_dtype));
+    std::memmove(dst, src, n * ElementSize(src_dtype));
     return;
   }
   internal::KernelsFor(Isa::kBest).convert_raw(src_dtype, src, n, dst_dtype, dst);

@@ -1,9 +1,12 @@
+// SPDX-License-Identifier: Apache-2.0
 // AVX2 + FMA + F16C kernels. Compiled with -mavx2 -mfma -mf16c and only ever
 // called after the dispatcher in codec.cc has checked those features.
 // Bit-identical to codec_scalar.cc. Tails shorter than a vector go through a
 // zero-padded stack buffer, so every element takes the same vector path.
 //
-// Everything here has internal linkage (see codec_internal.h for why).
+// The row drivers and dispatch are the shared ones of row_drivers.h; this
+// file holds the AVX2 primitives they run on. Everything here has internal
+// linkage (see codec_internal.h for why).
 
 #include <immintrin.h>
 
@@ -11,26 +14,11 @@
 #include <cstring>
 
 #include "codec/codec_internal.h"
+#include "codec/row_drivers.h"
 #include "kvfile/codec.h"
 
 namespace kvfile::codec::internal {
 namespace {
-
-// Per-kind constants; see codec_avx512.cc and spec/CODEC.md "Implementation notes".
-template <Fp8Kind kKind>
-struct KindTraits {
-  static constexpr bool kE4 = kKind == Fp8Kind::kE4M3;
-  static constexpr int kShift = kE4 ? 20 : 21;  // 23 - mantissa bits
-  // Half an fp8 ulp minus one, minus the exponent rebias (127 - bias) << 23.
-  static constexpr int kRoundBias = ((1 << (kShift - 1)) - 1) - (kE4 ? (120 << 23) : (112 << 23));
-  static constexpr int kMaxCode = kE4 ? kE4M3MaxCode : kE5M2MaxCode;
-  static constexpr int kMinNormalBits = kE4 ? 0x3C800000 : 0x38800000;     // 2^-6, 2^-14
-  static constexpr int kMagicBits = kE4 ? 0x46800000 : 0x43000000;         // 2^14, 2^7
-  static constexpr int kDecodePow2Bits = kE4 ? (247 << 23) : (239 << 23);  // 2^120, 2^112
-};
-
-template <Dtype kDt>
-constexpr size_t kElemSize = kDt == Dtype::kF32 ? 4 : 2;
 
 __m256i Set32(int v) { return _mm256_set1_epi32(v); }
 __m256i Set16(int v) { return _mm256_set1_epi16(static_cast<short>(v)); }
@@ -41,7 +29,7 @@ __m256i Set16(int v) { return _mm256_set1_epi16(static_cast<short>(v)); }
 // codec_avx512.cc for the argument. kSaturate: clamp to the largest finite
 // code (QuantizeRows' quotients never need it).
 // All compares are signed: the patterns are below 2^31.
-template <Fp8Kind kKind, bool kSaturate>
+template <Dtype kKind, bool kSaturate>
 __m256i EncodeMagnitude(__m256 q) {
   using T = KindTraits<kKind>;
   const __m256i bits = _mm256_castps_si256(q);
@@ -57,7 +45,7 @@ __m256i EncodeMagnitude(__m256 q) {
 }
 
 // Full codes of any 8 f32 values (sign, NaN -> 0x7F, saturation).
-template <Fp8Kind kKind>
+template <Dtype kKind>
 __m256i EncodeAny(__m256 x) {
   const __m256i bits = _mm256_castps_si256(x);
   const __m256i abs = _mm256_and_si256(bits, Set32(0x7FFFFFFF));
@@ -181,7 +169,7 @@ float RowAmax(const unsigned char* p, size_t n) {
 
 // Codes of 16 consecutive elements divided by the row scale, as 16-bit lanes
 // in element order: |x| is divided and encoded, the sign bit of x put back.
-template <Fp8Kind kKind, Dtype kDt>
+template <Dtype kKind, Dtype kDt>
 __m256i QuantizeWords16(const unsigned char* p, __m256 sv) {
   __m256i words;
   __m256i signs;  // sign bit of element i at bit 15 of lane i
@@ -219,69 +207,27 @@ __m256i QuantizeWords16(const unsigned char* p, __m256 sv) {
   return _mm256_or_si256(words, _mm256_and_si256(_mm256_srli_epi16(signs, 8), Set16(0x80)));
 }
 
-template <Fp8Kind kKind, Dtype kDt>
-bool QuantizeRowsT(const void* src, size_t rows, size_t width, uint8_t* codes, float* scales,
-                   size_t* bad_row) {
-  const auto* in = static_cast<const unsigned char*>(src);
+// The codes of one row divided by its scale.
+template <Dtype kKind, Dtype kDt>
+void QuantizeRow(const unsigned char* row, size_t width, float scale, uint8_t* out) {
   constexpr size_t es = kElemSize<kDt>;
-  // The amax and scale of the next row are computed before the current row
-  // is encoded, so the out-of-order core can overlap the rows' chains.
-  float next_amax = rows > 0 ? RowAmax<kDt>(in, width) : 0.0f;
-  float next_scale = next_amax >= 0.0f ? RowScale(next_amax, kKind) : 1.0f;
-  for (size_t r = 0; r < rows; ++r) {
-    const unsigned char* row = in + r * width * es;
-    uint8_t* out = codes + r * width;
-    if (next_amax < 0.0f) {
-      *bad_row = r;
-      return false;
-    }
-    const float scale = next_scale;
-    if (r + 1 < rows) {
-      next_amax = RowAmax<kDt>(row + width * es, width);
-      next_scale = next_amax >= 0.0f ? RowScale(next_amax, kKind) : 1.0f;
-    }
-    std::memcpy(scales + r, &scale, sizeof scale);
-    const __m256 sv = _mm256_set1_ps(scale);
-    size_t i = 0;
-    for (; i + 32 <= width; i += 32) {
-      const __m256i w0 = QuantizeWords16<kKind, kDt>(row + i * es, sv);
-      const __m256i w1 = QuantizeWords16<kKind, kDt>(row + (i + 16) * es, sv);
-      const __m256i b = _mm256_permute4x64_epi64(_mm256_packus_epi16(w0, w1), 0xD8);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), b);
-    }
-    for (; i < width; i += 16) {
-      const size_t rem = width - i >= 16 ? 16 : width - i;
-      alignas(32) unsigned char buf[64] = {};  // zero padding encodes to 0x00
-      std::memcpy(buf, row + i * es, rem * es);
-      const __m256i w = QuantizeWords16<kKind, kDt>(buf, sv);
-      const __m256i b = _mm256_permute4x64_epi64(_mm256_packus_epi16(w, w), 0x08);
-      alignas(16) unsigned char bytes[16];
-      _mm_store_si128(reinterpret_cast<__m128i*>(bytes), _mm256_castsi256_si128(b));
-      std::memcpy(out + i, bytes, rem);
-    }
+  const __m256 sv = _mm256_set1_ps(scale);
+  size_t i = 0;
+  for (; i + 32 <= width; i += 32) {
+    const __m256i w0 = QuantizeWords16<kKind, kDt>(row + i * es, sv);
+    const __m256i w1 = QuantizeWords16<kKind, kDt>(row + (i + 16) * es, sv);
+    const __m256i b = _mm256_permute4x64_epi64(_mm256_packus_epi16(w0, w1), 0xD8);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), b);
   }
-  return true;
-}
-
-bool QuantizeRowsAvx2(Fp8Kind kind, Dtype src_dtype, const void* src, size_t rows, size_t width,
-                      uint8_t* codes, float* scales, size_t* bad_row) {
-  const bool e4 = kind == Fp8Kind::kE4M3;
-  switch (src_dtype) {
-    case Dtype::kBF16:
-      return e4 ? QuantizeRowsT<Fp8Kind::kE4M3, Dtype::kBF16>(src, rows, width, codes, scales,
-                                                              bad_row)
-                : QuantizeRowsT<Fp8Kind::kE5M2, Dtype::kBF16>(src, rows, width, codes, scales,
-                                                              bad_row);
-    case Dtype::kF16:
-      return e4 ? QuantizeRowsT<Fp8Kind::kE4M3, Dtype::kF16>(src, rows, width, codes, scales,
-                                                             bad_row)
-                : QuantizeRowsT<Fp8Kind::kE5M2, Dtype::kF16>(src, rows, width, codes, scales,
-                                                             bad_row);
-    default:
-      return e4 ? QuantizeRowsT<Fp8Kind::kE4M3, Dtype::kF32>(src, rows, width, codes, scales,
-                                                             bad_row)
-                : QuantizeRowsT<Fp8Kind::kE5M2, Dtype::kF32>(src, rows, width, codes, scales,
-                                                             bad_row);
+  for (; i < width; i += 16) {
+    const size_t rem = width - i >= 16 ? 16 : width - i;
+    alignas(32) unsigned char buf[64] = {};  // zero padding encodes to 0x00
+    std::memcpy(buf, row + i * es, rem * es);
+    const __m256i w = QuantizeWords16<kKind, kDt>(buf, sv);
+    const __m256i b = _mm256_permute4x64_epi64(_mm256_packus_epi16(w, w), 0x08);
+    alignas(16) unsigned char bytes[16];
+    _mm_store_si128(reinterpret_cast<__m128i*>(bytes), _mm256_castsi256_si128(b));
+    std::memcpy(out + i, bytes, rem);
   }
 }
 
@@ -299,7 +245,7 @@ __m128i ToF16(__m256 v) {
 // 2^-112 for e5m2): the multiply by 2^120 (2^112) is exact, the one by the
 // scale the only rounding. kMerged: `sv` already holds scale * 2^120 (exact
 // when scale < 2^8): one multiply, the same single rounding.
-template <Fp8Kind kKind, bool kMerged>
+template <Dtype kKind, bool kMerged>
 __m256 ScaledMagnitude(__m256i fields_bits, __m256 sv) {
   using T = KindTraits<kKind>;
   __m256 t = _mm256_castsi256_ps(fields_bits);
@@ -320,7 +266,7 @@ __m256i RoundToBf16Magnitude(__m256i bits) {
 // Decodes 16 codes at `in` and writes 16 elements at `o`. The magnitude is
 // scaled and rounded; the code's sign bit is put back after (rounding is
 // symmetric).
-template <Fp8Kind kKind, bool kMerged, Dtype kDt>
+template <Dtype kKind, bool kMerged, Dtype kDt>
 void Decode16(const uint8_t* in, __m256 sv, unsigned char* o) {
   using T = KindTraits<kKind>;
   const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in));
@@ -370,9 +316,10 @@ void Decode16(const uint8_t* in, __m256 sv, unsigned char* o) {
   }
 }
 
-template <Fp8Kind kKind, Dtype kDt, bool kMerged>
-void DequantizeRow(const uint8_t* in, size_t width, __m256 sv, unsigned char* o) {
+template <Dtype kKind, Dtype kDt, bool kMerged>
+void DequantizeRow(const uint8_t* in, size_t width, float factor, unsigned char* o) {
   constexpr size_t es = kElemSize<kDt>;
+  const __m256 sv = _mm256_set1_ps(factor);
   size_t i = 0;
   for (; i + 16 <= width; i += 16) Decode16<kKind, kMerged, kDt>(in + i, sv, o + i * es);
   if (i < width) {
@@ -382,41 +329,6 @@ void DequantizeRow(const uint8_t* in, size_t width, __m256 sv, unsigned char* o)
     std::memcpy(cbuf, in + i, rem);
     Decode16<kKind, kMerged, kDt>(cbuf, sv, obuf);
     std::memcpy(o + i * es, obuf, rem * es);
-  }
-}
-
-template <Fp8Kind kKind, Dtype kDt>
-void DequantizeRowsT(const uint8_t* codes, const float* scales, size_t rows, size_t width,
-                     void* dst) {
-  auto* out = static_cast<unsigned char*>(dst);
-  constexpr size_t es = kElemSize<kDt>;
-  const float pow2 = KindTraits<kKind>::kE4 ? 0x1p120f : 0x1p112f;
-  for (size_t r = 0; r < rows; ++r) {
-    float scale;
-    std::memcpy(&scale, scales + r, sizeof scale);
-    const uint8_t* in = codes + r * width;
-    unsigned char* o = out + r * width * es;
-    if (scale < 256.0f) {
-      DequantizeRow<kKind, kDt, true>(in, width, _mm256_set1_ps(scale * pow2), o);
-    } else {
-      DequantizeRow<kKind, kDt, false>(in, width, _mm256_set1_ps(scale), o);
-    }
-  }
-}
-
-void DequantizeRowsAvx2(Fp8Kind kind, const uint8_t* codes, const float* scales, size_t rows,
-                        size_t width, Dtype dst_dtype, void* dst) {
-  const bool e4 = kind == Fp8Kind::kE4M3;
-  switch (dst_dtype) {
-    case Dtype::kBF16:
-      return e4 ? DequantizeRowsT<Fp8Kind::kE4M3, Dtype::kBF16>(codes, scales, rows, width, dst)
-                : DequantizeRowsT<Fp8Kind::kE5M2, Dtype::kBF16>(codes, scales, rows, width, dst);
-    case Dtype::kF16:
-      return e4 ? DequantizeRowsT<Fp8Kind::kE4M3, Dtype::kF16>(codes, scales, rows, width, dst)
-                : DequantizeRowsT<Fp8Kind::kE5M2, Dtype::kF16>(codes, scales, rows, width, dst);
-    default:
-      return e4 ? DequantizeRowsT<Fp8Kind::kE4M3, Dtype::kF32>(codes, scales, rows, width, dst)
-                : DequantizeRowsT<Fp8Kind::kE5M2, Dtype::kF32>(codes, scales, rows, width, dst);
   }
 }
 
@@ -439,9 +351,9 @@ uint32_t BytesAtLeast(__m256i v, __m256i t) {
   return static_cast<uint32_t>(_mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_max_epu8(v, t), v)));
 }
 
-size_t FindInvalidCodeAvx2(Fp8Kind kind, const uint8_t* codes, size_t n) {
+size_t FindInvalidCodeAvx2(Dtype kind, const uint8_t* codes, size_t n) {
   const __m256i mag_mask = _mm256_set1_epi8(0x7F);
-  const __m256i first_bad = _mm256_set1_epi8(kind == Fp8Kind::kE4M3 ? 0x7F : 0x7C);
+  const __m256i first_bad = _mm256_set1_epi8(kind == Dtype::kE4M3 ? 0x7F : 0x7C);
   for (size_t i = 0; i < n; i += 32) {
     __m256i v;
     if (n - i >= 32) {
@@ -488,7 +400,7 @@ size_t FindNonFiniteAvx2(Dtype dtype, const void* src, size_t n) {
 
 // ---- Element encoder and raw conversions ----
 
-template <Fp8Kind kKind>
+template <Dtype kKind>
 void EncodeScaledT(const float* x, size_t n, uint8_t* codes) {
   size_t i = 0;
   for (; i + 32 <= n; i += 32) {
@@ -506,14 +418,6 @@ void EncodeScaledT(const float* x, size_t n, uint8_t* codes) {
     alignas(16) unsigned char out[16];
     _mm_store_si128(reinterpret_cast<__m128i*>(out), PackCodes8(cv));
     std::memcpy(codes + i, out, rem);
-  }
-}
-
-void EncodeScaledAvx2(Fp8Kind kind, const float* x, size_t n, uint8_t* codes) {
-  if (kind == Fp8Kind::kE4M3) {
-    EncodeScaledT<Fp8Kind::kE4M3>(x, n, codes);
-  } else {
-    EncodeScaledT<Fp8Kind::kE5M2>(x, n, codes);
   }
 }
 
@@ -547,29 +451,38 @@ void ConvertT(const void* src, size_t n, void* dst) {
   }
 }
 
-void ConvertRawAvx2(Dtype src_dtype, const void* src, size_t n, Dtype dst_dtype, void* dst) {
-  if (src_dtype == dst_dtype) {
-    std::memmove(dst, src, n * format::ElementSize(src_dtype));
-    return;
+// The primitives row_drivers.h runs on.
+struct Avx2 {
+  template <Dtype kDt>
+  static float RowAmax(const unsigned char* p, size_t n) {
+    return internal::RowAmax<kDt>(p, n);
   }
-  switch (src_dtype) {
-    case Dtype::kBF16:
-      if (dst_dtype == Dtype::kF16) return ConvertT<Dtype::kBF16, Dtype::kF16>(src, n, dst);
-      return ConvertT<Dtype::kBF16, Dtype::kF32>(src, n, dst);
-    case Dtype::kF16:
-      if (dst_dtype == Dtype::kBF16) return ConvertT<Dtype::kF16, Dtype::kBF16>(src, n, dst);
-      return ConvertT<Dtype::kF16, Dtype::kF32>(src, n, dst);
-    default:
-      if (dst_dtype == Dtype::kBF16) return ConvertT<Dtype::kF32, Dtype::kBF16>(src, n, dst);
-      return ConvertT<Dtype::kF32, Dtype::kF16>(src, n, dst);
+  template <Dtype kKind, Dtype kDt>
+  static void QuantizeRow(const unsigned char* row, size_t width, float scale, uint8_t* out) {
+    internal::QuantizeRow<kKind, kDt>(row, width, scale, out);
   }
-}
+  template <Dtype kKind, Dtype kDt, bool kMerged>
+  static void DequantizeRow(const uint8_t* in, size_t width, float factor, unsigned char* o) {
+    internal::DequantizeRow<kKind, kDt, kMerged>(in, width, factor, o);
+  }
+  template <Dtype kKind>
+  static void EncodeScaled(const float* x, size_t n, uint8_t* codes) {
+    EncodeScaledT<kKind>(x, n, codes);
+  }
+  template <Dtype kSrc, Dtype kDst>
+  static void Convert(const void* src, size_t n, void* dst) {
+    ConvertT<kSrc, kDst>(src, n, dst);
+  }
+  static size_t FindInvalidCode(Dtype kind, const uint8_t* codes, size_t n) {
+    return FindInvalidCodeAvx2(kind, codes, n);
+  }
+  static size_t FindNonFinite(Dtype dtype, const void* src, size_t n) {
+    return FindNonFiniteAvx2(dtype, src, n);
+  }
+};
 
 }  // namespace
 
-const Kernels kAvx2Kernels = {
-    QuantizeRowsAvx2, DequantizeRowsAvx2, FindInvalidCodeAvx2,
-    EncodeScaledAvx2, ConvertRawAvx2,     FindNonFiniteAvx2,
-};
+const Kernels kAvx2Kernels = MakeKernels<Avx2>();
 
 }  // namespace kvfile::codec::internal

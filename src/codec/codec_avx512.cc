@@ -1,8 +1,11 @@
+// SPDX-License-Identifier: Apache-2.0
 // AVX-512 (F, BW, VL, DQ) + F16C kernels. Compiled with -mavx512f -mavx512bw
 // -mavx512vl -mavx512dq -mavx2 -mf16c and only ever called after the dispatcher
 // in codec.cc has checked those features. Bit-identical to codec_scalar.cc.
 //
-// Everything here has internal linkage (see codec_internal.h for why).
+// The row drivers and dispatch are the shared ones of row_drivers.h; this
+// file holds the AVX-512 primitives they run on. Everything here has internal
+// linkage (see codec_internal.h for why).
 
 // GCC 12's AVX-512 headers build their "undefined" vectors with a
 // self-initialization that -Wuninitialized reports at every use (GCC bug
@@ -20,30 +23,13 @@
 #include <cstring>
 
 #include "codec/codec_internal.h"
+#include "codec/row_drivers.h"
 #include "kvfile/codec.h"
 
 namespace kvfile::codec::internal {
 namespace {
 
 // ---- Constants ----
-
-// Per-kind constants of the vector element encoder and decoder.
-template <Fp8Kind kKind>
-struct KindTraits {
-  static constexpr bool kE4 = kKind == Fp8Kind::kE4M3;
-  // 23 - mantissa bits: how many low f32 fraction bits the rounding drops.
-  static constexpr unsigned kShift = kE4 ? 20 : 21;
-  // Added before the shift: half an fp8 ulp minus one (the lsb completes the
-  // tie-to-even), minus the exponent rebias (127 - bias) << 23.
-  static constexpr int kRoundBias = ((1 << (kShift - 1)) - 1) - (kE4 ? (120 << 23) : (112 << 23));
-  static constexpr int kMaxCode = kE4 ? kE4M3MaxCode : kE5M2MaxCode;
-  static constexpr int kMinNormalBits = kE4 ? 0x3C800000 : 0x38800000;     // 2^-6, 2^-14
-  static constexpr int kMagicBits = kE4 ? 0x46800000 : 0x43000000;         // 2^14, 2^7
-  static constexpr int kDecodePow2Bits = kE4 ? (247 << 23) : (239 << 23);  // 2^120, 2^112
-};
-
-template <Dtype kDt>
-constexpr size_t kElemSize = kDt == Dtype::kF32 ? 4 : 2;
 
 __m512i Set32(int v) { return _mm512_set1_epi32(v); }
 __m512i Set16(int v) { return _mm512_set1_epi16(static_cast<short>(v)); }
@@ -71,7 +57,7 @@ __mmask64 TailMask64(size_t n) { return n >= 64 ? ~__mmask64{0} : ((__mmask64{1}
 // first. So the code is the minimum of the two.
 // kSaturate: clamp to the largest finite code. QuantizeRows does not need it:
 // its quotients are at most M * (1 + 2^-23), which rounds to M.
-template <Fp8Kind kKind, bool kSaturate>
+template <Dtype kKind, bool kSaturate>
 __m512i EncodeMagnitude(__m512 q) {
   using T = KindTraits<kKind>;
   const __m512i bits = _mm512_castps_si512(q);
@@ -87,7 +73,7 @@ __m512i EncodeMagnitude(__m512 q) {
 }
 
 // Full codes of any 16 f32 values (sign, NaN -> 0x7F, saturation).
-template <Fp8Kind kKind>
+template <Dtype kKind>
 __m512i EncodeAny(__m512 x) {
   const __m512i bits = _mm512_castps_si512(x);
   const __m512i abs = _mm512_and_si512(bits, Set32(0x7FFFFFFF));
@@ -167,7 +153,7 @@ float RowAmax(const unsigned char* p, size_t n) {
 // of x put back on the code. For bf16 the lanes are in element order; for f16
 // and f32 they are in the order of _mm512_packs_epi32 of elements 0-15 and
 // 16-31: 64-bit group j holds elements 4(j/2) + 16(j%2) .. +3.
-template <Fp8Kind kKind, Dtype kDt>
+template <Dtype kKind, Dtype kDt>
 __m512i QuantizeWords32(const unsigned char* p, __mmask32 k, __m512 sv) {
   __m512i words;
   if constexpr (kDt == Dtype::kF32) {
@@ -232,65 +218,22 @@ __m512i WordsToBytes64(__m512i w0, __m512i w1) {
   return _mm512_permutexvar_epi32(idx, packed);
 }
 
-template <Fp8Kind kKind, Dtype kDt>
-bool QuantizeRowsT(const void* src, size_t rows, size_t width, uint8_t* codes, float* scales,
-                   size_t* bad_row) {
-  const auto* in = static_cast<const unsigned char*>(src);
+// The codes of one row divided by its scale.
+template <Dtype kKind, Dtype kDt>
+void QuantizeRow(const unsigned char* row, size_t width, float scale, uint8_t* out) {
   constexpr size_t es = kElemSize<kDt>;
-  // The amax and scale of the next row are computed before the current row
-  // is encoded: that gives the out-of-order core independent work to overlap
-  // with the current row's chain of reduction -> division -> encode.
-  float next_amax = rows > 0 ? RowAmax<kDt>(in, width) : 0.0f;
-  float next_scale = next_amax >= 0.0f ? RowScale(next_amax, kKind) : 1.0f;
-  for (size_t r = 0; r < rows; ++r) {
-    const unsigned char* row = in + r * width * es;
-    uint8_t* out = codes + r * width;
-    if (next_amax < 0.0f) {
-      *bad_row = r;
-      return false;
-    }
-    const float scale = next_scale;
-    if (r + 1 < rows) {
-      next_amax = RowAmax<kDt>(row + width * es, width);
-      next_scale = next_amax >= 0.0f ? RowScale(next_amax, kKind) : 1.0f;
-    }
-    std::memcpy(scales + r, &scale, sizeof scale);
-    const __m512 sv = _mm512_set1_ps(scale);
-    constexpr __mmask32 kAll = ~__mmask32{0};
-    size_t i = 0;
-    for (; i + 64 <= width; i += 64) {
-      const __m512i w0 = QuantizeWords32<kKind, kDt>(row + i * es, kAll, sv);
-      const __m512i w1 = QuantizeWords32<kKind, kDt>(row + (i + 32) * es, kAll, sv);
-      _mm512_storeu_si512(out + i, WordsToBytes64<kDt>(w0, w1));
-    }
-    for (; i < width; i += 32) {
-      const __mmask32 k = width - i >= 32 ? kAll : TailMask32(width - i);
-      const __m256i b = WordsToBytes32<kDt>(QuantizeWords32<kKind, kDt>(row + i * es, k, sv));
-      _mm256_mask_storeu_epi8(out + i, k, b);
-    }
+  const __m512 sv = _mm512_set1_ps(scale);
+  constexpr __mmask32 kAll = ~__mmask32{0};
+  size_t i = 0;
+  for (; i + 64 <= width; i += 64) {
+    const __m512i w0 = QuantizeWords32<kKind, kDt>(row + i * es, kAll, sv);
+    const __m512i w1 = QuantizeWords32<kKind, kDt>(row + (i + 32) * es, kAll, sv);
+    _mm512_storeu_si512(out + i, WordsToBytes64<kDt>(w0, w1));
   }
-  return true;
-}
-
-bool QuantizeRowsAvx512(Fp8Kind kind, Dtype src_dtype, const void* src, size_t rows, size_t width,
-                        uint8_t* codes, float* scales, size_t* bad_row) {
-  const bool e4 = kind == Fp8Kind::kE4M3;
-  switch (src_dtype) {
-    case Dtype::kBF16:
-      return e4 ? QuantizeRowsT<Fp8Kind::kE4M3, Dtype::kBF16>(src, rows, width, codes, scales,
-                                                              bad_row)
-                : QuantizeRowsT<Fp8Kind::kE5M2, Dtype::kBF16>(src, rows, width, codes, scales,
-                                                              bad_row);
-    case Dtype::kF16:
-      return e4 ? QuantizeRowsT<Fp8Kind::kE4M3, Dtype::kF16>(src, rows, width, codes, scales,
-                                                             bad_row)
-                : QuantizeRowsT<Fp8Kind::kE5M2, Dtype::kF16>(src, rows, width, codes, scales,
-                                                             bad_row);
-    default:
-      return e4 ? QuantizeRowsT<Fp8Kind::kE4M3, Dtype::kF32>(src, rows, width, codes, scales,
-                                                             bad_row)
-                : QuantizeRowsT<Fp8Kind::kE5M2, Dtype::kF32>(src, rows, width, codes, scales,
-                                                             bad_row);
+  for (; i < width; i += 32) {
+    const __mmask32 k = width - i >= 32 ? kAll : TailMask32(width - i);
+    const __m256i b = WordsToBytes32<kDt>(QuantizeWords32<kKind, kDt>(row + i * es, k, sv));
+    _mm256_mask_storeu_epi8(out + i, k, b);
   }
 }
 
@@ -332,7 +275,7 @@ __m256i ToF16(__m512 v) {
 // included, so multiplying by 2^120 (2^112) is exact and the multiply by the
 // scale is the only rounding. kMerged: `sv` already holds scale * 2^120 (exact
 // when scale < 2^8), one multiply instead of two, same single rounding.
-template <Fp8Kind kKind, bool kMerged>
+template <Dtype kKind, bool kMerged>
 __m512 ScaledMagnitude(__m512i fields_bits, __m512 sv) {
   using T = KindTraits<kKind>;
   __m512 t = _mm512_castsi512_ps(fields_bits);
@@ -342,7 +285,7 @@ __m512 ScaledMagnitude(__m512i fields_bits, __m512 sv) {
 
 // 32 codes -> 32 bf16, fields taken from 16-bit code lanes interleaved with
 // zeros (elements 0-3, 8-11, ... and 4-7, 12-15, ...), packed back in order.
-template <Fp8Kind kKind, bool kMerged>
+template <Dtype kKind, bool kMerged>
 __m512i DecodeBf16x32(__m256i raw, __m512 sv) {
   using T = KindTraits<kKind>;
   const __m512i w = _mm512_cvtepu8_epi16(raw);
@@ -359,7 +302,7 @@ __m512i DecodeBf16x32(__m256i raw, __m512 sv) {
 }
 
 // 16 codes -> 16 f16 or f32, in element order.
-template <Fp8Kind kKind, bool kMerged, Dtype kDt>
+template <Dtype kKind, bool kMerged, Dtype kDt>
 void Decode16(__m128i raw, __m512 sv, unsigned char* o, __mmask16 k) {
   using T = KindTraits<kKind>;
   const __m512i c = _mm512_cvtepu8_epi32(raw);
@@ -382,9 +325,10 @@ void Decode16(__m128i raw, __m512 sv, unsigned char* o, __mmask16 k) {
   }
 }
 
-template <Fp8Kind kKind, Dtype kDt, bool kMerged>
-void DequantizeRow(const uint8_t* in, size_t width, __m512 sv, unsigned char* o) {
+template <Dtype kKind, Dtype kDt, bool kMerged>
+void DequantizeRow(const uint8_t* in, size_t width, float factor, unsigned char* o) {
   constexpr size_t es = kElemSize<kDt>;
+  const __m512 sv = _mm512_set1_ps(factor);
   size_t i = 0;
   if constexpr (kDt == Dtype::kBF16) {
     for (; i + 32 <= width; i += 32) {
@@ -406,47 +350,11 @@ void DequantizeRow(const uint8_t* in, size_t width, __m512 sv, unsigned char* o)
   }
 }
 
-template <Fp8Kind kKind, Dtype kDt>
-void DequantizeRowsT(const uint8_t* codes, const float* scales, size_t rows, size_t width,
-                     void* dst) {
-  using T = KindTraits<kKind>;
-  auto* out = static_cast<unsigned char*>(dst);
-  constexpr size_t es = kElemSize<kDt>;
-  const float pow2 = (T::kE4 ? 0x1p120f : 0x1p112f);
-  for (size_t r = 0; r < rows; ++r) {
-    float scale;
-    std::memcpy(&scale, scales + r, sizeof scale);
-    const uint8_t* in = codes + r * width;
-    unsigned char* o = out + r * width * es;
-    if (scale < 256.0f) {
-      DequantizeRow<kKind, kDt, true>(in, width, _mm512_set1_ps(scale * pow2), o);
-    } else {
-      DequantizeRow<kKind, kDt, false>(in, width, _mm512_set1_ps(scale), o);
-    }
-  }
-}
-
-void DequantizeRowsAvx512(Fp8Kind kind, const uint8_t* codes, const float* scales, size_t rows,
-                          size_t width, Dtype dst_dtype, void* dst) {
-  const bool e4 = kind == Fp8Kind::kE4M3;
-  switch (dst_dtype) {
-    case Dtype::kBF16:
-      return e4 ? DequantizeRowsT<Fp8Kind::kE4M3, Dtype::kBF16>(codes, scales, rows, width, dst)
-                : DequantizeRowsT<Fp8Kind::kE5M2, Dtype::kBF16>(codes, scales, rows, width, dst);
-    case Dtype::kF16:
-      return e4 ? DequantizeRowsT<Fp8Kind::kE4M3, Dtype::kF16>(codes, scales, rows, width, dst)
-                : DequantizeRowsT<Fp8Kind::kE5M2, Dtype::kF16>(codes, scales, rows, width, dst);
-    default:
-      return e4 ? DequantizeRowsT<Fp8Kind::kE4M3, Dtype::kF32>(codes, scales, rows, width, dst)
-                : DequantizeRowsT<Fp8Kind::kE5M2, Dtype::kF32>(codes, scales, rows, width, dst);
-  }
-}
-
 // ---- Scans ----
 
-size_t FindInvalidCodeAvx512(Fp8Kind kind, const uint8_t* codes, size_t n) {
+size_t FindInvalidCodeAvx512(Dtype kind, const uint8_t* codes, size_t n) {
   const __m512i mag_mask = _mm512_set1_epi8(0x7F);
-  const __m512i first_bad = _mm512_set1_epi8(kind == Fp8Kind::kE4M3 ? 0x7F : 0x7C);
+  const __m512i first_bad = _mm512_set1_epi8(kind == Dtype::kE4M3 ? 0x7F : 0x7C);
   for (size_t i = 0; i < n; i += 64) {
     const __mmask64 k = TailMask64(n - i);
     const __m512i v = _mm512_maskz_loadu_epi8(k, codes + i);
@@ -482,7 +390,7 @@ size_t FindNonFiniteAvx512(Dtype dtype, const void* src, size_t n) {
 
 // ---- Element encoder and raw conversions ----
 
-template <Fp8Kind kKind>
+template <Dtype kKind>
 void EncodeScaledT(const float* x, size_t n, uint8_t* codes) {
   size_t i = 0;
   for (; i + 32 <= n; i += 32) {
@@ -496,14 +404,6 @@ void EncodeScaledT(const float* x, size_t n, uint8_t* codes) {
     const __mmask16 k = n - i >= 16 ? __mmask16(0xFFFF) : TailMask16(n - i);
     const __m512i cv = EncodeAny<kKind>(_mm512_maskz_loadu_ps(k, x + i));
     _mm_mask_storeu_epi8(codes + i, k, _mm512_cvtepi32_epi8(cv));
-  }
-}
-
-void EncodeScaledAvx512(Fp8Kind kind, const float* x, size_t n, uint8_t* codes) {
-  if (kind == Fp8Kind::kE4M3) {
-    EncodeScaledT<Fp8Kind::kE4M3>(x, n, codes);
-  } else {
-    EncodeScaledT<Fp8Kind::kE5M2>(x, n, codes);
   }
 }
 
@@ -542,29 +442,38 @@ void ConvertT(const void* src, size_t n, void* dst) {
   }
 }
 
-void ConvertRawAvx512(Dtype src_dtype, const void* src, size_t n, Dtype dst_dtype, void* dst) {
-  if (src_dtype == dst_dtype) {
-    std::memmove(dst, src, n * format::ElementSize(src_dtype));
-    return;
+// The primitives row_drivers.h runs on.
+struct Avx512 {
+  template <Dtype kDt>
+  static float RowAmax(const unsigned char* p, size_t n) {
+    return internal::RowAmax<kDt>(p, n);
   }
-  switch (src_dtype) {
-    case Dtype::kBF16:
-      if (dst_dtype == Dtype::kF16) return ConvertT<Dtype::kBF16, Dtype::kF16>(src, n, dst);
-      return ConvertT<Dtype::kBF16, Dtype::kF32>(src, n, dst);
-    case Dtype::kF16:
-      if (dst_dtype == Dtype::kBF16) return ConvertT<Dtype::kF16, Dtype::kBF16>(src, n, dst);
-      return ConvertT<Dtype::kF16, Dtype::kF32>(src, n, dst);
-    default:
-      if (dst_dtype == Dtype::kBF16) return ConvertT<Dtype::kF32, Dtype::kBF16>(src, n, dst);
-      return ConvertT<Dtype::kF32, Dtype::kF16>(src, n, dst);
+  template <Dtype kKind, Dtype kDt>
+  static void QuantizeRow(const unsigned char* row, size_t width, float scale, uint8_t* out) {
+    internal::QuantizeRow<kKind, kDt>(row, width, scale, out);
   }
-}
+  template <Dtype kKind, Dtype kDt, bool kMerged>
+  static void DequantizeRow(const uint8_t* in, size_t width, float factor, unsigned char* o) {
+    internal::DequantizeRow<kKind, kDt, kMerged>(in, width, factor, o);
+  }
+  template <Dtype kKind>
+  static void EncodeScaled(const float* x, size_t n, uint8_t* codes) {
+    EncodeScaledT<kKind>(x, n, codes);
+  }
+  template <Dtype kSrc, Dtype kDst>
+  static void Convert(const void* src, size_t n, void* dst) {
+    ConvertT<kSrc, kDst>(src, n, dst);
+  }
+  static size_t FindInvalidCode(Dtype kind, const uint8_t* codes, size_t n) {
+    return FindInvalidCodeAvx512(kind, codes, n);
+  }
+  static size_t FindNonFinite(Dtype dtype, const void* src, size_t n) {
+    return FindNonFiniteAvx512(dtype, src, n);
+  }
+};
 
 }  // namespace
 
-const Kernels kAvx512Kernels = {
-    QuantizeRowsAvx512, DequantizeRowsAvx512, FindInvalidCodeAvx512,
-    EncodeScaledAvx512, ConvertRawAvx512,     FindNonFiniteAvx512,
-};
+const Kernels kAvx512Kernels = MakeKernels<Avx512>();
 
 }  // namespace kvfile::codec::internal

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Internal interface between the codec's public wrappers (codec.cc) and its
 // per-instruction-set kernels (codec_scalar.cc, codec_avx2.cc, codec_avx512.cc).
 //
@@ -19,17 +20,17 @@ namespace kvfile::codec::internal {
 // set is the reference the others are tested against.
 struct Kernels {
   // Same contract as the public QuantizeRows (src_dtype is kBF16, kF16 or kF32).
-  bool (*quantize_rows)(Fp8Kind kind, Dtype src_dtype, const void* src, size_t rows, size_t width,
+  bool (*quantize_rows)(Dtype kind, Dtype src_dtype, const void* src, size_t rows, size_t width,
                         uint8_t* codes, float* scales, size_t* bad_row);
   // Same contract as the public DequantizeRows (dst_dtype is kBF16, kF16 or kF32).
-  void (*dequantize_rows)(Fp8Kind kind, const uint8_t* codes, const float* scales, size_t rows,
+  void (*dequantize_rows)(Dtype kind, const uint8_t* codes, const float* scales, size_t rows,
                           size_t width, Dtype dst_dtype, void* dst);
   // Same contract as the public FindInvalidCode.
-  size_t (*find_invalid_code)(Fp8Kind kind, const uint8_t* codes, size_t n);
+  size_t (*find_invalid_code)(Dtype kind, const uint8_t* codes, size_t n);
   // codes[i] = EncodeElement(x[i], kind) for i in [0, n): the element
   // conversion applied to values that are already scaled. Any f32 input,
   // including NaN and Inf, gives the same code as EncodeElement.
-  void (*encode_scaled)(Fp8Kind kind, const float* x, size_t n, uint8_t* codes);
+  void (*encode_scaled)(Dtype kind, const float* x, size_t n, uint8_t* codes);
   // Same contract as the public ConvertRaw.
   void (*convert_raw)(Dtype src_dtype, const void* src, size_t n, Dtype dst_dtype, void* dst);
   // Same contract as the public FindNonFinite.
@@ -47,7 +48,7 @@ Isa ResolveIsa(Isa isa);
 
 // The scalar kernels' encode_scaled: EncodeElement over a block. Defined in
 // codec.cc next to EncodeElement so that the element conversion inlines.
-void EncodeScaledReference(Fp8Kind kind, const float* x, size_t n, uint8_t* codes);
+void EncodeScaledReference(Dtype kind, const float* x, size_t n, uint8_t* codes);
 
 // Per-kind constants of the fp8 formats, shared by all paths.
 inline constexpr float kE4M3Max = 448.0f;
@@ -67,9 +68,9 @@ inline constexpr uint32_t kF32InfBits = 0x7F800000u;
 // own copy compiled with its own flags and the linker never merges them; an
 // IEEE division gives the same bits whatever the unit.
 namespace {
-inline float RowScale(float amax, Fp8Kind kind) {
+inline float RowScale(float amax, Dtype kind) {
   if (amax == 0.0f) return 1.0f;
-  const float scale = amax / (kind == Fp8Kind::kE4M3 ? kE4M3Max : kE5M2Max);
+  const float scale = amax / (kind == Dtype::kE4M3 ? kE4M3Max : kE5M2Max);
   constexpr float kFltMin = 0x1p-126f;
   return scale < kFltMin ? kFltMin : scale;
 }

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Scalar reference kernels: the row rule of spec/CODEC.md applied one element
 // at a time with the element conversions of codec.cc. Written to be obviously
 // correct; the vector kernels must produce the same bytes.
@@ -80,7 +81,7 @@ bool IsFinite(float x) {
 float Abs(float x) { return std::fabs(x); }
 
 template <Dtype kDt>
-bool QuantizeRowsT(Fp8Kind kind, const void* src, size_t rows, size_t width, uint8_t* codes,
+bool QuantizeRowsT(Dtype kind, const void* src, size_t rows, size_t width, uint8_t* codes,
                    float* scales, size_t* bad_row) {
   for (size_t r = 0; r < rows; ++r) {
     const size_t base = r * width;
@@ -106,7 +107,7 @@ bool QuantizeRowsT(Fp8Kind kind, const void* src, size_t rows, size_t width, uin
   return true;
 }
 
-bool QuantizeRowsScalar(Fp8Kind kind, Dtype src_dtype, const void* src, size_t rows, size_t width,
+bool QuantizeRowsScalar(Dtype kind, Dtype src_dtype, const void* src, size_t rows, size_t width,
                         uint8_t* codes, float* scales, size_t* bad_row) {
   switch (src_dtype) {
     case Dtype::kBF16:
@@ -119,7 +120,7 @@ bool QuantizeRowsScalar(Fp8Kind kind, Dtype src_dtype, const void* src, size_t r
 }
 
 template <Dtype kDt>
-void DequantizeRowsT(Fp8Kind kind, const uint8_t* codes, const float* scales, size_t rows,
+void DequantizeRowsT(Dtype kind, const uint8_t* codes, const float* scales, size_t rows,
                      size_t width, void* dst) {
   for (size_t r = 0; r < rows; ++r) {
     float scale;
@@ -137,7 +138,7 @@ void DequantizeRowsT(Fp8Kind kind, const uint8_t* codes, const float* scales, si
   }
 }
 
-void DequantizeRowsScalar(Fp8Kind kind, const uint8_t* codes, const float* scales, size_t rows,
+void DequantizeRowsScalar(Dtype kind, const uint8_t* codes, const float* scales, size_t rows,
                           size_t width, Dtype dst_dtype, void* dst) {
   switch (dst_dtype) {
     case Dtype::kBF16:
@@ -149,7 +150,7 @@ void DequantizeRowsScalar(Fp8Kind kind, const uint8_t* codes, const float* scale
   }
 }
 
-size_t FindInvalidCodeScalar(Fp8Kind kind, const uint8_t* codes, size_t n) {
+size_t FindInvalidCodeScalar(Dtype kind, const uint8_t* codes, size_t n) {
   for (size_t i = 0; i < n; ++i) {
     if (IsNonFiniteCode(codes[i], kind)) return i;
   }
@@ -158,7 +159,7 @@ size_t FindInvalidCodeScalar(Fp8Kind kind, const uint8_t* codes, size_t n) {
 
 void ConvertRawScalar(Dtype src_dtype, const void* src, size_t n, Dtype dst_dtype, void* dst) {
   if (src_dtype == dst_dtype) {
-    std::memmove(dst, src, n * format::ElementSize(src_dtype));
+    std::memmove(dst, src, n * ElementSize(src_dtype));
     return;
   }
   for (size_t i = 0; i < n; ++i) StoreElement(dst_dtype, dst, i, LoadElement(src_dtype, src, i));

@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "kvfile/format/endian.h"
+#include "format/endian.h"
 
 namespace kvfile::pack {
 

@@ -9,8 +9,8 @@
 
 #include "atomic_replace.h"
 #include "kvfile/codec.h"
-#include "kvfile/format/chunk_layout.h"
-#include "kvfile/format/endian.h"
+#include "format/chunk_layout.h"
+#include "format/endian.h"
 #include "kvfile/pack.h"
 #include "kvfile/writer.h"
 #include "pack/pack_format.h"

@@ -7,7 +7,7 @@
 #include <tuple>
 
 #include "atomic_replace.h"
-#include "kvfile/format/endian.h"
+#include "format/endian.h"
 #include "kvfile/pack.h"
 #include "pack/pack_format.h"
 

@@ -1,9 +1,10 @@
+// SPDX-License-Identifier: Apache-2.0
 // Conversions between numpy arrays and the library's row and token buffers.
 #include "arrays.h"
 
 #include <limits>
 
-#include "kvfile/format/kv_format.h"
+#include "kvfile/dtype.h"
 
 namespace py = pybind11;
 
@@ -64,12 +65,12 @@ py::dtype NumpyDtype(Dtype dtype) {
     case Dtype::kBF16: return py::dtype::of<uint16_t>();
     default: break;
   }
-  throw py::type_error(std::string("no numpy dtype for ") + format::DtypeName(dtype));
+  throw py::type_error(std::string("no numpy dtype for ") + DtypeName(dtype));
 }
 
 Dtype DtypeByName(const std::string& name) {
   for (Dtype d : {Dtype::kE4M3, Dtype::kE5M2, Dtype::kBF16, Dtype::kF16, Dtype::kF32})
-    if (name == format::DtypeName(d)) return d;
+    if (name == DtypeName(d)) return d;
   throw py::value_error("unknown dtype '" + name + "' (known: e4m3, e5m2, bf16, f16, f32)");
 }
 

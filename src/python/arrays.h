@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Numpy arrays at the module's boundary: which dtypes stand for which
 // kvfile Dtype, token-id arrays, and the checks that turn a wrong array into
 // a TypeError or ValueError that says what was expected.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The parts of the _kvfile extension, each adding its classes and functions
 // to the module (called in this order by module.cc).
 #pragma once
@@ -9,5 +10,6 @@ namespace kvfile::python {
 void BindReader(pybind11::module_& m);   // Reader, open_reader()
 void BindWriter(pybind11::module_& m);   // Writer, create(), open_writer()
 void BindVerify(pybind11::module_& m);   // verify()
+void BindFormats(pybind11::module_& m);  // mooncake_encode/decode, coli_import/export
 
 }  // namespace kvfile::python

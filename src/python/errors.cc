@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The exception classes behind kvfile.Error and the Status -> exception map.
 #include "errors.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Python exceptions for the library's Status codes.
 //
 // A failed library call raises a subclass of kvfile.Error named after its

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Geometry <-> Python dict, presets by name, and stream lookup.
 #include "geometry_dict.h"
 
@@ -5,7 +6,7 @@
 
 #include "arrays.h"
 #include "errors.h"
-#include "kvfile/format/kv_format.h"
+#include "kvfile/dtype.h"
 #include "kvfile/presets.h"
 
 namespace py = pybind11;
@@ -77,7 +78,7 @@ py::dict GeometryDict(const Geometry& geometry) {
   for (const StreamSpec& s : geometry.streams)
     streams.append(py::dict(py::arg("name") = s.name, py::arg("rows_per_token") = s.rows_per_token,
                             py::arg("row_width") = s.row_width,
-                            py::arg("dtype") = format::DtypeName(s.dtype)));
+                            py::arg("dtype") = DtypeName(s.dtype)));
   return py::dict(py::arg("layers") = geometry.layers, py::arg("streams") = streams);
 }
 

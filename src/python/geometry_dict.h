@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Geometries as Python values: a preset name, or a dict
 //   {"layers": 2, "streams": [{"name": "k", "rows_per_token": 2,
 //                              "row_width": 16, "dtype": "e4m3"}, ...]}

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Calling library objects from Python threads.
 //
 // The GIL is released for every call that does I/O or decoding, so other

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvfile.Reader: an open .kv file (v1 or v2) read from Python.
 //
 // Reads return new numpy arrays. With a layer they are shaped
@@ -14,6 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <thread>
 #include <vector>
 
 #include "arrays.h"
@@ -21,7 +23,8 @@
 #include "errors.h"
 #include "geometry_dict.h"
 #include "guarded.h"
-#include "kvfile/format/kv_format.h"
+#include "kvfile/codec.h"
+#include "kvfile/dtype.h"
 #include "kvfile/reader.h"
 
 namespace py = pybind11;
@@ -45,6 +48,45 @@ struct Selection {
     shape.insert(shape.end(), tail);
     return shape;
   }
+};
+
+// A caller's writable, C-contiguous buffer (buffer protocol), held while a
+// bulk read writes into it. Released with the GIL held (destruction).
+class WritableBuffer {
+ public:
+  // `what` names the buffer in messages; `bytes` and `itemsize` are what
+  // the read needs.
+  WritableBuffer(py::handle obj, const std::string& what, size_t bytes, size_t itemsize) {
+    if (PyObject_GetBuffer(obj.ptr(), &view_, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) != 0) {
+      PyErr_Clear();
+      throw py::type_error(what + ": expected a writable C-contiguous buffer (a numpy array, or a CPU torch "
+                                  "tensor's .numpy()), got " +
+                           py::str(py::type::of(obj).attr("__name__")).cast<std::string>());
+    }
+    held_ = true;
+    if (static_cast<size_t>(view_.len) != bytes || static_cast<size_t>(view_.itemsize) != itemsize)
+      throw py::value_error(what + ": the buffer holds " + std::to_string(view_.len) + " bytes of " +
+                            std::to_string(view_.itemsize) + "-byte items; the read needs " + std::to_string(bytes) +
+                            " bytes of " + std::to_string(itemsize) + "-byte items");
+  }
+  WritableBuffer(const WritableBuffer&) = delete;
+  WritableBuffer& operator=(const WritableBuffer&) = delete;
+  ~WritableBuffer() {
+    if (held_) PyBuffer_Release(&view_);
+  }
+  void* data() const { return view_.buf; }
+
+ private:
+  Py_buffer view_{};
+  bool held_ = false;
+};
+
+// What one read_all() or codes_all() call covers: streams, a layer range, tokens.
+struct BulkSelection {
+  std::vector<uint32_t> streams;
+  uint32_t first_layer = 0, layer_count = 0;
+  uint64_t begin = 0, end = 0;
+  unsigned threads = 1;
 };
 
 class PyReader {
@@ -90,7 +132,7 @@ class PyReader {
     const StreamSpec& spec = g.streams[sel.stream];
     py::array result(NumpyDtype(out_dtype), sel.Shape({spec.rows_per_token, spec.row_width}));
     auto* dst = static_cast<char*>(result.mutable_data());
-    const size_t layer_bytes = (sel.end - sel.begin) * spec.ElementsPerToken() * format::ElementSize(out_dtype);
+    const size_t layer_bytes = (sel.end - sel.begin) * spec.ElementsPerToken() * ElementSize(out_dtype);
     guarded_.Run([&](Reader& r) -> Status {
       for (uint32_t i = 0; i < sel.layer_count; ++i)
         KVFILE_RETURN_IF_ERROR(r.ReadRows(sel.first_layer + i, sel.stream, sel.begin, sel.end, out_dtype,
@@ -119,6 +161,112 @@ class PyReader {
       return Status::OK();
     });
     return py::make_tuple(codes, scales);
+  }
+
+  BulkSelection SelectBulk(const Geometry& g, py::handle streams, py::handle layers, uint64_t start,
+                           std::optional<uint64_t> stop, unsigned threads, bool fp8_only) {
+    BulkSelection sel;
+    const bool v1 = guarded_.Inspect([](Reader& r) { return r.major_version() == 1; });
+    if (streams.is_none()) {
+      for (uint32_t i = 0; i < g.streams.size(); ++i)
+        if (!fp8_only || v1 || kvfile::IsFp8(g.streams[i].dtype)) sel.streams.push_back(i);
+    } else {
+      for (py::handle s : streams) sel.streams.push_back(StreamIndex(g, s));
+    }
+    sel.layer_count = g.layers;
+    if (!layers.is_none()) {
+      auto range = layers.cast<std::pair<uint32_t, uint32_t>>();
+      if (range.second < range.first || range.second > g.layers)
+        throw py::value_error("layers: (" + std::to_string(range.first) + ", " + std::to_string(range.second) +
+                              ") is not a range inside [0, " + std::to_string(g.layers) + "]");
+      sel.first_layer = range.first;
+      sel.layer_count = range.second - range.first;
+    }
+    sel.begin = start;
+    sel.end = stop ? *stop : TokenCount();
+    if (sel.end < sel.begin)
+      throw py::value_error("stop (" + std::to_string(sel.end) + ") is before start (" + std::to_string(sel.begin) +
+                            ")");
+    sel.threads = threads != 0 ? threads : std::max(1u, std::thread::hardware_concurrency());
+    return sel;
+  }
+
+  // out[name], or None when out is None.
+  static py::object OutEntry(py::handle out, const std::string& name) {
+    if (out.is_none()) return py::none();
+    if (!out.contains(py::str(name))) throw py::value_error("out has no entry for stream '" + name + "'");
+    return out[py::str(name)];
+  }
+
+  // A destination: `given` (a caller's buffer) or, when None, a new array.
+  static py::object Destination(py::handle given, const std::string& what, py::dtype dtype,
+                                const std::vector<py::ssize_t>& shape,
+                                std::vector<std::unique_ptr<WritableBuffer>>* held, void** data) {
+    size_t elements = 1;
+    for (py::ssize_t d : shape) elements *= static_cast<size_t>(d);
+    py::object obj = given.is_none() ? py::object(py::array(dtype, shape)) : py::reinterpret_borrow<py::object>(given);
+    held->push_back(std::make_unique<WritableBuffer>(obj, what, elements * dtype.itemsize(), dtype.itemsize()));
+    *data = held->back()->data();
+    return obj;
+  }
+
+  py::dict ReadAll(py::handle dtype, uint64_t start, std::optional<uint64_t> stop, unsigned threads, py::handle out,
+                   py::handle streams, py::handle layers) {
+    const Dtype out_dtype = DecodedDtype(dtype);
+    const Geometry g = GetGeometry();
+    const BulkSelection sel = SelectBulk(g, streams, layers, start, stop, threads, false);
+    if (!out.is_none() && !py::isinstance<py::dict>(out)) throw py::type_error("out must be a dict {stream: buffer}");
+    py::dict result;
+    std::vector<std::unique_ptr<WritableBuffer>> held;
+    std::vector<RowsTarget> targets;
+    const auto tokens = static_cast<py::ssize_t>(sel.end - sel.begin);
+    for (uint32_t s : sel.streams) {
+      const StreamSpec& spec = g.streams[s];
+      void* data = nullptr;
+      result[py::str(spec.name)] =
+          Destination(OutEntry(out, spec.name), "out['" + spec.name + "']", NumpyDtype(out_dtype),
+                      {sel.layer_count, tokens, spec.rows_per_token, spec.row_width}, &held, &data);
+      const size_t layer_bytes = (sel.end - sel.begin) * spec.ElementsPerToken() * kvfile::ElementSize(out_dtype);
+      for (uint32_t i = 0; i < sel.layer_count; ++i)
+        targets.push_back({sel.first_layer + i, s, static_cast<char*>(data) + i * layer_bytes});
+    }
+    guarded_.Run([&](Reader& r) { return r.ReadMany(targets, sel.begin, sel.end, out_dtype, sel.threads); });
+    return result;
+  }
+
+  py::dict CodesAll(uint64_t start, std::optional<uint64_t> stop, unsigned threads, py::handle out,
+                    py::handle streams, py::handle layers, const std::string& v1_as) {
+    const Dtype v1_quantize_as = DtypeByName(v1_as);
+    const Geometry g = GetGeometry();
+    const BulkSelection sel = SelectBulk(g, streams, layers, start, stop, threads, true);
+    if (!out.is_none() && !py::isinstance<py::dict>(out))
+      throw py::type_error("out must be a dict {stream: (codes, scales)}");
+    py::dict result;
+    std::vector<std::unique_ptr<WritableBuffer>> held;
+    std::vector<CodesTarget> targets;
+    const auto tokens = static_cast<py::ssize_t>(sel.end - sel.begin);
+    for (uint32_t s : sel.streams) {
+      const StreamSpec& spec = g.streams[s];
+      py::object codes_out = py::none(), scales_out = py::none();
+      if (py::object given = OutEntry(out, spec.name); !given.is_none()) {
+        auto pair = given.cast<std::pair<py::object, py::object>>();
+        codes_out = pair.first;
+        scales_out = pair.second;
+      }
+      void* codes = nullptr;
+      void* scales = nullptr;
+      py::object c = Destination(codes_out, "out['" + spec.name + "'][0]", py::dtype::of<uint8_t>(),
+                                 {sel.layer_count, tokens, spec.rows_per_token, spec.row_width}, &held, &codes);
+      py::object sc = Destination(scales_out, "out['" + spec.name + "'][1]", py::dtype::of<float>(),
+                                  {sel.layer_count, tokens, spec.rows_per_token}, &held, &scales);
+      result[py::str(spec.name)] = py::make_tuple(c, sc);
+      for (uint32_t i = 0; i < sel.layer_count; ++i)
+        targets.push_back({sel.first_layer + i, s,
+                           static_cast<uint8_t*>(codes) + i * (sel.end - sel.begin) * spec.ElementsPerToken(),
+                           static_cast<float*>(scales) + i * (sel.end - sel.begin) * spec.rows_per_token});
+    }
+    guarded_.Run([&](Reader& r) { return r.ReadManyCodes(targets, sel.begin, sel.end, sel.threads, v1_quantize_as); });
+    return result;
   }
 
   py::list Chunks() {
@@ -194,6 +342,21 @@ void BindReader(py::module_& m) {
            "(codes, scales) of an fp8 stream: uint8 codes shaped like read()'s rows, float32 "
            "scales [..., tokens, rows_per_token]. In a v1 file the rows are quantized on the fly "
            "as v1_as (\"e4m3\" or \"e5m2\"), the codes an upgrade would store.")
+      .def("read_all", &PyReader::ReadAll, py::arg("dtype") = py::module_::import("numpy").attr("float32"),
+           py::arg("start") = 0, py::arg("stop") = py::none(), py::arg("threads") = 0, py::arg("out") = py::none(),
+           py::arg("streams") = py::none(), py::arg("layers") = py::none(),
+           "Bulk read: {stream name: rows [layers, tokens, rows_per_token, row_width]} of tokens "
+           "[start, stop), decoded to dtype (as read()), every layer and stream in one call on `threads` "
+           "worker threads (0: one per core) with the GIL released. streams: names or indices (default "
+           "all); layers: (first, stop) (default all). out: a dict {stream: writable C-contiguous buffer} "
+           "of exactly the result's bytes (a numpy array; a CPU torch tensor's .numpy()) to read into; "
+           "the dict returned then holds those objects. On failure every destination is zero-filled.")
+      .def("codes_all", &PyReader::CodesAll, py::arg("start") = 0, py::arg("stop") = py::none(),
+           py::arg("threads") = 0, py::arg("out") = py::none(), py::arg("streams") = py::none(),
+           py::arg("layers") = py::none(), py::arg("v1_as") = "e4m3",
+           "Bulk codes: {stream name: (uint8 codes [layers, tokens, rows, width], float32 scales [layers, "
+           "tokens, rows])}, as read_all reads rows; streams defaults to every fp8 stream (every stream "
+           "of a v1 file, quantized as v1_as). out: {stream: (codes buffer, scales buffer)}.")
       .def_property_readonly("tokens", [](PyReader& self) { return TokenArray(self.Tokens()); },
                              "The token ids, a numpy uint32 array.")
       .def("__len__", &PyReader::TokenCount)
@@ -211,6 +374,18 @@ void BindReader(py::module_& m) {
       .def("__enter__", [](py::object self) { return self; })
       .def("__exit__", [](PyReader& self, py::args) { self.Close(); });
 
+  m.def(
+      "fp8_decode_table",
+      [](const std::string& kind) {
+        const Dtype d = DtypeByName(kind);
+        if (!kvfile::IsFp8(d)) throw py::value_error("fp8_decode_table: kind must be 'e4m3' or 'e5m2'");
+        py::array_t<float> table(256);
+        for (int c = 0; c < 256; ++c) table.mutable_data()[c] = codec::DecodeElement(static_cast<uint8_t>(c), d);
+        return table;
+      },
+      py::arg("kind"),
+      "The float32 value of each of the 256 codes of 'e4m3' or 'e5m2' (NaN for the codes a file never "
+      "holds): a decoded element is table[code] * scale in float32, rounded to the output dtype.");
   m.def("open_reader", &OpenReader, py::arg("path"), "Opens a .kv file for reading (kvfile.open(path)).");
 }
 

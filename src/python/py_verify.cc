@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvfile.verify(path): the library's whole-file check, as a dict.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl/filesystem.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvfile.Writer: creating a .kv file, or appending to one, from Python.
 //
 // append(tokens, {"k": array, ...}) takes, for every stream, one array shaped
@@ -21,7 +22,7 @@
 #include "errors.h"
 #include "geometry_dict.h"
 #include "guarded.h"
-#include "kvfile/format/kv_format.h"
+#include "kvfile/dtype.h"
 #include "kvfile/writer.h"
 
 namespace py = pybind11;
@@ -85,7 +86,7 @@ class PyWriter {
         throw py::value_error("stream '" + spec.name + "': shape " + ShapeText(a) + ", expected " +
                               ExpectedShape(g, spec, ids.size()));
       const auto* base = static_cast<const char*>(a.data());
-      const size_t layer_bytes = ids.size() * spec.ElementsPerToken() * format::ElementSize(dtype);
+      const size_t layer_bytes = ids.size() * spec.ElementsPerToken() * ElementSize(dtype);
       for (uint32_t layer = 0; layer < g.layers; ++layer)
         batch.blocks[layer * g.streams.size() + s] = {dtype, base + layer * layer_bytes, nullptr};
       arrays.push_back(std::move(a));

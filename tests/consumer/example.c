@@ -1,12 +1,13 @@
+// SPDX-License-Identifier: Apache-2.0
 /* The C example of docs/api.md, compiled and run by CI: the same session as the
- * C++ example through the C API (kvfile/kvfile.h), with f32 input rows.
+ * C++ example through the C API (kvfile/c.h), with f32 input rows.
  * Usage: example_c [FILE]; exit status 0 only if everything matches. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "kvfile/kvfile.h"
+#include "kvfile/c.h"
 
 enum { kTokens = 16, kReuse = 10 };
 

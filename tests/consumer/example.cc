@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The C++ example of docs/api.md, compiled and run by CI: writes a 16-token
 // session shaped like Llama 3.1 8B's cache, reads it back and checks every
 // value. Usage: example_cpp [FILE]; exit status 0 only if all matches.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Fuzz target: an arbitrary .kv file (v1 or v2) opened with Reader::Open,
 // then every token id and every row of every chunk, layer and stream read
 // back (see ReadEverything). Damage must give a Status, never a crash, a

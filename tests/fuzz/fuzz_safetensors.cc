@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Fuzz target: the safetensors importer on an arbitrary file, the way
 // `kvfile convert x.safetensors y.kv` runs it: header parsing, the kvfile
 // convention (DescribeKv), token ids, the value scan, then every token
@@ -8,6 +9,7 @@
 #include "fuzz/fuzz_support.h"
 #include "kvfile/safetensors.h"
 #include "kvfile/writer.h"
+#include "testing_hooks.h"
 
 namespace {
 
@@ -51,7 +53,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (token_bytes > kChunkBudgetBytes) return 0;
   WriterOptions options;
   options.fs = fs.get();
-  options.salt = 1;
+  kvfile::hooks::SetWriterSalt(1);
   options.chunk_tokens = static_cast<uint32_t>(std::clamp<uint64_t>(kChunkBudgetBytes / token_bytes, 1, kMaxChunkTokens));
   ModelIdentity identity{kv.model_id.value_or(""), kv.fingerprint.value_or(0)};
   std::unique_ptr<Writer> writer;

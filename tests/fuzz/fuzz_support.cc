@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The helpers the fuzz targets share (see fuzz_support.h).
 #include "fuzz/fuzz_support.h"
 
@@ -5,6 +6,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
+
+#include "format/kv_format.h"
 
 namespace kvfile::fuzz {
 
@@ -56,7 +59,7 @@ Status ReadEverything(Reader& reader) {
       keep_first(ReadChecked("ReadRows", &rows, n * per_token * 4, [&](uint8_t* dst) {
         return reader.ReadRows(layer, s, 0, n, Dtype::kF32, dst);
       }));
-      if (format::IsFp8(spec.dtype) || v1) {
+      if (IsFp8(spec.dtype) || v1) {
         std::vector<uint8_t>* scales_buffer = &scales;
         keep_first(ReadChecked("ReadCodes", &codes, n * per_token, [&](uint8_t* dst) {
           return ReadChecked("ReadCodes (scales)", scales_buffer, n * spec.rows_per_token * 4, [&](uint8_t* sc) {

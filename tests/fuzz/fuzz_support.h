@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What the fuzz targets share: the libFuzzer entry point, the cap on the
 // input size, the in-memory file holding an input, a reader that reads back
 // everything a .kv file holds, and the way a broken invariant is reported.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Fuzz target: an arbitrary file opened for writing with Writer::Open, in
 // memory: a v1 file is upgraded to v2 (a v2 file goes through recovery),
 // and whatever the writer leaves must read back whole with the same tokens
@@ -6,6 +7,7 @@
 #include <algorithm>
 
 #include "fuzz/fuzz_support.h"
+#include "format/kv_format.h"
 #include "kvfile/writer.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Fuzz target: VerifyFile on an arbitrary .kv file, quick and full. Beyond
 // not crashing, a file the full verification finds clean (no error, no
 // warning) must open with the Reader and read back whole: verify is what

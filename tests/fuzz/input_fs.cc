@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // InputFs (see input_fs.h).
 #include "fuzz/input_fs.h"
 

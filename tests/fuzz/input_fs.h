@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // InputFs: a read-only FileSystem whose one file is the fuzz input itself,
 // read in place. The read-only targets use it rather than a FaultFs, which
 // would copy the input (twice) for every run: with inputs of tens of KiB

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Regenerates the seed corpus of the fuzz targets (tests/fuzz/corpus/) with
 # the kvfile CLI of a normal build: `tests/fuzz/make_seed_corpus.sh BUILD_DIR`.
 # The seeds are small on purpose (libFuzzer's default input length is the
@@ -36,6 +37,14 @@ for t in read verify; do
 done
 cp "$TMP"/{v1_bf16,v1_f32,rewound,torn}.kv "$CORPUS/upgrade/"
 cp "$TMP"/*.safetensors "$CORPUS/safetensors/"
+# llama.cpp state files for the llama_state target: a sequence state (f16),
+# a session with V transposed, a q8_0 one.
+k synth "$TMP/llama.kv" --preset tiny --tokens 3 --seed 4
+k convert "$TMP/llama.kv" "$TMP/seq-f16.bin" --format llama-seq
+k convert "$TMP/llama.kv" "$TMP/session-vt.bin" --format llama-session --arch llama --v-trans 1
+k convert "$TMP/llama.kv" "$TMP/seq-q8_0.bin" --format llama-seq --dtype q8_0
+rm -rf "$CORPUS/llama_state" && mkdir -p "$CORPUS/llama_state"
+cp "$TMP"/{seq-f16,session-vt,seq-q8_0}.bin "$CORPUS/llama_state/"
 du -sh "$CORPUS"
 
 # .kvpack seeds (fuzz_pack): members sharing chunks (two fp8 dtypes), and a raw stream.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Replays inputs through a fuzz target without libFuzzer, so that every
 // build (gcc, ASan CI) runs the committed seed corpus and every crasher
 // ever found (tests/fuzz/regressions/) as a test. Arguments are files or

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The replaced global operator new and delete (see alloc_tracker.h). Every
 // form of operator new allocates with malloc, so that every delete can free.
 #include "support/alloc_tracker.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Measuring the allocations of a piece of code in a test.
 //
 // alloc_tracker.cc replaces the global operator new and delete of the test

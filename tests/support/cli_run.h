@@ -1,7 +1,9 @@
+// SPDX-License-Identifier: Apache-2.0
 // Running the kvfile binary from a test: exit status, stdout and stderr.
 // KVFILE_BINARY is the path of the binary (a compile definition).
 #pragma once
 
+#include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -11,8 +13,11 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
+
+#include "support/file_util.h"
 
 namespace kvfile::testing {
 
@@ -43,9 +48,24 @@ inline CliRun Kvfile(const std::string& args, const std::string& prefix = "") {
   return r;
 }
 
-inline std::string ReadFile(const std::filesystem::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
+// Starts `kvfile ARGS...` without a shell and without waiting: stdout to
+// /dev/null, stderr to the file `err_path`. Returns the child's pid (-1 if
+// fork failed); the caller signals it and reaps it with waitpid.
+inline pid_t StartKvfile(const std::vector<std::string>& args, const std::string& err_path) {
+  pid_t pid = ::fork();
+  if (pid != 0) return pid;
+  int err = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  int out = ::open("/dev/null", O_WRONLY);
+  if (err < 0 || out < 0) ::_exit(127);
+  ::dup2(err, 2);
+  ::dup2(out, 1);
+  std::vector<std::string> copy = args;
+  std::string bin = KVFILE_BINARY;
+  std::vector<char*> argv{bin.data()};
+  for (std::string& a : copy) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  ::execv(bin.c_str(), argv.data());
+  ::_exit(127);
 }
 
 }  // namespace kvfile::testing

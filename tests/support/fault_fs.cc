@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // FaultFs and the crash-state enumeration (see fault_fs.h).
 #include "fault_fs.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // FaultFs: an in-memory FileSystem for tests that records every operation
 // the library performs, injects errors on chosen operations, and builds the
 // on-disk states a crash (power cut) could leave after any operation prefix.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The sweep fixtures and the read-back comparison (see sweep_fixtures.h).
 #include "support/sweep_fixtures.h"
 
@@ -8,10 +9,11 @@
 #include <memory>
 #include <stdexcept>
 
-#include "kvfile/format/chunk_layout.h"
+#include "format/chunk_layout.h"
 #include "kvfile/presets.h"
 #include "kvfile/reader.h"
 #include "kvfile/writer.h"
+#include "testing_hooks.h"
 #include "support/fault_fs.h"
 
 namespace kvfile::testing {
@@ -42,7 +44,7 @@ Geometry ShrunkPreset(const std::string& preset, uint16_t major) {
     StreamSpec& s = g.streams[i];
     s.rows_per_token = std::min<uint32_t>(s.rows_per_token, 2);
     s.row_width = std::min<uint32_t>(s.row_width, 32);
-    if (major == 1 && format::IsFp8(s.dtype)) s.dtype = kRawInTurn[i % 3];
+    if (major == 1 && IsFp8(s.dtype)) s.dtype = kRawInTurn[i % 3];
   }
   return g;
 }
@@ -60,12 +62,14 @@ Status BuildFixture(const FixtureSpec& spec, SweepFixture* out) {
   FaultFs fs;
   WriterOptions opt;
   opt.fs = &fs;
-  opt.salt = spec.salt;
+  hooks::SetWriterSalt(spec.salt);
   opt.chunk_tokens = spec.chunk_tokens;
   opt.format_major = spec.major;
   opt.sync = spec.committed ? SyncMode::kClose : SyncMode::kNone;
   std::unique_ptr<Writer> w;
-  KVFILE_RETURN_IF_ERROR(Writer::Create(kSweepPath, g, {"sweep/" + spec.name, spec.seed}, opt, &w));
+  Status created = Writer::Create(kSweepPath, g, {"sweep/" + spec.name, spec.seed}, opt, &w);
+  hooks::SetWriterSalt(0);
+  KVFILE_RETURN_IF_ERROR(created);
   SplitMix rng(spec.seed);
   std::vector<uint64_t> append_ends;  // token counts after each append
   // Appended in pieces of 1..3 tokens, so that chunks fill across appends.
@@ -127,9 +131,9 @@ Status BuildFixture(const FixtureSpec& spec, SweepFixture* out) {
     for (uint32_t s = 0; s < stream_count; ++s) {
       const StreamSpec& spec_s = g.streams[s];
       StreamData d;
-      d.value_bytes_per_token = spec_s.ElementsPerToken() * format::ElementSize(spec_s.dtype);
+      d.value_bytes_per_token = spec_s.ElementsPerToken() * ElementSize(spec_s.dtype);
       d.values.resize(n * d.value_bytes_per_token);
-      if (format::IsFp8(spec_s.dtype)) {
+      if (IsFp8(spec_s.dtype)) {
         d.scale_bytes_per_token = uint64_t{spec_s.rows_per_token} * 4;
         d.scales.resize(n * d.scale_bytes_per_token);
         KVFILE_RETURN_IF_ERROR(
@@ -224,8 +228,8 @@ ReadCheck ReadAndCompare(FileSystem& fs, const std::string& path, const SweepFix
   for (uint32_t l = 0; l < g.layers; ++l) {
     for (uint32_t s = 0; s < stream_count; ++s) {
       const StreamSpec& spec = g.streams[s];
-      const uint64_t value_bytes = n * spec.ElementsPerToken() * format::ElementSize(spec.dtype);
-      const uint64_t scale_bytes = format::IsFp8(spec.dtype) ? n * spec.rows_per_token * 4 : 0;
+      const uint64_t value_bytes = n * spec.ElementsPerToken() * ElementSize(spec.dtype);
+      const uint64_t scale_bytes = IsFp8(spec.dtype) ? n * spec.rows_per_token * 4 : 0;
       std::string where = "layer " + std::to_string(l) + " stream '" + spec.name + "'";
       // Every row the reader vouches for is backed by bytes of the file.
       if (value_bytes + scale_bytes > r->tail().file_size) {
@@ -234,7 +238,7 @@ ReadCheck ReadAndCompare(FileSystem& fs, const std::string& path, const SweepFix
       }
       values.assign(value_bytes, kSentinel);
       scales.assign(scale_bytes, kSentinel);
-      Status st = format::IsFp8(spec.dtype)
+      Status st = IsFp8(spec.dtype)
                       ? r->ReadCodes(l, s, 0, n, values.data(), reinterpret_cast<float*>(scales.data()))
                       : r->ReadRows(l, s, 0, n, spec.dtype, values.data());
       out.read_ok.push_back(st.ok());

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Small .kv files for the damage sweeps (truncation, bit flips, structured
 // damage), and the one check they all share: what a reader returns from a
 // damaged copy, compared byte for byte with what it returns from the

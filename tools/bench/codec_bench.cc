@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Micro-benchmarks of the fp8 codec: QuantizeRows bf16 -> e4m3 and
 // DequantizeRows e4m3 -> bf16 on each instruction-set path, over a 16 MiB bf16
 // block of 128-wide rows, against a memcpy of the same block. Throughput is
@@ -17,8 +18,7 @@
 
 namespace {
 
-using kvfile::codec::Dtype;
-using kvfile::codec::Fp8Kind;
+using kvfile::Dtype;
 using kvfile::codec::Isa;
 
 constexpr size_t kBlockBytes = size_t{16} << 20;  // 16 MiB of bf16
@@ -47,7 +47,7 @@ struct Block {
       }
     }
     size_t bad = 0;
-    kvfile::codec::QuantizeRows(Fp8Kind::kE4M3, Dtype::kBF16, bf16.data(), kRows, kWidth,
+    kvfile::codec::QuantizeRows(Dtype::kE4M3, Dtype::kBF16, bf16.data(), kRows, kWidth,
                                 codes.data(), scales.data(), &bad);
     std::memset(out.data(), 1, kBlockBytes);
     std::memset(copy.data(), 1, kBlockBytes);
@@ -70,7 +70,7 @@ void BM_QuantizeBf16ToE4M3(benchmark::State& state, Isa isa) {
   Block& b = TheBlock();
   for (auto _ : state) {
     size_t bad = 0;
-    const bool ok = kvfile::codec::QuantizeRows(Fp8Kind::kE4M3, Dtype::kBF16, b.bf16.data(), kRows,
+    const bool ok = kvfile::codec::QuantizeRows(Dtype::kE4M3, Dtype::kBF16, b.bf16.data(), kRows,
                                                 kWidth, b.codes.data(), b.scales.data(), &bad, isa);
     benchmark::DoNotOptimize(ok);
     benchmark::ClobberMemory();
@@ -83,7 +83,7 @@ void BM_DequantizeE4M3ToBf16(benchmark::State& state, Isa isa) {
   if (SkipUnsupported(state, isa)) return;
   Block& b = TheBlock();
   for (auto _ : state) {
-    kvfile::codec::DequantizeRows(Fp8Kind::kE4M3, b.codes.data(), b.scales.data(), kRows, kWidth,
+    kvfile::codec::DequantizeRows(Dtype::kE4M3, b.codes.data(), b.scales.data(), kRows, kWidth,
                                   Dtype::kBF16, b.out.data(), isa);
     benchmark::ClobberMemory();
   }

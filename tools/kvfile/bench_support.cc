@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Measurement primitives of `kvfile bench` (see bench_support.h).
 #include "bench_support.h"
 

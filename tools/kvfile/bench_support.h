@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What `kvfile bench` measures with: a clock, medians, pre-faulted buffers,
 // the peak-memory probe, the page-cache dropper, and the raw I/O a user
 // would write instead of using kvfile (the machine's limits).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What every kvfile subcommand shares: registration, exit codes and the one
 // line of error output.
 #pragma once
@@ -44,8 +45,9 @@ const std::string& CurrentPath();
 CLI::Validator Count(uint64_t min, uint64_t max);
 
 // Tokens per chunk of a file created from `input` (convert, append) when
-// --chunk-tokens is not given: `wanted`, halved until one chunk of `g` fits
-// in max(64 MiB, the input's size). The new file's two staging buffers then
+// --chunk-tokens is not given: kvfile::FitChunkTokens with the size of the
+// file `input` (`wanted`, halved until one chunk of `g` fits
+// in max(64 MiB, the input's size)). The new file's two staging buffers then
 // stay within a bound tied to the input (FORMAT.md section 7.1): a hostile
 // or odd header may declare a huge geometry over a handful of tokens, or none.
 uint32_t BoundedChunkTokens(const Geometry& g, uint32_t wanted, const std::string& input);
@@ -76,5 +78,8 @@ void RegisterRewind(CLI::App& app, int* exit_code);
 void RegisterAppend(CLI::App& app, int* exit_code);
 void RegisterConvert(CLI::App& app, int* exit_code);
 void RegisterBench(CLI::App& app, int* exit_code);
+// `kvfile version`, and `kvfile completion bash|zsh|man` (completion.cc).
+void RegisterVersion(CLI::App& app, int* exit_code);
+void RegisterCompletion(CLI::App& app, int* exit_code);
 
 }  // namespace kvfile::cli

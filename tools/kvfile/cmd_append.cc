@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvfile append: append the tokens of a safetensors file (the kvfile
 // convention, see src/safetensors.h) to a .kv file, creating it with the
 // input's geometry if it does not exist.
@@ -12,8 +13,10 @@
 #include <optional>
 
 #include "kvfile/safetensors.h"
-#include "atomic_replace.h"
+#include "kvfile/replace.h"
 #include "cli_common.h"
+#include "progress.h"
+#include "progress_fs.h"
 #include "signals.h"
 #include "kvfile/reader.h"
 #include "kvfile/writer.h"
@@ -57,7 +60,7 @@ Geometry WantedGeometry(const KvTensors& kv, const std::vector<size_t>& order, s
     StreamSpec spec{s.name, s.rows_per_token, s.row_width, Dtype::kE4M3};
     std::optional<uint32_t> in_file = file ? file->FindStream(s.name) : std::nullopt;
     if (s.is_codes()) spec.dtype = dtype.value_or(s.source_dtype());
-    else if (in_file && !format::IsFp8(file->streams[*in_file].dtype)) spec.dtype = file->streams[*in_file].dtype;
+    else if (in_file && !IsFp8(file->streams[*in_file].dtype)) spec.dtype = file->streams[*in_file].dtype;
     else if (dtype) spec.dtype = *dtype;
     else if (in_file) spec.dtype = file->streams[*in_file].dtype;
     if (!file && std::find(keep_raw.begin(), keep_raw.end(), s.name) != keep_raw.end()) spec.dtype = Dtype::kBF16;
@@ -152,14 +155,24 @@ int RunAppend(const AppendArgs& a) {
   // A new FILE is written under a temporary name and renamed into place
   // when complete and durable (sync mode close at least): a failure leaves
   // no FILE.
-  std::unique_ptr<internal::PendingReplace> create;
+  std::unique_ptr<PendingReplace> create;
+  // Declared before the writer, which reads and writes through its fs().
+  std::unique_ptr<UpgradeProgress> upgrading;
   std::unique_ptr<Writer> w;
   st = CheckInterrupt(a.path);
-  if (st.ok() && exists) {
+  if (st.ok() && exists && !old_format.empty()) {
+    // The open upgrades a v1 file: a bar of the v1 bytes read.
+    upgrading = std::make_unique<UpgradeProgress>("append " + a.path + ": upgrading", a.path);
+    opt.fs = upgrading->fs();
+    st = Writer::Open(a.path, opt, &w);
+    upgrading->Finish();
+  } else if (st.ok() && exists) {
+    // The open recovers the file: it can take a while.
+    Activity opening("append " + a.path + ": opening");
     st = Writer::Open(a.path, opt, &w);
   } else if (st.ok()) {
     if (opt.sync == SyncMode::kNone) opt.sync = SyncMode::kClose;
-    st = internal::PendingReplace::Begin(a.path, nullptr, &create);
+    st = PendingReplace::Begin(a.path, nullptr, &create);
     if (st.ok() && create->original().exists)
       st = Status::Busy(a.path + ": created by another process while appending was being prepared");
     if (st.ok()) st = Writer::Create(create->temp_path(), file_geometry, id, opt, &w).WithContext(a.path);
@@ -175,10 +188,18 @@ int RunAppend(const AppendArgs& a) {
   uint64_t per_token = 0;
   for (const StreamSpec& s : file_geometry.streams) per_token += s.ElementsPerToken() * 12;  // input + f32 + codes
   per_token *= file_geometry.layers;
-  st = safetensors::AppendAll(*in, kv, ids, stream_of, *w, safetensors::BlockTokens(per_token, uint64_t{256} << 20),
-                              [&a] { return CheckInterrupt(a.path); });
+  const uint64_t block = safetensors::BlockTokens(per_token, uint64_t{256} << 20);
+  Progress progress("append " + a.path, kv.tokens);
+  st = safetensors::AppendAll(*in, kv, ids, stream_of, *w, block, [&a, &progress, block] {
+    progress.Add(block);
+    return CheckInterrupt(a.path);
+  });
+  progress.Finish();
   if (!st.ok()) return UndoAppend(std::move(w), create ? st.WithContext(a.path) : st, upgraded);
-  st = w->Close();
+  {
+    Activity closing("append " + a.path + ": syncing");
+    st = w->Close();
+  }
   if (!st.ok() && create) st = st.WithContext(a.path);  // the writer names the temporary file
   if (st.ok() && create) st = create->Commit();
   if (!st.ok()) return ReportError(st, upgraded);

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvfile bench: every path of the library side by side with this machine's
 // own limits, measured in the same run, and with what a user would do
 // instead (write and read the KV raw as bf16).
@@ -7,8 +8,13 @@
 // says which and why); peak memory is the rise of the resident high-water
 // mark during the path, over the buffers the bench holds throughout.
 #include <nlohmann/json.hpp>
+#include <fcntl.h>
 #include <sys/utsname.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -240,7 +246,7 @@ Status Bench::Codec() {
     KVFILE_RETURN_IF_ERROR(Measure(std::max(a_.reps, 5), &enc, [&] {
       Parallel(v.threads, rows, [&](size_t b, size_t e) {
         size_t bad;
-        if (!codec::QuantizeRows(codec::Fp8Kind::kE4M3, Dtype::kBF16, src + b * width, e - b, width,
+        if (!codec::QuantizeRows(Dtype::kE4M3, Dtype::kBF16, src + b * width, e - b, width,
                                  codes.data() + b * width, sc + b, &bad, v.isa))
           finite = false;
       });
@@ -256,7 +262,7 @@ Status Bench::Codec() {
             .bytes_of = "bf16 out"};
     KVFILE_RETURN_IF_ERROR(Measure(std::max(a_.reps, 5), &dec, [&] {
       Parallel(v.threads, rows, [&](size_t b, size_t e) {
-        codec::DequantizeRows(codec::Fp8Kind::kE4M3, codes.data() + b * width, sc + b, e - b, width,
+        codec::DequantizeRows(Dtype::kE4M3, codes.data() + b * width, sc + b, e - b, width,
                               Dtype::kBF16, decoded.data() + b * width * 2, v.isa);
       });
       return Status::OK();
@@ -308,6 +314,31 @@ Status Bench::AppendPaths() {
   vs.peak_bytes = app.peak_bytes;
   Add(vs);
   std::filesystem::remove(P("raw.bin"));
+  return Status::OK();
+}
+
+// Runs this kvfile binary with `args` (stdout to /dev/null) and waits.
+Status RunSelf(const std::vector<std::string>& args) {
+  std::vector<char*> argv;
+  std::string self = "kvfile";
+  argv.push_back(self.data());
+  std::vector<std::string> copy = args;
+  for (std::string& a : copy) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::fflush(stdout);
+  pid_t pid = ::fork();
+  if (pid < 0) return Status::IOError("bench: fork failed");
+  if (pid == 0) {
+    int null = ::open("/dev/null", O_WRONLY);
+    if (null >= 0) ::dup2(null, STDOUT_FILENO);
+    ::execv("/proc/self/exe", argv.data());
+    ::_exit(127);
+  }
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    return Status::Failed("bench: kvfile " + args[1] + " failed (status " + std::to_string(status) + ")");
   return Status::OK();
 }
 
@@ -381,8 +412,8 @@ Status Bench::ReadPaths() {
     float scale;
     size_t bad;
     std::vector<uint16_t> back(n);
-    codec::QuantizeRows(codec::Fp8Kind::kE4M3, Dtype::kBF16, s_.BlockRows(0), 1, n, codes.data(), &scale, &bad);
-    codec::DequantizeRows(codec::Fp8Kind::kE4M3, codes.data(), &scale, 1, n, Dtype::kBF16, back.data());
+    codec::QuantizeRows(Dtype::kE4M3, Dtype::kBF16, s_.BlockRows(0), 1, n, codes.data(), &scale, &bad);
+    codec::DequantizeRows(Dtype::kE4M3, codes.data(), &scale, 1, n, Dtype::kBF16, back.data());
     if (spec.dtype == Dtype::kE4M3 && std::memcmp(back.data(), out_.data(), n * 2) != 0)
       return Status::Failed("bench: the resumed rows differ from the session's");
   }
@@ -404,6 +435,38 @@ Status Bench::ReadPaths() {
     v.target = ">= 0.85";
     v.target_ratio = 0.85;
     Add(v);
+  }
+
+  // What a user runs: the kvfile binary itself (a process of its own, all
+  // cores), next to the same limits. `kvfile verify FILE` vs reading the
+  // file (cat); `kvfile convert FILE OUT.safetensors` (decoded bf16) vs a
+  // copy of the bf16 bytes (cp; both end with an fsync).
+  {
+    Row v{.path = "kvfile verify FILE (command)", .threads = std::max(1u, std::thread::hardware_concurrency()),
+          .bytes = static_cast<double>(kv_bytes_), .bytes_of = ".kv file"};
+    KVFILE_RETURN_IF_ERROR(Measure(a_.reps, &v, [&] { return RunSelf({"-q", "verify", kv}); }, warm));
+    CompareTo(v, read_kv.path);
+    v.target = ">= 0.85";
+    v.target_ratio = 0.85;
+    Add(v);
+    std::string copy = P("copy-bf16.bin"), exported = P("export.safetensors");
+    std::vector<uint8_t> scratch;
+    Row cp{.path = "limit: copy of the bf16 KV + fsync (cp)", .bytes = bf16, .bytes_of = "bf16 KV"};
+    KVFILE_RETURN_IF_ERROR(Measure(a_.reps, &cp, [&] {
+      std::filesystem::remove(copy);
+      return bench::RawCopy(raw, copy, &scratch);
+    }, warm));
+    Add(cp);
+    std::filesystem::remove(copy);
+    Row ex{.path = "kvfile convert FILE OUT.safetensors (bf16)", .threads = v.threads, .bytes = bf16,
+           .bytes_of = "bf16 KV"};
+    KVFILE_RETURN_IF_ERROR(
+        Measure(a_.reps, &ex, [&] { return RunSelf({"-q", "convert", kv, exported, "--force"}); }, warm));
+    CompareTo(ex, cp.path);
+    ex.target = ">= 0.8";
+    ex.target_ratio = 0.8;
+    Add(ex);
+    std::filesystem::remove(exported);
   }
 
   // Cold: the page cache dropped before each repetition.
@@ -579,7 +642,7 @@ int Bench::Run() {
   if (st.ok()) st = step("open", [&] { return OpenPath(); });
   // Every file a step writes (one that failed or was interrupted leaves its own).
   for (const char* name : {"session.kv", "raw-bf16.bin", "raw.bin", "session-v1.kv", "upgrade.kv", "copy.kv",
-                           "chunks.kv", "upgrade.kv.kvupgrade"})
+                           "chunks.kv", "upgrade.kv.kvupgrade", "copy-bf16.bin", "export.safetensors"})
     std::filesystem::remove(P(name), ec);
   if (!st.ok()) return ReportError(st);
   if (a_.json) {
@@ -599,7 +662,10 @@ int Bench::Run() {
 
 void RegisterBench(CLI::App& app, int* exit_code) {
   auto args = std::make_shared<BenchArgs>();
-  CLI::App* cmd = app.add_subcommand("bench", "measure every path against this machine's limits, in one run");
+  CLI::App* cmd = app.add_subcommand(
+      "bench",
+      "Measure every path against this machine's limits, in one run (medians of --reps).\n"
+      "Example: kvfile bench --dir /dev/shm --preset llama-3.1-8b --tokens 4096 --reps 3");
   cmd->add_option("--preset", args->preset, "geometry of the synthetic session")->capture_default_str();
   cmd->add_option("--tokens", args->tokens, "tokens in the session")
       ->check(Count(1, uint64_t{1} << 32))

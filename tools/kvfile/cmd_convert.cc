@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvfile convert: .kv -> .kv (re-encode, re-chunk, compact), .safetensors ->
 // .kv (import), .kv -> .safetensors (export), and directory trees of .kv
 // files.
@@ -17,11 +18,15 @@
 #include <thread>
 
 #include "kvfile/safetensors.h"
-#include "atomic_replace.h"
+#include "kvfile/replace.h"
+#include "bench_support.h"
 #include "cli_common.h"
+#include "convert_seeds.h"
+#include "damage_advice.h"
+#include "natural_sort.h"
+#include "convert_llama.h"
 #include "progress.h"
 #include "signals.h"
-#include "kvfile/format/endian.h"
 #include "kvfile/reader.h"
 #include "kvfile/verify.h"
 #include "kvfile/writer.h"
@@ -31,6 +36,11 @@ namespace kvfile::cli {
 namespace {
 
 namespace fs = std::filesystem;
+
+// A u64 as 8 little-endian bytes (safetensors' byte order).
+void PutU64Le(uint8_t* p, uint64_t v) {
+  for (int i = 0; i < 8; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
+}
 using safetensors::DType;
 using safetensors::KvStream;
 using safetensors::KvTensors;
@@ -49,6 +59,12 @@ struct ConvertArgs {
   bool salvage = false;
   unsigned jobs = 1;
   std::string format = "v2";
+  std::optional<std::string> to;  // directories: "kv" or "safetensors"
+  std::optional<uint32_t> group_size;  // --format mooncake (convert_seeds.h)
+  std::optional<uint32_t> vocab;       // --format coli-v2 (convert_seeds.h)
+  std::optional<uint32_t> head_size;  // llama.cpp import
+  std::optional<uint32_t> v_trans;    // llama.cpp export
+  std::optional<std::string> arch;    // llama.cpp session export
 };
 
 // What to do with each stream, resolved from the flags.
@@ -59,11 +75,13 @@ struct Plan {
   bool codes = false;
   std::optional<uint32_t> chunk_tokens;
   bool salvage = false;
+  std::optional<uint32_t> head_size;  // llama.cpp import
+  LlamaExport llama;                  // llama.cpp export
 };
 
 constexpr uint64_t kBufferBudget = uint64_t{128} << 20;
 
-enum class Kind { kKv, kSafetensors, kDirectory, kOther };
+enum class Kind { kKv, kSafetensors, kDirectory, kLlama, kOther };
 
 Kind KindOf(const std::string& path) {
   std::error_code ec;
@@ -71,6 +89,7 @@ Kind KindOf(const std::string& path) {
   std::string ext = fs::path(path).extension().string();
   if (ext == ".kv") return Kind::kKv;
   if (ext == ".safetensors") return Kind::kSafetensors;
+  if (IsLlamaStateFile(path)) return Kind::kLlama;  // by its magic, whatever the name
   return Kind::kOther;
 }
 
@@ -82,16 +101,6 @@ Dtype ParseDtype(const std::string& s) {
   return Dtype::kE4M3;
 }
 
-DType SafetensorsDType(Dtype d) {
-  switch (d) {
-    case Dtype::kE4M3: return DType::kF8E4M3;
-    case Dtype::kE5M2: return DType::kF8E5M2;
-    case Dtype::kF16: return DType::kF16;
-    case Dtype::kF32: return DType::kF32;
-    default: return DType::kBF16;
-  }
-}
-
 // The stored dtype of a stream whose values are stored as `have` (a raw
 // stream, or an fp8 stream's codes):
 // - --keep-raw: a raw --dtype, else a raw stream's own dtype, else bf16;
@@ -99,17 +108,17 @@ DType SafetensorsDType(Dtype d) {
 // - --dtype bf16/f16/f32: every stream takes it;
 // - no --dtype: unchanged.
 Dtype TargetDtype(const std::string& name, Dtype have, const Plan& p) {
-  bool raw_dtype = p.dtype && !format::IsFp8(*p.dtype);
-  if (p.keep_raw.count(name)) return raw_dtype ? *p.dtype : format::IsFp8(have) ? Dtype::kBF16 : have;
+  bool raw_dtype = p.dtype && !IsFp8(*p.dtype);
+  if (p.keep_raw.count(name)) return raw_dtype ? *p.dtype : IsFp8(have) ? Dtype::kBF16 : have;
   if (!p.dtype) return have;
-  if (format::IsFp8(*p.dtype)) return format::IsFp8(have) ? *p.dtype : have;
+  if (IsFp8(*p.dtype)) return IsFp8(have) ? *p.dtype : have;
   return *p.dtype;
 }
 
 std::string StreamList(const Geometry& g) {
   std::string s;
   for (const StreamSpec& spec : g.streams)
-    s += (s.empty() ? "" : ", ") + spec.name + " " + format::DtypeName(spec.dtype);
+    s += (s.empty() ? "" : ", ") + spec.name + " " + DtypeName(spec.dtype);
   return s;
 }
 
@@ -147,6 +156,10 @@ Status CheckInput(const std::string& in, const Reader& r, const Plan& p, uint64_
       *tokens = std::min<uint64_t>(*tokens, r.chunks()[static_cast<size_t>(f.chunk)].first_token);
   }
   if (!first) return Status::OK();
+  if (!p.salvage && r.tail().committed_data_missing) {
+    std::string cut = ShortTruncation(in, "--salvage converts");
+    if (!cut.empty()) return Status::Corruption(cut);
+  }
   if (!p.salvage)
     return Status::Corruption(in + ": " + first->message + "; not converted (kvfile verify fails on it; --salvage "
                               "converts the " + std::to_string(*tokens) + " tokens before the damage)");
@@ -176,8 +189,8 @@ Status KvToKv(const std::string& in, const std::string& tmp, const Plan& p, std:
     if (p.major == 1) {
       // v1 stores raw rows only: fp8 streams are decoded (bf16 unless a raw
       // --dtype is given), raw streams keep their dtype.
-      s.dtype = p.dtype ? *p.dtype : format::IsFp8(s.dtype) ? Dtype::kBF16 : s.dtype;
-    } else if (r->major_version() == 1 && !p.keep_raw.count(s.name) && (!p.dtype || format::IsFp8(*p.dtype))) {
+      s.dtype = p.dtype ? *p.dtype : IsFp8(s.dtype) ? Dtype::kBF16 : s.dtype;
+    } else if (r->major_version() == 1 && !p.keep_raw.count(s.name) && (!p.dtype || IsFp8(*p.dtype))) {
       // v1 -> v2 quantizes, as the upgrade does (e4m3 unless --dtype).
       s.dtype = p.dtype.value_or(Dtype::kE4M3);
     } else {
@@ -209,7 +222,7 @@ Status KvToKv(const std::string& in, const std::string& tmp, const Plan& p, std:
         size_t i = l * S + s;
         uint64_t rows = n * si.rows_per_token;
         uint64_t elems = rows * si.row_width;
-        if (format::IsFp8(si.dtype) && si.dtype == to) {
+        if (IsFp8(si.dtype) && si.dtype == to) {
           // Same fp8 dtype: the codes and scales are copied exactly.
           data[i].resize(elems);
           scales[i].resize(rows);
@@ -217,8 +230,8 @@ Status KvToKv(const std::string& in, const std::string& tmp, const Plan& p, std:
           batch.blocks.push_back({to, data[i].data(), scales[i].data()});
         } else {
           // Decoded (fp8 targets: to f32, then quantized by the writer).
-          Dtype read_as = format::IsFp8(to) ? Dtype::kF32 : to;
-          data[i].resize(elems * format::ElementSize(read_as));
+          Dtype read_as = IsFp8(to) ? Dtype::kF32 : to;
+          data[i].resize(elems * ElementSize(read_as));
           KVFILE_RETURN_IF_ERROR(r->ReadRows(l, s, t0, t0 + n, read_as, data[i].data()));
           batch.blocks.push_back({read_as, data[i].data(), nullptr});
         }
@@ -263,7 +276,7 @@ Status Import(const std::string& in, const std::string& tmp, const Plan& p, std:
                                        "then convert that with --format v1)");
       to = p.dtype.value_or(have);
     } else if (s.is_codes() || p.codes) to = TargetDtype(s.name, have, p);
-    else if (p.keep_raw.count(s.name)) to = p.dtype && !format::IsFp8(*p.dtype) ? *p.dtype : Dtype::kBF16;
+    else if (p.keep_raw.count(s.name)) to = p.dtype && !IsFp8(*p.dtype) ? *p.dtype : Dtype::kBF16;
     else to = p.dtype.value_or(Dtype::kE4M3);
     g.streams.push_back({s.name, s.rows_per_token, s.row_width, to});
     stream_of.push_back(i);
@@ -278,9 +291,13 @@ Status Import(const std::string& in, const std::string& tmp, const Plan& p, std:
   KVFILE_RETURN_IF_ERROR(Writer::Create(tmp, g, id, wo, &w));
   uint64_t per_token = 0;
   for (const StreamSpec& s : g.streams) per_token += s.ElementsPerToken() * 12;
-  KVFILE_RETURN_IF_ERROR(safetensors::AppendAll(*f, kv, ids, stream_of, *w,
-                                                safetensors::BlockTokens(per_token * g.layers, kBufferBudget),
-                                                [&in] { return CheckInterrupt(in); }));
+  const uint64_t block = safetensors::BlockTokens(per_token * g.layers, kBufferBudget);
+  Progress progress("import " + in, kv.tokens);
+  KVFILE_RETURN_IF_ERROR(safetensors::AppendAll(*f, kv, ids, stream_of, *w, block, [&in, &progress, block] {
+    progress.Add(block);
+    return CheckInterrupt(in);
+  }));
+  progress.Finish();
   KVFILE_RETURN_IF_ERROR(w->Close());
   *summary = std::to_string(kv.tokens) + " tokens; " + StreamList(g) + "; " + std::to_string(wo.chunk_tokens) +
              " tokens per chunk; " + std::to_string(FileSize(tmp)) + " bytes";
@@ -313,14 +330,14 @@ Status Export(const std::string& in, const std::string& tmp, const Plan& p, std:
       return Status::InvalidArgument(in + ": stream '" + spec.name +
                                      "' cannot be exported: the name is reserved by the safetensors convention");
     std::vector<uint64_t> shape = {g.layers, T, spec.rows_per_token, spec.row_width};
-    if (p.codes && format::IsFp8(spec.dtype)) {
-      tensors.push_back({spec.name + ".codes", SafetensorsDType(spec.dtype), shape, 0, 0, 0});
+    if (p.codes && IsFp8(spec.dtype)) {
+      tensors.push_back({spec.name + ".codes", safetensors::DTypeOf(spec.dtype), shape, 0, 0, 0});
       items.push_back({s, Part::kCodes, spec.dtype});
       tensors.push_back({spec.name + ".scales", DType::kF32, {g.layers, T, spec.rows_per_token}, 0, 0, 0});
       items.push_back({s, Part::kScales, Dtype::kF32});
     } else {
       Dtype d = p.codes ? spec.dtype : out_dtype;
-      tensors.push_back({spec.name, SafetensorsDType(d), shape, 0, 0, 0});
+      tensors.push_back({spec.name, safetensors::DTypeOf(d), shape, 0, 0, 0});
       items.push_back({s, Part::kValues, d});
     }
   }
@@ -334,17 +351,53 @@ Status Export(const std::string& in, const std::string& tmp, const Plan& p, std:
     for (uint64_t t0 = 0; t0 < T; t0 += 65536) {
       uint64_t n = std::min<uint64_t>(65536, T - t0);
       buf.resize(n * 8);
-      for (uint64_t i = 0; i < n; ++i) format::StoreU64(&buf[i * 8], ids[t0 + i]);
+      for (uint64_t i = 0; i < n; ++i) PutU64Le(&buf[i * 8], ids[t0 + i]);
       KVFILE_RETURN_IF_ERROR(w->Write(0, t0 * 8, buf.data(), buf.size()));
       KVFILE_RETURN_IF_ERROR(CheckInterrupt(in));
     }
   }
   std::vector<uint8_t> data;
   std::vector<float> scales;
+  Progress progress("export " + in, T * g.layers * items.size());
+  if (!p.codes) {
+    // Decoded values, every tensor of one dtype: one pass over the file per
+    // block of tokens (ReadMany reads each chunk's sections once, checks and
+    // decodes them), then each (layer, stream) block is one contiguous run
+    // of its tensor. One small buffer, mapped with huge pages and reused:
+    // measured on /dev/shm, first touches of fresh 4 KiB pages cost more
+    // than the decode (a 128 MiB std::vector took seconds to fault in).
+    const size_t S = g.streams.size();
+    const uint64_t elem = ElementSize(out_dtype);
+    uint64_t per_token = 0;
+    for (const StreamSpec& spec : g.streams) per_token += spec.ElementsPerToken() * elem;
+    const uint64_t block = safetensors::BlockTokens(per_token * g.layers, uint64_t{32} << 20);
+    bench::BigBuffer buf(std::min(block, T) * per_token * g.layers);
+    if (!buf.ok()) return Status::IOError(in + ": out of memory for the export buffer");
+    std::vector<RowsTarget> targets;
+    uint64_t at = 0;
+    for (uint32_t l = 0; l < g.layers; ++l)
+      for (uint32_t s = 0; s < S; ++s) {
+        targets.push_back({l, s, buf.data() + at * std::min(block, T)});
+        at += g.streams[s].ElementsPerToken() * elem;
+      }
+    for (uint64_t t0 = 0; t0 < T; t0 += block) {
+      KVFILE_RETURN_IF_ERROR(CheckInterrupt(in));
+      uint64_t n = std::min(block, T - t0);
+      KVFILE_RETURN_IF_ERROR(r->ReadMany(targets, t0, t0 + n, out_dtype, 1));
+      for (uint32_t l = 0; l < g.layers; ++l)
+        for (uint32_t s = 0; s < S; ++s) {
+          uint64_t row = g.streams[s].ElementsPerToken() * elem;
+          KVFILE_RETURN_IF_ERROR(w->Write(s + 1, (uint64_t{l} * T + t0) * row,
+                                          targets[l * S + s].dst, n * row));
+        }
+      progress.Add(n * g.layers * S);
+    }
+    items.clear();  // done
+  }
   for (size_t k = 0; k < items.size(); ++k) {
     const Item& it = items[k];
     const StreamSpec& spec = g.streams[it.stream];
-    uint64_t elem = it.part == Part::kScales ? 0 : format::ElementSize(it.dtype);
+    uint64_t elem = it.part == Part::kScales ? 0 : ElementSize(it.dtype);
     uint64_t per_token = spec.ElementsPerToken() * std::max<uint64_t>(elem, 1) + spec.rows_per_token * 4;
     uint64_t block = safetensors::BlockTokens(per_token, uint64_t{64} << 20);
     for (uint32_t l = 0; l < g.layers; ++l) {
@@ -353,6 +406,7 @@ Status Export(const std::string& in, const std::string& tmp, const Plan& p, std:
         uint64_t n = std::min(block, T - t0);
         uint64_t rows = n * spec.rows_per_token;
         uint64_t first_row = (uint64_t{l} * T + t0) * spec.rows_per_token;
+        progress.Add(n);
         if (it.part == Part::kValues) {
           data.resize(rows * spec.row_width * elem);
           KVFILE_RETURN_IF_ERROR(r->ReadRows(l, it.stream, t0, t0 + n, it.dtype, data.data()));
@@ -377,6 +431,20 @@ Status Export(const std::string& in, const std::string& tmp, const Plan& p, std:
   return Status::OK();
 }
 
+// ---- .kv -> llama.cpp state file (convert_llama.cc) ------------------------------------------
+
+Status ExportToLlama(const std::string& in, const std::string& tmp, const Plan& p, std::string* summary,
+                     std::string* warning) {
+  std::unique_ptr<Reader> r;
+  KVFILE_RETURN_IF_ERROR(Reader::Open(in, {}, &r));
+  uint64_t T = 0;
+  KVFILE_RETURN_IF_ERROR(CheckInput(in, *r, p, &T, warning));
+  std::string w;
+  KVFILE_RETURN_IF_ERROR(ExportLlama(in, *r, T, tmp, p.llama, summary, &w));
+  if (!w.empty()) *warning = warning->empty() ? w : *warning + "; " + w;
+  return Status::OK();
+}
+
 // ---- One conversion, written atomically ----------------------------------------------------
 
 struct Outcome {
@@ -392,15 +460,18 @@ Status ExistsError(const std::string& out) {
 Outcome ConvertOne(const std::string& in, const std::string& out, Kind in_kind, Kind out_kind, const Plan& p,
                    bool force) {
   // OUT is written under a temporary name and replaces the destination
-  // only when complete (atomic_replace.h); on failure it is removed.
-  std::unique_ptr<internal::PendingReplace> replace;
-  Status st = internal::PendingReplace::Begin(out, nullptr, &replace);
+  // only when complete (kvfile/replace.h); on failure it is removed.
+  std::unique_ptr<PendingReplace> replace;
+  Status st = PendingReplace::Begin(out, nullptr, &replace);
   if (!st.ok()) return {st, ""};
   if (replace->original().exists && !force) return {ExistsError(out), ""};
   const std::string& tmp = replace->temp_path();
   std::string summary, warning;
   if (in_kind == Kind::kKv && out_kind == Kind::kKv) st = KvToKv(in, tmp, p, &summary, &warning);
   else if (in_kind == Kind::kSafetensors) st = Import(in, tmp, p, &summary);
+  else if (in_kind == Kind::kLlama)
+    st = ImportLlama(in, tmp, {p.dtype, p.keep_raw, p.head_size, p.chunk_tokens, p.major}, &summary);
+  else if (out_kind == Kind::kLlama) st = ExportToLlama(in, tmp, p, &summary, &warning);
   else st = Export(in, tmp, p, &summary, &warning);
   if (!st.ok() && PendingSignal()) st = CheckInterrupt(out);  // a signal ended it: OUT is as it was
   if (st.ok()) st = replace->Commit();
@@ -440,14 +511,45 @@ int ConvertTree(const ConvertArgs& a, const Plan& p) {
   };
   if (dir_prefix(out_root).starts_with(dir_prefix(in_root)))
     return UsageError(a.out + ": OUT must not be IN or inside it");
-  std::vector<std::string> files;
+  // What each file becomes: --to, else OUT's suffix (.safetensors), else
+  // .kv (a tree of only .safetensors files is imported).
+  std::vector<std::string> kv_files, st_files;
   for (auto it = fs::recursive_directory_iterator(in_root, ec); !ec && it != fs::recursive_directory_iterator();
-       it.increment(ec))
-    if (it->is_regular_file(ec) && it->path().extension() == ".kv") files.push_back(it->path().string());
+       it.increment(ec)) {
+    if (!it->is_regular_file(ec)) continue;
+    if (it->path().extension() == ".kv") kv_files.push_back(it->path().string());
+    if (it->path().extension() == ".safetensors") st_files.push_back(it->path().string());
+  }
   if (ec) return ReportError(Status::IOError(a.in + ": " + ec.message()));
-  std::sort(files.begin(), files.end());
+  Kind to = Kind::kKv;
+  if (a.to) to = *a.to == "safetensors" ? Kind::kSafetensors : Kind::kKv;
+  else if (out_root.extension() == ".safetensors") to = Kind::kSafetensors;
+  std::vector<std::string> files = kv_files;
+  if (to == Kind::kKv) files.insert(files.end(), st_files.begin(), st_files.end());
+  if (files.empty())
+    return UsageError(a.in + (to == Kind::kKv ? ": no .kv or .safetensors files in this directory"
+                                              : ": no .kv files in this directory to export"));
+  if (to == Kind::kSafetensors) {
+    if (!a.keep_raw.empty()) return UsageError("--keep-raw applies to .kv output");
+    if (a.chunk_tokens) return UsageError("--chunk-tokens applies to .kv output");
+    if (a.codes && a.dtype)
+      return UsageError("--codes exports fp8 streams as stored and raw streams as stored; drop --dtype");
+    if (p.dtype && IsFp8(*p.dtype))
+      return UsageError("--dtype " + *a.dtype + ": export decodes to bf16, f16 or f32; use --codes for fp8 codes");
+  } else if (a.codes && !kv_files.empty()) {
+    return UsageError("--codes applies to .safetensors input or output, not to .kv -> .kv");
+  }
+  NaturalSort(&files);
+  const std::string out_ext = to == Kind::kKv ? ".kv" : ".safetensors";
   std::vector<std::string> outs;
-  for (const std::string& f : files) outs.push_back((out_root / fs::path(f).lexically_relative(in_root)).string());
+  std::set<std::string> seen;
+  for (const std::string& f : files) {
+    fs::path rel = fs::path(f).lexically_relative(in_root);
+    rel.replace_extension(out_ext);
+    outs.push_back((out_root / rel).string());
+    if (!seen.insert(outs.back()).second)
+      return UsageError(outs.back() + ": two inputs would be converted to this file");
+  }
   // Refuse before writing anything if an output exists.
   if (!a.force)
     for (const std::string& o : outs)
@@ -474,7 +576,7 @@ int ConvertTree(const ConvertArgs& a, const Plan& p) {
   auto work = [&] {
     for (size_t i; !PendingSignal() && (i = next.fetch_add(1)) < files.size();) {
       try {
-        outcomes[i] = ConvertOne(files[i], outs[i], Kind::kKv, Kind::kKv, p, a.force);
+        outcomes[i] = ConvertOne(files[i], outs[i], KindOf(files[i]), to, p, a.force);
       } catch (const std::bad_alloc&) {
         outcomes[i] = {Status::Failed(files[i] + ": out of memory"), "", ""};
       }
@@ -504,8 +606,15 @@ int RunConvert(const ConvertArgs& a) {
   SetCurrentPath(a.out);
   Plan p;
   p.major = a.format == "v1" ? 1 : 2;
-  if (a.dtype) p.dtype = ParseDtype(*a.dtype);
-  if (p.major == 1 && p.dtype && format::IsFp8(*p.dtype))
+  bool to_llama = a.format.starts_with("llama-");
+  if (a.dtype && *a.dtype == "q8_0" && !to_llama)
+    return UsageError("--dtype q8_0 applies to --format llama-seq|llama-session");
+  if (a.dtype && *a.dtype != "q8_0") p.dtype = ParseDtype(*a.dtype);
+  p.head_size = a.head_size;
+  p.llama = {a.format == "llama-session", a.dtype, a.v_trans, a.arch};
+  if (!to_llama && (a.v_trans || a.arch))
+    return UsageError("--v-trans and --arch apply to --format llama-seq|llama-session");
+  if (p.major == 1 && p.dtype && IsFp8(*p.dtype))
     return UsageError("--format v1 stores raw rows: --dtype must be bf16, f16 or f32");
   if (p.major == 1 && !a.keep_raw.empty()) return UsageError("--keep-raw applies to v2 output (v1 is all raw)");
   p.keep_raw.insert(a.keep_raw.begin(), a.keep_raw.end());
@@ -514,12 +623,47 @@ int RunConvert(const ConvertArgs& a) {
   p.salvage = a.salvage;
   std::error_code ec;
   if (!fs::exists(a.in, ec)) return ReportError(Status::NotFound(a.in + ": No such file or directory"));
+  if (!fs::is_directory(a.in, ec) && !fs::is_regular_file(a.in, ec)) {
+    // A FIFO, device or socket: the file layer's one refusal ("not a
+    // regular file (a FIFO)"), before its name decides anything.
+    std::unique_ptr<File> f;
+    Status st = FileSystem::Default()->Open(a.in, OpenMode::kRead, &f);
+    if (!st.ok()) return ReportError(st);
+  }
+  // Mooncake record directories and colibri .coli_kv sessions (convert_seeds.h).
+  {
+    SeedConvertArgs sa{a.in, a.out, a.format, a.group_size, a.vocab, a.force,
+                       a.dtype || !a.keep_raw.empty() || a.codes || a.chunk_tokens || a.salvage || a.jobs != 1};
+    int code = 0;
+    if (ConvertSeedFormat(sa, &code)) return code;
+  }
   Kind in_kind = KindOf(a.in);
   if (in_kind == Kind::kDirectory) {
-    if (a.codes) return UsageError("--codes applies to .safetensors input or output, not to a directory");
+    if (to_llama) return UsageError(a.in + ": --format " + a.format + " converts one .kv file, not a directory");
     return ConvertTree(a, p);
   }
-  Kind out_kind = KindOf(a.out);
+  if (a.to) return UsageError("--to applies to a directory IN (a file's OUT suffix says the format)");
+  Kind out_kind = to_llama ? Kind::kLlama : KindOf(a.out);
+  if (to_llama) {
+    if (in_kind != Kind::kKv)
+      return UsageError(a.in + ": --format " + a.format + " writes a llama.cpp file from a .kv IN");
+    if (p.dtype && IsFp8(*p.dtype))
+      return UsageError("--dtype " + *a.dtype + ": a llama.cpp cache is f16, bf16, f32 or q8_0");
+    if (!a.keep_raw.empty() || a.chunk_tokens || a.codes)
+      return UsageError("--keep-raw, --chunk-tokens and --codes apply to .kv or .safetensors output");
+    if (fs::exists(a.out, ec) && fs::equivalent(a.in, a.out, ec))
+      return UsageError(a.out + ": IN and OUT are the same file");
+    return Report({ConvertOne(a.in, a.out, in_kind, out_kind, p, a.force)});
+  }
+  if (out_kind == Kind::kLlama)
+    return UsageError(a.out + ": is a llama.cpp state file; OUT is a .kv or .safetensors file unless --format "
+                      "llama-seq|llama-session");
+  if (in_kind == Kind::kLlama) {
+    if (out_kind != Kind::kKv) return UsageError(a.out + ": a llama.cpp state file is imported into a .kv OUT");
+    if (a.codes) return UsageError("--codes applies to .safetensors input or output");
+  } else if (a.head_size) {
+    return UsageError("--head-size applies to a llama.cpp state IN");
+  }
   auto kind_error = [](const std::string& path) {
     return UsageError(path + ": cannot tell the format: the name must end in .kv or .safetensors");
   };
@@ -537,7 +681,7 @@ int RunConvert(const ConvertArgs& a) {
     if (a.chunk_tokens) return UsageError("--chunk-tokens applies to .kv output");
     if (a.codes && a.dtype)
       return UsageError("--codes exports fp8 streams as stored and raw streams as stored; drop --dtype");
-    if (p.dtype && format::IsFp8(*p.dtype))
+    if (p.dtype && IsFp8(*p.dtype))
       return UsageError("--dtype " + *a.dtype + ": export decodes to bf16, f16 or f32; use --codes for fp8 codes");
   }
   return Report({ConvertOne(a.in, a.out, in_kind, out_kind, p, a.force)});
@@ -558,17 +702,23 @@ void RegisterConvert(CLI::App& app, int* exit_code) {
       "      With --codes, value tensors are raw streams kept as stored.\n"
       "  .kv -> .safetensors: streams decoded to --dtype (bf16 default), or with --codes fp8 streams as\n"
       "      <stream>.codes + <stream>.scales and raw streams as stored; token ids as I64.\n"
-      "  directory -> directory: every *.kv under IN into the same tree under OUT (--jobs at a time).\n"
+      "  directory -> directory: every *.kv (and *.safetensors) under IN into the same tree under OUT\n"
+      "      (--jobs at a time): to .safetensors with --to safetensors or an OUT named *.safetensors, else\n"
+      "      to .kv (each .safetensors imported, each .kv re-encoded).\n"
       "A .kv IN that kvfile verify fails on is refused (exit 1, nothing written) unless --salvage.\n"
       "OUT is written under a temporary name and renamed into place when complete; an existing OUT\n"
       "is replaced only with --force. --format v1 writes the older raw layout (fp8 streams decoded to bf16\n"
       "or to a raw --dtype); a v1 input converted to v2 is quantized (e4m3 unless --dtype).\n"
+      "  llama.cpp state file ('ggsq' sequence state, 'ggsn' session; found by its magic) -> .kv: streams\n"
+      "      k and v ([KV heads] x --head-size), e4m3 unless --dtype/--keep-raw; provenance in the model id.\n"
+      "  .kv (streams k, v) -> llama.cpp file: --format llama-seq|llama-session, --dtype f16 (default),\n"
+      "      bf16, f32 or q8_0, --v-trans, --arch (docs/llama.md).\n"
       "Example: kvfile convert session.kv session-e5m2.kv --dtype e5m2 --chunk-tokens 512\n"
       "         kvfile convert session.kv session.safetensors --codes");
   cmd->add_option("IN", args->in, "input: .kv, .safetensors, or a directory of .kv files")->required();
   cmd->add_option("OUT", args->out, "output: .kv, .safetensors, or a directory")->required();
   cmd->add_option("--dtype", args->dtype, "target dtype: e4m3, e5m2, bf16, f16 or f32")
-      ->check(CLI::IsMember({"e4m3", "e5m2", "bf16", "f16", "f32"}));
+      ->check(CLI::IsMember({"e4m3", "e5m2", "bf16", "f16", "f32", "q8_0"}));
   cmd->add_option("--keep-raw", args->keep_raw, "streams stored raw (bf16, or a raw --dtype); comma separated")
       ->delimiter(',');
   cmd->add_flag("--codes", args->codes, "export fp8 codes and scales; on import, keep value tensors as stored");
@@ -583,9 +733,29 @@ void RegisterConvert(CLI::App& app, int* exit_code) {
   cmd->add_option("--jobs", args->jobs, "files converted in parallel (directories)")
       ->check(Count(1, 256))
       ->capture_default_str();
-  cmd->add_option("--format", args->format, "format of a .kv output")
-      ->check(CLI::IsMember({"v1", "v2"}))
+  cmd->add_option("--to", args->to, "directories: convert every file to kv or safetensors (default: by OUT's suffix)")
+      ->check(CLI::IsMember({"kv", "safetensors"}));
+  cmd->add_option("--format", args->format,
+                  "format of the output: v1 or v2 (.kv); mooncake (a directory of Mooncake FP8 codec records\n"
+                  "plus manifest.json); coli-v2 (a colibri COLIKV2 .coli_kv session); llama-seq or llama-session\n"
+                  "(a llama.cpp state file, docs/llama.md). A .coli_kv IN, a Mooncake directory IN or a llama.cpp\n"
+                  "state IN is imported into a .kv OUT (docs/formats.md)")
+      ->check(CLI::IsMember({"v1", "v2", "mooncake", "coli-v2", "llama-seq", "llama-session"}))
       ->capture_default_str();
+  cmd->add_option("--group-size", args->group_size,
+                  "--format mooncake: elements per scale group (default: each stream's row width, lossless)")
+      ->check(Count(1, 0xFFFFFFFFu));
+  cmd->add_option("--vocab", args->vocab,
+                  "--format coli-v2: the model's vocabulary size for the header (default: from a model id\n"
+                  "'coli_kv:vocab=N' that an import of a .coli_kv file gives)")
+      ->check(Count(1, 0x7FFFFFFFu));
+  cmd->add_option("--head-size", args->head_size, "llama.cpp import: values per KV head (default 128)")
+      ->check(Count(1, 65536));
+  cmd->add_option("--v-trans", args->v_trans,
+                  "llama.cpp export: 1 writes V transposed (a context without flash attention), 0 not "
+                  "(default: as imported, else 0)")
+      ->check(CLI::IsMember({0, 1}));
+  cmd->add_option("--arch", args->arch, "llama.cpp session export: the model architecture (default: as imported)");
   cmd->callback([args, exit_code] { *exit_code = RunConvert(*args); });
 }
 

@@ -1,15 +1,18 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvfile dump: a .kv file's header, commit record, chunk table, token ids
-// and rows, field by field, as text or one JSON document. Read-only.
+// and rows, field by field, as text or one JSON document; the header and
+// commit record of several files. Read-only.
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <charconv>
 #include <cstdio>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "cli_common.h"
 #include "json_output.h"
-#include "kvfile/format/header.h"
 #include "kvfile/reader.h"
 
 namespace kvfile::cli {
@@ -19,7 +22,8 @@ namespace {
 using nlohmann::ordered_json;
 
 struct DumpArgs {
-  std::string path;
+  std::vector<std::string> paths;
+  std::string path;  // the one FILE of a dump of more than the header
   bool header = false;
   bool chunks = false;
   bool tokens = false;
@@ -38,43 +42,6 @@ std::string Hex16(uint64_t v) {
 }
 
 unsigned long long U(uint64_t v) { return static_cast<unsigned long long>(v); }
-
-// The raw header and commit slots, decoded with the format layer: the Reader
-// does not expose the header flags, the commit sequence or the state of each
-// slot. TODO: drop this once Reader exposes them (commit(), slot states,
-// header flags); the slot choice below mirrors spec/FORMAT.md section 4.
-struct RawHeader {
-  format::FileHeader header;
-  struct Slot {
-    bool valid = false;
-    std::string error;
-    format::CommitRecord record;
-  } slots[2];
-  int active = -1;
-};
-
-Status ReadRawHeader(const std::string& path, RawHeader* out) {
-  std::unique_ptr<File> file;
-  KVFILE_RETURN_IF_ERROR(FileSystem::Default()->Open(path, OpenMode::kRead, &file));
-  std::vector<uint8_t> fixed(format::kDataOffset);
-  KVFILE_RETURN_IF_ERROR(file->ReadAt(0, fixed.data(), fixed.size()));
-  Status st = format::DecodeFileHeader(std::span<const uint8_t, format::kHeaderSize>(fixed.data(), format::kHeaderSize),
-                                       &out->header);
-  if (!st.ok()) return st.WithContext(path);
-  for (int i = 0; i < 2; ++i) {
-    RawHeader::Slot& s = out->slots[i];
-    st = format::DecodeCommitRecord(std::span<const uint8_t, format::kCommitSlotSize>(
-                                        fixed.data() + format::kCommitSlotOffset[i], format::kCommitSlotSize),
-                                    &s.record);
-    if (st.ok() && s.record.salt != out->header.salt) st = Status::Corruption("commit slot salt mismatch");
-    if (st.ok() && s.record.sequence % 2 != static_cast<uint64_t>(i))
-      st = Status::Corruption("commit sequence " + std::to_string(s.record.sequence) + " in the wrong slot");
-    s.valid = st.ok();
-    s.error = st.message();
-    if (s.valid && (out->active < 0 || s.record.sequence > out->slots[out->active].record.sequence)) out->active = i;
-  }
-  return Status::OK();
-}
 
 // "T", "T:T2" (T2 excluded) or "T:" (to the end).
 bool ParseTokenRange(const std::string& s, uint64_t count, uint64_t* begin, uint64_t* end) {
@@ -97,25 +64,25 @@ bool ParseTokenRange(const std::string& s, uint64_t count, uint64_t* begin, uint
   return num(rest, end);
 }
 
-ordered_json HeaderJson(const Reader& r, const RawHeader& raw) {
-  const format::FileHeader& h = raw.header;
+ordered_json HeaderJson(const Reader& r) {
+  const Geometry& g = r.geometry();
   ordered_json j;
-  j["version"] = std::to_string(h.major) + "." + std::to_string(h.minor);
-  j["required_flags"] = Hex16(h.required_flags);
-  j["optional_flags"] = Hex16(h.optional_flags);
-  j["salt"] = Hex16(h.salt);
-  j["fingerprint"] = Hex16(h.identity.fingerprint);
-  j["model"] = h.identity.model_id;
-  j["layers"] = h.geometry.layers;
-  j["chunk_tokens"] = h.chunk_tokens;
+  j["version"] = std::to_string(r.major_version()) + "." + std::to_string(r.minor_version());
+  j["required_flags"] = Hex16(r.required_flags());
+  j["optional_flags"] = Hex16(r.optional_flags());
+  j["salt"] = Hex16(r.salt());
+  j["fingerprint"] = Hex16(r.identity().fingerprint);
+  j["model"] = r.identity().model_id;
+  j["layers"] = g.layers;
+  j["chunk_tokens"] = r.nominal_chunk_tokens();
   j["streams"] = ordered_json::array();
-  for (size_t i = 0; i < h.geometry.streams.size(); ++i) {
-    const StreamSpec& s = h.geometry.streams[i];
+  for (size_t i = 0; i < g.streams.size(); ++i) {
+    const StreamSpec& s = g.streams[i];
     j["streams"].push_back({{"index", i},
                             {"name", s.name},
                             {"rows_per_token", s.rows_per_token},
                             {"row_width", s.row_width},
-                            {"dtype", format::DtypeName(s.dtype)}});
+                            {"dtype", DtypeName(s.dtype)}});
   }
   j["token_count"] = r.token_count();
   j["committed_data_missing"] = r.tail().committed_data_missing;
@@ -123,24 +90,24 @@ ordered_json HeaderJson(const Reader& r, const RawHeader& raw) {
   return j;
 }
 
-ordered_json CommitJson(const RawHeader& raw) {
+// An open file always has a commit record in force (Reader::Open refuses a
+// file whose two slots are both damaged).
+ordered_json CommitJson(const Reader& r) {
   ordered_json j;
-  if (raw.active >= 0) {
-    const format::CommitRecord& c = raw.slots[raw.active].record;
-    j["active_slot"] = raw.active;
-    j["sequence"] = c.sequence;
-    j["epoch"] = c.epoch;
-    j["committed_tokens"] = c.tokens;
-    j["committed_end"] = c.end;
-    j["committed_chunks"] = c.chunks;
-  }
+  const CommitInfo& c = r.commit();
+  j["active_slot"] = r.active_commit_slot();
+  j["sequence"] = c.sequence;
+  j["epoch"] = c.epoch;
+  j["committed_tokens"] = c.tokens;
+  j["committed_end"] = c.end;
+  j["committed_chunks"] = c.chunks;
   j["slots"] = ordered_json::array();
   for (int i = 0; i < 2; ++i) {
-    const RawHeader::Slot& s = raw.slots[i];
+    const CommitSlotState& s = r.commit_slots()[i];
     ordered_json e;
     e["slot"] = i;
     e["valid"] = s.valid;
-    e["sequence"] = s.valid ? ordered_json(s.record.sequence) : ordered_json(nullptr);
+    e["sequence"] = s.valid ? ordered_json(s.sequence) : ordered_json(nullptr);
     e["error"] = s.valid ? ordered_json(nullptr) : ordered_json(s.error);
     j["slots"].push_back(e);
   }
@@ -159,37 +126,35 @@ ordered_json ChunkJson(size_t i, const ChunkInfo& c) {
           {"head_checksum", Hex16(c.head_checksum)}};
 }
 
-void PrintHeader(const Reader& r, const RawHeader& raw) {
-  const format::FileHeader& h = raw.header;
-  std::printf("  version           %u.%u\n", h.major, h.minor);
-  std::printf("  required flags    %s\n", Hex16(h.required_flags).c_str());
-  std::printf("  optional flags    %s\n", Hex16(h.optional_flags).c_str());
-  std::printf("  salt              %s\n", Hex16(h.salt).c_str());
-  std::printf("  fingerprint       %s\n", Hex16(h.identity.fingerprint).c_str());
-  std::printf("  model id          %s\n", h.identity.model_id.c_str());
-  std::printf("  layers            %u\n", h.geometry.layers);
-  std::printf("  chunk tokens      %u\n", h.chunk_tokens);
-  for (size_t i = 0; i < h.geometry.streams.size(); ++i) {
-    const StreamSpec& s = h.geometry.streams[i];
+void PrintHeader(const Reader& r) {
+  const Geometry& g = r.geometry();
+  std::printf("  version           %u.%u\n", r.major_version(), r.minor_version());
+  std::printf("  required flags    %s\n", Hex16(r.required_flags()).c_str());
+  std::printf("  optional flags    %s\n", Hex16(r.optional_flags()).c_str());
+  std::printf("  salt              %s\n", Hex16(r.salt()).c_str());
+  std::printf("  fingerprint       %s\n", Hex16(r.identity().fingerprint).c_str());
+  std::printf("  model id          %s\n", r.identity().model_id.c_str());
+  std::printf("  layers            %u\n", g.layers);
+  std::printf("  chunk tokens      %u\n", r.nominal_chunk_tokens());
+  for (size_t i = 0; i < g.streams.size(); ++i) {
+    const StreamSpec& s = g.streams[i];
     std::printf("  stream %-2zu         %s: %u rows x %u, %s\n", i, s.name.c_str(), s.rows_per_token, s.row_width,
-                format::DtypeName(s.dtype));
+                DtypeName(s.dtype));
   }
   for (int i = 0; i < 2; ++i) {
-    const RawHeader::Slot& s = raw.slots[i];
+    const CommitSlotState& s = r.commit_slots()[i];
     if (s.valid)
-      std::printf("  commit slot %d     valid, sequence %llu%s\n", i, U(s.record.sequence),
-                  raw.active == i ? " (active)" : "");
+      std::printf("  commit slot %d     valid, sequence %llu%s\n", i, U(s.sequence),
+                  r.active_commit_slot() == i ? " (active)" : "");
     else
       std::printf("  commit slot %d     invalid: %s\n", i, s.error.c_str());
   }
-  if (raw.active >= 0) {
-    const format::CommitRecord& c = raw.slots[raw.active].record;
-    std::printf("  sequence          %llu\n", U(c.sequence));
-    std::printf("  epoch             %u\n", c.epoch);
-    std::printf("  committed tokens  %llu\n", U(c.tokens));
-    std::printf("  committed end     %llu\n", U(c.end));
-    std::printf("  committed chunks  %llu\n", U(c.chunks));
-  }
+  const CommitInfo& c = r.commit();
+  std::printf("  sequence          %llu\n", U(c.sequence));
+  std::printf("  epoch             %u\n", c.epoch);
+  std::printf("  committed tokens  %llu\n", U(c.tokens));
+  std::printf("  committed end     %llu\n", U(c.end));
+  std::printf("  committed chunks  %llu\n", U(c.chunks));
   std::printf("  tokens            %llu\n", U(r.token_count()));
   if (r.tail().committed_data_missing) std::printf("  missing           %s\n", MissingCommittedData(r.tail()).c_str());
 }
@@ -267,7 +232,7 @@ std::string HexBytes(const uint8_t* p, size_t n, size_t elem, bool spaced) {
 // Prints (or collects as JSON) the selected rows, a block of tokens at a time.
 Status DumpRows(const DumpArgs& a, Reader& r, const RowSelection& sel, ordered_json* json) {
   const StreamSpec& spec = r.geometry().streams[sel.stream];
-  bool fp8 = format::IsFp8(spec.dtype);
+  bool fp8 = IsFp8(spec.dtype);
   uint64_t per_token = spec.ElementsPerToken();
   uint64_t block = std::max<uint64_t>(1, (uint64_t{16} << 20) / (per_token * 4));
   std::vector<float> values;
@@ -276,16 +241,16 @@ Status DumpRows(const DumpArgs& a, Reader& r, const RowSelection& sel, ordered_j
   if (json) {
     (*json)["layer"] = sel.layer;
     (*json)["stream"] = spec.name;
-    (*json)["dtype"] = format::DtypeName(spec.dtype);
+    (*json)["dtype"] = DtypeName(spec.dtype);
     (*json)["begin"] = sel.begin;
     (*json)["end"] = sel.end;
     (*json)["rows"] = ordered_json::array();
   } else {
     std::printf("rows of layer %u, stream '%s' (%s, %u rows x %u), tokens [%llu, %llu)%s:\n", sel.layer, spec.name.c_str(),
-                format::DtypeName(spec.dtype), spec.rows_per_token, spec.row_width, U(sel.begin), U(sel.end),
+                DtypeName(spec.dtype), spec.rows_per_token, spec.row_width, U(sel.begin), U(sel.end),
                 a.codes ? (fp8 ? ", codes and scales" : ", stored bits") : "");
   }
-  size_t esize = format::ElementSize(spec.dtype);
+  size_t esize = ElementSize(spec.dtype);
   for (uint64_t t0 = sel.begin; t0 < sel.end; t0 += block) {
     uint64_t n = std::min(block, sel.end - t0);
     uint64_t rows = n * spec.rows_per_token;
@@ -336,20 +301,68 @@ Status DumpRows(const DumpArgs& a, Reader& r, const RowSelection& sel, ordered_j
   return Status::OK();
 }
 
+// --header of several FILEs, in the order given: each file's header and
+// commit record under a "file: PATH" line (a failed one as "error: ..."
+// there), or with --json an array of the documents a single FILE's dump
+// prints. The first failure is the one stderr line; the exit status is the
+// worst.
+int RunDumpHeaders(const DumpArgs& a) {
+  ordered_json all = ordered_json::array();
+  int code = kExitOk;
+  bool reported = false;
+  for (size_t i = 0; i < a.paths.size(); ++i) {
+    const std::string& path = a.paths[i];
+    SetCurrentPath(path);
+    std::unique_ptr<Reader> r;
+    Status st = Reader::Open(path, {}, &r);
+    if (a.json) {
+      ordered_json j;
+      j["path"] = path;
+      if (st.ok()) {
+        j["header"] = HeaderJson(*r);
+        j["commit"] = CommitJson(*r);
+      } else {
+        j["ok"] = false;
+        j["error"] = st.message();
+      }
+      all.push_back(std::move(j));
+    } else {
+      std::printf("%sfile: %s\n", i > 0 ? "\n" : "", EscapeLine(path).c_str());
+      if (st.ok()) {
+        std::printf("header:\n");
+        PrintHeader(*r);
+      } else {
+        std::printf("error: %s\n", EscapeLine(st.message()).c_str());
+      }
+    }
+    if (!st.ok()) {
+      std::fflush(stdout);
+      int c = st.IsDataError() ? kExitData : kExitUsage;
+      if (!reported) c = ReportError(st);
+      reported = true;
+      code = std::max(code, c);
+    }
+  }
+  if (a.json) PrintJson(all);
+  return code;
+}
+
 int RunDump(DumpArgs a) {
-  SetCurrentPath(a.path);
   if (!a.rows && (a.layer || a.stream || a.token || a.codes))
     return UsageError("--layer, --stream, --token and --codes select rows: add --rows");
+  if (a.paths.size() > 1) {
+    if (!a.header || a.chunks || a.tokens || a.rows)
+      return UsageError("dump: " + std::to_string(a.paths.size()) +
+                        " FILEs: several FILEs take --header alone (chunks, tokens and rows: one FILE at a time)");
+    return RunDumpHeaders(a);
+  }
+  a.path = a.paths.at(0);
+  SetCurrentPath(a.path);
   if (!a.header && !a.chunks && !a.tokens && !a.rows) a.header = a.chunks = true;
   std::unique_ptr<Reader> r;
   Status st = Reader::Open(a.path, {}, &r);
   auto fail = [&](const Status& failed) { return a.json ? ReportErrorAsJson(a.path, failed) : ReportError(failed); };
   if (!st.ok()) return fail(st);
-  RawHeader raw;
-  if (a.header) {
-    st = ReadRawHeader(a.path, &raw);
-    if (!st.ok()) return fail(st);
-  }
   RowSelection sel;
   if (a.rows) {
     st = ResolveRows(a, *r, &sel);
@@ -359,8 +372,8 @@ int RunDump(DumpArgs a) {
     ordered_json j;
     j["path"] = a.path;
     if (a.header) {
-      j["header"] = HeaderJson(*r, raw);
-      j["commit"] = CommitJson(raw);
+      j["header"] = HeaderJson(*r);
+      j["commit"] = CommitJson(*r);
     }
     if (a.chunks) {
       j["chunks"] = ordered_json::array();
@@ -383,7 +396,7 @@ int RunDump(DumpArgs a) {
   };
   if (a.header) {
     section("header");
-    PrintHeader(*r, raw);
+    PrintHeader(*r);
   }
   if (a.chunks) {
     section("chunks");
@@ -411,10 +424,12 @@ void RegisterDump(CLI::App& app, int* exit_code) {
   CLI::App* cmd = app.add_subcommand(
       "dump",
       "Show a .kv file field by field: header and commit record, chunk table, token ids, rows.\n"
-      "With no part selected: --header and --chunks. Read-only.\n"
+      "With no part selected: --header and --chunks. With several FILEs: --header alone, one block\n"
+      "each (with --json, an array of their documents). Read-only.\n"
       "Example: kvfile dump session.kv --rows --layer 0 --stream k --token 0:4\n"
-      "         kvfile dump session.kv --header --tokens --json");
-  cmd->add_option("FILE", args->path, "the .kv file")->required();
+      "         kvfile dump session.kv --header --tokens --json\n"
+      "         kvfile dump --header a.kv b.kv");
+  cmd->add_option("FILE", args->paths, "the .kv file (several with --header alone)")->required();
   cmd->add_flag("--header", args->header, "the header, field by field, and the active commit record");
   cmd->add_flag("--chunks", args->chunks, "the chunk table");
   cmd->add_flag("--tokens", args->tokens, "the token ids");

@@ -1,18 +1,21 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvfile info: what a .kv file holds, as text or one JSON document.
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdio>
 
 #include "cli_common.h"
 #include "json_output.h"
 #include "kvfile/reader.h"
+#include "stdin_copy.h"
 
 namespace kvfile::cli {
 
 namespace {
 
 struct InfoArgs {
-  std::string path;
+  std::vector<std::string> paths;
   bool json = false;
 };
 
@@ -30,20 +33,27 @@ uint64_t Bf16Bytes(const Geometry& g, uint64_t tokens) {
   return per_token * g.layers * tokens;
 }
 
-int RunInfo(const InfoArgs& a) {
-  SetCurrentPath(a.path);
+// One file: its text block on stdout, or its JSON object in *out. `shown`
+// is the name printed ("-" for standard input), `path` the file opened. A
+// failure is returned, not printed.
+Status InfoOne(const std::string& shown, const std::string& path, bool json, nlohmann::ordered_json* out) {
+  SetCurrentPath(shown);
   std::unique_ptr<Reader> r;
-  Status st = Reader::Open(a.path, {}, &r);
-  if (!st.ok()) return a.json ? ReportErrorAsJson(a.path, st) : ReportError(st);
+  Status st = Reader::Open(path, {}, &r);
+  if (!st.ok()) {
+    // The library names the temporary copy of standard input.
+    if (path != shown) st = NameStdin(st, path);
+    return st;
+  }
   const Geometry& g = r->geometry();
   uint64_t bytes = r->tail().file_size;
   uint64_t tokens = r->token_count();
   double per_token = tokens ? static_cast<double>(bytes) / static_cast<double>(tokens) : 0.0;
   uint64_t bf16 = Bf16Bytes(g, tokens);
   std::string version = std::to_string(r->major_version()) + "." + std::to_string(r->minor_version());
-  if (a.json) {
+  if (json) {
     nlohmann::ordered_json j;
-    j["path"] = a.path;
+    j["path"] = shown;
     j["version"] = version;
     j["model"] = r->identity().model_id;
     j["fingerprint"] = Hex16(r->identity().fingerprint);
@@ -53,7 +63,7 @@ int RunInfo(const InfoArgs& a) {
       j["streams"].push_back({{"name", s.name},
                               {"rows_per_token", s.rows_per_token},
                               {"row_width", s.row_width},
-                              {"dtype", format::DtypeName(s.dtype)}});
+                              {"dtype", DtypeName(s.dtype)}});
     j["tokens"] = tokens;
     j["chunks"] = r->chunks().size();
     j["bytes"] = bytes;
@@ -65,10 +75,10 @@ int RunInfo(const InfoArgs& a) {
     j["committed_tokens_missing"] = r->tail().committed_tokens_missing;
     j["committed_bytes_missing"] = r->tail().committed_bytes_missing;
     j["io_backend"] = r->io_backend();
-    PrintJson(j);
-    return kExitOk;
+    *out = std::move(j);
+    return Status::OK();
   }
-  std::printf("file:            %s\n", a.path.c_str());
+  std::printf("file:            %s\n", shown.c_str());
   std::printf("format:          v%s\n", version.c_str());
   std::printf("model:           %s (fingerprint %s)\n", r->identity().model_id.c_str(),
               Hex16(r->identity().fingerprint).c_str());
@@ -76,7 +86,7 @@ int RunInfo(const InfoArgs& a) {
   std::printf("streams:\n");
   for (const StreamSpec& s : g.streams)
     std::printf("  %-14s %4u rows x %5u  %s\n", s.name.c_str(), s.rows_per_token, s.row_width,
-                format::DtypeName(s.dtype));
+                DtypeName(s.dtype));
   std::printf("tokens:          %llu\n", static_cast<unsigned long long>(tokens));
   std::printf("chunks:          %zu (nominal %u tokens each)\n", r->chunks().size(), r->nominal_chunk_tokens());
   std::printf("bytes:           %llu (%.1f per token)\n", static_cast<unsigned long long>(bytes), per_token);
@@ -92,7 +102,37 @@ int RunInfo(const InfoArgs& a) {
   if (r->tail().committed_data_missing)
     std::printf("missing data:    %s\n", MissingCommittedData(r->tail()).c_str());
   std::printf("io backend:      %s\n", r->io_backend());
-  return kExitOk;
+  return Status::OK();
+}
+
+// Several FILEs: every one is shown (a failed one as an error entry); the
+// first failure is the one stderr line, and the exit status is the worst.
+int RunInfo(const InfoArgs& a) {
+  StdinCopy stdin_copy;
+  nlohmann::ordered_json all = nlohmann::json::array();
+  int code = kExitOk;
+  bool reported = false;
+  for (size_t i = 0; i < a.paths.size(); ++i) {
+    const std::string& shown = a.paths[i];
+    std::string path = shown;
+    if (!a.json && i > 0) std::printf("\n");
+    nlohmann::ordered_json j;
+    Status st = shown == "-" ? stdin_copy.Copy(&path) : Status::OK();
+    if (st.ok()) st = InfoOne(shown, path, a.json, &j);
+    if (!st.ok()) {
+      if (a.json) j = {{"path", shown}, {"ok", false}, {"error", st.message()}};
+      else if (a.paths.size() > 1) std::printf("file:            %s\nerror:           %s\n", shown.c_str(),
+                                               EscapeLine(st.message()).c_str());
+      std::fflush(stdout);
+      int c = st.IsDataError() ? kExitData : kExitUsage;
+      if (!reported) c = ReportError(st);
+      reported = true;
+      code = std::max(code, c);
+    }
+    if (a.json) all.push_back(j);
+  }
+  if (a.json) PrintJson(a.paths.size() == 1 ? all[0] : all);
+  return code;
 }
 
 }  // namespace
@@ -100,8 +140,12 @@ int RunInfo(const InfoArgs& a) {
 void RegisterInfo(CLI::App& app, int* exit_code) {
   auto args = std::make_shared<InfoArgs>();
   CLI::App* cmd = app.add_subcommand(
-      "info", "Show a .kv file's version, model, geometry and size.\nExample: kvfile info session.kv --json");
-  cmd->add_option("FILE", args->path, "the .kv file")->required();
+      "info",
+      "Show a .kv file's version, model, geometry and size. With several FILEs, one block each\n"
+      "(with --json, an array of their documents).\n"
+      "Example: kvfile info session.kv --json\n"
+      "         cat session.kv | kvfile info -");
+  cmd->add_option("FILE", args->paths, "the .kv files (- reads one from standard input)")->required();
   cmd->add_flag("--json", args->json, "print one JSON document");
   cmd->callback([args, exit_code] { *exit_code = RunInfo(*args); });
 }

@@ -1,10 +1,16 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvfile repair: finish what a crash interrupted (cut a torn tail, commit
 // whole chunks past the commit record, rewrite a damaged commit slot), and
 // refuse anything that is damage rather than a crash's leftovers.
+#include <algorithm>
 #include <cstdio>
+#include <thread>
 #include <filesystem>
 
 #include "cli_common.h"
+#include "damage_advice.h"
+#include "progress.h"
+#include "progress_fs.h"
 #include "signals.h"
 #include "kvfile/reader.h"
 #include "kvfile/verify.h"
@@ -24,7 +30,16 @@ int RunRepair(const RepairArgs& a) {
   InstallSignalHandlers();
   SetCurrentPath(a.path);
   VerifyReport rep;
-  Status st = VerifyFile(a.path, {}, &rep);
+  // The check reads the whole file: its bar counts the bytes read.
+  std::error_code size_ec;
+  uint64_t size = std::filesystem::file_size(a.path, size_ec);
+  Progress checking("repair " + a.path + ": checking", size_ec ? 0 : size);
+  ReadProgressFileSystem counted(FileSystem::Default(), &checking);
+  VerifyOptions vo;
+  vo.fs = &counted;
+  vo.threads = std::max(1u, std::thread::hardware_concurrency());
+  Status st = VerifyFile(a.path, vo, &rep);
+  checking.Finish();
   if (st.ok()) st = CheckInterrupt(a.path);
   if (!st.ok()) return ReportError(st);
   // A leftover of an interrupted v1 -> v2 upgrade: the original is whole.
@@ -51,11 +66,15 @@ int RunRepair(const RepairArgs& a) {
       // Acknowledged tokens are gone already; cutting the partial chunk and
       // recommitting the prefix makes that official, so it takes --force.
       tail = &f;
-      if (!a.force)
+      if (!a.force) {
+        // One short line: the cut and the --force that keeps the prefix.
+        std::string cut = ShortTruncation(a.path);
+        if (!cut.empty()) return ReportError(Status::Corruption(cut));
         return ReportError(Status::Corruption(
             a.path + ": " + f.message + "; not repaired (the commit record would no longer count the missing "
             "tokens; use --force to cut the file at offset " + std::to_string(rep.valid_end) +
             " and commit the " + std::to_string(rep.tokens) + " tokens before it)"));
+      }
       continue;
     }
     if (is_tail) {
@@ -67,7 +86,9 @@ int RunRepair(const RepairArgs& a) {
       continue;
     }
     if (is_slot) continue;
-    return ReportError(Status::Corruption(a.path + ": " + f.message + "; not repaired (this is damage, not a crash's leftovers)"));
+    std::string advice = IntactAdvice(a.path, a.path, rep);
+    return ReportError(Status::Corruption(a.path + ": " + f.message + "; not repaired (damage, not a crash's leftovers)" +
+                                          (advice.empty() ? "" : "; " + advice)));
   }
   if (rep.findings.empty()) {
     std::printf("%s: healthy, nothing to repair (%llu tokens)\n", a.path.c_str(),
@@ -91,11 +112,21 @@ int RunRepair(const RepairArgs& a) {
     if (Reader::Open(a.path, {}, &reader).ok())
       old_format = FormatAndDtypes(reader->major_version(), reader->minor_version(), reader->geometry());
   }
+  // Declared before the writer, which reads and writes through its fs().
+  std::unique_ptr<UpgradeProgress> upgrading;
   std::unique_ptr<Writer> w;
   WriterOptions options;
   options.drop_missing_committed = a.force && rep.committed_data_missing;
   st = CheckInterrupt(a.path);
-  if (st.ok()) st = Writer::Open(a.path, options, &w);
+  if (st.ok() && rep.major == 1) {
+    upgrading = std::make_unique<UpgradeProgress>("repair " + a.path + ": upgrading", a.path);
+    options.fs = upgrading->fs();
+    st = Writer::Open(a.path, options, &w);
+    upgrading->Finish();
+  } else if (st.ok()) {
+    Activity repairing("repair " + a.path + ": repairing");
+    st = Writer::Open(a.path, options, &w);
+  }
   if (!st.ok()) return ReportError(st);
   const Writer::RecoveryReport& r = w->recovery();
   // Said once: on stderr when the repair succeeds, else in its error line.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvfile rewind: keep the first N tokens of a .kv file and drop the rest,
 // durably (spec/RECOVERY.md, "Rewind"). A v1 file is upgraded to v2 first
 // (--upgrade-dtype, --keep-raw), and stderr says so.
@@ -5,6 +6,9 @@
 #include <optional>
 
 #include "cli_common.h"
+#include "damage_advice.h"
+#include "progress.h"
+#include "progress_fs.h"
 #include "signals.h"
 #include "kvfile/reader.h"
 #include "kvfile/writer.h"
@@ -44,9 +48,25 @@ int RunRewind(const RewindArgs& a) {
   WriterOptions opt;
   if (a.upgrade_dtype) opt.upgrade_dtype = *a.upgrade_dtype == "e5m2" ? Dtype::kE5M2 : Dtype::kE4M3;
   opt.keep_raw = a.keep_raw;
+  // Declared before the writer, which reads and writes through its fs().
+  std::unique_ptr<UpgradeProgress> upgrading;
   std::unique_ptr<Writer> w;
   Status st = CheckInterrupt(a.path);
-  if (st.ok()) st = Writer::Open(a.path, opt, &w);
+  if (st.ok() && !old_format.empty()) {
+    upgrading = std::make_unique<UpgradeProgress>("rewind " + a.path + ": upgrading", a.path);
+    opt.fs = upgrading->fs();
+    st = Writer::Open(a.path, opt, &w);
+    upgrading->Finish();
+  } else if (st.ok()) {
+    Activity opening("rewind " + a.path + ": opening");  // recovery
+    st = Writer::Open(a.path, opt, &w);
+  }
+  if (!st.ok() && st.IsDataError()) {
+    // A file cut inside its committed data: the short line that says what
+    // keeps the prefix (the library's message runs to 300 characters).
+    std::string cut = ShortTruncation(a.path);
+    if (!cut.empty()) return ReportError(Status::Corruption(cut));
+  }
   if (!st.ok()) return ReportError(st);
   const Writer::RecoveryReport& rec = w->recovery();
   // Said once: on stderr when the rewind succeeds, else in its error line.

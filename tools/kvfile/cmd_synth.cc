@@ -1,10 +1,11 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvfile synth: write a deterministic synthetic session, or check one.
 #include <cstdio>
 #include <cstring>
 #include <thread>
 #include <vector>
 
-#include "atomic_replace.h"
+#include "kvfile/replace.h"
 #include "cli_common.h"
 #include "kvfile/codec.h"
 #include "kvfile/presets.h"
@@ -55,8 +56,8 @@ int RunSynth(const SynthArgs& a) {
   if (!st.ok()) return ReportError(st);
   // The session is written under a temporary name and replaces FILE only
   // when complete: a failure leaves FILE as it was (or absent).
-  std::unique_ptr<internal::PendingReplace> replace;
-  st = internal::PendingReplace::Begin(a.path, nullptr, &replace);
+  std::unique_ptr<PendingReplace> replace;
+  st = PendingReplace::Begin(a.path, nullptr, &replace);
   if (!st.ok()) return ReportError(st);
   if (replace->original().exists && !a.force) return ReportError(Status::InvalidArgument(a.path + ": file exists"));
   WriterOptions opt;
@@ -129,14 +130,13 @@ int RunCheck(const SynthArgs& a) {
         const auto& in = blocks[l * S + s];
         std::string where = a.path + ": layer " + std::to_string(l) + " stream '" + spec.name +
                             "' tokens [" + std::to_string(first) + ", " + std::to_string(first + n) + ")";
-        if (format::IsFp8(spec.dtype)) {
-          auto kind = spec.dtype == Dtype::kE5M2 ? codec::Fp8Kind::kE5M2 : codec::Fp8Kind::kE4M3;
+        if (IsFp8(spec.dtype)) {
           want_codes.resize(elems);
           want_scales.resize(rows);
           have_codes.resize(elems);
           have_scales.resize(rows);
           size_t bad;
-          codec::QuantizeRows(kind, Dtype::kBF16, in.data(), rows, spec.row_width,
+          codec::QuantizeRows(spec.dtype, Dtype::kBF16, in.data(), rows, spec.row_width,
                               want_codes.data(), want_scales.data(), &bad);
           st = r->ReadCodes(l, s, first, first + n, have_codes.data(), have_scales.data());
           if (!st.ok()) return ReportError(st);
@@ -145,7 +145,7 @@ int RunCheck(const SynthArgs& a) {
           if (std::memcmp(want_scales.data(), have_scales.data(), rows * 4) != 0)
             return ReportError(Status::Corruption(where + ": stored scales differ from the regenerated data"));
         } else {
-          want_raw.resize(elems * format::ElementSize(spec.dtype) / 2);
+          want_raw.resize(elems * ElementSize(spec.dtype) / 2);
           have_raw.resize(want_raw.size());
           codec::ConvertRaw(Dtype::kBF16, in.data(), elems, spec.dtype, want_raw.data());
           st = r->ReadRows(l, s, first, first + n, spec.dtype, have_raw.data());

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvfile verify: check every byte of files or of corpus directories.
 #include <nlohmann/json.hpp>
 
@@ -9,10 +10,13 @@
 
 #include "cli_common.h"
 #include "cmd_pack.h"
+#include "damage_advice.h"
 #include "json_output.h"
 #include "kvfile/verify.h"
+#include "natural_sort.h"
 #include "progress.h"
 #include "signals.h"
+#include "stdin_copy.h"
 
 namespace kvfile::cli {
 
@@ -23,6 +27,7 @@ struct VerifyArgs {
   bool json = false;
   bool quick = false;
   bool strict = false;
+  bool errors_only = false;
   unsigned jobs = 1;
 };
 
@@ -44,8 +49,9 @@ struct FileResult {
   bool done = false;  // false: not reached before a signal
 };
 
-// Expands directories into the *.kv files under them, in sorted order.
-Status Expand(const std::vector<std::string>& paths, std::vector<std::string>* files) {
+// Expands directories into the *.kv files under them, in natural order
+// (doc2 before doc10); a directory without any is a usage error.
+Status Expand(const std::vector<std::string>& paths, std::vector<std::string>* files, bool* directory) {
   namespace fs = std::filesystem;
   for (const std::string& p : paths) {
     std::error_code ec;
@@ -55,7 +61,9 @@ Status Expand(const std::vector<std::string>& paths, std::vector<std::string>* f
            it.increment(ec))
         if (it->is_regular_file(ec) && it->path().extension() == ".kv") found.push_back(it->path().string());
       if (ec) return Status::IOError(p + ": " + ec.message());
-      std::sort(found.begin(), found.end());
+      if (found.empty()) return Status::InvalidArgument(p + ": no .kv files in this directory");
+      NaturalSort(&found);
+      *directory = true;
       files->insert(files->end(), found.begin(), found.end());
     } else {
       files->push_back(p);
@@ -69,7 +77,8 @@ int RunVerify(const VerifyArgs& a) {
   if (!a.paths.empty()) SetCurrentPath(a.paths[0]);
   if (a.paths.size() == 1 && IsPackFile(a.paths[0])) return RunPackVerify(a.paths[0], a.json);
   std::vector<std::string> files;
-  Status st = Expand(a.paths, &files);
+  bool directory = false;
+  Status st = Expand(a.paths, &files, &directory);
   if (!st.ok()) {
     if (!a.json) return ReportError(st);
     nlohmann::ordered_json failed = nlohmann::json::array();
@@ -77,24 +86,43 @@ int RunVerify(const VerifyArgs& a) {
     PrintJson(failed);
     return ReportError(st);
   }
+  // "-": standard input, copied to a temporary file first.
+  StdinCopy stdin_copy;
+  std::string stdin_path;
+  if (std::find(files.begin(), files.end(), "-") != files.end()) {
+    st = stdin_copy.Copy(&stdin_path);
+    if (!st.ok()) return ReportError(st);
+  }
+  auto opened = [&stdin_path](const std::string& f) { return f == "-" ? stdin_path : f; };
+  // Several files: one line each and a summary on stdout, one error line.
+  const bool many = files.size() > 1 || directory;
   std::vector<FileResult> results(files.size());
   std::atomic<size_t> next{0};
   uint64_t total_bytes = 0;
   for (const std::string& f : files) {
     std::error_code size_ec;
-    uint64_t n = std::filesystem::file_size(f, size_ec);
+    uint64_t n = std::filesystem::file_size(opened(f), size_ec);
     if (!size_ec) total_bytes += n;
   }
   Progress progress("verify", total_bytes);
   // After a signal no further file is started; the signal is reported
   // once, after the results of the files already checked.
+  unsigned jobs = std::max(1u, std::min<unsigned>(a.jobs, static_cast<unsigned>(files.size())));
+  // The cores not taken by --jobs split each file's chunks between them.
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  const unsigned threads_per_file = std::max(1u, cores / jobs);
   auto work = [&] {
     for (size_t i; !PendingSignal() && (i = next.fetch_add(1)) < files.size();) {
       results[i].path = files[i];
       VerifyOptions opt;
       opt.quick = a.quick;
+      opt.threads = threads_per_file;
       try {
-        results[i].status = VerifyFile(files[i], opt, &results[i].report);
+        results[i].status = VerifyFile(opened(files[i]), opt, &results[i].report);
+        if (files[i] == "-") {
+          results[i].status = NameStdin(results[i].status, stdin_path);
+          for (VerifyFinding& f : results[i].report.findings) f.message = NameStdin(Status::Corruption(f.message), stdin_path).message();
+        }
       } catch (const std::bad_alloc&) {
         results[i].status = Status::Failed(files[i] + ": out of memory");
       }
@@ -103,13 +131,14 @@ int RunVerify(const VerifyArgs& a) {
     }
   };
   std::vector<std::thread> pool;
-  unsigned jobs = std::max(1u, std::min<unsigned>(a.jobs, static_cast<unsigned>(files.size())));
   for (unsigned j = 1; j < jobs; ++j) pool.emplace_back(work);
   work();
   for (auto& t : pool) t.join();
   progress.Finish();
 
   int exit_code = kExitOk;
+  size_t checked = 0, failed = 0;
+  std::string first_failure;  // many: the stderr line's "PATH: finding"
   nlohmann::ordered_json out = nlohmann::json::array();
   for (const FileResult& r : results) {
     if (!r.done) continue;
@@ -117,6 +146,9 @@ int RunVerify(const VerifyArgs& a) {
     bool bad = !r.status.ok() || rep.HasErrors() || (a.strict && rep.HasWarnings());
     if (!r.status.ok()) exit_code = kExitUsage;
     else if (bad && exit_code == kExitOk) exit_code = kExitData;
+    ++checked;
+    if (bad) ++failed;
+    if (!bad && a.errors_only) continue;
     if (a.json) {
       nlohmann::ordered_json j;
       j["path"] = r.path;
@@ -139,18 +171,41 @@ int RunVerify(const VerifyArgs& a) {
       out.push_back(j);
       continue;
     }
+    if (many) {
+      std::string finding;
+      if (!r.status.ok()) finding = r.status.message();
+      for (const VerifyFinding& f : rep.findings)
+        if (finding.empty() && (f.error || a.strict)) finding = Located(f);
+      if (bad && first_failure.empty()) first_failure = finding.starts_with(r.path) ? finding : r.path + ": " + finding;
+      if (bad) {
+        std::printf("%s: FAILED: %s\n", r.path.c_str(), EscapeLine(finding).c_str());
+        continue;
+      }
+    }
     if (!r.status.ok()) {
       ReportError(r.status);
       continue;
     }
-    bool any_error = false;
+    // One line: the first finding, what is intact and how to keep it;
+    // --json lists every finding.
+    const VerifyFinding* first = nullptr;
+    size_t more = 0;
     for (const VerifyFinding& f : rep.findings) {
-      if (f.error || a.strict) {
-        PrintLine("error", r.path + ": " + Located(f));
-        any_error = true;
-      }
+      if (!f.error && !a.strict) continue;
+      if (first) ++more;
+      else first = &f;
     }
-    if (any_error) continue;
+    if (first) {
+      std::string cut = rep.committed_data_missing && r.path != "-" ? ShortTruncation(r.path) : "";
+      if (!cut.empty()) {
+        PrintLine("error", cut + (more ? "; " + std::to_string(more) + " more in --json" : ""));
+        continue;
+      }
+      std::string advice = r.path == "-" ? "" : IntactAdvice(r.path, r.path, rep);
+      PrintLine("error", r.path + ": " + Located(*first) + (advice.empty() ? "" : "; " + advice) +
+                             (more ? "; " + std::to_string(more) + " more in --json" : ""));
+      continue;
+    }
     std::printf("%s: ok: %llu tokens in %llu chunks, %llu bytes", r.path.c_str(),
                 static_cast<unsigned long long>(rep.tokens), static_cast<unsigned long long>(rep.chunks),
                 static_cast<unsigned long long>(rep.bytes));
@@ -158,6 +213,16 @@ int RunVerify(const VerifyArgs& a) {
     std::printf("\n");
   }
   if (a.json) PrintJson(out);
+  if (many && !a.json)
+    std::printf("%zu of %zu files damaged%s\n", failed, checked, checked < files.size() ? " (interrupted)" : "");
+  if (many && failed > 0 && !PendingSignal()) {
+    std::fflush(stdout);
+    std::string line = std::to_string(failed) + " of " + std::to_string(checked) + " files failed; first: ";
+    // The one error line stays short; the findings are in the output.
+    std::string rest = first_failure.size() + line.size() > 190 ? first_failure.substr(0, 190 - line.size()) + "..." : first_failure;
+    PrintLine("error", line + rest);
+    return exit_code;
+  }
   if (PendingSignal()) {
     std::fflush(stdout);
     // Names the argument given (a directory), or the first file not checked.
@@ -180,13 +245,16 @@ void RegisterVerify(CLI::App& app, int* exit_code) {
   CLI::App* cmd = app.add_subcommand(
       "verify",
       "Check every checksum, the structure, the codes and the scales of .kv files (read-only).\n"
-      "A torn tail left by a crash is a warning (exit 0) unless --strict.\n"
+      "A torn tail left by a crash is a warning (exit 0) unless --strict. Several files (or a directory):\n"
+      "one line per file and a summary line on stdout, in natural order (doc2 before doc10); exit 1 if\n"
+      "any failed. A file's chunks are checked on all cores (divided by --jobs).\n"
       "Example: kvfile verify session.kv\n"
       "         kvfile verify snapshots/ --jobs 2 --json");
-  cmd->add_option("PATH", args->paths, "files, or directories searched for *.kv")->required();
+  cmd->add_option("PATH", args->paths, "files, or directories searched for *.kv (- reads a file from standard input)")->required();
   cmd->add_flag("--json", args->json, "print one JSON array, one object per file");
   cmd->add_flag("--quick", args->quick, "headers and structure only, without reading payloads");
   cmd->add_flag("--strict", args->strict, "treat a torn tail as an error");
+  cmd->add_flag("--errors-only", args->errors_only, "list only the files that fail (and the summary line)");
   cmd->add_option("--jobs", args->jobs, "files checked in parallel")->check(Count(1, 256))->capture_default_str();
   cmd->callback([args, exit_code] { *exit_code = RunVerify(*args); });
 }

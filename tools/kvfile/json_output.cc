@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // JSON output of the CLI (see json_output.h).
 #include "json_output.h"
 

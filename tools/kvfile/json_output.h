@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // JSON output of the CLI (--json): one valid document on stdout whatever
 // the input holds. Paths and model ids come from outside and may be any
 // bytes; they are escaped by the JSON library and invalid UTF-8 is

@@ -1,7 +1,9 @@
+// SPDX-License-Identifier: Apache-2.0
 // The kvfile command line: dispatches to one subcommand per file.
 #include <algorithm>
 #include <charconv>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <new>
@@ -9,9 +11,10 @@
 
 #include "cli_common.h"
 #include "cmd_pack.h"
-#include "kvfile/format/chunk_layout.h"
+#include "kvfile/writer.h"
 #include "progress.h"
 #include "signals.h"
+#include "suggest.h"
 
 namespace kvfile::cli {
 
@@ -67,7 +70,7 @@ CLI::Validator Count(uint64_t min, uint64_t max) {
     bool negative = v.starts_with('-');
     std::string_view digits = negative ? v.substr(1) : v;
     bool numeric = !digits.empty() && digits.find_first_not_of("0123456789") == std::string_view::npos;
-    if (negative && numeric) return "must be a non-negative integer, not " + EscapeLine(s);
+    if (negative && numeric) return "expected a non-negative number, got '" + EscapeLine(s) + "'";
     if (!numeric) return "must be an integer, not '" + EscapeLine(s) + "'";
     uint64_t n = 0;
     auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), n);
@@ -81,11 +84,7 @@ CLI::Validator Count(uint64_t min, uint64_t max) {
 uint32_t BoundedChunkTokens(const Geometry& g, uint32_t wanted, const std::string& input) {
   std::error_code ec;
   uint64_t input_bytes = std::filesystem::file_size(input, ec);
-  const uint64_t cap = std::max<uint64_t>(uint64_t{64} << 20, ec ? 0 : input_bytes);
-  format::ChunkLayout layout;
-  while (wanted > 1 && (!format::ComputeChunkLayout(g, wanted, &layout).ok() || layout.chunk_bytes > cap))
-    wanted /= 2;
-  return wanted;
+  return FitChunkTokens(g, wanted, ec ? 0 : input_bytes);
 }
 
 std::string MissingCommittedData(const TailInfo& tail) {
@@ -110,7 +109,7 @@ namespace {
 std::string Dtypes(const Geometry& g) {
   std::string s = "(";
   for (size_t i = 0; i < g.streams.size(); ++i)
-    s += (i ? ", " : "") + g.streams[i].name + " " + format::DtypeName(g.streams[i].dtype);
+    s += (i ? ", " : "") + g.streams[i].name + " " + DtypeName(g.streams[i].dtype);
   return s + ")";
 }
 }  // namespace
@@ -128,8 +127,10 @@ std::string UpgradeNote(const std::string& old_format, const Geometry& now) {
 int main(int argc, char** argv) {
   using namespace kvfile::cli;
   CLI::App app{"kvfile: persist LLM KV caches as checksummed fp8 .kv files"};
-  app.set_version_flag("--version", std::string("kvfile ") + KVFILE_VERSION);
+  app.set_version_flag("--version,-V", std::string("kvfile ") + KVFILE_VERSION);
   app.require_subcommand(1);
+  // Global flags (--quiet) are accepted after the verb too.
+  app.fallthrough();
   // --quiet is global; it is read before parsing so that it holds for every
   // verb whatever its position on the command line.
   bool quiet = false;
@@ -149,6 +150,15 @@ int main(int argc, char** argv) {
   RegisterPack(app, &exit_code);
   RegisterUnpack(app, &exit_code);
   RegisterLs(app, &exit_code);
+  RegisterVersion(app, &exit_code);
+  RegisterCompletion(app, &exit_code);
+  if (int code = CheckVerb(app, argc, argv); code >= 0) return code;
+  // The library ignores an unknown backend name; a user who set one meant it.
+  if (const char* io = std::getenv("KVFILE_IO"); io && *io) {
+    std::string_view v = io;
+    if (v != "posix" && v != "uring" && v != "io_uring")
+      return UsageError("KVFILE_IO=" + EscapeLine(v) + ": unknown I/O backend (posix or uring)");
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

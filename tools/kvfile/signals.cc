@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The signal handlers of the kvfile CLI (see signals.h).
 #include "signals.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // SIGINT, SIGTERM and SIGHUP as a request to stop at a safe point.
 //
 // The handler only records the first signal. Verbs that write (or run long)

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The synthetic KV generator (see synth_data.h).
 #include "synth_data.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Deterministic synthetic KV rows shaped like a real cache.
 //
 // Every element is a pure function of (seed, layer, stream, token, index),

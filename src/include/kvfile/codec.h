@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The fp8 row codec: f32/bf16/f16 rows <-> fp8 (e4m3 or e5m2) codes plus one
 // f32 scale per row, exactly as spec/CODEC.md defines it.
 //
@@ -9,40 +10,41 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kvfile/export.h"
+#include "kvfile/dtype.h"
 #include "kvfile/status.h"
-#include "kvfile/format/kv_format.h"
 
 namespace kvfile::codec {
 
-using format::Dtype;
-
-enum class Fp8Kind : uint8_t { kE4M3, kE5M2 };
+// The fp8 kind of a code is a kvfile::Dtype: kE4M3 or kE5M2. Every `kind`
+// argument below must be one of the two.
+using kvfile::Dtype;
 
 // Instruction-set paths. kBest picks the widest one this CPU supports.
 enum class Isa : uint8_t { kScalar, kAvx2, kAvx512, kBest };
-Isa BestIsa();                      // what kBest resolves to on this machine
-bool IsaSupported(Isa isa);         // kScalar and kBest are always supported
-const char* IsaName(Isa isa);       // "scalar", "avx2", "avx512"
+KVFILE_EXPORT Isa BestIsa();                      // what kBest resolves to on this machine
+KVFILE_EXPORT bool IsaSupported(Isa isa);         // kScalar and kBest are always supported
+KVFILE_EXPORT const char* IsaName(Isa isa);       // "scalar", "avx2", "avx512"
 
 // Largest finite magnitude of each kind: 448 (e4m3) and 57344 (e5m2).
-float Fp8MaxFinite(Fp8Kind kind);
+KVFILE_EXPORT float Fp8MaxFinite(Dtype kind);
 
 // ---- Element conversions (reference semantics; used by tests and tables) ----
 // f32 -> fp8: round to nearest, ties to even; finite overflow and +-Inf
 // saturate to +-max; NaN -> 0x7F; the sign of zero is kept.
-uint8_t EncodeElement(float x, Fp8Kind kind);
+KVFILE_EXPORT uint8_t EncodeElement(float x, Dtype kind);
 // fp8 -> f32, exact. NaN codes give a quiet NaN, e5m2 Inf codes give +-Inf.
-float DecodeElement(uint8_t code, Fp8Kind kind);
+KVFILE_EXPORT float DecodeElement(uint8_t code, Dtype kind);
 // True for the codes the encoder never emits and readers refuse
 // (e4m3: 0x7F, 0xFF; e5m2: 0x7C-0x7F, 0xFC-0xFF).
-bool IsNonFiniteCode(uint8_t code, Fp8Kind kind);
+KVFILE_EXPORT bool IsNonFiniteCode(uint8_t code, Dtype kind);
 
 // Round-to-nearest-even conversions of one f32 into the raw dtypes, clamped to
 // the destination's finite range, signed zero kept.
-uint16_t F32ToBf16(float x);
-uint16_t F32ToF16(float x);
-float Bf16ToF32(uint16_t bits);
-float F16ToF32(uint16_t bits);
+KVFILE_EXPORT uint16_t F32ToBf16(float x);
+KVFILE_EXPORT uint16_t F32ToF16(float x);
+KVFILE_EXPORT float Bf16ToF32(uint16_t bits);
+KVFILE_EXPORT float F16ToF32(uint16_t bits);
 
 // ---- Block operations -------------------------------------------------------
 // Quantizes `rows` rows of `width` elements. `src` holds rows*width elements
@@ -50,7 +52,7 @@ float F16ToF32(uint16_t bits);
 // row. Writes rows*width codes and `rows` scales.
 // If a row holds a NaN or Inf, returns false with *bad_row set to the first
 // such row; codes and scales are then unspecified.
-bool QuantizeRows(Fp8Kind kind, Dtype src_dtype, const void* src, size_t rows, size_t width,
+KVFILE_EXPORT bool QuantizeRows(Dtype kind, Dtype src_dtype, const void* src, size_t rows, size_t width,
                   uint8_t* codes, float* scales, size_t* bad_row, Isa isa = Isa::kBest);
 
 // Decodes rows*width codes with their `rows` scales into `dst` as `dst_dtype`
@@ -58,19 +60,19 @@ bool QuantizeRows(Fp8Kind kind, Dtype src_dtype, const void* src, size_t rows, s
 // nearest even into dst_dtype and clamped to its finite range.
 // Precondition: no non-finite code and every scale finite and positive
 // (callers validate with FindInvalidCode / FindInvalidScale first).
-void DequantizeRows(Fp8Kind kind, const uint8_t* codes, const float* scales, size_t rows,
+KVFILE_EXPORT void DequantizeRows(Dtype kind, const uint8_t* codes, const float* scales, size_t rows,
                     size_t width, Dtype dst_dtype, void* dst, Isa isa = Isa::kBest);
 
 // Index of the first non-finite code in codes[0, n), or n if there is none.
-size_t FindInvalidCode(Fp8Kind kind, const uint8_t* codes, size_t n, Isa isa = Isa::kBest);
+KVFILE_EXPORT size_t FindInvalidCode(Dtype kind, const uint8_t* codes, size_t n, Isa isa = Isa::kBest);
 // Index of the first scale that is not a finite number > 0, or n.
-size_t FindInvalidScale(const float* scales, size_t n);
+KVFILE_EXPORT size_t FindInvalidScale(const float* scales, size_t n);
 
 // Converts n raw elements between kBF16, kF16 and kF32 (same dtype: a copy).
 // Narrowing rounds to nearest even and clamps to the finite range.
-void ConvertRaw(Dtype src_dtype, const void* src, size_t n, Dtype dst_dtype, void* dst);
+KVFILE_EXPORT void ConvertRaw(Dtype src_dtype, const void* src, size_t n, Dtype dst_dtype, void* dst);
 
 // Index of the first non-finite element in a raw block of n elements, or n.
-size_t FindNonFinite(Dtype dtype, const void* src, size_t n);
+KVFILE_EXPORT size_t FindNonFinite(Dtype dtype, const void* src, size_t n);
 
 }  // namespace kvfile::codec

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The small file interface all kvfile I/O goes through.
 //
 // The library never calls the operating system directly: it asks a
@@ -12,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "kvfile/export.h"
 #include "kvfile/status.h"
 
 namespace kvfile {
@@ -44,7 +46,7 @@ struct ReadRequest {
   size_t n = 0;
 };
 
-class File {
+class KVFILE_EXPORT File {
  public:
   virtual ~File() = default;
   // Reads exactly n bytes at offset; reading past the end is kCorruption
@@ -90,7 +92,7 @@ enum class OpenMode {
   kCreateExclusive,  // new file (fails if it exists), read and write
 };
 
-class FileSystem {
+class KVFILE_EXPORT FileSystem {
  public:
   virtual ~FileSystem() = default;
   virtual Status Open(const std::string& path, OpenMode mode, std::unique_ptr<File>* out) = 0;
@@ -121,6 +123,6 @@ class FileSystem {
 };
 
 // The directory part of a path ("." for a bare name).
-std::string DirName(const std::string& path);
+KVFILE_EXPORT std::string DirName(const std::string& path);
 
 }  // namespace kvfile

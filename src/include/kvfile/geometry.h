@@ -1,12 +1,62 @@
-// Public names for the geometry and identity types (defined with the format).
+// SPDX-License-Identifier: Apache-2.0
+// Geometry and model identity: what a .kv file stores per token, and for
+// which model. These are the logical contents of the file header.
 #pragma once
 
-#include "kvfile/format/geometry.h"
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kvfile/export.h"
+#include "kvfile/dtype.h"
+#include "kvfile/status.h"
 
 namespace kvfile {
-using format::CheckExpected;
-using format::Dtype;
-using format::Geometry;
-using format::ModelIdentity;
-using format::StreamSpec;
+
+// One stream of every layer: `rows_per_token` rows of `row_width` elements per
+// token (for example stream "k" of a GQA model: one row per kv head).
+struct StreamSpec {
+  std::string name;
+  uint32_t rows_per_token = 0;
+  uint32_t row_width = 0;
+  Dtype dtype = Dtype::kE4M3;
+
+  bool operator==(const StreamSpec&) const = default;
+  uint64_t ElementsPerToken() const { return uint64_t{rows_per_token} * row_width; }
+};
+
+struct KVFILE_EXPORT Geometry {
+  uint32_t layers = 0;
+  std::vector<StreamSpec> streams;
+
+  bool operator==(const Geometry&) const = default;
+  // Checks the limits of spec/FORMAT.md ("Limits") and the stream names.
+  Status Validate() const;
+  std::optional<uint32_t> FindStream(std::string_view name) const;
+  // Bytes one token occupies in the payload (codes + scales or raw rows),
+  // summed over layers and streams, without alignment padding.
+  uint64_t PayloadBytesPerToken() const;
+};
+
+struct ModelIdentity {
+  std::string model_id;      // at most 255 bytes of UTF-8
+  uint64_t fingerprint = 0;  // chosen by the writer (e.g. a hash of the weights)
+
+  bool operator==(const ModelIdentity&) const = default;
+};
+
+// What a reader expects; Check() names the first difference with the file.
+KVFILE_EXPORT Status CheckExpected(const ModelIdentity& file_identity, const Geometry& file_geometry,
+                     const ModelIdentity& expected_identity, const Geometry& expected_geometry);
+
+// Bytes of a chunk of `tokens` tokens of geometry `g`, head and padding
+// included (spec/FORMAT.md 5); kInvalidArgument when it would pass the
+// format's limits (more than 65536 tokens or 1 GiB).
+KVFILE_EXPORT Status ChunkBytes(const Geometry& g, uint32_t tokens, uint64_t* bytes);
+
+// "[a-z0-9_.-]{1,31}": stream names are identifiers in tools and safetensors.
+KVFILE_EXPORT bool IsValidStreamName(std::string_view name);
+
 }  // namespace kvfile

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Named geometries of real model families, used by the CLI and the tests.
 #pragma once
 
@@ -5,6 +6,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kvfile/export.h"
 #include "kvfile/geometry.h"
 
 namespace kvfile {
@@ -12,7 +14,7 @@ namespace kvfile {
 // Fills *out with the preset's geometry; its fp8 streams use `fp8_dtype`
 // (kE4M3 or kE5M2), raw streams keep their dtype. kInvalidArgument for an
 // unknown name (the message lists the known ones).
-Status GetPreset(std::string_view name, Dtype fp8_dtype, Geometry* out);
-std::vector<std::string> PresetNames();
+KVFILE_EXPORT Status GetPreset(std::string_view name, Dtype fp8_dtype, Geometry* out);
+KVFILE_EXPORT std::vector<std::string> PresetNames();
 
 }  // namespace kvfile

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Reader: opens a .kv file, validates it, and reads rows back.
 //
 // Open reads the header, the commit slots and every chunk's head (header,
@@ -7,6 +8,7 @@
 // was.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -14,11 +16,17 @@
 #include <string>
 #include <vector>
 
+#include "kvfile/export.h"
 #include "kvfile/file.h"
+#include "kvfile/file_state.h"
 #include "kvfile/geometry.h"
 #include "kvfile/status.h"
 
 namespace kvfile {
+
+namespace hooks {
+struct ReaderAccess;
+}  // namespace hooks
 
 struct ReaderOptions {
   FileSystem* fs = nullptr;  // nullptr: FileSystem::Default()
@@ -26,41 +34,6 @@ struct ReaderOptions {
   // naming the first difference).
   std::optional<ModelIdentity> expect_identity;
   std::optional<Geometry> expect_geometry;
-};
-
-struct ChunkInfo {
-  uint64_t offset = 0;       // file offset of the chunk
-  uint64_t bytes = 0;        // whole chunk, padding included
-  uint64_t first_token = 0;
-  uint32_t stored_tokens = 0;  // tokens the chunk holds
-  uint32_t live_tokens = 0;    // of those, the ones in the sequence (< stored after a rewind)
-  uint32_t epoch = 0;
-  bool committed = false;    // inside the region the commit record vouches for
-  uint64_t head_checksum = 0;
-};
-
-// What open found beyond the valid chunks.
-struct TailInfo {
-  uint64_t valid_end = 0;         // end of the last valid chunk
-  uint64_t file_size = 0;
-  uint64_t torn_tail_bytes = 0;   // file_size - valid_end
-  std::string torn_reason;        // why the first byte past valid_end was not a chunk
-  // A valid, uncommitted chunk of this file and epoch starts after the
-  // damage (at valid_data_offset): either a crash with writes reaching the
-  // disk out of order, or damage. The reader returns the tokens before
-  // valid_end either way; verify reports it.
-  bool valid_data_follows = false;
-  uint64_t valid_data_offset = 0;
-  // The file is shorter than its commit record says: it was cut inside the
-  // committed region. The reader returns the whole chunks before the cut
-  // (valid_end); torn_reason names the chunk the file ends in or before.
-  // Verify reports it as an error and a Writer refuses to open the file
-  // (kvfile repair --force cuts it to the prefix). What the commit record
-  // vouched for that is no longer readable:
-  bool committed_data_missing = false;
-  uint64_t committed_chunks_missing = 0;
-  uint64_t committed_tokens_missing = 0;  // commit record's count minus the tokens kept (0 if more are kept: a rewound chunk)
-  uint64_t committed_bytes_missing = 0;   // commit record's end minus the file size
 };
 
 // One destination of Reader::ReadMany: the rows of (layer, stream), decoded,
@@ -71,9 +44,18 @@ struct RowsTarget {
   void* dst = nullptr;
 };
 
+// One destination of Reader::ReadManyCodes: the codes of (layer, stream),
+// shaped [end-begin][rows][width], and its scales, [end-begin][rows].
+struct CodesTarget {
+  uint32_t layer = 0;
+  uint32_t stream = 0;
+  uint8_t* codes = nullptr;
+  float* scales = nullptr;
+};
+
 // A Reader is used by one thread at a time; ReadMany and VerifyFile run
 // their own worker threads inside one call.
-class Reader {
+class KVFILE_EXPORT Reader {
  public:
   static Status Open(const std::string& path, const ReaderOptions& options,
                      std::unique_ptr<Reader>* out);
@@ -92,6 +74,15 @@ class Reader {
   std::span<const uint32_t> tokens() const;
   std::span<const ChunkInfo> chunks() const;
   const TailInfo& tail() const;
+  // The header's flag words (spec/FORMAT.md 2).
+  uint64_t required_flags() const;
+  uint64_t optional_flags() const;
+  // The commit record in force, which slot holds it (0 or 1), and the state
+  // of both slots: a damaged slot does not stop an open (a crash while
+  // writing a slot tears it) and is reported here.
+  const CommitInfo& commit() const;
+  int active_commit_slot() const;
+  const std::array<CommitSlotState, 2>& commit_slots() const;
   const char* io_backend() const;
   const std::string& path() const;
 
@@ -113,19 +104,23 @@ class Reader {
   // left behind, and the message names the chunk.
   Status ReadMany(std::span<const RowsTarget> targets, uint64_t begin, uint64_t end,
                   Dtype out_dtype, unsigned threads = 1);
+  // Codes and scales of many (layer, stream) pairs of fp8 streams for tokens
+  // [begin, end): ReadCodes as ReadMany reads rows (chunk by chunk, the same
+  // threads, the same failure contract: on error every destination is
+  // zero-filled). A v1 file's rows are quantized as `v1_quantize_as`.
+  Status ReadManyCodes(std::span<const CodesTarget> targets, uint64_t begin, uint64_t end,
+                       unsigned threads = 1, Dtype v1_quantize_as = Dtype::kE4M3);
   // Codes and scales of an fp8 stream, shaped [end-begin][rows][width] and
   // [end-begin][rows]. In a v1 file (raw rows only) the rows are quantized on
   // the fly with the codec, as `v1_quantize_as` (kE4M3 or kE5M2): exactly the
   // codes an upgrade to v2 stores.
   Status ReadCodes(uint32_t layer, uint32_t stream, uint64_t begin, uint64_t end, uint8_t* codes,
                    float* scales, Dtype v1_quantize_as = Dtype::kE4M3);
-  // Reads and checks every byte of chunk `index` (all sections, codes and
-  // scales); used by verify.
-  Status VerifyChunk(size_t index);
-
  private:
-  struct Impl;
-  explicit Reader(std::unique_ptr<Impl> impl);
+  friend struct hooks::ReaderAccess;  // the library's tests (src/testing_hooks.h)
+  Status VerifyChunk(size_t index);
+  struct Impl;  // defined hidden: not exported
+  KVFILE_NO_EXPORT explicit Reader(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
 

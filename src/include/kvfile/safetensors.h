@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Reading and writing the safetensors format, and the convention kvfile
 // uses to exchange sessions with tensor libraries.
 //
@@ -38,6 +39,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kvfile/export.h"
 #include "kvfile/file.h"
 #include "kvfile/geometry.h"
 #include "kvfile/status.h"
@@ -54,9 +56,15 @@ enum class DType : uint8_t {
   kBool, kU8, kI8, kF8E5M2, kF8E4M3, kF8E8M0, kI16, kU16, kF16, kBF16,
   kI32, kU32, kF32, kC64, kF64, kI64, kU64,
 };
-const char* DTypeName(DType d);      // "BF16", "F8_E4M3", ...
-size_t DTypeSize(DType d);           // bytes per element
-bool ParseDType(std::string_view name, DType* out);
+KVFILE_EXPORT const char* DTypeName(DType d);      // "BF16", "F8_E4M3", ...
+KVFILE_EXPORT size_t DTypeSize(DType d);           // bytes per element
+KVFILE_EXPORT bool ParseDType(std::string_view name, DType* out);
+// The one mapping between these and kvfile::Dtype. DType stays the format's
+// own tag (most of its 17 values are no kvfile dtype): F8_E4M3, F8_E5M2,
+// F16, BF16 and F32 are kvfile's five; KvDtypeOf is nullopt for the rest.
+// DTypeOf is the inverse (kBF16 for a byte that is no Dtype).
+KVFILE_EXPORT std::optional<Dtype> KvDtypeOf(DType d);
+KVFILE_EXPORT DType DTypeOf(Dtype d);
 
 inline constexpr uint64_t kMaxHeaderBytes = 100'000'000;  // the format's own cap
 // What a header may list (spec/FORMAT.md 7.1): with these caps, what
@@ -75,7 +83,7 @@ struct TensorInfo {
   uint64_t bytes() const { return end - begin; }
 };
 
-struct Header {
+struct KVFILE_EXPORT Header {
   std::vector<TensorInfo> tensors;  // in data order (by begin offset)
   std::map<std::string, std::string> metadata;
 
@@ -84,16 +92,16 @@ struct Header {
 
 // Parses and checks a JSON header for a data region of `data_bytes` bytes.
 // kCorruption naming the first rule broken.
-Status ParseHeader(std::string_view json, uint64_t data_bytes, Header* out);
+KVFILE_EXPORT Status ParseHeader(std::string_view json, uint64_t data_bytes, Header* out);
 
 // Builds the header bytes (JSON, padded with spaces to a multiple of 8 so
 // that the data region is 8-byte aligned) for tensors laid out one after
 // the other in the given order. Fills each tensor's offsets and elements.
-Status BuildHeader(std::vector<TensorInfo>* tensors, const std::map<std::string, std::string>& metadata,
+KVFILE_EXPORT Status BuildHeader(std::vector<TensorInfo>* tensors, const std::map<std::string, std::string>& metadata,
                    std::string* json);
 
 // A safetensors file opened for reading.
-class SafetensorsFile {
+class KVFILE_EXPORT SafetensorsFile {
  public:
   // Reads and checks the header (kCorruption with the path for a bad file).
   static Status Open(const std::string& path, FileSystem* fs, std::unique_ptr<SafetensorsFile>* out);
@@ -114,7 +122,7 @@ class SafetensorsFile {
 // Writes a safetensors file: the header is fixed at creation, then every
 // byte of every tensor must be written (in any order) before Close().
 // The file is created exclusively; the caller renames it into place.
-class SafetensorsWriter {
+class KVFILE_EXPORT SafetensorsWriter {
  public:
   static Status Create(const std::string& path, std::vector<TensorInfo> tensors,
                        const std::map<std::string, std::string>& metadata, FileSystem* fs,
@@ -138,7 +146,7 @@ class SafetensorsWriter {
 
 // The tensors of one stream: either `values` (decoded, BF16/F16/F32) or
 // `codes` + `scales` (fp8 codes and their per-row scales).
-struct KvStream {
+struct KVFILE_EXPORT KvStream {
   std::string name;
   uint32_t rows_per_token = 0;
   uint32_t row_width = 0;
@@ -162,19 +170,19 @@ struct KvTensors {
 };
 
 // Checks the convention; pointers refer into `h`, which must outlive *out.
-Status DescribeKv(const Header& h, KvTensors* out);
+KVFILE_EXPORT Status DescribeKv(const Header& h, KvTensors* out);
 
 // Reads the token ids; kInvalidArgument for a negative id or one above u32.
-Status ReadTokenIds(SafetensorsFile& f, const KvTensors& kv, std::vector<uint32_t>* out);
+KVFILE_EXPORT Status ReadTokenIds(SafetensorsFile& f, const KvTensors& kv, std::vector<uint32_t>* out);
 
 // Scans every value of every stream: finite values; for codes, no NaN (or
 // e5m2 infinity) code and every scale a finite number > 0. kNonFinite
 // naming the tensor, layer, token and row of the first bad one.
-Status CheckValues(SafetensorsFile& f, const KvTensors& kv);
+KVFILE_EXPORT Status CheckValues(SafetensorsFile& f, const KvTensors& kv);
 
 // Reads tokens [t0, t0 + n) of `layer` of a stream's values or codes (and
 // scales) into the buffers, resized as needed.
-Status ReadStreamSlab(SafetensorsFile& f, const KvTensors& kv, const KvStream& s, uint32_t layer,
+KVFILE_EXPORT Status ReadStreamSlab(SafetensorsFile& f, const KvTensors& kv, const KvStream& s, uint32_t layer,
                       uint64_t t0, uint64_t n, std::vector<uint8_t>* data, std::vector<float>* scales);
 
 // Appends every token of the file to `w`. stream_of[i] is the index in
@@ -186,16 +194,16 @@ Status ReadStreamSlab(SafetensorsFile& f, const KvTensors& kv, const KvStream& s
 // if set, is called after each call; a non-OK status it returns (the CLI's
 // "interrupted by a signal") ends the loop, with the append unfinished, and
 // is returned.
-Status AppendAll(SafetensorsFile& f, const KvTensors& kv, std::span<const uint32_t> token_ids,
+KVFILE_EXPORT Status AppendAll(SafetensorsFile& f, const KvTensors& kv, std::span<const uint32_t> token_ids,
                  const std::vector<size_t>& stream_of, Writer& w, uint64_t block_tokens,
                  const std::function<Status()>& between = {});
 
 // Tokens per append that keep one append's buffers within `budget` bytes
 // when a token takes `bytes_per_token` bytes (at least 1, at most 65536).
-uint64_t BlockTokens(uint64_t bytes_per_token, uint64_t budget);
+KVFILE_EXPORT uint64_t BlockTokens(uint64_t bytes_per_token, uint64_t budget);
 
 // "0123456789abcdef" <-> value; ParseFingerprint wants exactly 16 hex digits.
-std::string FingerprintHex(uint64_t v);
-bool ParseFingerprint(std::string_view s, uint64_t* out);
+KVFILE_EXPORT std::string FingerprintHex(uint64_t v);
+KVFILE_EXPORT bool ParseFingerprint(std::string_view s, uint64_t* out);
 
 }  // namespace kvfile::safetensors

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Status: the result of every fallible kvfile operation.
 //
 // kvfile never lets an exception cross its public API and never aborts on bad
@@ -10,9 +11,11 @@
 #include <string_view>
 #include <utility>
 
+#include "kvfile/export.h"
+
 namespace kvfile {
 
-class Status {
+class [[nodiscard]] KVFILE_EXPORT Status {
  public:
   // The codes split failures by who must act: the data (kCorruption,
   // kMismatch, kNonFinite) or the caller/environment (the rest). The CLI maps
@@ -65,7 +68,7 @@ class Status {
 };
 
 // Builds a Status from an errno value: ENOENT -> kNotFound, the rest -> kIOError.
-Status ErrnoStatus(std::string_view what, int err);
+KVFILE_EXPORT Status ErrnoStatus(std::string_view what, int err);
 
 }  // namespace kvfile
 

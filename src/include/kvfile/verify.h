@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Verification of a whole .kv file, for `kvfile verify` and `repair`.
 //
 // Read-only: it never modifies the file. Every finding is reported with the
@@ -9,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "kvfile/export.h"
 #include "kvfile/file.h"
 #include "kvfile/status.h"
 
@@ -30,7 +32,7 @@ struct VerifyFinding {
   std::string message;
 };
 
-struct VerifyReport {
+struct KVFILE_EXPORT VerifyReport {
   bool opened = false;  // the header was readable
   uint16_t major = 0, minor = 0;
   uint64_t tokens = 0, chunks = 0, bytes = 0;
@@ -48,6 +50,6 @@ struct VerifyReport {
 // Fills *report. Returns non-OK only when the file cannot be examined at all
 // for a reason that is not its content (missing, permission, I/O error);
 // damage is reported in the findings.
-Status VerifyFile(const std::string& path, const VerifyOptions& options, VerifyReport* report);
+KVFILE_EXPORT Status VerifyFile(const std::string& path, const VerifyOptions& options, VerifyReport* report);
 
 }  // namespace kvfile

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Writer: creates a .kv v2 file and appends tokens to it.
 //
 // Appended tokens gather in a staging buffer laid out exactly as the chunk
@@ -12,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "kvfile/export.h"
 #include "kvfile/file.h"
 #include "kvfile/geometry.h"
 #include "kvfile/status.h"
@@ -28,7 +30,6 @@ struct WriterOptions {
   uint32_t chunk_tokens = 256;  // tokens per chunk (1..65536)
   SyncMode sync = SyncMode::kClose;
   FileSystem* fs = nullptr;     // nullptr: FileSystem::Default()
-  uint64_t salt = 0;            // 0: random (tests pass a fixed salt for golden files)
   // Create() replaces an existing regular file (through a symlink: its
   // target) at once with the new, empty one: the old contents are gone
   // when Create returns, before any token is appended. To replace a file
@@ -75,7 +76,7 @@ struct AppendBatch {
   bool continued = false;  // more of this same append follows in the next Append()
 };
 
-class Writer {
+class KVFILE_EXPORT Writer {
  public:
   // Creates `path` with the given geometry and identity. The header is
   // written under a temporary name, synced and renamed into place, so a
@@ -151,14 +152,21 @@ class Writer {
   const std::string& path() const;
 
  private:
-  struct Impl;
-  explicit Writer(std::unique_ptr<Impl> impl);
+  struct Impl;  // defined hidden: not exported
+  KVFILE_NO_EXPORT explicit Writer(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
+
+// The chunk-size rule for a default chunk size: `wanted` tokens per chunk,
+// halved while a chunk of that many tokens of geometry `g` would exceed
+// max(64 MiB, input_bytes) or the format's limit (1 GiB); never below 1.
+// Writer::Open applies it with input_bytes 0 (staging buffers of at most
+// 64 MiB whatever the file's hint); the kvfile CLI with its input's size.
+KVFILE_EXPORT uint32_t FitChunkTokens(const Geometry& g, uint32_t wanted, uint64_t input_bytes);
 
 // Removes a leftover "<path>.kvupgrade" of an interrupted upgrade, under
 // the file's writer lock, without opening the file for writing (what
 // `kvfile repair` does for a v1 file). *removed says whether there was one.
-Status RemoveLeftoverUpgradeFile(const std::string& path, FileSystem* fs, bool* removed);
+KVFILE_EXPORT Status RemoveLeftoverUpgradeFile(const std::string& path, FileSystem* fs, bool* removed);
 
 }  // namespace kvfile

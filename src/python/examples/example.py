@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Writes a small session, reads it back, and checks it (shown in docs/api.md).
 import os
 import tempfile

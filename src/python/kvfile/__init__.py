@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """kvfile: LLM KV caches on disk, from Python.
 
 A thin layer over the C++ library's binding (the extension kvfile._kvfile):
@@ -6,6 +7,10 @@ A thin layer over the C++ library's binding (the extension kvfile._kvfile):
     kvfile.open(path)                             -> Reader
     kvfile.open(path, "a", sync=...)              -> Writer appending to the file
     kvfile.verify(path)                           -> dict of findings
+    Reader.read_all(...) / Reader.codes_all(...)  -> every stream at once (bulk)
+
+kvfile.torch (torch tensors, CUDA loads) and kvfile.transformers (a
+DynamicCache to and from a file) import torch only when used.
 
 Arrays: a stream's rows are shaped [layers, tokens, rows_per_token,
 row_width] for Writer.append and for Reader.read(stream) of every layer;
@@ -29,7 +34,13 @@ from ._kvfile import (  # noqa: F401  (re-exported)
     Reader,
     UnsupportedError,
     Writer,
+    __version__,
+    coli_export,
+    coli_import,
     create,
+    fp8_decode_table,
+    mooncake_decode,
+    mooncake_encode,
     open_reader,
     open_writer,
     presets,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // resume_example: the loop of an inference engine that keeps each
 // session's KV cache in a .kv file, on the llama-3.1-8b geometry with
 // synthetic KV (synthetic_kv.h).
@@ -64,7 +65,7 @@ bool ParseArgs(int argc, char** argv, Args* args) {
 // What the engine's attention expects back for rows it stored: the rows
 // quantized and decoded by the codec, in bf16.
 void ExpectedBf16(const kvfile::StreamSpec& s, const std::vector<uint16_t>& rows, std::vector<uint16_t>* out) {
-  auto kind = s.dtype == kvfile::Dtype::kE5M2 ? kvfile::codec::Fp8Kind::kE5M2 : kvfile::codec::Fp8Kind::kE4M3;
+  const kvfile::Dtype kind = s.dtype;  // the stream's fp8 dtype is the codec's kind
   size_t row_count = rows.size() / s.row_width;
   std::vector<uint8_t> codes(rows.size());
   std::vector<float> scales(row_count);

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The resume example's synthetic KV (see synthetic_kv.h), built on the
 // generator of `kvfile synth` (tools/kvfile/synth_data.h): its rows depend
 // on (seed, layer, stream, position), so seeding it with the token id gives

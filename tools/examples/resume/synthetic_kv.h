@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Synthetic KV rows for the resume example: what a model would compute for
 // a token, as a pure function of (token id, position, layer, stream). A
 // cached prefix is only valid if every token before it is the same, and the

@@ -1,10 +1,11 @@
+# SPDX-License-Identifier: Apache-2.0
 # Tests of the Python module against the library's documented behaviour:
 # exact round trips, fp8 codes known from spec/CODEC.md, reads across chunk
 # boundaries, rewind, prefixes, info, verify of a damaged file, argument
 # checks, errors, the golden fixtures, and the documented example (docs/api.md, README.md).
 #
 # Run by CTest (`ctest -L unit`) with PYTHONPATH set to build/python, or by
-# hand: PYTHONPATH=build/python /usr/bin/python3 -m pytest src/python/tests
+# hand: PYTHONPATH=build/python /usr/bin/python3 -m pytest tests/python
 import os
 import re
 import shutil
@@ -18,7 +19,7 @@ import pytest
 
 import kvfile
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
 EXAMPLE = ROOT / "src" / "python" / "examples" / "example.py"
 

@@ -1,0 +1,258 @@
+// SPDX-License-Identifier: Apache-2.0
+// NVFP4 row kernels for AVX-512 (F, BW, VL, DQ): one 16-element block is one
+// vector. Compiled with the AVX-512 flags and called only after the
+// dispatcher has checked them. Bit-identical to nvfp4_scalar.cc.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#ifndef __clang__  // GCC 12's AVX-512 headers (see codec_avx512.cc)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+
+#include <cfloat>
+#include <cstring>
+
+#include "codec/nvfp4.h"
+
+namespace kvfile::codec::nvfp4::internal {
+namespace {
+
+const __m512 kAbsMask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
+
+// E2M1 codes (one per 32-bit lane) of 16 finite f32 quotients, spec/CODEC.md
+// 14.2, without branches: for |q| >= 1, rounding the f32 pattern to one
+// mantissa bit with integer adds (half an ulp minus one, plus the kept lsb
+// for ties to even) gives 2 * exponent + mantissa, from which 252 is taken;
+// below 1 (raised to 1 first, so that the first gives 2), adding 2^22, whose
+// ulp is 0.5, rounds |q| to the subnormal step. The code is the smaller of
+// the two, at most 7 (saturation); the sign goes to bit 3.
+__m512i EncodeE2M1x16(__m512 q) {
+  const __m512i a = _mm512_castps_si512(_mm512_and_ps(q, kAbsMask));
+  const __m512i m = _mm512_max_epi32(a, _mm512_set1_epi32(0x3F800000));
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(m, 22), _mm512_set1_epi32(1));
+  const __m512i normal = _mm512_sub_epi32(
+      _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(m, _mm512_set1_epi32(0x1FFFFF)), lsb), 22),
+      _mm512_set1_epi32(252));
+  const __m512i sub = _mm512_sub_epi32(
+      _mm512_castps_si512(_mm512_add_ps(_mm512_castsi512_ps(a), _mm512_set1_ps(4194304.0f))),
+      _mm512_set1_epi32(0x4A800000));
+  const __m512i mag = _mm512_min_epi32(_mm512_min_epi32(normal, sub), _mm512_set1_epi32(7));
+  const __m512i sign = _mm512_slli_epi32(_mm512_srli_epi32(_mm512_castps_si512(q), 31), 3);
+  return _mm512_or_si512(mag, sign);
+}
+
+// Lane j of the result: the largest lane of v[j] (16 vectors of magnitudes).
+// A transposing reduction: within 128-bit lanes, then across them.
+[[gnu::always_inline]] inline __m512 BlockMaxima(const __m512* v) {
+  __m512 l1[8], l2[4], l3[2];
+  for (int i = 0; i < 8; ++i) {
+    l1[i] = _mm512_max_ps(_mm512_shuffle_ps(v[2 * i], v[2 * i + 1], 0x44),
+                          _mm512_shuffle_ps(v[2 * i], v[2 * i + 1], 0xEE));
+  }
+  for (int i = 0; i < 4; ++i) {
+    l2[i] = _mm512_max_ps(_mm512_shuffle_ps(l1[2 * i], l1[2 * i + 1], 0x88),
+                          _mm512_shuffle_ps(l1[2 * i], l1[2 * i + 1], 0xDD));
+  }
+  for (int i = 0; i < 2; ++i) {
+    l3[i] = _mm512_max_ps(_mm512_shuffle_f32x4(l2[2 * i], l2[2 * i + 1], 0x88),
+                          _mm512_shuffle_f32x4(l2[2 * i], l2[2 * i + 1], 0xDD));
+  }
+  return _mm512_max_ps(_mm512_shuffle_f32x4(l3[0], l3[1], 0x88),
+                       _mm512_shuffle_f32x4(l3[0], l3[1], 0xDD));
+}
+
+template <Dtype kDt>
+__m512 Load16(const void* src, size_t i) {
+  if constexpr (kDt == Dtype::kF32) {
+    return _mm512_loadu_ps(static_cast<const float*>(src) + i);
+  } else {
+    const __m256i h =
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(src) + i));
+    if constexpr (kDt == Dtype::kBF16) {
+      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    } else {
+      return _mm512_cvtph_ps(h);
+    }
+  }
+}
+
+// Two codes a byte, low nibble first: 16 lanes -> 8 bytes. Each 64-bit lane
+// holds an even element's code in bits 0-3 and the next one's in bits 32-35.
+void StorePacked(uint8_t* out, __m512i codes) {
+  const __m512i pairs = _mm512_or_si512(codes, _mm512_srli_epi64(codes, 28));
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(out), _mm512_cvtepi64_epi8(pairs));
+}
+
+// E4M3 codes of 16 values that are >= 0 and finite (spec/CODEC.md section
+// 3, saturating at 0x7E): the normal-range code by integer rounding of the f32
+// pattern (half an e4m3 ulp minus one, plus the kept lsb for ties to even,
+// the rebias folded in), the subnormal-range code by adding 2^14, whose ulp is
+// the e4m3 subnormal step 2^-9; the code is the smaller of the two.
+__m512i E4M3Codes(__m512 q) {
+  const __m512i bits = _mm512_castps_si512(q);
+  const __m512i m = _mm512_max_epi32(bits, _mm512_set1_epi32(0x3C800000));  // 2^-6
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(m, 20), _mm512_set1_epi32(1));
+  const __m512i normal = _mm512_srli_epi32(
+      _mm512_add_epi32(_mm512_add_epi32(m, _mm512_set1_epi32((1 << 19) - 1 - (120 << 23))), lsb),
+      20);
+  const __m512i sub = _mm512_sub_epi32(
+      _mm512_castps_si512(_mm512_add_ps(q, _mm512_set1_ps(16384.0f))), _mm512_set1_epi32(0x46800000));
+  return _mm512_min_epi32(_mm512_min_epi32(normal, sub), _mm512_set1_epi32(0x7E));
+}
+
+// DEC_e4m3 of codes 0 .. 0x7E, exactly: the code placed in the f32 exponent
+// and mantissa fields is the value times 2^-120 (a subnormal f32 for codes
+// below 8), and the multiplication by 2^120 is exact.
+__m512 E4M3Values(__m512i codes) {
+  return _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(codes, 20)),
+                       _mm512_castsi512_ps(_mm512_set1_epi32(247 << 23)));
+}
+
+// The block scales and divisors (spec/CODEC.md 14.3 steps 4-5) of up to 16
+// blocks whose maxima are in bmax[0, count): codes to block_scales, divisors
+// to divisor[0, 16).
+[[gnu::always_inline]] inline void BlockScales(const float* bmax, size_t count, float scale, uint8_t* block_scales,
+                 float* divisor) {
+  const __mmask16 k = static_cast<__mmask16>((1u << count) - 1u);
+  const __m512 s = _mm512_set1_ps(scale);
+  const __m512 relative = _mm512_div_ps(_mm512_maskz_loadu_ps(k, bmax), s);
+  const __m512i codes = E4M3Codes(_mm512_div_ps(relative, _mm512_set1_ps(kE2M1Max)));
+  _mm_mask_storeu_epi8(block_scales, k, _mm512_cvtepi32_epi8(codes));
+  _mm512_storeu_ps(divisor, _mm512_mul_ps(E4M3Values(codes), s));
+}
+
+template <Dtype kDt>
+bool QuantizeRowT(const void* src, size_t n, uint8_t* packed, uint8_t* block_scales,
+                  float* row_scale) {
+  // Pass 1: finiteness, the row's amax.
+  const __m512i exp_mask = _mm512_set1_epi32(0x7F800000);
+  __m512 vmax = _mm512_setzero_ps();
+  __mmask16 bad = 0;
+  for (size_t i = 0; i < n; i += kBlock) {
+    const __m512 v = Load16<kDt>(src, i);
+    bad |= _mm512_cmpeq_epi32_mask(_mm512_and_si512(_mm512_castps_si512(v), exp_mask), exp_mask);
+    vmax = _mm512_max_ps(vmax, _mm512_and_ps(v, kAbsMask));
+  }
+  if (bad != 0) return false;
+  const float scale = RowScale(_mm512_reduce_max_ps(vmax));
+  *row_scale = scale;
+  // Pass 2, 16 blocks at a time: their scales, then their codes.
+  const size_t blocks = n / kBlock;
+  alignas(64) float divisor[16];
+  __m512 v[16];
+  for (size_t g = 0; g < blocks; g += 16) {
+    const size_t count = blocks - g < 16 ? blocks - g : 16;
+    for (size_t j = 0; j < 16; ++j) {
+      v[j] = j < count ? Load16<kDt>(src, (g + j) * kBlock) : _mm512_setzero_ps();
+    }
+    __m512 mags[16];
+    for (size_t j = 0; j < 16; ++j) mags[j] = _mm512_and_ps(v[j], kAbsMask);
+    alignas(64) float bmax[16];
+    _mm512_store_ps(bmax, BlockMaxima(mags));
+    BlockScales(bmax, count, scale, block_scales + g, divisor);
+    for (size_t j = 0; j < count; ++j) {
+      __m512i codes;
+      if (divisor[j] == 0.0f) {
+        // A zero block scale: signed zeros (spec/CODEC.md 14.3 step 6).
+        codes = _mm512_slli_epi32(_mm512_srli_epi32(_mm512_castps_si512(v[j]), 31), 3);
+      } else {
+        codes = EncodeE2M1x16(_mm512_div_ps(v[j], _mm512_set1_ps(divisor[j])));
+      }
+      StorePacked(packed + (g + j) * kBlock / 2, codes);
+    }
+  }
+  return true;
+}
+
+bool QuantizeRowAvx512(Dtype src_dtype, const void* src, size_t n, uint8_t* packed,
+                       uint8_t* block_scales, float* row_scale, float* /*scratch*/) {
+  switch (src_dtype) {
+    case Dtype::kBF16:
+      return QuantizeRowT<Dtype::kBF16>(src, n, packed, block_scales, row_scale);
+    case Dtype::kF16:
+      return QuantizeRowT<Dtype::kF16>(src, n, packed, block_scales, row_scale);
+    default:
+      return QuantizeRowT<Dtype::kF32>(src, n, packed, block_scales, row_scale);
+  }
+}
+
+// Stores 16 f32 values as kDt, rounded to nearest even (spec/CODEC.md 5.1).
+// clamp: +-Inf and values beyond the dtype's range become its +-max finite
+// (needed only for rows whose scale is large, see DequantizeRowT).
+template <Dtype kDt>
+void Store16(void* dst, size_t i, __m512 v, bool clamp) {
+  if constexpr (kDt == Dtype::kF32) {
+    if (clamp) {
+      const __m512 sign = _mm512_andnot_ps(kAbsMask, v);
+      v = _mm512_or_ps(_mm512_min_ps(_mm512_and_ps(v, kAbsMask), _mm512_set1_ps(FLT_MAX)), sign);
+    }
+    _mm512_storeu_ps(static_cast<float*>(dst) + i, v);
+  } else if constexpr (kDt == Dtype::kBF16) {
+    const __m512i bits = _mm512_castps_si512(v);
+    const __m512i sign = _mm512_andnot_si512(_mm512_castps_si512(kAbsMask), bits);
+    __m512i mag = _mm512_and_si512(bits, _mm512_castps_si512(kAbsMask));
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(mag, 16), _mm512_set1_epi32(1));
+    mag = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(mag, _mm512_set1_epi32(0x7FFF)), lsb), 16);
+    if (clamp) mag = _mm512_min_epi32(mag, _mm512_set1_epi32(0x7F7F));
+    const __m512i h = _mm512_or_si512(mag, _mm512_srli_epi32(sign, 16));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(dst) + i),
+                        _mm512_cvtepi32_epi16(h));
+  } else {
+    if (clamp) {
+      const __m512 sign = _mm512_andnot_ps(kAbsMask, v);
+      v = _mm512_or_ps(_mm512_min_ps(_mm512_and_ps(v, kAbsMask), _mm512_set1_ps(65504.0f)), sign);
+    }
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(dst) + i),
+                        _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+}
+
+template <Dtype kDt>
+void DequantizeRowT(const uint8_t* packed, const uint8_t* block_scales, float row_scale, size_t n,
+                    void* out) {
+  const __m512 table = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f,
+                                      -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f);
+  // Every decoded magnitude is at most 6 * 448 * row_scale (rounded): below
+  // a quarter of the dtype's largest value nothing needs clamping.
+  const double top = 2688.0 * static_cast<double>(row_scale);
+  const double limit = kDt == Dtype::kF16 ? 65504.0 : static_cast<double>(FLT_MAX);
+  const bool clamp = top > limit / 4;
+  const size_t blocks = n / kBlock;
+  alignas(64) float divisor[16];
+  const __m512 s = _mm512_set1_ps(row_scale);
+  for (size_t g = 0; g < blocks; g += 16) {
+    const size_t count = blocks - g < 16 ? blocks - g : 16;
+    const __mmask16 k = static_cast<__mmask16>((1u << count) - 1u);
+    const __m512i codes = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(k, block_scales + g));
+    _mm512_store_ps(divisor, _mm512_mul_ps(E4M3Values(codes), s));
+    for (size_t j = 0; j < count; ++j) {
+      const size_t b = g + j;
+      uint64_t eight;
+      std::memcpy(&eight, packed + b * kBlock / 2, 8);
+      // Byte j -> 64-bit lane j; its high nibble moved to bits 32-35.
+      const __m512i q = _mm512_cvtepu8_epi64(_mm_cvtsi64_si128(static_cast<long long>(eight)));
+      const __m512i idx = _mm512_or_si512(_mm512_slli_epi64(_mm512_srli_epi64(q, 4), 32), q);
+      const __m512 v = _mm512_mul_ps(_mm512_permutexvar_ps(idx, table), _mm512_set1_ps(divisor[j]));
+      Store16<kDt>(out, b * kBlock, v, clamp);
+    }
+  }
+}
+
+void DequantizeRowAvx512(const uint8_t* packed, const uint8_t* block_scales, float row_scale,
+                         size_t n, Dtype dst_dtype, void* out, float* /*scratch*/) {
+  switch (dst_dtype) {
+    case Dtype::kBF16:
+      return DequantizeRowT<Dtype::kBF16>(packed, block_scales, row_scale, n, out);
+    case Dtype::kF16:
+      return DequantizeRowT<Dtype::kF16>(packed, block_scales, row_scale, n, out);
+    default:
+      return DequantizeRowT<Dtype::kF32>(packed, block_scales, row_scale, n, out);
+  }
+}
+
+}  // namespace
+
+const Kernels kAvx512Kernels = {QuantizeRowAvx512, DequantizeRowAvx512};
+
+}  // namespace kvfile::codec::nvfp4::internal

@@ -1,0 +1,22 @@
+// SPDX-License-Identifier: Apache-2.0
+// The row check of spec/CODEC.md section 8 (see row_check.h).
+
+#include "codec/row_check.h"
+
+namespace kvfile::codec {
+
+RowCheck CheckRows(Dtype dtype, const void* data, const float* scales, size_t rows, size_t width) {
+  const size_t elems = rows * width;
+  if (dtype != Dtype::kE4M3 && dtype != Dtype::kE5M2) {
+    const size_t bad = FindNonFinite(dtype, data, elems);
+    if (bad < elems) return {RowFault::kNonFiniteValue, bad / width};
+    return {};
+  }
+  const size_t bad = FindInvalidCode(dtype, static_cast<const uint8_t*>(data), elems);
+  if (bad < elems) return {RowFault::kNonFiniteCode, bad / width};
+  const size_t bad_scale = FindInvalidScale(scales, rows);
+  if (bad_scale < rows) return {RowFault::kInvalidScale, bad_scale};
+  return {};
+}
+
+}  // namespace kvfile::codec

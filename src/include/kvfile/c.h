@@ -1,0 +1,388 @@
+// SPDX-License-Identifier: Apache-2.0
+/* The kvfile C API: create, append to, read and verify .kv files from C.
+ *
+ * Plain C99 (usable from C++ too): opaque handles, fixed-size structs, no
+ * C++ header. It is a thin layer over the C++ Writer, Reader and VerifyFile
+ * (kvfile/writer.h, reader.h, verify.h), whose comments state the full
+ * semantics (durability, recovery on open, validation of every read).
+ *
+ * Errors: every function returns a kvfile_status; KVFILE_OK (0) is success.
+ * After a failure, kvfile_last_error() gives one readable line saying what
+ * and where. No C++ exception ever leaves a function of this API: an
+ * allocation failure is KVFILE_OUT_OF_MEMORY, anything else unexpected
+ * KVFILE_INTERNAL.
+ *
+ * Threads: a handle may be used by one thread at a time; different handles
+ * may be used concurrently. kvfile_last_error() is per thread.
+ *
+ * Shapes: rows of one (layer, stream) for a range of tokens are laid out
+ * [tokens][rows_per_token][row_width], row after row; fp8 codes are one byte
+ * per element and come with one f32 scale per row, [tokens][rows_per_token].
+ *
+ * Enum ranges: each enum ends with two *_RANGE_MIN_/_MAX_ entries that are
+ * not values to use. They make the enum span every int in C and in C++, so
+ * that a value outside the listed ones, which C lets a caller store, is
+ * still a valid object for the library (in C++ an enum only holds the
+ * values its enumerators need) and is refused as KVFILE_INVALID_ARGUMENT.
+ */
+#ifndef KVFILE_C_H_
+#define KVFILE_C_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvfile/export.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- Status codes ------------------------------------------------------- */
+
+/* The first group mirrors kvfile::Status::Code value for value (the data is
+ * at fault: CORRUPTION, MISMATCH, NON_FINITE, UNSUPPORTED; the caller or the
+ * environment: the rest). The last three exist only in the C API. */
+typedef enum kvfile_status {
+  KVFILE_OK = 0,
+  KVFILE_CORRUPTION = 1,       /* the file's bytes are damaged or not a kvfile */
+  KVFILE_MISMATCH = 2,         /* valid file, other model or geometry than expected */
+  KVFILE_NON_FINITE = 3,       /* input rows hold NaN or Inf */
+  KVFILE_INVALID_ARGUMENT = 4, /* the caller asked for something impossible */
+  KVFILE_NOT_FOUND = 5,        /* a path does not exist */
+  KVFILE_IO_ERROR = 6,         /* the operating system refused (EIO, ENOSPC, ...) */
+  KVFILE_UNSUPPORTED = 7,      /* a version or feature this build cannot handle */
+  KVFILE_BUSY = 8,             /* another writer holds the file */
+  KVFILE_FAILED = 9,           /* the handle is unusable after an earlier fatal error */
+  KVFILE_BUFFER_TOO_SMALL = 100, /* a caller's buffer cannot hold the result */
+  KVFILE_OUT_OF_MEMORY = 101,    /* an allocation failed */
+  KVFILE_INTERNAL = 102,         /* an unexpected failure inside the library */
+  KVFILE_STATUS_RANGE_MIN_ = -0x7FFFFFFF - 1, /* not codes: see "Enum ranges" above */
+  KVFILE_STATUS_RANGE_MAX_ = 0x7FFFFFFF
+} kvfile_status;
+
+/* The message of the last failed call made by this thread ("" if none has
+ * failed yet). Successful calls leave it as it is. The pointer stays valid
+ * until this thread's next failing kvfile call; never NULL; do not free. */
+KVFILE_EXPORT const char* kvfile_last_error(void);
+
+/* A short constant name for a status ("ok", "corruption", "buffer too
+ * small", ...); "unknown" for a value outside the enum. Static storage. */
+KVFILE_EXPORT const char* kvfile_status_name(kvfile_status status);
+
+/* ---- Geometry ------------------------------------------------------------ */
+
+/* Storage (and read) dtypes; the values are those written to disk. */
+typedef enum kvfile_dtype {
+  KVFILE_E4M3 = 1, /* fp8 e4m3 code per element + one f32 scale per row */
+  KVFILE_E5M2 = 2, /* fp8 e5m2 code per element + one f32 scale per row */
+  KVFILE_BF16 = 3, /* bfloat16, as uint16_t bit patterns */
+  KVFILE_F16 = 4,  /* IEEE binary16, as uint16_t bit patterns */
+  KVFILE_F32 = 5,  /* IEEE binary32, as float */
+  KVFILE_DTYPE_RANGE_MIN_ = -0x7FFFFFFF - 1, /* not dtypes: see "Enum ranges" above */
+  KVFILE_DTYPE_RANGE_MAX_ = 0x7FFFFFFF
+} kvfile_dtype;
+
+#define KVFILE_MAX_STREAMS 16           /* streams per file (spec/FORMAT.md, "Limits") */
+#define KVFILE_STREAM_NAME_CAPACITY 32  /* at most 31 bytes + NUL */
+#define KVFILE_MODEL_ID_CAPACITY 256    /* at most 255 bytes + NUL */
+#define KVFILE_MESSAGE_CAPACITY 512     /* kvfile_verify_result.first_message */
+
+/* One stream of every layer: rows_per_token rows of row_width elements per
+ * token, stored as dtype. name: NUL-terminated, [a-z0-9_.-]{1,31}. */
+typedef struct kvfile_stream {
+  char name[KVFILE_STREAM_NAME_CAPACITY];
+  uint32_t rows_per_token;
+  uint32_t row_width;
+  kvfile_dtype dtype;
+} kvfile_stream;
+
+/* What a file stores per token: `layers` layers of the streams
+ * streams[0, stream_count). */
+typedef struct kvfile_geometry {
+  uint32_t layers;
+  uint32_t stream_count;
+  kvfile_stream streams[KVFILE_MAX_STREAMS];
+} kvfile_geometry;
+
+/* Fills *out with a named preset ("llama-3.1-8b", "qwen2.5-7b",
+ * "deepseek-v3", "dsa-mixed", "tiny"); its fp8 streams use fp8_dtype
+ * (KVFILE_E4M3 or KVFILE_E5M2). KVFILE_INVALID_ARGUMENT for an unknown name
+ * (the message lists the known ones) or a dtype that is not fp8. */
+KVFILE_EXPORT kvfile_status kvfile_preset(const char* name, kvfile_dtype fp8_dtype, kvfile_geometry* out);
+
+/* Bytes of one element of a dtype as stored and as read (1, 2 or 4); 0 for
+ * a value outside the enum. */
+KVFILE_EXPORT size_t kvfile_dtype_size(kvfile_dtype dtype);
+
+/* ---- Writing ------------------------------------------------------------- */
+
+typedef struct kvfile_writer kvfile_writer; /* opaque */
+
+/* When appended tokens become durable (spec/RECOVERY.md, "Sync modes"). */
+typedef enum kvfile_sync_mode {
+  KVFILE_SYNC_CLOSE = 0, /* kvfile_writer_close makes everything durable (default) */
+  KVFILE_SYNC_CHUNK = 1, /* every chunk is durable before its append returns */
+  KVFILE_SYNC_NONE = 2,  /* only an explicit kvfile_writer_sync makes data durable */
+  KVFILE_SYNC_RANGE_MIN_ = -0x7FFFFFFF - 1, /* not modes: see "Enum ranges" above */
+  KVFILE_SYNC_RANGE_MAX_ = 0x7FFFFFFF
+} kvfile_sync_mode;
+
+/* Writer options; an all-zero struct (or NULL) means the defaults. */
+typedef struct kvfile_writer_options {
+  uint32_t chunk_tokens;     /* tokens per chunk, 1..65536; 0: 256. Create only */
+  kvfile_sync_mode sync;     /* default KVFILE_SYNC_CLOSE */
+  int overwrite;             /* nonzero: create replaces an existing file at once with the new,
+                                empty one (spec/RECOVERY.md, section 7) */
+} kvfile_writer_options;
+
+/* Creates `path` for the given geometry and model identity (model_id: a
+ * NUL-terminated string of at most 255 bytes, NULL for ""; fingerprint:
+ * any value the caller uses to tell models apart) and opens it for
+ * appending. options may be NULL. On success *out owns a new writer, to be
+ * released with kvfile_writer_close; on failure *out is NULL. Fails with
+ * KVFILE_INVALID_ARGUMENT if the file exists and options->overwrite is 0,
+ * or if the geometry breaks the format's limits. */
+KVFILE_EXPORT kvfile_status kvfile_writer_create(const char* path, const kvfile_geometry* geometry,
+                                   const char* model_id, uint64_t fingerprint,
+                                   const kvfile_writer_options* options, kvfile_writer** out);
+
+/* Opens an existing file to append to it. First finishes what a crash left
+ * (cuts a torn tail, commits whole chunks) and upgrades a v1 file to v2.
+ * KVFILE_BUSY if another writer holds it. options may be NULL (chunk_tokens
+ * and overwrite are ignored). *out as for kvfile_writer_create. */
+KVFILE_EXPORT kvfile_status kvfile_writer_open(const char* path, const kvfile_writer_options* options,
+                                 kvfile_writer** out);
+
+/* The rows of one (layer, stream) for the tokens of one append.
+ * dtype KVFILE_BF16, KVFILE_F16 or KVFILE_F32: `data` holds
+ *   tokens * rows_per_token * row_width values, and `scales` must be NULL;
+ *   the writer quantizes them (or stores them, for a raw stream).
+ * dtype equal to the stream's own fp8 dtype: `data` holds that many codes
+ *   (one byte each) and `scales` tokens * rows_per_token positive finite
+ *   f32 scales: stored exactly as given. */
+typedef struct kvfile_rows {
+  kvfile_dtype dtype;
+  const void* data;
+  const float* scales;
+} kvfile_rows;
+
+/* Appends token_count tokens: their ids, and for every layer and stream a
+ * kvfile_rows, blocks[layer * stream_count + stream]; block_count must be
+ * layers * stream_count. Everything is validated first: a NaN or Inf row, a
+ * wrong dtype or an invalid scale fails the whole append (KVFILE_NON_FINITE
+ * or KVFILE_INVALID_ARGUMENT, naming layer, stream, token and row) and
+ * nothing of it is written. The buffers are only read during the call. */
+KVFILE_EXPORT kvfile_status kvfile_writer_append(kvfile_writer* writer, const uint32_t* tokens,
+                                   size_t token_count, const kvfile_rows* blocks,
+                                   size_t block_count);
+
+/* Writes what is staged and makes every appended token durable. */
+KVFILE_EXPORT kvfile_status kvfile_writer_sync(kvfile_writer* writer);
+
+/* Keeps the first n tokens and drops the rest, durably (n at most the token
+ * count, else KVFILE_INVALID_ARGUMENT). */
+KVFILE_EXPORT kvfile_status kvfile_writer_rewind(kvfile_writer* writer, uint64_t n);
+
+/* Number of leading tokens the file shares with prompt[0, prompt_count):
+ * how much of a cached session a new prompt can reuse. */
+KVFILE_EXPORT kvfile_status kvfile_writer_common_prefix(const kvfile_writer* writer, const uint32_t* prompt,
+                                          size_t prompt_count, uint64_t* out);
+
+/* Tokens appended so far (staged ones included). */
+KVFILE_EXPORT kvfile_status kvfile_writer_token_count(const kvfile_writer* writer, uint64_t* out);
+
+/* Writes what is staged, syncs unless the mode is KVFILE_SYNC_NONE, and
+ * releases the writer, whatever the result (the handle is invalid after).
+ * NULL is a no-op returning KVFILE_OK. */
+KVFILE_EXPORT kvfile_status kvfile_writer_close(kvfile_writer* writer);
+
+/* ---- Reading ------------------------------------------------------------- */
+
+typedef struct kvfile_reader kvfile_reader; /* opaque */
+
+/* Opens a .kv file (v1 or v2) for reading: checks the header, the commit
+ * record and every chunk head; row payloads are checked when read. On
+ * success *out owns a new reader, to be released with kvfile_reader_close;
+ * on failure *out is NULL. */
+KVFILE_EXPORT kvfile_status kvfile_reader_open(const char* path, kvfile_reader** out);
+
+/* Releases a reader. NULL is a no-op. */
+KVFILE_EXPORT void kvfile_reader_close(kvfile_reader* reader);
+
+/* Number of tokens in the file. */
+KVFILE_EXPORT kvfile_status kvfile_reader_token_count(const kvfile_reader* reader, uint64_t* out);
+
+/* Copies every token id into out[0, capacity). If capacity is smaller than
+ * the token count, copies nothing and returns KVFILE_BUFFER_TOO_SMALL.
+ * *count (may be NULL) receives the token count either way. */
+KVFILE_EXPORT kvfile_status kvfile_reader_tokens(const kvfile_reader* reader, uint32_t* out, size_t capacity,
+                                   size_t* count);
+
+/* Number of leading tokens the file shares with prompt[0, prompt_count). */
+KVFILE_EXPORT kvfile_status kvfile_reader_common_prefix(const kvfile_reader* reader, const uint32_t* prompt,
+                                          size_t prompt_count, uint64_t* out);
+
+/* Rows of (layer, stream) for tokens [begin, end), decoded into dst as
+ * out_dtype (KVFILE_BF16, KVFILE_F16 or KVFILE_F32). dst_bytes is the size
+ * of dst; it must be at least (end - begin) * rows_per_token * row_width *
+ * kvfile_dtype_size(out_dtype), else KVFILE_BUFFER_TOO_SMALL. Every byte
+ * read is checked first: a failed read leaves dst untouched. */
+KVFILE_EXPORT kvfile_status kvfile_reader_read_rows(kvfile_reader* reader, uint32_t layer, uint32_t stream,
+                                      uint64_t begin, uint64_t end, kvfile_dtype out_dtype,
+                                      void* dst, size_t dst_bytes);
+
+/* The fp8 codes and scales of (layer, stream) for tokens [begin, end):
+ * codes_bytes must be at least (end - begin) * rows_per_token * row_width
+ * and scale_count at least (end - begin) * rows_per_token, else
+ * KVFILE_BUFFER_TOO_SMALL. A raw stream of a v2 file has no codes
+ * (KVFILE_INVALID_ARGUMENT: read it with kvfile_reader_read_rows); the raw
+ * rows of a v1 file are quantized on the fly as e4m3, exactly as an upgrade
+ * to v2 stores them. A failed read leaves both buffers untouched. */
+KVFILE_EXPORT kvfile_status kvfile_reader_read_codes(kvfile_reader* reader, uint32_t layer, uint32_t stream,
+                                       uint64_t begin, uint64_t end, uint8_t* codes,
+                                       size_t codes_bytes, float* scales, size_t scale_count);
+
+/* One destination of kvfile_reader_read_many: the rows of (layer, stream),
+ * decoded, laid out as for kvfile_reader_read_rows; dst_bytes is the size
+ * of dst. */
+typedef struct kvfile_rows_target {
+  uint32_t layer;
+  uint32_t stream;
+  void* dst;
+  size_t dst_bytes;
+} kvfile_rows_target;
+
+/* Bulk read: the rows of every target for tokens [begin, end), decoded as
+ * out_dtype (KVFILE_BF16, KVFILE_F16 or KVFILE_F32), in one call: what an
+ * engine resuming a session does (pass every (layer, stream) pair). The
+ * file is read chunk by chunk by `threads` worker threads inside the call
+ * (0: as many as the machine has cores; the library caps them at 16 and at
+ * the number of chunks). Every target is checked before anything is read
+ * (range, layer, stream, KVFILE_BUFFER_TOO_SMALL for a short buffer). Data
+ * is checked chunk by chunk: on a failure every destination is zero-filled
+ * (no partly decoded data is left) and the message names the first failing
+ * chunk. */
+KVFILE_EXPORT kvfile_status kvfile_reader_read_many(kvfile_reader* reader, uint64_t begin, uint64_t end,
+                                      kvfile_dtype out_dtype, const kvfile_rows_target* targets,
+                                      size_t target_count, unsigned threads);
+
+/* One destination of kvfile_reader_read_codes_many: codes and scales of
+ * (layer, stream), laid out as for kvfile_reader_read_codes. */
+typedef struct kvfile_codes_target {
+  uint32_t layer;
+  uint32_t stream;
+  uint8_t* codes;
+  size_t codes_bytes;
+  float* scales;
+  size_t scale_count;
+} kvfile_codes_target;
+
+/* Bulk read of fp8 codes and scales: kvfile_reader_read_codes for every
+ * target, with the threads and the failure contract of
+ * kvfile_reader_read_many (a raw stream of a v2 file: KVFILE_INVALID_ARGUMENT;
+ * a v1 file's rows are quantized as e4m3). */
+KVFILE_EXPORT kvfile_status kvfile_reader_read_codes_many(kvfile_reader* reader, uint64_t begin, uint64_t end,
+                                            const kvfile_codes_target* targets, size_t target_count,
+                                            unsigned threads);
+
+/* What kvfile_reader_info reports. */
+typedef struct kvfile_info {
+  uint16_t major_version;             /* 1 or 2 */
+  uint16_t minor_version;
+  char model_id[KVFILE_MODEL_ID_CAPACITY]; /* NUL-terminated */
+  uint64_t fingerprint;
+  kvfile_geometry geometry;           /* dtype per stream in geometry.streams[i].dtype */
+  uint64_t tokens;
+  uint64_t chunks;
+  uint32_t nominal_chunk_tokens;      /* the writer's tokens per chunk */
+  uint64_t bytes;                     /* file size */
+  uint64_t torn_tail_bytes;           /* bytes after the last valid chunk */
+  int damage_before_end;              /* 1: a valid chunk follows the tail (run kvfile_verify) */
+  /* 1: the file ends inside its committed data (cut short): the reader
+   * returns the whole chunks before the cut; kvfile_verify reports an
+   * error and a writable open refuses the file. What is gone: */
+  int committed_data_missing;
+  uint64_t committed_tokens_missing;
+  uint64_t committed_bytes_missing;
+} kvfile_info;
+
+/* Fills *out with the file's versions, identity, geometry and sizes. */
+KVFILE_EXPORT kvfile_status kvfile_reader_info(const kvfile_reader* reader, kvfile_info* out);
+
+/* ---- Verifying ----------------------------------------------------------- */
+
+typedef struct kvfile_verify_result {
+  int ok;                  /* 1: no errors (warnings allowed), 0: errors */
+  uint64_t errors;         /* damage found */
+  uint64_t warnings;       /* a torn tail (what a crash leaves) */
+  uint16_t major_version;  /* 0 if the header was unreadable */
+  uint16_t minor_version;
+  uint64_t tokens;
+  uint64_t chunks;
+  uint64_t bytes;
+  uint64_t torn_tail_bytes;
+  /* The first finding (error or warning), NUL-terminated, cut to fit; "" if
+   * there is none. */
+  char first_message[KVFILE_MESSAGE_CAPACITY];
+} kvfile_verify_result;
+
+/* Checks every checksum, the structure and every code and scale of `path`
+ * without modifying it (quick nonzero: headers and structure only). Returns
+ * KVFILE_OK when the file could be examined, whatever it holds (damage is
+ * reported in *out); an error only when it cannot be examined at all
+ * (missing, permission, I/O error). */
+KVFILE_EXPORT kvfile_status kvfile_verify(const char* path, int quick, kvfile_verify_result* out);
+
+/* ---- The seeds' formats ---------------------------------------------------
+ * Mooncake FP8 codec records (version 1) and colibri .coli_kv sessions;
+ * kvfile/mooncake.h and kvfile/coli_kv.h state the full rules, and
+ * docs/formats.md how they map to .kv files. */
+
+/* A Mooncake record's descriptor: source_dtype 1 (fp16) or 2 (bf16), rank
+ * 1..8 dimensions in shape[0, rank), group_size elements per scale. */
+typedef struct kvfile_mooncake_desc {
+  uint8_t source_dtype;
+  uint8_t rank;
+  uint32_t group_size;
+  uint64_t shape[8];
+} kvfile_mooncake_desc;
+
+/* Bytes of a record of *desc (KVFILE_INVALID_ARGUMENT for a descriptor the
+ * format cannot hold). */
+KVFILE_EXPORT kvfile_status kvfile_mooncake_record_size(const kvfile_mooncake_desc* desc, size_t* bytes);
+
+/* Mooncake's encoder: `values` holds the tensor's n elements as fp16 or bf16
+ * bit patterns (desc->source_dtype); writes the record into out[0, capacity)
+ * and its size into *size. KVFILE_NON_FINITE for a NaN or infinity,
+ * KVFILE_BUFFER_TOO_SMALL if capacity is less than the record; out is
+ * untouched on failure. */
+KVFILE_EXPORT kvfile_status kvfile_mooncake_encode(const kvfile_mooncake_desc* desc, const uint16_t* values, uint8_t* out,
+                                     size_t capacity, size_t* size);
+
+/* Checks a record (magic, version, reserved field, CRC, descriptor, size,
+ * scales finite and > 0, no NaN code: KVFILE_CORRUPTION naming the rule)
+ * and decodes it into dst[0, n) as its source dtype; *desc receives the
+ * descriptor. dst NULL with dst_count 0 only checks and fills *desc.
+ * KVFILE_BUFFER_TOO_SMALL if dst_count < n. Nothing is written to dst
+ * unless every check passed. */
+KVFILE_EXPORT kvfile_status kvfile_mooncake_decode(const uint8_t* record, size_t record_bytes, kvfile_mooncake_desc* desc,
+                                     uint16_t* dst, size_t dst_count);
+
+/* Imports a colibri session (COLIKV1 or COLIKV2) as a new .kv file at
+ * kv_path (which must not exist): streams latent, rope (e4m3) and indexer
+ * (f32). Bad data: KVFILE_CORRUPTION or KVFILE_UNSUPPORTED; kv_path is then
+ * removed. */
+KVFILE_EXPORT kvfile_status kvfile_coli_import(const char* coli_path, const char* kv_path);
+
+/* Writes a .kv file of colibri's geometry as a COLIKV2 session at
+ * coli_path (created; it must not exist), codes and scales as stored.
+ * vocab: the model's vocabulary size for the header, 0 to take it from a
+ * model id "coli_kv:vocab=N". Another geometry, or ids outside the
+ * vocabulary: KVFILE_INVALID_ARGUMENT with the reason, nothing written. */
+KVFILE_EXPORT kvfile_status kvfile_coli_export(const char* kv_path, const char* coli_path, uint32_t vocab);
+
+#ifdef __cplusplus
+}  /* extern "C" */
+#endif
+
+#endif  /* KVFILE_C_H_ */

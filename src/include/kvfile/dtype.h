@@ -1,0 +1,34 @@
+// SPDX-License-Identifier: Apache-2.0
+// kvfile::Dtype: the one element type of the library. It names a stream's
+// storage dtype (the value is the byte written to disk, spec/FORMAT.md), the
+// dtype rows are read or written as, and, as kE4M3 or kE5M2, the fp8 kind of
+// the codec (kvfile/codec.h). The C API's kvfile_dtype has the same values.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kvfile/export.h"
+
+namespace kvfile {
+
+enum class Dtype : uint8_t {
+  kE4M3 = 1,  // fp8 e4m3 code per element + one f32 scale per row
+  kE5M2 = 2,  // fp8 e5m2 code per element + one f32 scale per row
+  kBF16 = 3,  // raw bfloat16 (uint16_t bit patterns in memory)
+  kF16 = 4,   // raw IEEE binary16 (uint16_t bit patterns in memory)
+  kF32 = 5,   // raw IEEE binary32
+};
+
+// True for the byte values of a Dtype (1..5).
+inline constexpr bool IsValidDtype(uint8_t v) { return v >= 1 && v <= 5; }
+// kE4M3 and kE5M2: stored as codes plus one scale per row.
+inline constexpr bool IsFp8(Dtype d) { return d == Dtype::kE4M3 || d == Dtype::kE5M2; }
+// Bytes per stored element (an fp8 code is one byte; scales not counted).
+inline constexpr size_t ElementSize(Dtype d) {
+  return d == Dtype::kF32 ? 4 : (d == Dtype::kBF16 || d == Dtype::kF16) ? 2 : 1;
+}
+// "e4m3", "e5m2", "bf16", "f16", "f32" ("invalid" for another value).
+KVFILE_EXPORT const char* DtypeName(Dtype d);
+
+}  // namespace kvfile

@@ -1,0 +1,142 @@
+// SPDX-License-Identifier: Apache-2.0
+// llama.cpp state files (llama_state_seq_save_file: magic 'ggsq'; and
+// llama_state_save_file: magic 'ggsn'): a checked parser of their layout, row
+// decoding and encoding for the cache types kvfile handles (f32, f16, bf16,
+// q8_0), the provenance kvfile keeps in an imported file's model id, and a
+// writer of new state files. The layout is described in docs/llama.md.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kvfile/export.h"
+#include "kvfile/file.h"
+#include "kvfile/status.h"
+
+namespace kvfile::llama {
+
+// ggml type ids of the cache types handled.
+enum class CacheType : int32_t { kF32 = 0, kF16 = 1, kQ8_0 = 8, kBF16 = 30 };
+
+enum class FileKind { kSequence, kSession };
+
+KVFILE_EXPORT const char* CacheTypeName(CacheType t);
+KVFILE_EXPORT std::optional<CacheType> CacheTypeFromName(std::string_view name);
+KVFILE_EXPORT bool IsQuantized(CacheType t);
+// Bytes of one row of `width` values (q8_0: width must be a multiple of 32).
+KVFILE_EXPORT uint64_t RowBytes(CacheType t, uint64_t width);
+// One row of `width` values: decoded to f32, or encoded from f32 the way
+// ggml's reference conversion does (round to nearest even; q8_0 blocks of
+// 32 values with an f16 scale max|x|/127).
+KVFILE_EXPORT void DecodeRow(CacheType t, const uint8_t* src, uint64_t width, float* out);
+KVFILE_EXPORT void EncodeRow(CacheType t, const float* src, uint64_t width, uint8_t* out);
+
+// True if the first 4 bytes are one of the two magics.
+KVFILE_EXPORT bool HasStateMagic(const uint8_t* first4);
+
+// Where the data of one layer's K or V lies in a state file.
+struct KVFILE_EXPORT LayerBlock {
+  CacheType type = CacheType::kF16;
+  uint64_t offset = 0;  // first byte of the rows (after the layer's own header)
+};
+
+// The parsed layout of a state file holding one sequence: exactly one
+// non-empty cache stream whose cells hold positions first_pos,
+// first_pos+1, ... of one sequence id, one cell per token id.
+struct KVFILE_EXPORT StateLayout {
+  FileKind kind = FileKind::kSequence;
+  uint32_t version = 0;
+  std::string arch;  // session files only
+  std::vector<uint32_t> tokens;
+  uint32_t n_stream = 1;  // cache streams in the file
+  uint32_t stream = 0;    // the non-empty one
+  int32_t seq_id = 0;
+  int32_t first_pos = 0;
+  uint32_t cells = 0;
+  bool v_trans = false;
+  uint32_t layers = 0;
+  uint32_t k_width = 0;  // values per cell and layer (KV heads x head size)
+  uint32_t v_width = 0;
+  std::vector<LayerBlock> k, v;
+  uint64_t file_size = 0;
+};
+
+// Parses and checks the whole layout (every count and size against the
+// file's size, which the layout must fill exactly). Errors name `path`.
+KVFILE_EXPORT Status ParseState(File& file, const std::string& path, StateLayout* out);
+
+// Cells [c0, c1) of one layer's K or V as f32, [c1-c0][width].
+KVFILE_EXPORT Status ReadCells(File& file, const StateLayout& s, bool v, uint32_t layer, uint32_t c0, uint32_t c1, float* out);
+// The same as stored, [c1-c0][RowBytes] (little-endian values), for a block
+// that is not transposed V: false (nothing read) if it is.
+KVFILE_EXPORT bool IsRowMajor(const StateLayout& s, bool v);
+KVFILE_EXPORT Status ReadCellBytes(File& file, const StateLayout& s, bool v, uint32_t layer, uint32_t c0, uint32_t c1,
+                     uint8_t* out);
+
+// What an import keeps in the .kv model id, so that an export can write
+// the file back as llama.cpp had it. The model id is
+// "llama.cpp:" followed by space-separated key=value pairs (spec/FORMAT.md,
+// "Model ids of imported llama.cpp files").
+struct KVFILE_EXPORT Provenance {
+  FileKind kind = FileKind::kSequence;
+  uint32_t version = 0;
+  std::string arch;  // empty if unknown
+  CacheType k_type = CacheType::kF16;
+  CacheType v_type = CacheType::kF16;
+  bool v_trans = false;
+  uint32_t n_stream = 1;
+  uint32_t stream = 0;
+  int32_t seq_id = 0;
+  int32_t first_pos = 0;
+};
+KVFILE_EXPORT std::string FormatModelId(const Provenance& p);
+KVFILE_EXPORT std::optional<Provenance> ParseModelId(std::string_view model_id);
+
+// What a new state file holds.
+struct KVFILE_EXPORT WriteSpec {
+  FileKind kind = FileKind::kSequence;
+  std::string arch;  // session files
+  uint32_t n_stream = 1;
+  uint32_t stream = 0;
+  int32_t seq_id = 0;
+  int32_t first_pos = 0;
+  bool v_trans = false;
+  CacheType k_type = CacheType::kF16;
+  CacheType v_type = CacheType::kF16;
+  uint32_t layers = 0;
+  uint32_t k_width = 0;
+  uint32_t v_width = 0;
+};
+KVFILE_EXPORT Status CheckWriteSpec(const WriteSpec& w);
+// Size of the file WriteState produces for `tokens` tokens.
+KVFILE_EXPORT uint64_t StateFileSize(const WriteSpec& w, uint64_t tokens);
+
+// Writes a state file at the offsets StateFileSize implies: the caller
+// calls Header() once, then for every layer, K then (after all K layers)
+// V, Rows() with the cells in order, in blocks.
+class KVFILE_EXPORT StateWriter {
+ public:
+  StateWriter(File* file, WriteSpec spec, uint64_t tokens);
+  Status Header(const std::vector<uint32_t>& tokens);
+  // Cells [c0, c0+n) of one layer's K (v false) or V, [n][width] f32.
+  Status Rows(bool v, uint32_t layer, uint64_t c0, uint64_t n, const float* values);
+  // The same with rows already encoded in the cache type (not for a
+  // transposed V): n * RowBytes bytes.
+  Status RawRows(bool v, uint32_t layer, uint64_t c0, uint64_t n, const uint8_t* rows);
+
+ private:
+  uint64_t KOffset(uint32_t layer) const;
+  uint64_t VOffset(uint32_t layer) const;
+
+  File* file_;
+  WriteSpec spec_;
+  uint64_t cells_;
+  uint64_t meta_end_ = 0;  // where the layer data begins
+  std::vector<uint8_t> buf_;
+};
+
+}  // namespace kvfile::llama

@@ -1,0 +1,68 @@
+// SPDX-License-Identifier: Apache-2.0
+// Replacing a whole file atomically (spec/RECOVERY.md, "Replacing a file"):
+// what the kvfile CLI writes every output file through.
+//
+// A PendingReplace is made for a destination path before anything is
+// written. The caller writes the complete new file at temp_path() (in the
+// destination's directory) and closes it; Commit() then makes it durable,
+// takes the destination's writer lock, checks that the path still names
+// the file it named at the start, gives the new file the old one's mode,
+// owner and group, renames it over the destination and syncs the
+// directory. Until that rename the destination is exactly as it was; a
+// PendingReplace destroyed without a successful Commit() removes its
+// temporary file.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "kvfile/export.h"
+#include "kvfile/file.h"
+#include "kvfile/status.h"
+
+namespace kvfile {
+
+class KVFILE_EXPORT PendingReplace {
+ public:
+  // Prepares the replacement of `dest` (fs: nullptr for the default).
+  // A symlink is followed to its final target, which is what gets
+  // replaced (the link stays a link). Refuses, touching nothing, a
+  // destination that exists and is not a regular file. Removes the stale
+  // temporary files of earlier replacements of the same destination: those
+  // whose creating process is gone and that no process holds locked.
+  static Status Begin(const std::string& dest, FileSystem* fs, std::unique_ptr<PendingReplace>* out);
+
+  ~PendingReplace();
+  PendingReplace(const PendingReplace&) = delete;
+  PendingReplace& operator=(const PendingReplace&) = delete;
+
+  // Where the caller writes the new file (not created yet).
+  const std::string& temp_path() const { return temp_; }
+  // The path replaced: dest, with symlinks followed.
+  const std::string& target() const { return target_; }
+  // What the target was at Begin (exists == false: nothing there).
+  const PathInfo& original() const { return original_; }
+  // Stale temporary files Begin removed.
+  int removed_stale() const { return removed_stale_; }
+
+  // Replaces the destination with the file at temp_path(), which must be
+  // complete and closed. kBusy if a writer holds the destination or it was
+  // replaced, removed or created meanwhile; the destination is then
+  // unchanged. After a failure the temporary file is still removed by the
+  // destructor.
+  Status Commit();
+
+ private:
+  PendingReplace() = default;
+  Status RemoveStaleTemps();
+
+  FileSystem* fs_ = nullptr;
+  std::string dest_;
+  std::string target_;
+  std::string temp_;
+  PathInfo original_;
+  int removed_stale_ = 0;
+  bool committed_ = false;
+};
+
+}  // namespace kvfile

@@ -1,0 +1,601 @@
+// SPDX-License-Identifier: Apache-2.0
+// llama.cpp state files: parser, row codecs, provenance and writer (see
+// llama_state.h). Facts about the layout were read from llama.cpp v0.5.0
+// (src/llama-context.cpp, src/llama-kv-cache.cpp); no code of it is used.
+#include "kvfile/llama_state.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "kvfile/codec.h"
+#include "format/endian.h"
+
+namespace kvfile::llama {
+
+using codec::Bf16ToF32;
+using codec::F16ToF32;
+using codec::F32ToBf16;
+using codec::F32ToF16;
+
+namespace {
+
+// Wire constants.
+constexpr uint32_t kMagicSequence = 0x67677371;  // 'ggsq'
+constexpr uint32_t kMagicSession = 0x6767736e;   // 'ggsn'
+constexpr uint32_t kSequenceVersion = 3;
+constexpr uint32_t kSessionVersion = 10;
+constexpr uint64_t kQ8Block = 32;       // values per q8_0 block
+constexpr uint64_t kQ8BlockBytes = 34;  // f16 scale + 32 int8
+constexpr uint32_t kMaxLayers = 1024;   // the .kv limit; more is refused
+constexpr uint32_t kMaxStreams = 1024;
+constexpr size_t kMaxArch = 64;
+constexpr std::string_view kModelIdPrefix = "llama.cpp:";
+
+const char* KindName(FileKind k) { return k == FileKind::kSequence ? "llama.cpp sequence state" : "llama.cpp session"; }
+
+std::optional<CacheType> TypeFromId(int32_t id) {
+  switch (id) {
+    case 0: return CacheType::kF32;
+    case 1: return CacheType::kF16;
+    case 8: return CacheType::kQ8_0;
+    case 30: return CacheType::kBF16;
+    default: return std::nullopt;
+  }
+}
+
+uint32_t ElementBytes(CacheType t) {
+  switch (t) {
+    case CacheType::kF32: return 4;
+    case CacheType::kQ8_0: return static_cast<uint32_t>(kQ8BlockBytes);  // per block, as ggml_type_size
+    default: return 2;
+  }
+}
+
+// Values in a row of `bytes` bytes, or nullopt if no whole number of them.
+std::optional<uint64_t> WidthOf(CacheType t, uint64_t bytes) {
+  if (t == CacheType::kQ8_0) {
+    if (bytes == 0 || bytes % kQ8BlockBytes) return std::nullopt;
+    return bytes / kQ8BlockBytes * kQ8Block;
+  }
+  uint64_t e = ElementBytes(t);
+  if (bytes == 0 || bytes % e) return std::nullopt;
+  return bytes / e;
+}
+
+// Sequential reads through a buffer, every read checked against the size.
+class Cursor {
+ public:
+  Cursor(File& f, uint64_t size, const std::string& what) : f_(f), size_(size), what_(what) {}
+  uint64_t pos() const { return pos_; }
+  uint64_t left() const { return size_ - pos_; }
+  Status Read(void* dst, uint64_t n, const char* field) {
+    if (n > left())
+      return Status::Corruption(what_ + ": truncated: " + field + " at byte " + std::to_string(pos_) + " needs " +
+                                std::to_string(n) + " bytes, " + std::to_string(left()) + " are left");
+    auto* out = static_cast<uint8_t*>(dst);
+    while (n > 0) {
+      if (pos_ < buf_pos_ || pos_ >= buf_pos_ + buf_.size()) {
+        buf_.resize(static_cast<size_t>(std::min<uint64_t>(kBuf, left())));
+        buf_pos_ = pos_;
+        KVFILE_RETURN_IF_ERROR(f_.ReadAt(pos_, buf_.data(), buf_.size()));
+      }
+      uint64_t at = pos_ - buf_pos_;
+      uint64_t take = std::min<uint64_t>(n, buf_.size() - at);
+      std::memcpy(out, buf_.data() + at, static_cast<size_t>(take));
+      out += take;
+      pos_ += take;
+      n -= take;
+    }
+    return Status::OK();
+  }
+  Status U32(uint32_t* v, const char* field) {
+    uint8_t b[4];
+    KVFILE_RETURN_IF_ERROR(Read(b, 4, field));
+    *v = format::LoadU32(b);
+    return Status::OK();
+  }
+  Status I32(int32_t* v, const char* field) {
+    uint32_t u;
+    KVFILE_RETURN_IF_ERROR(U32(&u, field));
+    *v = static_cast<int32_t>(u);
+    return Status::OK();
+  }
+  Status U64(uint64_t* v, const char* field) {
+    uint8_t b[8];
+    KVFILE_RETURN_IF_ERROR(Read(b, 8, field));
+    *v = format::LoadU64(b);
+    return Status::OK();
+  }
+  Status Skip(uint64_t n, const char* field) {
+    if (n > left())
+      return Status::Corruption(what_ + ": truncated: " + field + " at byte " + std::to_string(pos_) + " needs " +
+                                std::to_string(n) + " bytes, " + std::to_string(left()) + " are left");
+    pos_ += n;
+    return Status::OK();
+  }
+
+ private:
+  static constexpr uint64_t kBuf = uint64_t{1} << 16;
+  File& f_;
+  uint64_t size_;
+  const std::string& what_;
+  uint64_t pos_ = 0;
+  uint64_t buf_pos_ = 0;
+  std::vector<uint8_t> buf_;
+};
+
+}  // namespace
+
+const char* CacheTypeName(CacheType t) {
+  switch (t) {
+    case CacheType::kF32: return "f32";
+    case CacheType::kF16: return "f16";
+    case CacheType::kQ8_0: return "q8_0";
+    case CacheType::kBF16: return "bf16";
+  }
+  return "?";
+}
+
+std::optional<CacheType> CacheTypeFromName(std::string_view name) {
+  for (CacheType t : {CacheType::kF32, CacheType::kF16, CacheType::kQ8_0, CacheType::kBF16})
+    if (name == CacheTypeName(t)) return t;
+  return std::nullopt;
+}
+
+bool IsQuantized(CacheType t) { return t == CacheType::kQ8_0; }
+
+uint64_t RowBytes(CacheType t, uint64_t width) {
+  if (t == CacheType::kQ8_0) return width / kQ8Block * kQ8BlockBytes;
+  return width * ElementBytes(t);
+}
+
+void DecodeRow(CacheType t, const uint8_t* src, uint64_t width, float* out) {
+  switch (t) {
+    case CacheType::kF32:
+      for (uint64_t i = 0; i < width; ++i) {
+        uint32_t u = format::LoadU32(src + 4 * i);
+        std::memcpy(&out[i], &u, 4);
+      }
+      return;
+    case CacheType::kF16:
+      for (uint64_t i = 0; i < width; ++i) out[i] = F16ToF32(format::LoadU16(src + 2 * i));
+      return;
+    case CacheType::kBF16:
+      for (uint64_t i = 0; i < width; ++i) out[i] = Bf16ToF32(format::LoadU16(src + 2 * i));
+      return;
+    case CacheType::kQ8_0:
+      for (uint64_t b = 0; b < width / kQ8Block; ++b) {
+        const uint8_t* blk = src + b * kQ8BlockBytes;
+        float d = F16ToF32(format::LoadU16(blk));
+        for (uint64_t i = 0; i < kQ8Block; ++i) out[b * kQ8Block + i] = d * static_cast<int8_t>(blk[2 + i]);
+      }
+      return;
+  }
+}
+
+void EncodeRow(CacheType t, const float* src, uint64_t width, uint8_t* out) {
+  switch (t) {
+    case CacheType::kF32:
+      for (uint64_t i = 0; i < width; ++i) {
+        uint32_t u;
+        std::memcpy(&u, &src[i], 4);
+        format::StoreU32(out + 4 * i, u);
+      }
+      return;
+    case CacheType::kF16:
+      for (uint64_t i = 0; i < width; ++i) format::StoreU16(out + 2 * i, F32ToF16(src[i]));
+      return;
+    case CacheType::kBF16:
+      for (uint64_t i = 0; i < width; ++i) format::StoreU16(out + 2 * i, F32ToBf16(src[i]));
+      return;
+    case CacheType::kQ8_0:
+      for (uint64_t b = 0; b < width / kQ8Block; ++b) {
+        const float* x = src + b * kQ8Block;
+        uint8_t* blk = out + b * kQ8BlockBytes;
+        float amax = 0;
+        for (uint64_t i = 0; i < kQ8Block; ++i) amax = std::max(amax, std::fabs(x[i]));
+        float d = amax / 127.0f;
+        float id = d != 0 ? 1.0f / d : 0.0f;
+        format::StoreU16(blk, F32ToF16(d));
+        for (uint64_t i = 0; i < kQ8Block; ++i)
+          blk[2 + i] = static_cast<uint8_t>(static_cast<int8_t>(std::lround(x[i] * id)));
+      }
+      return;
+  }
+}
+
+bool HasStateMagic(const uint8_t* first4) {
+  uint32_t m = format::LoadU32(first4);
+  return m == kMagicSequence || m == kMagicSession;
+}
+
+Status ParseState(File& file, const std::string& path, StateLayout* out) {
+  StateLayout s;
+  KVFILE_RETURN_IF_ERROR(file.Size(&s.file_size));
+  std::string what = path;
+  Cursor c(file, s.file_size, what);
+  uint32_t magic = 0;
+  KVFILE_RETURN_IF_ERROR(c.U32(&magic, "magic"));
+  if (magic != kMagicSequence && magic != kMagicSession)
+    return Status::Corruption(path + ": not a llama.cpp state file (magic is not 'ggsq' or 'ggsn')");
+  s.kind = magic == kMagicSequence ? FileKind::kSequence : FileKind::kSession;
+  what = path + ": " + KindName(s.kind);
+  KVFILE_RETURN_IF_ERROR(c.U32(&s.version, "version"));
+  uint32_t want = s.kind == FileKind::kSequence ? kSequenceVersion : kSessionVersion;
+  if (s.version != want)
+    return Status::Unsupported(what + " version " + std::to_string(s.version) + " (kvfile reads version " +
+                               std::to_string(want) + ", the one of llama.cpp v0.5.0)");
+  uint32_t n_tokens = 0;
+  KVFILE_RETURN_IF_ERROR(c.U32(&n_tokens, "token count"));
+  if (uint64_t{n_tokens} * 4 > c.left())
+    return Status::Corruption(what + ": truncated: " + std::to_string(n_tokens) + " token ids need " +
+                              std::to_string(uint64_t{n_tokens} * 4) + " bytes, " + std::to_string(c.left()) +
+                              " are left");
+  s.tokens.resize(n_tokens);
+  for (uint32_t i = 0; i < n_tokens; ++i) {
+    int32_t t;
+    KVFILE_RETURN_IF_ERROR(c.I32(&t, "token id"));
+    if (t < 0) return Status::Corruption(what + ": token " + std::to_string(i) + " has the negative id " + std::to_string(t));
+    s.tokens[i] = static_cast<uint32_t>(t);
+  }
+  if (s.kind == FileKind::kSession) {
+    uint32_t len = 0;
+    KVFILE_RETURN_IF_ERROR(c.U32(&len, "architecture length"));
+    if (len == 0 || len > kMaxArch)
+      return Status::Corruption(what + ": architecture name of " + std::to_string(len) + " bytes (1 to " +
+                                std::to_string(kMaxArch) + " expected)");
+    s.arch.resize(len);
+    KVFILE_RETURN_IF_ERROR(c.Read(s.arch.data(), len, "architecture name"));
+    for (char ch : s.arch)
+      if (!((ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '-' || ch == '_' || ch == '.'))
+        return Status::Corruption(what + ": architecture name has a byte outside [a-z0-9._-]");
+  }
+  KVFILE_RETURN_IF_ERROR(c.U32(&s.n_stream, "cache stream count"));
+  if (s.n_stream == 0 || s.n_stream > kMaxStreams)
+    return Status::Corruption(what + ": " + std::to_string(s.n_stream) + " cache streams (1 to " +
+                              std::to_string(kMaxStreams) + " expected)");
+  bool found = false;
+  for (uint32_t st = 0; st < s.n_stream; ++st) {
+    uint32_t cells = 0;
+    KVFILE_RETURN_IF_ERROR(c.U32(&cells, "cell count"));
+    if (cells == 0) continue;
+    if (found)
+      return Status::Unsupported(what + ": more than one cache stream holds cells (kvfile imports one sequence)");
+    found = true;
+    s.stream = st;
+    s.cells = cells;
+    if (uint64_t{cells} * 12 > c.left())
+      return Status::Corruption(what + ": truncated: " + std::to_string(cells) + " cells need at least " +
+                                std::to_string(uint64_t{cells} * 12) + " bytes, " + std::to_string(c.left()) +
+                                " are left");
+    for (uint32_t i = 0; i < cells; ++i) {
+      int32_t pos = 0, seq = 0;
+      uint32_t n_seq = 0;
+      KVFILE_RETURN_IF_ERROR(c.I32(&pos, "cell position"));
+      KVFILE_RETURN_IF_ERROR(c.U32(&n_seq, "cell sequence count"));
+      if (n_seq != 1)
+        return Status::Unsupported(what + ": cell " + std::to_string(i) + " belongs to " + std::to_string(n_seq) +
+                                   " sequences (kvfile imports cells of exactly one)");
+      KVFILE_RETURN_IF_ERROR(c.I32(&seq, "cell sequence id"));
+      if (i == 0) {
+        s.first_pos = pos;
+        s.seq_id = seq;
+        if (pos < 0 || seq < 0)
+          return Status::Corruption(what + ": cell 0 has position " + std::to_string(pos) + ", sequence " +
+                                    std::to_string(seq));
+      } else if (seq != s.seq_id || int64_t{pos} != int64_t{s.first_pos} + i) {
+        return Status::Unsupported(what + ": cell " + std::to_string(i) + " has position " + std::to_string(pos) +
+                                   " of sequence " + std::to_string(seq) + "; kvfile imports positions " +
+                                   std::to_string(s.first_pos) + ", " + std::to_string(s.first_pos + 1) +
+                                   ", ... of one sequence");
+      }
+    }
+    uint32_t v_trans = 0;
+    KVFILE_RETURN_IF_ERROR(c.U32(&v_trans, "v_trans"));
+    if (v_trans > 1) return Status::Corruption(what + ": v_trans is " + std::to_string(v_trans) + " (0 or 1 expected)");
+    s.v_trans = v_trans == 1;
+    KVFILE_RETURN_IF_ERROR(c.U32(&s.layers, "layer count"));
+    if (s.layers == 0 || s.layers > kMaxLayers)
+      return Status::Corruption(what + ": " + std::to_string(s.layers) + " layers (1 to " +
+                                std::to_string(kMaxLayers) + " expected)");
+    // K of every layer, then V of every layer.
+    for (int part = 0; part < 2; ++part) {
+      bool is_v = part == 1;
+      const char* name = is_v ? "V" : "K";
+      for (uint32_t l = 0; l < s.layers; ++l) {
+        std::string at = what + ": layer " + std::to_string(l) + " " + name;
+        int32_t type_id = 0;
+        KVFILE_RETURN_IF_ERROR(c.I32(&type_id, "cache type"));
+        std::optional<CacheType> type = TypeFromId(type_id);
+        if (!type)
+          return Status::Unsupported(at + ": ggml type " + std::to_string(type_id) +
+                                     " (kvfile reads f32, f16, bf16 and q8_0 caches)");
+        uint64_t width = 0, bytes = 0;
+        if (is_v && s.v_trans) {
+          uint32_t el = 0, n_embd = 0;
+          KVFILE_RETURN_IF_ERROR(c.U32(&el, "element size"));
+          KVFILE_RETURN_IF_ERROR(c.U32(&n_embd, "value width"));
+          if (IsQuantized(*type) || el != ElementBytes(*type))
+            return Status::Corruption(at + ": transposed " + CacheTypeName(*type) + " values of element size " +
+                                      std::to_string(el));
+          if (n_embd == 0) return Status::Corruption(at + ": value width 0");
+          width = n_embd;
+          bytes = uint64_t{n_embd} * el;
+        } else {
+          uint64_t row = 0;
+          KVFILE_RETURN_IF_ERROR(c.U64(&row, "row size"));
+          std::optional<uint64_t> w = WidthOf(*type, row);
+          if (!w || *w > 0xFFFFFFFFu)
+            return Status::Corruption(at + ": row size " + std::to_string(row) + " is not a whole number of " +
+                                      CacheTypeName(*type) + " values");
+          width = *w;
+          bytes = row;
+        }
+        uint32_t& want_w = is_v ? s.v_width : s.k_width;
+        std::vector<LayerBlock>& blocks = is_v ? s.v : s.k;
+        if (l == 0) {
+          want_w = static_cast<uint32_t>(width);
+        } else if (width != want_w || *type != blocks[0].type) {
+          return Status::Unsupported(at + ": " + CacheTypeName(*type) + " x " + std::to_string(width) +
+                                     " differs from layer 0 (" + CacheTypeName(blocks[0].type) + " x " +
+                                     std::to_string(want_w) + "); kvfile needs the same shape in every layer");
+        }
+        blocks.push_back({*type, c.pos()});
+        // bytes * cells cannot overflow: bytes < 2^36, cells < 2^32.
+        KVFILE_RETURN_IF_ERROR(c.Skip(bytes * cells, "cache rows"));
+      }
+    }
+  }
+  if (!found) return Status::Corruption(what + ": no cache stream holds cells (nothing to import)");
+  if (c.left() != 0)
+    return Status::Corruption(what + ": " + std::to_string(c.left()) + " bytes after the end of the cache data at byte " +
+                              std::to_string(c.pos()));
+  if (s.tokens.size() != s.cells)
+    return Status::Unsupported(what + ": " + std::to_string(s.tokens.size()) + " token ids for " +
+                               std::to_string(s.cells) + " cache cells (kvfile stores one token id per cell)");
+  *out = std::move(s);
+  return Status::OK();
+}
+
+Status ReadCells(File& file, const StateLayout& s, bool v, uint32_t layer, uint32_t c0, uint32_t c1, float* out) {
+  const LayerBlock& b = v ? s.v[layer] : s.k[layer];
+  uint64_t width = v ? s.v_width : s.k_width;
+  uint64_t n = c1 - c0;
+  std::vector<uint8_t> raw;
+  if (v && s.v_trans) {
+    uint64_t el = ElementBytes(b.type);
+    raw.resize(n * width * el);
+    std::vector<ReadRequest> reqs(width);
+    for (uint64_t j = 0; j < width; ++j)
+      reqs[j] = {b.offset + (j * s.cells + c0) * el, raw.data() + j * n * el, static_cast<size_t>(n * el)};
+    KVFILE_RETURN_IF_ERROR(file.ReadBatch(reqs));
+    std::vector<float> col(n);
+    for (uint64_t j = 0; j < width; ++j) {
+      DecodeRow(b.type, raw.data() + j * n * el, n, col.data());
+      for (uint64_t i = 0; i < n; ++i) out[i * width + j] = col[i];
+    }
+    return Status::OK();
+  }
+  uint64_t row = RowBytes(b.type, width);
+  raw.resize(n * row);
+  KVFILE_RETURN_IF_ERROR(file.ReadAt(b.offset + c0 * row, raw.data(), raw.size()));
+  for (uint64_t i = 0; i < n; ++i) DecodeRow(b.type, raw.data() + i * row, width, out + i * width);
+  return Status::OK();
+}
+
+bool IsRowMajor(const StateLayout& s, bool v) { return !(v && s.v_trans); }
+
+Status ReadCellBytes(File& file, const StateLayout& s, bool v, uint32_t layer, uint32_t c0, uint32_t c1,
+                     uint8_t* out) {
+  const LayerBlock& b = v ? s.v[layer] : s.k[layer];
+  uint64_t row = RowBytes(b.type, v ? s.v_width : s.k_width);
+  return file.ReadAt(b.offset + c0 * row, out, (c1 - c0) * row);
+}
+
+// ---- Provenance in the model id ----------------------------------------------------------
+
+std::string FormatModelId(const Provenance& p) {
+  std::string s(kModelIdPrefix);
+  s += (p.kind == FileKind::kSequence ? "seq" : "session") + std::to_string(p.version);
+  if (!p.arch.empty()) s += " arch=" + p.arch;
+  s += std::string(" k=") + CacheTypeName(p.k_type) + " v=" + CacheTypeName(p.v_type);
+  s += " v_trans=" + std::to_string(p.v_trans ? 1 : 0);
+  s += " stream=" + std::to_string(p.stream) + "/" + std::to_string(p.n_stream);
+  s += " seq=" + std::to_string(p.seq_id) + " pos=" + std::to_string(p.first_pos);
+  s += " rotated=unknown";
+  return s;
+}
+
+std::optional<Provenance> ParseModelId(std::string_view id) {
+  if (!id.starts_with(kModelIdPrefix)) return std::nullopt;
+  id.remove_prefix(kModelIdPrefix.size());
+  Provenance p;
+  auto number = [](std::string_view v, int64_t lo, int64_t hi, int64_t* out) {
+    if (v.empty() || v.size() > 10) return false;
+    int64_t x = 0;
+    for (char ch : v) {
+      if (ch < '0' || ch > '9') return false;
+      x = x * 10 + (ch - '0');
+    }
+    if (x < lo || x > hi) return false;
+    *out = x;
+    return true;
+  };
+  bool first = true;
+  while (!id.empty()) {
+    size_t sp = id.find(' ');
+    std::string_view item = id.substr(0, sp);
+    id = sp == std::string_view::npos ? std::string_view() : id.substr(sp + 1);
+    int64_t x = 0;
+    if (first) {
+      first = false;
+      if (item.starts_with("seq") && number(item.substr(3), 0, 0xFFFFFFFF, &x)) p.kind = FileKind::kSequence;
+      else if (item.starts_with("session") && number(item.substr(7), 0, 0xFFFFFFFF, &x)) p.kind = FileKind::kSession;
+      else return std::nullopt;
+      p.version = static_cast<uint32_t>(x);
+      continue;
+    }
+    size_t eq = item.find('=');
+    if (eq == std::string_view::npos) return std::nullopt;
+    std::string_view key = item.substr(0, eq), val = item.substr(eq + 1);
+    if (key == "arch") {
+      p.arch = std::string(val);
+    } else if (key == "k" || key == "v") {
+      std::optional<CacheType> t = CacheTypeFromName(val);
+      if (!t) return std::nullopt;
+      (key == "k" ? p.k_type : p.v_type) = *t;
+    } else if (key == "v_trans") {
+      if (!number(val, 0, 1, &x)) return std::nullopt;
+      p.v_trans = x == 1;
+    } else if (key == "stream") {
+      size_t slash = val.find('/');
+      int64_t n = 0;
+      if (slash == std::string_view::npos || !number(val.substr(0, slash), 0, kMaxStreams - 1, &x) ||
+          !number(val.substr(slash + 1), 1, kMaxStreams, &n) || x >= n)
+        return std::nullopt;
+      p.stream = static_cast<uint32_t>(x);
+      p.n_stream = static_cast<uint32_t>(n);
+    } else if (key == "seq" || key == "pos") {
+      if (!number(val, 0, 0x7FFFFFFF, &x)) return std::nullopt;
+      (key == "seq" ? p.seq_id : p.first_pos) = static_cast<int32_t>(x);
+    }
+    // Other keys (rotated=...) are informational.
+  }
+  return first ? std::nullopt : std::optional<Provenance>(p);
+}
+
+// ---- Writing ----------------------------------------------------------------------------------
+
+Status CheckWriteSpec(const WriteSpec& w) {
+  if (w.layers == 0 || w.layers > kMaxLayers) return Status::InvalidArgument("layer count out of range");
+  if (w.n_stream == 0 || w.stream >= w.n_stream) return Status::InvalidArgument("cache stream out of range");
+  if (w.kind == FileKind::kSession && (w.arch.empty() || w.arch.size() > kMaxArch))
+    return Status::InvalidArgument("a session file needs the model architecture name (--arch)");
+  for (auto [t, width, name] : {std::tuple{w.k_type, w.k_width, "K"}, std::tuple{w.v_type, w.v_width, "V"}}) {
+    if (width == 0) return Status::InvalidArgument(std::string(name) + " width 0");
+    if (t == CacheType::kQ8_0 && width % kQ8Block)
+      return Status::InvalidArgument(std::string(name) + " has " + std::to_string(width) +
+                                     " values per token: q8_0 needs a multiple of 32");
+  }
+  if (w.v_trans && IsQuantized(w.v_type))
+    return Status::InvalidArgument("a transposed V cache (--v-trans 1) cannot be q8_0 (llama.cpp quantizes V only "
+                                   "with flash attention, which does not transpose it)");
+  return Status::OK();
+}
+
+namespace {
+uint64_t PrefixBytes(const WriteSpec& w, uint64_t tokens) {
+  uint64_t n = 12 + tokens * 4;
+  if (w.kind == FileKind::kSession) n += 4 + w.arch.size();
+  // stream count, the cell counts up to the one holding cells, cells, v_trans, layer count
+  n += 4 + 4 * (uint64_t{w.stream} + 1) + tokens * 12 + 8;
+  return n;
+}
+uint64_t KLayerBytes(const WriteSpec& w, uint64_t tokens) { return 12 + tokens * RowBytes(w.k_type, w.k_width); }
+// type + row size, or (transposed) type + element size + width: 12 bytes either way.
+uint64_t VLayerBytes(const WriteSpec& w, uint64_t tokens) { return 12 + tokens * RowBytes(w.v_type, w.v_width); }
+}  // namespace
+
+uint64_t StateFileSize(const WriteSpec& w, uint64_t tokens) {
+  // The cell counts (0) of the streams after the one holding cells come last.
+  return PrefixBytes(w, tokens) + w.layers * (KLayerBytes(w, tokens) + VLayerBytes(w, tokens)) +
+         4 * uint64_t{w.n_stream - w.stream - 1};
+}
+
+StateWriter::StateWriter(File* file, WriteSpec spec, uint64_t tokens)
+    : file_(file), spec_(std::move(spec)), cells_(tokens) {
+  meta_end_ = PrefixBytes(spec_, cells_);
+}
+
+uint64_t StateWriter::KOffset(uint32_t layer) const {
+  return meta_end_ + layer * KLayerBytes(spec_, cells_);
+}
+uint64_t StateWriter::VOffset(uint32_t layer) const {
+  return meta_end_ + spec_.layers * KLayerBytes(spec_, cells_) + layer * VLayerBytes(spec_, cells_);
+}
+
+Status StateWriter::Header(const std::vector<uint32_t>& tokens) {
+  std::vector<uint8_t> b;
+  auto u32 = [&b](uint32_t v) {
+    uint8_t x[4];
+    format::StoreU32(x, v);
+    b.insert(b.end(), x, x + 4);
+  };
+  auto u64 = [&b](uint64_t v) {
+    uint8_t x[8];
+    format::StoreU64(x, v);
+    b.insert(b.end(), x, x + 8);
+  };
+  bool seq = spec_.kind == FileKind::kSequence;
+  u32(seq ? kMagicSequence : kMagicSession);
+  u32(seq ? kSequenceVersion : kSessionVersion);
+  u32(static_cast<uint32_t>(cells_));
+  for (uint32_t t : tokens) u32(t);
+  if (!seq) {
+    u32(static_cast<uint32_t>(spec_.arch.size()));
+    b.insert(b.end(), spec_.arch.begin(), spec_.arch.end());
+  }
+  u32(spec_.n_stream);
+  for (uint32_t s = 0; s < spec_.stream; ++s) u32(0);
+  u32(static_cast<uint32_t>(cells_));
+  for (uint64_t i = 0; i < cells_; ++i) {
+    u32(static_cast<uint32_t>(spec_.first_pos + static_cast<int64_t>(i)));
+    u32(1);
+    u32(static_cast<uint32_t>(spec_.seq_id));
+  }
+  u32(spec_.v_trans ? 1 : 0);
+  u32(spec_.layers);
+  KVFILE_RETURN_IF_ERROR(file_->WriteAt(0, b.data(), b.size()));
+  if (spec_.stream + 1 < spec_.n_stream) {
+    b.assign(4 * uint64_t{spec_.n_stream - spec_.stream - 1}, 0);
+    KVFILE_RETURN_IF_ERROR(file_->WriteAt(VOffset(spec_.layers), b.data(), b.size()));
+  }
+  // Each layer's own header.
+  for (uint32_t l = 0; l < spec_.layers; ++l) {
+    b.clear();
+    u32(static_cast<uint32_t>(spec_.k_type));
+    u64(RowBytes(spec_.k_type, spec_.k_width));
+    KVFILE_RETURN_IF_ERROR(file_->WriteAt(KOffset(l), b.data(), b.size()));
+    b.clear();
+    u32(static_cast<uint32_t>(spec_.v_type));
+    if (spec_.v_trans) {
+      u32(ElementBytes(spec_.v_type));
+      u32(spec_.v_width);
+    } else {
+      u64(RowBytes(spec_.v_type, spec_.v_width));
+    }
+    KVFILE_RETURN_IF_ERROR(file_->WriteAt(VOffset(l), b.data(), b.size()));
+  }
+  return Status::OK();
+}
+
+Status StateWriter::Rows(bool v, uint32_t layer, uint64_t c0, uint64_t n, const float* values) {
+  CacheType t = v ? spec_.v_type : spec_.k_type;
+  uint64_t width = v ? spec_.v_width : spec_.k_width;
+  uint64_t base = (v ? VOffset(layer) : KOffset(layer)) + 12;
+  if (v && spec_.v_trans) {
+    uint64_t el = ElementBytes(t);
+    buf_.resize(n * width * el);
+    std::vector<float> col(n);
+    for (uint64_t j = 0; j < width; ++j) {
+      for (uint64_t i = 0; i < n; ++i) col[i] = values[i * width + j];
+      EncodeRow(t, col.data(), n, buf_.data() + j * n * el);
+    }
+    for (uint64_t j = 0; j < width; ++j)
+      KVFILE_RETURN_IF_ERROR(file_->WriteAt(base + (j * cells_ + c0) * el, buf_.data() + j * n * el, n * el));
+    return Status::OK();
+  }
+  uint64_t row = RowBytes(t, width);
+  buf_.resize(n * row);
+  for (uint64_t i = 0; i < n; ++i) EncodeRow(t, values + i * width, width, buf_.data() + i * row);
+  return file_->WriteAt(base + c0 * row, buf_.data(), buf_.size());
+}
+
+Status StateWriter::RawRows(bool v, uint32_t layer, uint64_t c0, uint64_t n, const uint8_t* rows) {
+  uint64_t row = RowBytes(v ? spec_.v_type : spec_.k_type, v ? spec_.v_width : spec_.k_width);
+  uint64_t base = (v ? VOffset(layer) : KOffset(layer)) + 12;
+  return file_->WriteAt(base + c0 * row, rows, n * row);
+}
+
+}  // namespace kvfile::llama

@@ -1,0 +1,296 @@
+// SPDX-License-Identifier: Apache-2.0
+// kvfile convert to and from the seeds' formats: a directory of Mooncake
+// FP8 codec records (--format mooncake) and colibri .coli_kv sessions
+// (--format coli-v2): exit statuses, the one stderr line, what is written,
+// lossless round trips, and that a failed conversion leaves OUT as it was.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "kvfile/mooncake.h"
+#include "kvfile/reader.h"
+#include "kvfile/writer.h"
+#include "support/cli_run.h"
+#include "support/scratch_dir.h"
+
+namespace kvfile {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::CliRun;
+using testing::Kvfile;
+using testing::ReadFile;
+
+class ConvertSeeds : public testing::ScratchDirTest {
+ protected:
+  static std::string Fixture(const char* name) { return std::string(KVFILE_TEST_DATA "/fixtures/seeds/").append(name); }
+};
+
+// Every fp8 stream of a and b holds the same codes and scales, and the
+// files have the same tokens and identity.
+void ExpectSameCodes(const std::string& a, const std::string& b) {
+  std::unique_ptr<Reader> ra, rb;
+  ASSERT_TRUE(Reader::Open(a, {}, &ra).ok());
+  ASSERT_TRUE(Reader::Open(b, {}, &rb).ok());
+  ASSERT_EQ(ra->token_count(), rb->token_count());
+  EXPECT_TRUE(std::equal(ra->tokens().begin(), ra->tokens().end(), rb->tokens().begin()));
+  EXPECT_EQ(ra->identity(), rb->identity());
+  const Geometry& g = ra->geometry();
+  uint64_t T = ra->token_count();
+  for (uint32_t l = 0; l < g.layers; ++l)
+    for (uint32_t s = 0; s < g.streams.size(); ++s) {
+      if (!IsFp8(g.streams[s].dtype)) continue;
+      uint64_t rows = T * g.streams[s].rows_per_token;
+      std::vector<uint8_t> ca(rows * g.streams[s].row_width), cb(ca.size());
+      std::vector<float> sa(rows), sb(rows);
+      ASSERT_TRUE(ra->ReadCodes(l, s, 0, T, ca.data(), sa.data()).ok());
+      ASSERT_TRUE(rb->ReadCodes(l, s, 0, T, cb.data(), sb.data()).ok());
+      ASSERT_EQ(ca, cb) << "layer " << l << " stream " << s;
+      ASSERT_EQ(0, std::memcmp(sa.data(), sb.data(), rows * 4)) << "layer " << l << " stream " << s;
+    }
+}
+
+TEST_F(ConvertSeeds, MooncakeRoundTripIsLossless) {
+  ASSERT_EQ(Kvfile("synth " + P("a.kv") + " --preset tiny --tokens 300 --chunk-tokens 128 --seed 3").exit_code, 0);
+  CliRun e = Kvfile("convert " + P("a.kv") + " " + P("mc") + " --format mooncake");
+  ASSERT_EQ(e.exit_code, 0) << e.err;
+  EXPECT_EQ(e.err, "");
+  // 3 chunks x 2 layers x 2 streams.
+  EXPECT_EQ(e.out, P("a.kv") + " -> " + P("mc") + ": 12 Mooncake records (12 with codes and scales as stored, 0 "
+                                                   "requantized), 300 tokens\n");
+  nlohmann::json m = nlohmann::json::parse(ReadFile(fs::path(P("mc")) / "manifest.json"));
+  EXPECT_EQ(m["format"], "kvfile-mooncake");
+  EXPECT_EQ(m["tokens"], 300);
+  ASSERT_EQ(m["records"].size(), 12u);
+  const nlohmann::json& r0 = m["records"][0];
+  EXPECT_EQ(r0["layer"], 0);
+  EXPECT_EQ(r0["stream"], "k");
+  EXPECT_EQ(r0["begin"], 0);
+  EXPECT_EQ(r0["end"], 128);
+  EXPECT_EQ(r0["group_size"], 16);
+  std::string key = r0["key"].get<std::string>();
+  EXPECT_EQ(r0["file"], mooncake::FileNameForKey(mooncake::RepresentationKey(16, key)));
+  std::string rec = ReadFile(fs::path(P("mc")) / r0["file"].get<std::string>());
+  EXPECT_EQ(rec.size(), 32u + 24 + 128 * 2 * 4 + 128 * 2 * 16);
+  EXPECT_EQ(fs::directory_iterator(P("mc")) == fs::directory_iterator(), false);
+  size_t files = 0;
+  for (auto it = fs::directory_iterator(P("mc")); it != fs::directory_iterator(); ++it) ++files;
+  EXPECT_EQ(files, 13u);
+  CliRun i = Kvfile("convert " + P("mc") + " " + P("b.kv"));
+  ASSERT_EQ(i.exit_code, 0) << i.err;
+  EXPECT_EQ(i.err, "");
+  ExpectSameCodes(P("a.kv"), P("b.kv"));
+}
+
+TEST_F(ConvertSeeds, MooncakeOtherGroupSizeRequantizesAndSaysSo) {
+  ASSERT_EQ(Kvfile("synth " + P("a.kv") + " --preset tiny --tokens 40 --seed 4").exit_code, 0);
+  CliRun e = Kvfile("convert " + P("a.kv") + " " + P("mc") + " --format mooncake --group-size 24");
+  ASSERT_EQ(e.exit_code, 0) << e.err;
+  EXPECT_EQ(e.err, "kvfile: note: " + P("mc") +
+                       ": 4 records decoded and requantized (lossy: --group-size 24 is not the row width, or a "
+                       "stream is not e4m3)\n");
+  CliRun i = Kvfile("convert " + P("mc") + " " + P("b.kv"));
+  ASSERT_EQ(i.exit_code, 0) << i.err;
+  EXPECT_EQ(i.err, "kvfile: note: " + P("mc") +
+                       ": 4 records decoded and requantized with kvfile's row rule (lossy: groups are not rows, or a "
+                       "scale is below FLT_MIN)\n");
+  std::unique_ptr<Reader> r;
+  ASSERT_TRUE(Reader::Open(P("b.kv"), {}, &r).ok());
+  EXPECT_EQ(r->token_count(), 40u);
+}
+
+// A one-token session holding the golden row [448, -448, 1, -0.0]: export
+// writes the record Mooncake's encoder makes of those values (bf16), and
+// the import of a directory holding the fp16 golden payload gives the same
+// codes and scale.
+TEST_F(ConvertSeeds, MooncakeGoldenBothWays) {
+  Geometry g;
+  g.layers = 1;
+  g.streams = {{"s", 1, 4, Dtype::kE4M3}};
+  {
+    std::unique_ptr<Writer> w;
+    ASSERT_TRUE(Writer::Create(P("g.kv"), g, {"golden", 0x1234}, {}, &w).ok());
+    const float row[4] = {448.0f, -448.0f, 1.0f, -0.0f};
+    const uint32_t id = 7;
+    AppendBatch b;
+    b.tokens = std::span<const uint32_t>(&id, 1);
+    b.blocks.push_back({Dtype::kF32, row, nullptr});
+    ASSERT_TRUE(w->Append(b).ok());
+    ASSERT_TRUE(w->Close().ok());
+  }
+  CliRun e = Kvfile("convert " + P("g.kv") + " " + P("mc") + " --format mooncake");
+  ASSERT_EQ(e.exit_code, 0) << e.err;
+  std::string key = "kvfile/0000000000001234/s/L0/T0-1";
+  std::string file = mooncake::FileNameForKey(mooncake::RepresentationKey(4, key));
+  std::string rec = ReadFile(fs::path(P("mc")) / file);
+  mooncake::RecordDesc d;
+  d.dtype = mooncake::SourceDtype::kBF16;
+  d.group_size = 4;
+  d.shape = {1, 1, 4};
+  const uint16_t bf16[4] = {0x43E0, 0xC3E0, 0x3F80, 0x8000};
+  std::vector<uint8_t> want;
+  ASSERT_TRUE(mooncake::EncodeValues(d, bf16, &want).ok());
+  EXPECT_EQ(rec, std::string(want.begin(), want.end()));
+  EXPECT_EQ(rec.substr(rec.size() - 8), std::string("\x00\x00\x80\x3F\x7E\xFE\x38\x80", 8));
+  // The fp16 golden payload under the same manifest.
+  d.dtype = mooncake::SourceDtype::kF16;
+  const uint16_t f16[4] = {0x5F00, 0xDF00, 0x3C00, 0x8000};
+  ASSERT_TRUE(mooncake::EncodeValues(d, f16, &want).ok());
+  {
+    std::ofstream out(fs::path(P("mc")) / file, std::ios::binary | std::ios::trunc);
+    out.write(reinterpret_cast<const char*>(want.data()), static_cast<std::streamsize>(want.size()));
+  }
+  CliRun i = Kvfile("convert " + P("mc") + " " + P("h.kv"));
+  ASSERT_EQ(i.exit_code, 0) << i.err;
+  std::unique_ptr<Reader> r;
+  ASSERT_TRUE(Reader::Open(P("h.kv"), {}, &r).ok());
+  uint8_t codes[4];
+  float scale = 0;
+  ASSERT_TRUE(r->ReadCodes(0, 0, 0, 1, codes, &scale).ok());
+  EXPECT_EQ(std::string(reinterpret_cast<char*>(codes), 4), "\x7E\xFE\x38\x80");
+  EXPECT_EQ(scale, 1.0f);
+  EXPECT_EQ(r->tokens()[0], 7u);
+  EXPECT_EQ(r->identity(), (ModelIdentity{"golden", 0x1234}));
+}
+
+TEST_F(ConvertSeeds, MooncakeDamageIsExitOneAndWritesNothing) {
+  ASSERT_EQ(Kvfile("synth " + P("a.kv") + " --preset tiny --tokens 20 --seed 5").exit_code, 0);
+  ASSERT_EQ(Kvfile("convert " + P("a.kv") + " " + P("mc") + " --format mooncake").exit_code, 0);
+  nlohmann::json m = nlohmann::json::parse(ReadFile(fs::path(P("mc")) / "manifest.json"));
+  fs::path victim = fs::path(P("mc")) / m["records"][1]["file"].get<std::string>();
+  std::string bytes = ReadFile(victim);
+  std::string flipped = bytes;
+  flipped[60] = static_cast<char>(flipped[60] ^ 4);
+  { std::ofstream(victim, std::ios::binary | std::ios::trunc) << flipped; }
+  CliRun i = Kvfile("convert " + P("mc") + " " + P("b.kv"));
+  EXPECT_EQ(i.exit_code, 1);
+  EXPECT_EQ(i.err, "kvfile: error: " + victim.string() + ": CRC32 mismatch\n");
+  EXPECT_FALSE(fs::exists(P("b.kv")));
+  fs::remove(victim);
+  i = Kvfile("convert " + P("mc") + " " + P("b.kv"));
+  EXPECT_EQ(i.exit_code, 1);  // the directory is incomplete: its data is at fault
+  EXPECT_EQ(i.err, "kvfile: error: " + victim.string() + ": missing (the manifest lists it)\n");
+  EXPECT_FALSE(fs::exists(P("b.kv")));
+  { std::ofstream(victim, std::ios::binary | std::ios::trunc) << bytes; }
+  // A manifest whose records do not tile the tokens.
+  std::string manifest = ReadFile(fs::path(P("mc")) / "manifest.json");
+  m["records"].erase(m["records"].begin());
+  { std::ofstream(fs::path(P("mc")) / "manifest.json", std::ios::trunc) << m.dump(); }
+  i = Kvfile("convert " + P("mc") + " " + P("b.kv"));
+  EXPECT_EQ(i.exit_code, 1);
+  EXPECT_NE(i.err.find("kvfile: error: " + P("mc") + "/manifest.json: tokens [0, 20) have 3 records"),
+            std::string::npos)
+      << i.err;
+  EXPECT_FALSE(fs::exists(P("b.kv")));
+}
+
+TEST_F(ConvertSeeds, MooncakeOutputRules) {
+  ASSERT_EQ(Kvfile("synth " + P("a.kv") + " --preset tiny --tokens 20 --seed 5").exit_code, 0);
+  ASSERT_EQ(Kvfile("convert " + P("a.kv") + " " + P("mc") + " --format mooncake").exit_code, 0);
+  std::string before = ReadFile(fs::path(P("mc")) / "manifest.json");
+  CliRun r = Kvfile("convert " + P("a.kv") + " " + P("mc") + " --format mooncake --group-size 8");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err, "kvfile: error: " + P("mc") + ": exists; use --force to replace it\n");
+  EXPECT_EQ(ReadFile(fs::path(P("mc")) / "manifest.json"), before);
+  r = Kvfile("convert " + P("a.kv") + " " + P("mc") + " --format mooncake --group-size 8 --force");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(ReadFile(fs::path(P("mc")) / "manifest.json"), before);
+  for (auto it = fs::directory_iterator(dir_); it != fs::directory_iterator(); ++it)
+    EXPECT_EQ(it->path().filename().string().find(".kv"  "tmp"), std::string::npos) << it->path();
+  fs::create_directories(P("other"));
+  r = Kvfile("convert " + P("a.kv") + " " + P("other") + " --format mooncake --force");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err, "kvfile: error: " + P("other") +
+                       ": exists and is not a Mooncake directory written by kvfile convert; not replaced\n");
+  r = Kvfile("convert " + P("a.kv") + " " + P("b.kv") + " --group-size 8");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err, "kvfile: error: --group-size applies to --format mooncake\n");
+  r = Kvfile("convert " + P("mc") + " " + P("b.safetensors"));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1);
+}
+
+TEST_F(ConvertSeeds, ColiImportAndExportByteExact) {
+  CliRun i = Kvfile("convert " + Fixture("coli_v2.coli_kv") + " " + P("a.kv"));
+  ASSERT_EQ(i.exit_code, 0) << i.err;
+  EXPECT_EQ(i.out, Fixture("coli_v2.coli_kv") + " -> " + P("a.kv") +
+                       ": COLIKV2, 3 tokens, 2 layers (latent 4, rope 2, indexer 3), vocab 100\n");
+  EXPECT_EQ(i.err, "kvfile: note: " + Fixture("coli_v2.coli_kv") +
+                       ": 7 bytes past the record count ignored (an uncommitted append, as colibri ignores it)\n");
+  CliRun e = Kvfile("convert " + P("a.kv") + " " + P("b.coli_kv") + " --format coli-v2");
+  ASSERT_EQ(e.exit_code, 0) << e.err;
+  EXPECT_EQ(e.err, "");
+  std::string want = ReadFile(Fixture("coli_v2.coli_kv"));
+  EXPECT_EQ(ReadFile(P("b.coli_kv")), want.substr(0, want.size() - 7));
+  // And back again: the same codes.
+  ASSERT_EQ(Kvfile("convert " + P("b.coli_kv") + " " + P("c.kv")).exit_code, 0);
+  ExpectSameCodes(P("a.kv"), P("c.kv"));
+}
+
+TEST_F(ConvertSeeds, ColiErrors) {
+  // Cut inside the committed records: exit 1, nothing written.
+  std::string full = ReadFile(Fixture("coli_v2.coli_kv"));
+  { std::ofstream(P("cut.coli_kv"), std::ios::binary) << full.substr(0, 100); }
+  CliRun r = Kvfile("convert " + P("cut.coli_kv") + " " + P("a.kv"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err, "kvfile: error: " + P("cut.coli_kv") +
+                       ": the file ends inside record 1 of 3 (56 bytes each): the committed records are not all "
+                       "there\n");
+  EXPECT_FALSE(fs::exists(P("a.kv")));
+  // COLIKV3: exit 1 (a format this build does not handle).
+  std::string v3 = full;
+  v3[6] = '3';
+  { std::ofstream(P("v3.coli_kv"), std::ios::binary) << v3; }
+  r = Kvfile("convert " + P("v3.coli_kv") + " " + P("a.kv"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err, "kvfile: error: " + P("v3.coli_kv") +
+                       ": COLIKV3 (PolarQuant rows) is not supported; only COLIKV1 and COLIKV2\n");
+  // A geometry colibri cannot resume: exit 2 with the reason, nothing written.
+  ASSERT_EQ(Kvfile("synth " + P("t.kv") + " --preset tiny --tokens 5").exit_code, 0);
+  r = Kvfile("convert " + P("t.kv") + " " + P("t.coli_kv") + " --format coli-v2 --vocab 1000");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err, "kvfile: error: " + P("t.kv") + ": not a colibri geometry: streams 'latent' and 'rope' are needed\n");
+  EXPECT_FALSE(fs::exists(P("t.coli_kv")));
+  // An existing OUT is kept without --force.
+  ASSERT_EQ(Kvfile("convert " + Fixture("coli_v1.coli_kv") + " " + P("v1.kv")).exit_code, 0);
+  std::string before = ReadFile(P("v1.kv"));
+  r = Kvfile("convert " + Fixture("coli_v2.coli_kv") + " " + P("v1.kv"));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err, "kvfile: error: " + P("v1.kv") + ": file exists; use --force to replace it\n");
+  EXPECT_EQ(ReadFile(P("v1.kv")), before);
+  r = Kvfile("convert " + P("v1.kv") + " " + P("x.coli_kv"));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err, "kvfile: error: " + P("x.coli_kv") + ": a .coli_kv OUT needs --format coli-v2\n");
+}
+
+TEST_F(ConvertSeeds, ColiExportOfASynthesizedDsaSession) {
+  ASSERT_EQ(Kvfile("synth " + P("d.kv") + " --preset dsa-mixed --tokens 9 --seed 2").exit_code, 0);
+  CliRun r = Kvfile("convert " + P("d.kv") + " " + P("d.coli_kv") + " --format coli-v2 --vocab 200000");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_EQ(Kvfile("convert " + P("d.coli_kv") + " " + P("e.kv")).exit_code, 0);
+  std::unique_ptr<Reader> a, b;
+  ASSERT_TRUE(Reader::Open(P("d.kv"), {}, &a).ok());
+  ASSERT_TRUE(Reader::Open(P("e.kv"), {}, &b).ok());
+  ASSERT_EQ(b->token_count(), 9u);
+  EXPECT_EQ(b->identity().model_id, "coli_kv:vocab=200000");
+  for (uint32_t s = 0; s < 2; ++s) {
+    uint32_t w = a->geometry().streams[s].row_width;
+    std::vector<uint8_t> ca(9 * w), cb(9 * w);
+    std::vector<float> sa(9), sb(9);
+    ASSERT_TRUE(a->ReadCodes(60, s, 0, 9, ca.data(), sa.data()).ok());
+    ASSERT_TRUE(b->ReadCodes(60, s, 0, 9, cb.data(), sb.data()).ok());
+    EXPECT_EQ(ca, cb);
+    EXPECT_EQ(sa, sb);
+  }
+  std::vector<float> ia(9 * 128), ib(9 * 128);
+  ASSERT_TRUE(a->ReadRows(3, 2, 0, 9, Dtype::kF32, ia.data()).ok());
+  ASSERT_TRUE(b->ReadRows(3, 2, 0, 9, Dtype::kF32, ib.data()).ok());
+  EXPECT_EQ(ia, ib);
+}
+
+}  // namespace
+}  // namespace kvfile

@@ -1,0 +1,355 @@
+// SPDX-License-Identifier: Apache-2.0
+// Tests of the NVFP4 scalar reference (src/codec/nvfp4_scalar.cc) against
+// spec/CODEC.md section 14 and NVIDIA's host conversions (tests/vectors/,
+// made by tools/vectors/nvfp4_vectors.cc).
+#include "codec/nvfp4.h"
+
+#include "kvfile/codec.h"
+
+#include <gtest/gtest.h>
+#include <zlib.h>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace kvfile::codec::nvfp4 {
+namespace {
+
+std::vector<uint8_t> ReadVector(const std::string& name) {
+  // (appended in place: GCC 12 sees a false array-bounds overflow in
+  // string(literal) + "..." + name at -O2)
+  std::string path = KVFILE_TEST_DATA;
+  path.append("/vectors/").append(name);
+  std::ifstream in(path, std::ios::binary);
+  EXPECT_TRUE(in.good()) << name;
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+float FromBits(uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+
+float F16ToF32(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+  const uint32_t e = (h >> 10) & 0x1F, m = h & 0x3FF;
+  if (e == 0) {
+    const float v = std::ldexp(static_cast<float>(m), -24);
+    return sign ? -v : v;
+  }
+  if (e == 31) return FromBits(sign | 0x7F800000u | (m << 13));
+  return FromBits(sign | ((e + 112) << 23) | (m << 13));
+}
+
+TEST(Nvfp4Element, EveryBf16PatternMatchesNvidia) {
+  const auto expected = ReadVector("e2m1_from_bf16.bin");
+  ASSERT_EQ(expected.size(), 65536u);
+  for (uint32_t h = 0; h < 65536; ++h) {
+    ASSERT_EQ(EncodeE2M1(FromBits(h << 16)), expected[h]) << std::hex << "bf16 0x" << h;
+  }
+}
+
+TEST(Nvfp4Element, EveryF16PatternMatchesNvidia) {
+  const auto expected = ReadVector("e2m1_from_f16.bin");
+  ASSERT_EQ(expected.size(), 65536u);
+  for (uint32_t h = 0; h < 65536; ++h) {
+    ASSERT_EQ(EncodeE2M1(F16ToF32(static_cast<uint16_t>(h))), expected[h]) << std::hex << "f16 0x" << h;
+  }
+}
+
+TEST(Nvfp4Element, DecodeTableMatchesNvidia) {
+  const auto bytes = ReadVector("e2m1_to_f32.bin");
+  ASSERT_EQ(bytes.size(), 64u);
+  for (uint8_t c = 0; c < 16; ++c) {
+    float expected;
+    std::memcpy(&expected, &bytes[4 * c], 4);
+    uint32_t a, b;
+    const float got = DecodeE2M1(c);
+    std::memcpy(&a, &got, 4);
+    std::memcpy(&b, &expected, 4);
+    EXPECT_EQ(a, b) << "code " << int(c);
+  }
+}
+
+// The ties and boundaries of spec/CODEC.md 14.2, one by one.
+TEST(Nvfp4Element, TiesGoToTheEvenCodeAndLargeValuesSaturate) {
+  const struct {
+    float x;
+    uint8_t code;
+  } cases[] = {
+      {0.0f, 0x0},   {-0.0f, 0x8},  {0.25f, 0x0},     {0.2500001f, 0x1}, {0.75f, 0x2},
+      {0.7499999f, 0x1}, {1.25f, 0x2}, {1.2500001f, 0x3}, {1.75f, 0x4},  {2.5f, 0x4},
+      {2.5000002f, 0x5}, {3.5f, 0x6}, {5.0f, 0x6},       {5.0000005f, 0x7}, {6.0f, 0x7},
+      {1e30f, 0x7},  {-1e30f, 0xF}, {-3.0f, 0xD},      {-1e-30f, 0x8},
+      {INFINITY, 0x7}, {-INFINITY, 0xF}, {NAN, 0x7},
+  };
+  for (const auto& c : cases) EXPECT_EQ(EncodeE2M1(c.x), c.code) << c.x;
+}
+
+TEST(Nvfp4Row, KvLikeRowsMatchNvidiaByteForByte) {
+  const auto raw = ReadVector("rows_bf16.bin");
+  const auto codes = ReadVector("rows_nvfp4_codes.bin");
+  const auto blocks = ReadVector("rows_nvfp4_block_scales.bin");
+  const auto scales = ReadVector("rows_nvfp4_scales.bin");
+  constexpr size_t kWidth = 128;
+  const size_t rows = raw.size() / (2 * kWidth);
+  ASSERT_EQ(rows, 4096u);
+  ASSERT_EQ(codes.size(), rows * kWidth / 2);
+  ASSERT_EQ(blocks.size(), rows * kWidth / kBlock);
+  ASSERT_EQ(scales.size(), rows * 4);
+  size_t zero_blocks = 0, saturated_blocks = 0;
+  for (size_t r = 0; r < rows; ++r) {
+    float x[kWidth];
+    for (size_t i = 0; i < kWidth; ++i) {
+      uint16_t h;
+      std::memcpy(&h, &raw[2 * (r * kWidth + i)], 2);
+      x[i] = FromBits(static_cast<uint32_t>(h) << 16);
+    }
+    uint8_t packed[kWidth / 2], block_codes[kWidth / kBlock];
+    float scale;
+    ASSERT_TRUE(QuantizeRow(x, kWidth, packed, block_codes, &scale)) << "row " << r;
+    ASSERT_EQ(0, std::memcmp(&scale, &scales[4 * r], 4)) << "row scale of row " << r;
+    ASSERT_EQ(0, std::memcmp(block_codes, &blocks[r * kWidth / kBlock], kWidth / kBlock))
+        << "block scales of row " << r;
+    ASSERT_EQ(0, std::memcmp(packed, &codes[r * kWidth / 2], kWidth / 2)) << "codes of row " << r;
+    for (uint8_t b : block_codes) {
+      zero_blocks += b == 0;
+      saturated_blocks += b == 0x7E;
+    }
+  }
+  // The vectors exercise both ends of the block scale range.
+  EXPECT_GT(zero_blocks, 0u);
+  EXPECT_GT(saturated_blocks, 0u);
+}
+
+TEST(Nvfp4Row, WorkedExample) {
+  // spec/CODEC.md 14.7: amax 12 gives the row scale 12 / 2688 (rounded); the
+  // first block's scale code is 0x7E (448: its amax is the row's), the
+  // second block's amax 0.75 gives about 28: code 0x5E.
+  float x[32] = {};
+  x[0] = 12.0f;
+  x[1] = -6.0f;
+  x[2] = 1.0f;
+  x[3] = -0.0f;
+  x[16] = 0.75f;
+  x[17] = -0.375f;
+  x[18] = 0.1f;
+  uint8_t packed[16], blocks[2];
+  float scale;
+  ASSERT_TRUE(QuantizeRow(x, 32, packed, blocks, &scale));
+  EXPECT_EQ(scale, 12.0f / 2688.0f);
+  EXPECT_EQ(blocks[0], 0x7E);
+  EXPECT_EQ(blocks[1], kvfile::codec::EncodeElement(0.75f / scale / 6.0f, kvfile::Dtype::kE4M3));
+  const float d0 = 448.0f * scale;
+  EXPECT_EQ(packed[0], static_cast<uint8_t>(EncodeE2M1(12.0f / d0) | EncodeE2M1(-6.0f / d0) << 4));
+  EXPECT_EQ(blocks[1], 0x5E);
+  EXPECT_EQ(packed[0], 0xD7);  // 6 (0x7), then -3 (0xD) in the high nibble
+  EXPECT_EQ(packed[1], 0x81);  // 0.5 (0x1), then -0 (0x8)
+  float out[32];
+  DequantizeRow(packed, blocks, scale, 32, out);
+  EXPECT_EQ(out[0], 6.0f * d0);
+  EXPECT_TRUE(std::signbit(out[3]));
+}
+
+TEST(Nvfp4Row, ZeroRowAndZeroBlocks) {
+  float x[32] = {};
+  x[5] = -0.0f;
+  uint8_t packed[16], blocks[2];
+  float scale = 0;
+  ASSERT_TRUE(QuantizeRow(x, 32, packed, blocks, &scale));
+  EXPECT_EQ(scale, 1.0f);
+  EXPECT_EQ(blocks[0], 0);
+  EXPECT_EQ(blocks[1], 0);
+  for (int i = 0; i < 16; ++i) EXPECT_EQ(packed[i], i == 2 ? 0x80 : 0x00) << i;
+  // A block far below its row: its scale code is 0 and its elements are signed zeros.
+  float y[32] = {};
+  y[0] = 1000.0f;
+  y[16] = -1e-3f;
+  y[17] = 1e-3f;
+  ASSERT_TRUE(QuantizeRow(y, 32, packed, blocks, &scale));
+  EXPECT_EQ(blocks[1], 0);
+  EXPECT_EQ(packed[8], 0x08);
+  float out[32];
+  DequantizeRow(packed, blocks, scale, 32, out);
+  EXPECT_EQ(out[16], 0.0f);
+  EXPECT_TRUE(std::signbit(out[16]));
+  EXPECT_FALSE(std::signbit(out[17]));
+}
+
+TEST(Nvfp4Row, TinyRowScaleIsRaisedToFltMin) {
+  float x[16] = {};
+  x[0] = 0x1p-140f;  // amax / 2688 is below FLT_MIN
+  uint8_t packed[8], blocks[1];
+  float scale;
+  ASSERT_TRUE(QuantizeRow(x, 16, packed, blocks, &scale));
+  EXPECT_EQ(scale, 0x1p-126f);
+  EXPECT_EQ(RowScale(0x1p-140f), 0x1p-126f);
+  EXPECT_EQ(RowScale(0.0f), 1.0f);
+}
+
+TEST(Nvfp4Row, NonFiniteInputIsRefused) {
+  for (float bad : {NAN, INFINITY, -INFINITY}) {
+    float x[16] = {};
+    x[9] = bad;
+    uint8_t packed[8], blocks[1];
+    float scale;
+    EXPECT_FALSE(QuantizeRow(x, 16, packed, blocks, &scale)) << bad;
+  }
+}
+
+TEST(Nvfp4Row, DecodeIsCodeTimesBlockDivisor) {
+  uint8_t packed[8], blocks[1] = {0x38};  // block scale 1.0
+  for (int i = 0; i < 8; ++i) packed[i] = static_cast<uint8_t>(2 * i | (2 * i + 1) << 4);
+  float out[16];
+  DequantizeRow(packed, blocks, 0.5f, 16, out);
+  for (uint8_t c = 0; c < 16; ++c) EXPECT_EQ(out[c], DecodeE2M1(c) * 0.5f) << int(c);
+}
+
+TEST(Nvfp4Validation, BlockScalesWithTheSignBitOrNanAreInvalid) {
+  for (int c = 0; c < 256; ++c) {
+    const uint8_t b[3] = {0x10, static_cast<uint8_t>(c), 0x20};
+    EXPECT_EQ(FindInvalidBlockScale(b, 3), c < 0x7F ? 3u : 1u) << c;
+  }
+}
+
+}  // namespace
+}  // namespace kvfile::codec::nvfp4
+
+namespace kvfile::codec::nvfp4 {
+namespace {
+
+// Random KV-like rows (normal values with a few outlier channels, zero
+// blocks, tiny rows) in every raw dtype, through every instruction-set path:
+// codes, block scales, row scales and decoded output equal the scalar path's.
+TEST(Nvfp4Paths, EveryIsaMatchesTheScalarReference) {
+  std::mt19937 rng(1234);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  constexpr size_t kRows = 257, kN = 128;
+  std::vector<float> rows(kRows * kN);
+  for (size_t r = 0; r < kRows; ++r) {
+    const float row_scale = std::ldexp(1.0f, static_cast<int>(r % 60) - 40);
+    for (size_t i = 0; i < kN; ++i) {
+      float v = normal(rng) * row_scale;
+      if (i % 37 == 5) v *= 40.0f;                // outlier channels
+      if (r % 7 == 3 && i >= 32 && i < 48) v = 0;  // a zero block
+      if (r % 11 == 4 && i >= 64 && i < 80) v *= 1e-6f;  // a block far below the row
+      if (r % 13 == 0) v = (i % 2) ? -0.0f : 0.0f;       // an all-zero row
+      rows[r * kN + i] = v;
+    }
+  }
+  for (Dtype src : {Dtype::kF32, Dtype::kBF16, Dtype::kF16}) {
+    std::vector<uint16_t> narrow(kRows * kN);
+    const void* input = rows.data();
+    if (src != Dtype::kF32) {
+      ConvertRaw(Dtype::kF32, rows.data(), rows.size(), src, narrow.data());
+      input = narrow.data();
+    }
+    std::vector<uint8_t> ref_codes(kRows * kN / 2), ref_blocks(kRows * kN / kBlock);
+    std::vector<float> ref_scales(kRows);
+    size_t bad = 0;
+    ASSERT_TRUE(QuantizeRows(src, input, kRows, kN, ref_codes.data(), ref_blocks.data(),
+                             ref_scales.data(), &bad, Isa::kScalar));
+    for (Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
+      if (!IsaSupported(isa)) {
+        std::printf("skipped: %s not supported here\n", IsaName(isa));
+        continue;
+      }
+      std::vector<uint8_t> codes(ref_codes.size()), blocks(ref_blocks.size());
+      std::vector<float> scales(kRows);
+      ASSERT_TRUE(QuantizeRows(src, input, kRows, kN, codes.data(), blocks.data(), scales.data(),
+                               &bad, isa));
+      EXPECT_EQ(codes, ref_codes) << IsaName(isa) << " src " << int(src);
+      EXPECT_EQ(blocks, ref_blocks) << IsaName(isa);
+      EXPECT_EQ(0, std::memcmp(scales.data(), ref_scales.data(), kRows * 4)) << IsaName(isa);
+      for (Dtype dst : {Dtype::kF32, Dtype::kBF16, Dtype::kF16}) {
+        const size_t bytes = kRows * kN * kvfile::ElementSize(dst);
+        std::vector<uint8_t> ref_out(bytes), out(bytes);
+        DequantizeRows(ref_codes.data(), ref_blocks.data(), ref_scales.data(), kRows, kN, dst,
+                       ref_out.data(), Isa::kScalar);
+        DequantizeRows(ref_codes.data(), ref_blocks.data(), ref_scales.data(), kRows, kN, dst,
+                       out.data(), isa);
+        EXPECT_EQ(out, ref_out) << IsaName(isa) << " dst " << int(dst);
+      }
+    }
+  }
+}
+
+TEST(Nvfp4Paths, EveryCodeAndBlockScaleDecodesAlike) {
+  // All 256 byte values as packed pairs under every valid block scale.
+  std::vector<uint8_t> packed(128 * 8), blocks(128);
+  for (size_t b = 0; b < 127; ++b) {
+    blocks[b] = static_cast<uint8_t>(b);
+    for (size_t j = 0; j < 8; ++j) packed[b * 8 + j] = static_cast<uint8_t>(b * 8 + j + b);
+  }
+  blocks[127] = 0x7E;
+  const float scale = 0.37f;
+  std::vector<float> ref(128 * 16), out(128 * 16);
+  DequantizeRows(packed.data(), blocks.data(), &scale, 1, 128 * 16, Dtype::kF32, ref.data(),
+                 Isa::kScalar);
+  for (size_t e = 0; e < 16; ++e) {
+    const uint8_t code = static_cast<uint8_t>((packed[e / 2] >> ((e % 2) * 4)) & 0xF);
+    EXPECT_EQ(ref[e], DecodeE2M1(code) * BlockDivisor(blocks[0], scale));
+  }
+  for (Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
+    if (!IsaSupported(isa)) continue;
+    DequantizeRows(packed.data(), blocks.data(), &scale, 1, 128 * 16, Dtype::kF32, out.data(), isa);
+    EXPECT_EQ(0, std::memcmp(out.data(), ref.data(), ref.size() * 4)) << IsaName(isa);
+  }
+}
+
+TEST(Nvfp4Paths, NonFiniteRowsAndBadWidthsAreReported) {
+  std::vector<float> x(4 * 32, 1.0f);
+  x[2 * 32 + 17] = NAN;
+  x[3 * 32 + 1] = INFINITY;
+  std::vector<uint8_t> codes(4 * 16), blocks(8);
+  std::vector<float> scales(4);
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    if (!IsaSupported(isa)) continue;
+    size_t bad = 99;
+    EXPECT_FALSE(QuantizeRows(Dtype::kF32, x.data(), 4, 32, codes.data(), blocks.data(),
+                              scales.data(), &bad, isa));
+    EXPECT_EQ(bad, 2u) << IsaName(isa);
+  }
+  size_t bad = 99;
+  EXPECT_FALSE(QuantizeRows(Dtype::kF32, x.data(), 1, 24, codes.data(), blocks.data(),
+                            scales.data(), &bad));
+  EXPECT_EQ(bad, 1u);  // a width that is not a multiple of 16: no row is valid
+}
+
+}  // namespace
+}  // namespace kvfile::codec::nvfp4
+
+namespace kvfile::codec::nvfp4 {
+namespace {
+
+TEST(Nvfp4Paths, KvLikeRowsMatchNvidiaOnEveryIsa) {
+  const auto raw = ReadVector("rows_bf16.bin");
+  const auto codes = ReadVector("rows_nvfp4_codes.bin");
+  const auto blocks = ReadVector("rows_nvfp4_block_scales.bin");
+  const auto scales = ReadVector("rows_nvfp4_scales.bin");
+  const size_t rows = 4096, n = 128;
+  ASSERT_EQ(raw.size(), rows * n * 2);
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    if (!IsaSupported(isa)) {
+      std::printf("skipped: %s not supported here\n", IsaName(isa));
+      continue;
+    }
+    std::vector<uint8_t> c(rows * n / 2), b(rows * n / kBlock);
+    std::vector<uint8_t> s(rows * 4);
+    size_t bad = 0;
+    ASSERT_TRUE(QuantizeRows(Dtype::kBF16, raw.data(), rows, n, c.data(), b.data(),
+                             reinterpret_cast<float*>(s.data()), &bad, isa));
+    EXPECT_EQ(c, codes) << IsaName(isa);
+    EXPECT_EQ(b, blocks) << IsaName(isa);
+    EXPECT_EQ(s, scales) << IsaName(isa);
+  }
+}
+
+}  // namespace
+}  // namespace kvfile::codec::nvfp4

@@ -1,0 +1,153 @@
+// SPDX-License-Identifier: Apache-2.0
+// Unit tests of the per-chunk fan-out (src/parallel_chunks.h): worker counts,
+// every chunk run exactly once, which failure is reported, no chunk started
+// after a failure, and the checked per-worker files.
+
+#include "parallel_chunks.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <vector>
+
+namespace kvfile::internal {
+namespace {
+
+TEST(ParallelChunks, WorkerCount) {
+  EXPECT_EQ(WorkerCount(0, 10, 16), 1u);   // at least one
+  EXPECT_EQ(WorkerCount(4, 10, 16), 4u);
+  EXPECT_EQ(WorkerCount(8, 3, 16), 3u);    // at most one per chunk
+  EXPECT_EQ(WorkerCount(64, 100, 16), 16u);  // at most max
+  EXPECT_EQ(WorkerCount(8, 0, 16), 1u);    // no chunk: still one
+}
+
+TEST(ParallelChunks, EveryChunkRunsOnceOnTheWorkersAsked) {
+  for (unsigned workers : {1u, 2u, 3u, 8u}) {
+    std::vector<std::atomic<int>> runs(50);
+    std::mutex mu;
+    std::set<unsigned> seen_workers;
+    std::set<std::thread::id> threads;
+    Status st = ForEachChunk(7, 50, workers, [&](unsigned w, size_t chunk) {
+      ++runs[chunk];
+      std::lock_guard<std::mutex> lock(mu);
+      seen_workers.insert(w);
+      threads.insert(std::this_thread::get_id());
+      return Status::OK();
+    });
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    for (size_t i = 0; i < runs.size(); ++i) EXPECT_EQ(runs[i].load(), i < 7 ? 0 : 1) << "chunk " << i;
+    for (unsigned w : seen_workers) EXPECT_LT(w, workers);
+    EXPECT_TRUE(seen_workers.count(0) == 1 || workers > 1);
+    EXPECT_LE(threads.size(), workers);
+  }
+}
+
+TEST(ParallelChunks, OneWorkerRunsOnTheCallingThreadInOrder) {
+  std::vector<size_t> order;
+  const std::thread::id caller = std::this_thread::get_id();
+  Status st = ForEachChunk(2, 6, 1, [&](unsigned w, size_t chunk) {
+    EXPECT_EQ(w, 0u);
+    EXPECT_EQ(std::this_thread::get_id(), caller);
+    order.push_back(chunk);
+    return Status::OK();
+  });
+  EXPECT_TRUE(st.ok());
+  EXPECT_EQ(order, (std::vector<size_t>{2, 3, 4, 5}));
+  EXPECT_TRUE(ForEachChunk(5, 5, 4, [](unsigned, size_t) { return Status::Corruption("ran"); }).ok());
+}
+
+TEST(ParallelChunks, AFailureStopsLaterChunks) {
+  std::vector<size_t> order;
+  Status st = ForEachChunk(0, 10, 1, [&](unsigned, size_t chunk) {
+    order.push_back(chunk);
+    return chunk == 3 ? Status::Corruption("chunk 3") : Status::OK();
+  });
+  EXPECT_EQ(st.code(), Status::Code::kCorruption);
+  EXPECT_EQ(st.message(), "chunk 3");
+  EXPECT_EQ(order, (std::vector<size_t>{0, 1, 2, 3}));
+}
+
+TEST(ParallelChunks, TheLowestFailedChunkIsReported) {
+  // Chunks 1 and 2 both fail, on two workers, in either order: the result
+  // is chunk 1's whichever failure came first.
+  for (bool lower_fails_first : {false, true}) {
+    for (int round = 0; round < 20; ++round) {
+      std::atomic<bool> two_started{false}, one_failed{false}, two_failed{false};
+      Status st = ForEachChunk(0, 3, 3, [&](unsigned, size_t chunk) {
+        if (chunk == 2) {
+          two_started = true;
+          if (lower_fails_first)
+            while (!one_failed) std::this_thread::yield();
+          two_failed = true;
+          return Status::IOError("chunk 2");
+        }
+        if (chunk == 1) {
+          while (!two_started) std::this_thread::yield();
+          if (!lower_fails_first)
+            while (!two_failed) std::this_thread::yield();
+          one_failed = true;
+          return Status::Corruption("chunk 1");
+        }
+        return Status::OK();
+      });
+      EXPECT_EQ(st.code(), Status::Code::kCorruption) << lower_fails_first;
+      EXPECT_EQ(st.message(), "chunk 1");
+    }
+  }
+}
+
+class WorkerFilesTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("parallel_chunks_test." + std::to_string(getpid()) + "." +
+            testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::create_directories(dir_);
+    path_ = (dir_ / "f").string();
+    std::ofstream(path_) << "abc";
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::filesystem::path dir_;
+  std::string path_;
+};
+
+TEST_F(WorkerFilesTest, OpensTheSameFile) {
+  FileSystem* fs = FileSystem::Default();
+  std::unique_ptr<File> original;
+  ASSERT_TRUE(fs->Open(path_, OpenMode::kRead, &original).ok());
+  std::vector<std::unique_ptr<File>> files;
+  ASSERT_TRUE(OpenWorkerFiles(*fs, path_, *original, 3, "while testing", &files).ok());
+  ASSERT_EQ(files.size(), 3u);
+  FileId id, other;
+  ASSERT_TRUE(original->Id(&id).ok());
+  for (auto& f : files) {
+    ASSERT_TRUE(f->Id(&other).ok());
+    EXPECT_TRUE(other == id);
+  }
+  ASSERT_TRUE(OpenWorkerFiles(*fs, path_, *original, 0, "while testing", &files).ok());
+  EXPECT_EQ(files.size(), 3u);
+}
+
+TEST_F(WorkerFilesTest, AReplacedFileIsRefused) {
+  FileSystem* fs = FileSystem::Default();
+  std::unique_ptr<File> original;
+  ASSERT_TRUE(fs->Open(path_, OpenMode::kRead, &original).ok());
+  const std::string other = (dir_ / "g").string();
+  std::ofstream(other) << "abc";
+  std::filesystem::rename(other, path_);
+  std::vector<std::unique_ptr<File>> files;
+  Status st = OpenWorkerFiles(*fs, path_, *original, 2, "while testing", &files);
+  EXPECT_EQ(st.code(), Status::Code::kFailed);
+  EXPECT_EQ(st.message(), path_ + ": the file was replaced while testing");
+  EXPECT_TRUE(files.empty());
+}
+
+}  // namespace
+}  // namespace kvfile::internal

@@ -1,0 +1,414 @@
+// SPDX-License-Identifier: Apache-2.0
+// Tests of the reader (src/reader.cc): expectations at open, reads of a
+// damaged section leave the buffer alone, LongestCommonPrefix, and ReadMany
+// against ReadRows over every range, target set and thread count.
+
+#include "support/kv_test_util.h"
+#include "testing_hooks.h"
+
+namespace kvfile {
+namespace {
+
+using namespace kvfile::test;
+
+// ---- expectations at open ----------------------------------------------------------------
+
+TEST_F(KvFileTest, ReaderExpectationsNameTheFirstDifference) {
+  Geometry g = Preset("tiny", Dtype::kE4M3);
+  Sequence q = MakeSequence(g, Dtype::kBF16, 3);
+  WriteSequence(Path(), q, Options(8), {3});
+  auto open = [&](std::optional<ModelIdentity> id, std::optional<Geometry> geo) {
+    ReaderOptions o;
+    o.expect_identity = std::move(id);
+    o.expect_geometry = std::move(geo);
+    std::unique_ptr<Reader> r;
+    Status st = Reader::Open(Path(), o, &r);
+    EXPECT_EQ(st.ok(), r != nullptr);
+    return st;
+  };
+  ASSERT_OK(open(kIdentity, g));
+  ASSERT_OK(open(kIdentity, std::nullopt));
+  ASSERT_OK(open(std::nullopt, g));
+
+  ModelIdentity id = kIdentity;
+  id.model_id = "org/other";
+  EXPECT_TRUE(HasCode(open(id, g), Code::kMismatch,
+                      {Path(), "model id: file has 'org/test-model', expected 'org/other'"}));
+  id = kIdentity;
+  id.fingerprint ^= 1;
+  EXPECT_TRUE(HasCode(open(id, std::nullopt), Code::kMismatch, {"model fingerprint"}));
+  Geometry e = g;
+  e.layers = 32;
+  EXPECT_TRUE(HasCode(open(std::nullopt, e), Code::kMismatch, {"layer count: file has 2, expected 32"}));
+  e = g;
+  e.streams[0].row_width = 128;
+  EXPECT_TRUE(HasCode(open(kIdentity, e), Code::kMismatch, {"stream 'k' row width: file has 16, expected 128"}));
+  e = g;
+  e.streams[1].dtype = Dtype::kE5M2;
+  EXPECT_TRUE(HasCode(open(kIdentity, e), Code::kMismatch, {"stream 'v' dtype: file has e4m3, expected e5m2"}));
+  // The preset of another model: the layer count differs first.
+  EXPECT_TRUE(HasCode(open(kIdentity, Preset("llama-3.1-8b")), Code::kMismatch, {"layer count"}));
+  // Several differences: the identity is named first.
+  id = kIdentity;
+  id.model_id = "x";
+  EXPECT_TRUE(HasCode(open(id, e), Code::kMismatch, {"model id"}));
+}
+
+TEST_F(DamageTest, DamagedSectionFailsReadsAndLeavesTheBufferAlone) {
+  ASSERT_NO_FATAL_FAILURE(Write());
+  // A code byte of chunk 1, layer 1, stream 'k'.
+  const auto& sec = layout8_.section(1, 0);
+  XorByte(Path(), ChunkOffset(1) + sec.offset + 37, 0x01);
+  std::unique_ptr<Reader> r;
+  ASSERT_OK(Reader::Open(Path(), {}, &r));  // payloads are checked on read
+  ASSERT_EQ(r->token_count(), 20u);
+
+  const size_t row_bytes = 2 * 16;  // per token of one stream: 2 rows of 16
+  auto sentinel = [](size_t n) {
+    Bytes b(n);
+    for (size_t i = 0; i < n; ++i) b[i] = static_cast<uint8_t>(0xA5 ^ (i * 7));
+    return b;
+  };
+  for (auto [b, end] : std::vector<std::pair<uint64_t, uint64_t>>{{0, 20}, {8, 16}, {7, 9}, {15, 17}, {10, 11}}) {
+    SCOPED_TRACE(std::to_string(b) + ".." + std::to_string(end));
+    for (Dtype out : {Dtype::kF32, Dtype::kBF16}) {
+      Bytes dst = sentinel(20 * row_bytes * 4);
+      Bytes before = dst;
+      EXPECT_TRUE(HasCode(r->ReadRows(1, 0, b, end, out, dst.data()), Code::kCorruption,
+                          {Path(), "chunk 1 at offset 16384", "layer 1", "stream 'k'", "checksum"}));
+      EXPECT_TRUE(dst == before);
+    }
+    Bytes codes = sentinel(20 * row_bytes);
+    Bytes codes_before = codes;
+    Bytes scales = sentinel(20 * 2 * 4);
+    Bytes scales_before = scales;
+    EXPECT_TRUE(HasCode(r->ReadCodes(1, 0, b, end, codes.data(), reinterpret_cast<float*>(scales.data())),
+                        Code::kCorruption, {"chunk 1"}));
+    EXPECT_TRUE(codes == codes_before);
+    EXPECT_TRUE(scales == scales_before);
+  }
+  // Everything not touching the damaged section still reads correctly.
+  CheckRange(*r, q_, e_, 1, 0, 0, 8, Dtype::kF32);
+  CheckRange(*r, q_, e_, 1, 0, 16, 20, Dtype::kBF16);
+  for (uint32_t s = 0; s < 2; ++s) CheckRange(*r, q_, e_, 0, s, 0, 20, Dtype::kF32);
+  CheckRange(*r, q_, e_, 1, 1, 0, 20, Dtype::kF16);
+  EXPECT_TRUE(HasCode(hooks::ReaderAccess::VerifyChunk(*r, 1), Code::kCorruption, {"chunk 1", "layer 1", "stream 'k'"}));
+  ASSERT_OK(hooks::ReaderAccess::VerifyChunk(*r, 0));
+  ASSERT_OK(hooks::ReaderAccess::VerifyChunk(*r, 2));
+}
+
+// ---- LongestCommonPrefix ---------------------------------------------------------------------
+
+TEST_F(KvFileTest, LongestCommonPrefix) {
+  Geometry g = Preset("tiny", Dtype::kE4M3);
+  Sequence q = MakeSequence(g, Dtype::kBF16, 21);
+  for (uint64_t t = 0; t < q.n; ++t) q.tokens[t] = static_cast<uint32_t>(1000 + t);
+  WriteSequence(Path(), q, Options(8), {21});
+  std::unique_ptr<Reader> r;
+  ASSERT_OK(Reader::Open(Path(), {}, &r));
+  std::vector<uint32_t> prompt = q.tokens;
+  EXPECT_EQ(r->LongestCommonPrefix({}), 0u);
+  EXPECT_EQ(r->LongestCommonPrefix(prompt), 21u);
+  prompt[10] = 7;  // diverges in the middle (inside chunk 1)
+  EXPECT_EQ(r->LongestCommonPrefix(prompt), 10u);
+  prompt[0] = 7;
+  EXPECT_EQ(r->LongestCommonPrefix(prompt), 0u);
+  prompt = q.tokens;
+  prompt.insert(prompt.end(), {5, 6, 7});  // longer than the file
+  EXPECT_EQ(r->LongestCommonPrefix(prompt), 21u);
+  prompt.resize(8);  // a shorter prompt, ending on a chunk boundary
+  EXPECT_EQ(r->LongestCommonPrefix(prompt), 8u);
+  prompt.resize(1);
+  EXPECT_EQ(r->LongestCommonPrefix(prompt), 1u);
+  prompt = q.tokens;
+  prompt[20] = 1;  // differs in the last token only
+  EXPECT_EQ(r->LongestCommonPrefix(prompt), 20u);
+
+  // An empty file.
+  std::unique_ptr<Writer> w;
+  ASSERT_OK(Writer::Create(Path("empty.kv"), g, kIdentity, Options(8), &w));
+  ASSERT_OK(w->Close());
+  ASSERT_OK(Reader::Open(Path("empty.kv"), {}, &r));
+  EXPECT_EQ(r->token_count(), 0u);
+  EXPECT_TRUE(r->chunks().empty());
+  EXPECT_EQ(r->LongestCommonPrefix(q.tokens), 0u);
+  EXPECT_EQ(r->LongestCommonPrefix({}), 0u);
+  EXPECT_EQ(FileSize(Path("empty.kv")), format::kDataOffset);
+  Bytes out(16, 0x11);
+  ASSERT_OK(r->ReadRows(0, 0, 0, 0, Dtype::kF32, out.data()));
+  EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](uint8_t c) { return c == 0x11; }));
+  EXPECT_TRUE(HasCode(r->ReadRows(0, 0, 0, 1, Dtype::kF32, out.data()), Code::kInvalidArgument));
+}
+
+TEST_F(ReadManyTest, EqualsReadRowsOverEveryRangeAndThreadCount) {
+  ASSERT_NO_FATAL_FAILURE(Write());
+  auto r = Open(Path());
+  ASSERT_NE(r, nullptr);
+  ASSERT_EQ(r->chunks().size(), 5u);
+  ASSERT_EQ(r->chunks().back().stored_tokens, 5u);
+  CheckReadManyOverChunks(*r, q_, e_);
+}
+
+// The big mixed preset: fp8 latent and rope beside the raw bf16 indexer.
+TEST_F(ReadManyTest, DsaMixedPreset) {
+  for (Dtype fp8 : {Dtype::kE4M3, Dtype::kE5M2}) {
+    SCOPED_TRACE(DtypeName(fp8));
+    Sequence q = MakeSequence(Preset("dsa-mixed", fp8), Dtype::kF32, 11, 4);
+    Expected e = ComputeExpected(q);
+    WriteSequence(Path(), q, Options(4, SyncMode::kNone), Sizes(Schedule::kMixed, q.n, 4));
+    auto r = Open(Path());
+    ASSERT_NE(r, nullptr);
+    for (auto [b, end] : std::vector<std::pair<uint64_t, uint64_t>>{{0, 11}, {3, 9}, {4, 8}, {9, 11}})
+      ASSERT_NO_FATAL_FAILURE(ExpectReadManyMatchesReadRows(*r, AllPairs(q.g), b, end, kOutDtypes[(b + end) % 3]));
+    // One independent check that the reference is right.
+    Bytes want = ExpectedRows(q, e, 60, 2, 0, 11, Dtype::kBF16);
+    Bytes got(want.size());
+    ASSERT_OK(r->ReadRows(60, 2, 0, 11, Dtype::kBF16, got.data()));
+    ASSERT_TRUE(got == want);
+    r.reset();
+    std::filesystem::remove(Path());
+  }
+}
+
+TEST_F(ReadManyTest, SubsetsOfTargetsInAnyOrder) {
+  ASSERT_NO_FATAL_FAILURE(Write());
+  auto r = Open(Path());
+  ASSERT_NE(r, nullptr);
+  std::vector<Pair> all = AllPairs(q_.g);
+  std::vector<Pair> reversed(all.rbegin(), all.rend());
+  const std::vector<std::vector<Pair>> subsets = {
+      {{2, 0}, {2, 1}, {2, 2}, {2, 3}, {2, 4}},  // one layer
+      {{0, 1}, {3, 1}},                          // non-adjacent layers, one stream
+      {{3, 4}, {0, 2}, {1, 0}},                  // scattered, out of order
+      {{1, 3}},
+      reversed,
+  };
+  for (const auto& pairs : subsets)
+    for (auto [b, end] : std::vector<std::pair<uint64_t, uint64_t>>{{0, 37}, {3, 30}, {16, 17}})
+      ASSERT_NO_FATAL_FAILURE(ExpectReadManyMatchesReadRows(*r, pairs, b, end, kOutDtypes[b % 3]));
+}
+
+TEST_F(ReadManyTest, EmptyRangeAndNoTargets) {
+  ASSERT_NO_FATAL_FAILURE(Write());
+  auto r = Open(Path());
+  ASSERT_NE(r, nullptr);
+  for (unsigned threads : kThreadCounts) {
+    for (uint64_t at : {uint64_t{0}, uint64_t{8}, uint64_t{20}, uint64_t{37}}) {
+      Destinations d(q_.g, AllPairs(q_.g), 1, Dtype::kF32);  // room for a token, none read
+      ASSERT_OK(r->ReadMany(d.targets, at, at, Dtype::kF32, threads));
+      for (const Bytes& b : d.bufs)
+        ASSERT_TRUE(std::all_of(b.begin(), b.end(), [](uint8_t c) { return c == kFill; })) << at;
+    }
+    ASSERT_OK(r->ReadMany({}, 0, 37, Dtype::kBF16, threads));
+    ASSERT_OK(r->ReadMany({}, 5, 5, Dtype::kF16, threads));
+    // No target does not make a bad argument good.
+    EXPECT_TRUE(HasCode(r->ReadMany({}, 30, 38, Dtype::kF32, threads), Code::kInvalidArgument,
+                        {Path(), "token range [30, 38)"}));
+    EXPECT_TRUE(HasCode(r->ReadMany({}, 9, 8, Dtype::kF32, threads), Code::kInvalidArgument,
+                        {Path(), "token range [9, 8)"}));
+    EXPECT_TRUE(HasCode(r->ReadMany({}, 0, 37, Dtype::kE4M3, threads), Code::kInvalidArgument,
+                        {Path(), "decoded reads produce"}));
+  }
+}
+
+TEST_F(ReadManyTest, InvalidArgumentsLeaveEveryDestinationAlone) {
+  ASSERT_NO_FATAL_FAILURE(Write());
+  auto r = Open(Path());
+  ASSERT_NE(r, nullptr);
+  struct Case {
+    const char* what;
+    uint32_t layer, stream;  // of the last target
+    bool null_dst;
+    uint64_t begin, end;
+    Dtype out;
+    const char* needle;
+  };
+  const Case cases[] = {
+      {"layer", 4, 0, false, 0, 37, Dtype::kF32, "layer 4 out of range"},
+      {"stream", 1, 5, false, 0, 37, Dtype::kF32, "stream 5 out of range"},
+      {"past the end", 0, 0, false, 30, 38, Dtype::kF32, "token range [30, 38)"},
+      {"reversed", 0, 0, false, 9, 8, Dtype::kF32, "token range [9, 8)"},
+      {"e4m3", 0, 0, false, 0, 37, Dtype::kE4M3, "decoded reads produce"},
+      {"e5m2", 0, 0, false, 0, 37, Dtype::kE5M2, "decoded reads produce"},
+      {"null", 2, 2, true, 0, 37, Dtype::kF32, "without a destination"},
+  };
+  for (const Case& c : cases) {
+    for (unsigned threads : {1u, 2u}) {
+      SCOPED_TRACE(std::string(c.what) + ", threads " + std::to_string(threads));
+      std::vector<Pair> pairs = AllPairs(q_.g);
+      pairs.push_back({c.layer, c.stream});
+      // Room for the whole file as f32, whatever the case asks for.
+      std::vector<Bytes> bufs;
+      std::vector<RowsTarget> targets;
+      for (size_t i = 0; i < pairs.size(); ++i) bufs.emplace_back(37 * 6 * 16 * 4, kFill);
+      for (size_t i = 0; i < pairs.size(); ++i) targets.push_back({pairs[i].first, pairs[i].second, bufs[i].data()});
+      if (c.null_dst) targets.back().dst = nullptr;
+      EXPECT_TRUE(HasCode(r->ReadMany(targets, c.begin, c.end, c.out, threads), Code::kInvalidArgument,
+                          {Path(), c.needle}));
+      for (size_t i = 0; i < bufs.size(); ++i)
+        ASSERT_TRUE(std::all_of(bufs[i].begin(), bufs[i].end(), [](uint8_t b) { return b == kFill; })) << i;
+    }
+  }
+}
+
+// ReadMany of every pair over [begin, end) fails naming `chunk`, and leaves
+// every destination zero (and the byte past it alone).
+void ExpectReadManyFailsAndZeroes(Reader& r, uint64_t begin, uint64_t end, size_t chunk,
+                                  std::initializer_list<std::string> needles) {
+  std::string where = "chunk " + std::to_string(chunk) + " at offset " + std::to_string(r.chunks()[chunk].offset);
+  for (unsigned threads : {1u, 2u, 8u}) {
+    for (Dtype out : kOutDtypes) {
+      SCOPED_TRACE("[" + std::to_string(begin) + ", " + std::to_string(end) + ") threads " +
+                   std::to_string(threads) + " as " + DtypeName(out));
+      Destinations d(r.geometry(), AllPairs(r.geometry()), end - begin, out);
+      Status st = r.ReadMany(d.targets, begin, end, out, threads);
+      EXPECT_TRUE(HasCode(st, Code::kCorruption, {r.path(), where}));
+      for (const std::string& n : needles) EXPECT_NE(st.message().find(n), std::string::npos) << st.message();
+      for (size_t i = 0; i < d.bufs.size(); ++i) {
+        ASSERT_TRUE(std::all_of(d.bufs[i].begin(), d.bufs[i].end() - 1, [](uint8_t b) { return b == 0; }))
+            << "target " << i << " not zero-filled";
+        ASSERT_EQ(d.bufs[i].back(), kFill) << "target " << i;
+      }
+    }
+  }
+}
+
+TEST_F(ReadManyTest, DamagedChunkFailsNamingItAndZeroFillsEveryDestination) {
+  ASSERT_NO_FATAL_FAILURE(Write());
+  const std::string bad = Path("bad.kv");
+  std::filesystem::copy_file(Path(), bad);
+  {
+    auto clean = Open(Path());
+    ASSERT_NE(clean, nullptr);
+    DamageSection(bad, *clean, 2, 1, 2, 5);  // chunk 2 [16,24), layer 1, raw bf16 'idx'
+  }
+  auto r = Open(bad);  // payloads are checked on read
+  ASSERT_NE(r, nullptr);
+  ExpectReadManyFailsAndZeroes(*r, 0, 37, 2, {"layer 1", "stream 'idx'", "checksum"});
+  ExpectReadManyFailsAndZeroes(*r, 15, 17, 2, {"layer 1", "stream 'idx'"});
+  ExpectReadManyFailsAndZeroes(*r, 23, 37, 2, {"layer 1", "stream 'idx'"});
+  // Ranges and targets that do not need the damaged section still read.
+  auto clean = Open(Path());
+  ASSERT_NE(clean, nullptr);
+  for (auto [b, end] : std::vector<std::pair<uint64_t, uint64_t>>{{0, 16}, {24, 37}, {3, 16}}) {
+    for (unsigned threads : kThreadCounts) {
+      Destinations want(q_.g, AllPairs(q_.g), end - b, Dtype::kBF16);
+      Destinations got(q_.g, AllPairs(q_.g), end - b, Dtype::kBF16);
+      ASSERT_OK(clean->ReadMany(want.targets, b, end, Dtype::kBF16, threads));
+      ASSERT_OK(r->ReadMany(got.targets, b, end, Dtype::kBF16, threads));
+      ASSERT_TRUE(got.bufs == want.bufs);
+    }
+  }
+  std::vector<Pair> others = AllPairs(q_.g);
+  std::erase(others, Pair{1, 2});
+  ASSERT_NO_FATAL_FAILURE(ExpectReadManyMatchesReadRows(*r, others, 0, 37, Dtype::kF32));
+
+  // Damage in a second, later chunk (the short last one, an fp8 section):
+  // the first damaged chunk is the one named, whatever the thread count.
+  DamageSection(bad, *r, 4, 3, 0, 40);
+  r = Open(bad);
+  ASSERT_NE(r, nullptr);
+  ExpectReadManyFailsAndZeroes(*r, 0, 37, 2, {"layer 1", "stream 'idx'"});
+  ExpectReadManyFailsAndZeroes(*r, 20, 37, 2, {"layer 1", "stream 'idx'"});
+  ExpectReadManyFailsAndZeroes(*r, 24, 37, 4, {"layer 3", "stream 'k'"});
+  ExpectReadManyFailsAndZeroes(*r, 36, 37, 4, {"layer 3", "stream 'k'"});
+}
+
+// A value the checksum cannot see (resealed): the check of codes and scales
+// fails the read too.
+TEST_F(ReadManyTest, InvalidCodeWithValidChecksumFailsTheRead) {
+  ASSERT_NO_FATAL_FAILURE(Write());
+  auto r = Open(Path());
+  ASSERT_NE(r, nullptr);
+  const ChunkInfo c = r->chunks()[1];
+  ChunkLayout layout;
+  ASSERT_OK(ComputeChunkLayout(q_.g, c.stored_tokens, &layout));
+  uint8_t nan_code = 0x7F;  // e4m3 NaN; token 10, row 1 of layer 0 'k'
+  PokeBytes(Path(), c.offset + layout.section(0, 0).offset + (2 * 2 + 1) * 16 + 3, &nan_code, 1);
+  Reseal(Path(), c.offset, layout);
+  r = Open(Path());
+  ASSERT_NE(r, nullptr);
+  ExpectReadManyFailsAndZeroes(*r, 0, 37, 1, {"layer 0", "stream 'k'", "non-finite code at token 10"});
+  ExpectReadManyFailsAndZeroes(*r, 10, 11, 1, {"non-finite code at token 10"});
+}
+
+// ---- Reader::ReadManyCodes ----------------------------------------------------------------
+
+// The fp8 pairs of a geometry (the streams ReadManyCodes reads in a v2 file).
+std::vector<Pair> Fp8Pairs(const Geometry& g) {
+  std::vector<Pair> pairs;
+  for (auto [layer, s] : AllPairs(g))
+    if (IsFp8(g.streams[s].dtype)) pairs.push_back({layer, s});
+  return pairs;
+}
+
+// Codes and scales of `pairs` over [begin, end), as ReadCodes gives them,
+// with a spare byte past each end (kFill) that no read may touch.
+struct CodeDestinations {
+  std::vector<Bytes> codes, scales;
+  std::vector<CodesTarget> targets;
+  CodeDestinations(const Geometry& g, const std::vector<Pair>& pairs, uint64_t tokens) {
+    for (auto [layer, s] : pairs) {
+      codes.emplace_back(tokens * g.streams[s].ElementsPerToken() + 1, kFill);
+      scales.emplace_back(tokens * g.streams[s].rows_per_token * 4 + 1, kFill);
+    }
+    for (size_t i = 0; i < pairs.size(); ++i)
+      targets.push_back({pairs[i].first, pairs[i].second, codes[i].data(), reinterpret_cast<float*>(scales[i].data())});
+  }
+};
+
+TEST_F(ReadManyTest, CodesEqualReadCodesOverEveryRangeAndThreadCount) {
+  ASSERT_NO_FATAL_FAILURE(Write());
+  auto r = Open(Path());
+  ASSERT_NE(r, nullptr);
+  const std::vector<Pair> pairs = Fp8Pairs(q_.g);
+  ASSERT_EQ(pairs.size(), 8u);
+  auto ranges = RangesOverChunks(*r);
+  ranges.push_back({5, 5});
+  for (auto [b, end] : ranges) {
+    SCOPED_TRACE("[" + std::to_string(b) + ", " + std::to_string(end) + ")");
+    CodeDestinations want(q_.g, pairs, end - b);
+    for (size_t i = 0; i < pairs.size(); ++i)
+      ASSERT_OK(r->ReadCodes(pairs[i].first, pairs[i].second, b, end, want.codes[i].data(),
+                             reinterpret_cast<float*>(want.scales[i].data())));
+    for (unsigned threads : kThreadCounts) {
+      CodeDestinations got(q_.g, pairs, end - b);
+      ASSERT_OK(r->ReadManyCodes(got.targets, b, end, threads));
+      ASSERT_TRUE(got.codes == want.codes && got.scales == want.scales) << "threads " << threads;
+    }
+  }
+  // A raw stream has no codes: refused before anything is read.
+  CodeDestinations got(q_.g, {{0, 0}, {1, 2}}, 37);
+  Status st = r->ReadManyCodes(got.targets, 0, 37, 2);
+  EXPECT_EQ(st.code(), Status::Code::kInvalidArgument);
+  EXPECT_NE(st.message().find("stream 'idx' is stored raw (bf16)"), std::string::npos) << st.ToString();
+  EXPECT_TRUE(got.codes[0] == Bytes(got.codes[0].size(), kFill));
+}
+
+TEST_F(ReadManyTest, CodesOfADamagedChunkFailNamingItAndZeroFill) {
+  ASSERT_NO_FATAL_FAILURE(Write());
+  {
+    auto clean = Open(Path());
+    ASSERT_NE(clean, nullptr);
+    DamageSection(Path(), *clean, 4, 3, 0, 40);  // the short last chunk, layer 3 'k'
+  }
+  auto r = Open(Path());
+  ASSERT_NE(r, nullptr);
+  for (unsigned threads : kThreadCounts) {
+    CodeDestinations got(q_.g, Fp8Pairs(q_.g), 37);
+    Status st = r->ReadManyCodes(got.targets, 0, 37, threads);
+    EXPECT_EQ(st.code(), Status::Code::kCorruption);
+    for (const char* part : {"chunk 4", "layer 3", "stream 'k'"})
+      EXPECT_NE(st.message().find(part), std::string::npos) << st.ToString();
+    for (size_t i = 0; i < got.codes.size(); ++i) {
+      EXPECT_TRUE(std::all_of(got.codes[i].begin(), got.codes[i].end() - 1, [](uint8_t b) { return b == 0; }));
+      EXPECT_TRUE(std::all_of(got.scales[i].begin(), got.scales[i].end() - 1, [](uint8_t b) { return b == 0; }));
+      EXPECT_EQ(got.codes[i].back(), kFill);
+    }
+  }
+  CodeDestinations got(q_.g, Fp8Pairs(q_.g), 32);
+  ASSERT_OK(r->ReadManyCodes(got.targets, 0, 32, 3));  // the chunks before it still read
+}
+
+}  // namespace
+}  // namespace kvfile

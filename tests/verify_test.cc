@@ -1,0 +1,110 @@
+// SPDX-License-Identifier: Apache-2.0
+// Tests of VerifyFile (src/verify.cc) with worker threads: a clean file,
+// and findings in chunk order whatever the thread count.
+
+#include "support/kv_test_util.h"
+
+namespace kvfile {
+namespace {
+
+using namespace kvfile::test;
+
+// ---- VerifyFile with worker threads ------------------------------------------------------------
+
+std::string Describe(const std::vector<VerifyFinding>& findings) {
+  std::string s;
+  for (const VerifyFinding& f : findings)
+    s += (f.error ? "error" : "warning") + std::string(" chunk ") + std::to_string(f.chunk) + " offset " +
+         std::to_string(f.offset) + ": " + f.message + "\n";
+  return s;
+}
+
+VerifyReport Verify(const std::string& path, unsigned threads, bool quick = false) {
+  VerifyOptions o;
+  o.threads = threads;
+  o.quick = quick;
+  VerifyReport rep;
+  Status st = VerifyFile(path, o, &rep);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  EXPECT_TRUE(rep.opened);
+  return rep;
+}
+
+class VerifyThreadsTest : public KvFileTest {
+ protected:
+  // tiny, 203 tokens in chunks of 4: 51 chunks of 4096 bytes, the last short.
+  void Write() {
+    q_ = MakeSequence(Preset("tiny"), Dtype::kBF16, 203, 8);
+    WriteSequence(Path(), q_, Options(4), Sizes(Schedule::kMixed, q_.n, 4));
+    ASSERT_OK(Reader::Open(Path(), {}, &r_));
+    ASSERT_EQ(r_->chunks().size(), 51u);
+  }
+  Sequence q_;
+  std::unique_ptr<Reader> r_;
+};
+
+TEST_F(VerifyThreadsTest, CleanFileHasNoFindings) {
+  ASSERT_NO_FATAL_FAILURE(Write());
+  for (unsigned threads : {0u, 1u, 2u, 4u, 64u}) {
+    for (bool quick : {false, true}) {
+      SCOPED_TRACE(std::to_string(threads) + (quick ? " quick" : ""));
+      VerifyReport rep = Verify(Path(), threads, quick);
+      EXPECT_EQ(rep.findings.size(), 0u) << Describe(rep.findings);
+      EXPECT_EQ(rep.tokens, 203u);
+      EXPECT_EQ(rep.chunks, 51u);
+      EXPECT_EQ(rep.bytes, FileSize(Path()));
+      EXPECT_EQ(rep.valid_end, FileSize(Path()));
+    }
+  }
+}
+
+TEST_F(VerifyThreadsTest, FindingsAreTheSameInChunkOrderWhateverTheThreadCount) {
+  ASSERT_NO_FATAL_FAILURE(Write());
+  // Checksum damage in chunks 7 and 41 (a code, a scale), an invalid code
+  // under a valid checksum in chunk 23, and a torn tail.
+  DamageSection(Path(), *r_, 41, 1, 1, 3);
+  DamageSection(Path(), *r_, 7, 0, 0, 60);
+  ChunkLayout layout;
+  ASSERT_OK(ComputeChunkLayout(q_.g, 4, &layout));
+  XorByte(Path(), r_->chunks()[41].offset + layout.section(0, 1).scales_offset + 1, 0x04);
+  const uint64_t c23 = r_->chunks()[23].offset;
+  uint8_t nan_code = 0xFF;
+  PokeBytes(Path(), c23 + layout.section(1, 0).offset + 2 * 32 + 5, &nan_code, 1);  // token 94
+  Reseal(Path(), c23, layout);
+  Bytes garbage(100, 0x42);
+  PokeBytes(Path(), FileSize(Path()), garbage.data(), garbage.size());
+
+  VerifyReport one = Verify(Path(), 1);
+  ASSERT_EQ(one.findings.size(), 4u) << Describe(one.findings);
+  const int64_t want_chunks[] = {7, 23, 41, 51};
+  for (size_t i = 0; i < 3; ++i) {
+    const VerifyFinding& f = one.findings[i];
+    EXPECT_TRUE(f.error);
+    EXPECT_EQ(f.chunk, want_chunks[i]);
+    EXPECT_EQ(f.offset, static_cast<int64_t>(r_->chunks()[f.chunk].offset));
+    EXPECT_EQ(f.message.rfind("chunk " + std::to_string(f.chunk) + " at offset " + std::to_string(f.offset), 0), 0u)
+        << f.message;
+  }
+  EXPECT_NE(one.findings[0].message.find("layer 0 stream 'k'"), std::string::npos) << one.findings[0].message;
+  EXPECT_NE(one.findings[1].message.find("non-finite code at token 94"), std::string::npos) << one.findings[1].message;
+  EXPECT_NE(one.findings[2].message.find("checksum"), std::string::npos) << one.findings[2].message;
+  EXPECT_FALSE(one.findings[3].error);  // the torn tail, a warning, last
+  EXPECT_EQ(one.findings[3].chunk, want_chunks[3]);
+  EXPECT_EQ(one.torn_tail_bytes, 100u);
+
+  const std::string want = Describe(one.findings);
+  for (unsigned threads : {2u, 4u, 16u}) {
+    for (int run = 0; run < 10; ++run) {
+      VerifyReport rep = Verify(Path(), threads);
+      ASSERT_EQ(Describe(rep.findings), want) << "threads " << threads << ", run " << run;
+    }
+  }
+  // quick: structure only; payload damage is not seen, the tail is.
+  for (unsigned threads : {1u, 2u, 4u}) {
+    VerifyReport rep = Verify(Path(), threads, /*quick=*/true);
+    ASSERT_EQ(Describe(rep.findings), Describe({one.findings[3]})) << "threads " << threads;
+  }
+}
+
+}  // namespace
+}  // namespace kvfile

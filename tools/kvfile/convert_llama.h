@@ -1,0 +1,40 @@
+// SPDX-License-Identifier: Apache-2.0
+// kvfile convert to and from llama.cpp state files (sequence state 'ggsq',
+// session 'ggsn'): the import into a .kv file and the export of a .kv file
+// whose streams are k and v. cmd_convert.cc dispatches here.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <set>
+#include <string>
+
+#include "kvfile/geometry.h"
+#include "kvfile/reader.h"
+#include "kvfile/status.h"
+
+namespace kvfile::cli {
+
+// True if `path` is a regular file starting with a llama.cpp state magic.
+bool IsLlamaStateFile(const std::string& path);
+
+struct LlamaImport {
+  std::optional<Dtype> dtype;       // --dtype (default e4m3)
+  std::set<std::string> keep_raw;   // streams stored raw (a raw --dtype, else lossless: the cache's type, f32 for q8_0)
+  std::optional<uint32_t> head_size;  // values per KV head (default 128 when it divides the rows)
+  std::optional<uint32_t> chunk_tokens;
+  uint16_t major = 2;
+};
+Status ImportLlama(const std::string& in, const std::string& tmp, const LlamaImport& o, std::string* summary);
+
+struct LlamaExport {
+  bool session = false;               // --format llama-session (else llama-seq)
+  std::optional<std::string> type;    // --dtype: f16 (default), bf16, f32, q8_0
+  std::optional<uint32_t> v_trans;    // --v-trans (default: the imported file's, else 0)
+  std::optional<std::string> arch;    // --arch (default: the imported file's)
+};
+// Exports the first `tokens` tokens of `r` (read from `in`).
+Status ExportLlama(const std::string& in, Reader& r, uint64_t tokens, const std::string& tmp, const LlamaExport& o,
+                   std::string* summary, std::string* warning);
+
+}  // namespace kvfile::cli

@@ -1,0 +1,513 @@
+// SPDX-License-Identifier: Apache-2.0
+// kvfile convert between a .kv file and a directory of Mooncake FP8 codec
+// records (kvfile/mooncake.h) with a manifest.json: one record per (chunk,
+// layer, fp8 stream). docs/formats.md describes the directory.
+//
+// The directory is written under a temporary name next to OUT and renamed
+// into place when complete; an existing OUT (only one this command wrote,
+// with --force) is exchanged with it in one rename (renameat2
+// RENAME_EXCHANGE; where the file system lacks it, renamed aside first) and
+// removed after, and its mode, owner and group carry over. A symlink OUT is
+// followed (the link stays). Temporary directories of killed runs are
+// removed by the next export to the same OUT.
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <tuple>
+
+#include "kvfile/replace.h"
+#include "cli_common.h"
+#include "convert_seeds.h"
+#include "kvfile/codec.h"
+#include "kvfile/mooncake.h"
+#include "kvfile/reader.h"
+#include "kvfile/safetensors.h"
+#include "kvfile/writer.h"
+#include "signals.h"
+
+namespace kvfile::cli {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr char kManifest[] = "manifest.json";
+constexpr char kManifestFormat[] = "kvfile-mooncake";
+constexpr int kManifestVersion = 1;
+constexpr uint64_t kMaxManifestBytes = uint64_t{1} << 30;
+
+std::string LogicalKey(uint64_t fingerprint, const std::string& stream, uint32_t layer, uint64_t b, uint64_t e) {
+  return "kvfile/" + safetensors::FingerprintHex(fingerprint) + "/" + stream + "/L" + std::to_string(layer) + "/T" +
+         std::to_string(b) + "-" + std::to_string(e);
+}
+
+Status WriteWhole(const std::string& path, const void* data, size_t n) {
+  std::unique_ptr<File> f;
+  KVFILE_RETURN_IF_ERROR(FileSystem::Default()->Open(path, OpenMode::kCreateExclusive, &f));
+  KVFILE_RETURN_IF_ERROR(f->WriteAt(0, data, n));
+  return f->Sync();
+}
+
+// Reads a whole file of at most `limit` bytes (kCorruption if larger).
+Status ReadWhole(const std::string& path, uint64_t limit, std::vector<uint8_t>* out) {
+  std::unique_ptr<File> f;
+  KVFILE_RETURN_IF_ERROR(FileSystem::Default()->Open(path, OpenMode::kRead, &f));
+  uint64_t size = 0;
+  KVFILE_RETURN_IF_ERROR(f->Size(&size));
+  if (size > limit)
+    return Status::Corruption(path + ": " + std::to_string(size) + " bytes; expected " + std::to_string(limit));
+  out->resize(size);
+  return f->ReadAt(0, out->data(), size);
+}
+
+void RemoveTree(const std::string& dir) {
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+}
+
+// Removes the temporary directory unless released.
+struct TempDir {
+  std::string path;
+  bool keep = false;
+  ~TempDir() {
+    if (!keep && !path.empty()) RemoveTree(path);
+  }
+};
+
+// `name` is "<base>.kvtmp-<pid>" or "<base>.kvold-<pid>": *old says which.
+bool IsTempOf(const std::string& base, const std::string& name, long* pid, bool* old) {
+  for (const char* tag : {".kvtmp-", ".kvold-"}) {
+    std::string prefix = base + tag;
+    if (!name.starts_with(prefix) || name.size() == prefix.size() || name.size() - prefix.size() > 9) continue;
+    std::string digits = name.substr(prefix.size());
+    if (digits.find_first_not_of("0123456789") != std::string::npos) return false;
+    *pid = std::stol(digits);
+    *old = tag[3] == 'o';
+    return true;
+  }
+  return false;
+}
+
+// Removes what exports to `out` killed mid-way left (their process is
+// gone): temporary trees, and old trees renamed aside, except that an old
+// tree whose OUT is missing (killed between the two renames of the
+// fallback) is put back.
+void RemoveStaleTemps(const fs::path& out) {
+  std::error_code ec;
+  std::string base = out.filename().string();
+  fs::path parent = out.has_parent_path() ? out.parent_path() : fs::path(".");
+  std::vector<fs::path> stale;
+  for (const auto& e : fs::directory_iterator(parent, ec)) {
+    long pid = 0;
+    bool old = false;
+    std::string name = e.path().filename().string();
+    if (!IsTempOf(base, name, &pid, &old) || pid == getpid()) continue;
+    if (pid > 0 && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM)) continue;  // alive
+    if (old && !fs::exists(fs::symlink_status(out, ec))) {
+      fs::rename(e.path(), out, ec);
+      if (!ec) continue;
+    }
+    stale.push_back(e.path());
+  }
+  for (const fs::path& p : stale) RemoveTree(p.string());
+}
+
+// Gives `dir` and every file in it the mode, owner and group of `like_dir`
+// and of the file `like_file` (the tree being replaced).
+Status CopyTreeAttributes(const std::string& like_dir, const std::string& like_file, const std::string& dir) {
+  FileSystem* fs = FileSystem::Default();
+  PathInfo d, f;
+  KVFILE_RETURN_IF_ERROR(fs->Stat(like_dir, &d));
+  KVFILE_RETURN_IF_ERROR(fs->Stat(like_file, &f));
+  std::error_code ec;
+  if (f.exists)
+    for (const auto& e : fs::directory_iterator(dir, ec))
+      KVFILE_RETURN_IF_ERROR(fs->CopyAttributes(f, e.path().string()));
+  if (ec) return Status::IOError(dir + ": " + ec.message());
+  return d.exists ? fs->CopyAttributes(d, dir) : Status::OK();
+}
+
+// rename(2) with renameat2's flags; false with errno EINVAL or ENOSYS where
+// the file system or kernel has no such rename.
+bool Rename2(const std::string& from, const std::string& to, unsigned flags) {
+  return ::renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), flags) == 0;
+}
+
+}  // namespace
+
+bool IsMooncakeDir(const std::string& dir) {
+  std::error_code ec;
+  fs::path m = fs::path(dir) / kManifest;
+  if (!fs::is_regular_file(m, ec)) return false;
+  std::vector<uint8_t> bytes;
+  if (!ReadWhole(m.string(), kMaxManifestBytes, &bytes).ok()) return false;
+  json j = json::parse(bytes.begin(), bytes.end(), nullptr, false);
+  return j.is_object() && j.contains("format") && j["format"] == kManifestFormat;
+}
+
+// ---- .kv -> directory ----------------------------------------------------------------------
+
+namespace {
+
+Status Export(const SeedConvertArgs& a, const std::string& dir, std::string* line, std::string* note) {
+  std::unique_ptr<Reader> r;
+  KVFILE_RETURN_IF_ERROR(Reader::Open(a.in, {}, &r));
+  const Geometry& g = r->geometry();
+  json streams = json::array(), skipped = json::array(), records = json::array();
+  std::vector<uint32_t> fp8;
+  for (uint32_t s = 0; s < g.streams.size(); ++s) {
+    const StreamSpec& spec = g.streams[s];
+    if (IsFp8(spec.dtype)) {
+      fp8.push_back(s);
+      streams.push_back({{"name", spec.name},
+                         {"rows_per_token", spec.rows_per_token},
+                         {"row_width", spec.row_width},
+                         {"dtype", DtypeName(spec.dtype)}});
+    } else {
+      skipped.push_back(spec.name);
+    }
+  }
+  if (fp8.empty()) return Status::InvalidArgument(a.in + ": no fp8 stream: Mooncake records hold e4m3 codes");
+  uint64_t exact = 0, requantized = 0;
+  std::vector<uint8_t> codes, rec;
+  std::vector<float> scales;
+  std::vector<uint16_t> values;
+  const uint64_t fp = r->identity().fingerprint;
+  for (const ChunkInfo& c : r->chunks()) {
+    if (c.live_tokens == 0) continue;
+    uint64_t b = c.first_token, e = b + c.live_tokens;
+    for (uint32_t l = 0; l < g.layers; ++l) {
+      for (uint32_t s : fp8) {
+        KVFILE_RETURN_IF_ERROR(CheckInterrupt(a.out));
+        const StreamSpec& spec = g.streams[s];
+        uint32_t group = a.group_size.value_or(spec.row_width);
+        mooncake::RecordDesc d;
+        d.dtype = mooncake::SourceDtype::kBF16;
+        d.group_size = group;
+        d.shape = {e - b, spec.rows_per_token, spec.row_width};
+        uint64_t rows = (e - b) * spec.rows_per_token, n = rows * spec.row_width;
+        Status st;
+        if (spec.dtype == Dtype::kE4M3 && group == spec.row_width) {
+          // One group per row: the codes and scales move as stored.
+          codes.resize(n);
+          scales.resize(rows);
+          KVFILE_RETURN_IF_ERROR(r->ReadCodes(l, s, b, e, codes.data(), scales.data()));
+          st = mooncake::EncodeCodes(d, scales.data(), codes.data(), &rec);
+          ++exact;
+        } else {
+          values.resize(n);
+          KVFILE_RETURN_IF_ERROR(r->ReadRows(l, s, b, e, Dtype::kBF16, values.data()));
+          st = mooncake::EncodeValues(d, values.data(), &rec);
+          ++requantized;
+        }
+        if (!st.ok()) return st.WithContext(a.in);
+        std::string key = LogicalKey(fp, spec.name, l, b, e);
+        std::string file = mooncake::FileNameForKey(mooncake::RepresentationKey(group, key));
+        KVFILE_RETURN_IF_ERROR(WriteWhole((fs::path(dir) / file).string(), rec.data(), rec.size()));
+        records.push_back({{"key", key}, {"file", file}, {"layer", l}, {"stream", spec.name}, {"begin", b},
+                           {"end", e}, {"group_size", group}});
+      }
+    }
+  }
+  json m = {{"format", kManifestFormat},
+            {"version", kManifestVersion},
+            {"model_id", r->identity().model_id},
+            {"fingerprint", safetensors::FingerprintHex(fp)},
+            {"source_dtype", "bf16"},
+            {"layers", g.layers},
+            {"tokens", r->token_count()},
+            {"streams", streams},
+            {"skipped_raw_streams", skipped},
+            {"token_ids", std::vector<uint32_t>(r->tokens().begin(), r->tokens().end())},
+            {"records", records}};
+  std::string text = m.dump(1, ' ', false, json::error_handler_t::replace) + "\n";
+  KVFILE_RETURN_IF_ERROR(WriteWhole((fs::path(dir) / kManifest).string(), text.data(), text.size()));
+  KVFILE_RETURN_IF_ERROR(FileSystem::Default()->SyncDir(dir));
+  *line = a.in + " -> " + a.out + ": " + std::to_string(records.size()) + " Mooncake records (" +
+          std::to_string(exact) + " with codes and scales as stored, " + std::to_string(requantized) +
+          " requantized), " + std::to_string(r->token_count()) + " tokens";
+  std::string parts;
+  if (requantized > 0)
+    parts = std::to_string(requantized) + " records decoded and requantized (lossy: " +
+            (a.group_size ? "--group-size " + std::to_string(*a.group_size) + " is not the row width, or " : "") +
+            "a stream is not e4m3)";
+  if (!skipped.empty())
+    parts += (parts.empty() ? "" : "; ") + std::string("raw streams not exported (Mooncake records are fp8): ") +
+             skipped.dump();
+  if (!parts.empty()) *note = a.out + ": " + parts;
+  return Status::OK();
+}
+
+}  // namespace
+
+int ExportMooncake(const SeedConvertArgs& a) {
+  if (a.group_size && *a.group_size == 0) return UsageError("--group-size must be at least 1");
+  // A symlink OUT: its final target is what gets replaced, as for files.
+  std::string target;
+  Status st = FileSystem::Default()->ResolveSymlinks(a.out, &target);
+  if (!st.ok()) return ReportError(st);
+  fs::path out = fs::path(target).lexically_normal();
+  if (out.filename().empty()) out = out.parent_path();
+  std::string parent = out.has_parent_path() ? out.parent_path().string() : ".";
+  RemoveStaleTemps(out);
+  std::error_code ec;
+  bool exists = fs::exists(fs::symlink_status(out, ec));
+  PathInfo original;
+  st = FileSystem::Default()->Stat(out.string(), &original);
+  if (!st.ok()) return ReportError(st);
+  if (exists) {
+    if (!a.force) return ReportError(Status::InvalidArgument(a.out + ": exists; use --force to replace it"));
+    if (!fs::is_directory(fs::symlink_status(out, ec)) || !IsMooncakeDir(out.string()))
+      return ReportError(Status::InvalidArgument(
+          a.out + ": exists and is not a Mooncake directory written by kvfile convert; not replaced"));
+  }
+  st = VerifyBeforeConvert(a.in);
+  if (!st.ok()) return ReportError(st);
+  TempDir tmp{out.string() + ".kvtmp-" + std::to_string(getpid())};
+  RemoveTree(tmp.path);
+  if (!fs::create_directory(tmp.path, ec)) return ReportError(Status::IOError(tmp.path + ": " + ec.message()));
+  std::string line, note;
+  st = Export(a, tmp.path, &line, &note);
+  if (st.ok() && exists) st = CopyTreeAttributes(out.string(), (out / kManifest).string(), tmp.path);
+  if (PendingSignal()) st = CheckInterrupt(a.out);  // a signal: OUT stays as it was
+  if (!st.ok()) return ReportError(st);
+  if (exists && Rename2(tmp.path, out, RENAME_EXCHANGE)) {
+    // OUT is the new tree; the old one, now under the temporary name, goes
+    // with `tmp`, unless it is not the one checked above.
+    PathInfo swapped;
+    st = FileSystem::Default()->Stat(tmp.path, &swapped);
+    if (!st.ok() || !(swapped.id == original.id)) {
+      tmp.keep = !Rename2(tmp.path, out, RENAME_EXCHANGE);  // else both stay, rather than remove the wrong one
+      return ReportError(st.ok() ? Status::Busy(a.out + ": replaced by another process while the new directory "
+                                                        "was written; not replaced")
+                                 : st);
+    }
+  } else if (exists && errno != EINVAL && errno != ENOSYS) {
+    return ReportError(ErrnoStatus(a.out + ": rename into place", errno));
+  } else {
+    std::string old;
+    if (exists) {
+      old = out.string() + ".kvold-" + std::to_string(getpid());
+      RemoveTree(old);
+      fs::rename(out, old, ec);
+      if (ec) return ReportError(Status::IOError(a.out + ": cannot move the old directory aside: " + ec.message()));
+    }
+    // Not over a directory made meanwhile (rename(2) replaces an empty one).
+    bool renamed = Rename2(tmp.path, out, RENAME_NOREPLACE);
+    if (!renamed && (errno == EINVAL || errno == ENOSYS)) {
+      fs::rename(tmp.path, out, ec);
+      renamed = !ec;
+      if (ec) errno = ec.value();
+    }
+    if (!renamed) {
+      int err = errno;
+      std::error_code ec2;
+      if (exists) fs::rename(old, out, ec2);
+      return ReportError(ErrnoStatus(a.out + ": rename into place", err));
+    }
+    tmp.keep = true;
+    if (!old.empty()) RemoveTree(old);
+  }
+  st = FileSystem::Default()->SyncDir(parent);
+  if (!st.ok()) return ReportError(st);
+  std::printf("%s\n", line.c_str());
+  if (!note.empty()) {
+    std::fflush(stdout);
+    PrintLine("note", note);
+  }
+  return kExitOk;
+}
+
+// ---- directory -> .kv ------------------------------------------------------------------------
+
+namespace {
+
+struct RecordRef {
+  std::string file;
+  uint32_t group = 0;
+};
+
+template <typename T>
+bool GetUint(const json& j, const char* key, T max, T* out) {
+  if (!j.is_object() || !j.contains(key) || !j[key].is_number_unsigned()) return false;
+  uint64_t v = j[key].get<uint64_t>();
+  if (v > static_cast<uint64_t>(max)) return false;
+  *out = static_cast<T>(v);
+  return true;
+}
+
+Status Import(const SeedConvertArgs& a, const std::string& tmp, std::string* line, std::string* note) {
+  std::string mpath = (fs::path(a.in) / kManifest).string();
+  auto bad = [&mpath](const std::string& why) { return Status::Corruption(mpath + ": " + why); };
+  std::vector<uint8_t> bytes;
+  KVFILE_RETURN_IF_ERROR(ReadWhole(mpath, kMaxManifestBytes, &bytes));
+  json m = json::parse(bytes.begin(), bytes.end(), nullptr, false);
+  if (m.is_discarded() || !m.is_object()) return bad("not a JSON object");
+  uint32_t version = 0;
+  if (!GetUint(m, "version", UINT32_MAX, &version) || version != kManifestVersion)
+    return bad("\"version\" is not 1");
+  Geometry g;
+  if (!GetUint(m, "layers", UINT32_MAX, &g.layers)) return bad("\"layers\" is not an unsigned integer");
+  if (!m.contains("streams") || !m["streams"].is_array() || m["streams"].size() > 16)
+    return bad("\"streams\" is not an array of at most 16 streams");
+  for (const json& s : m["streams"]) {
+    StreamSpec spec;
+    if (!s.is_object() || !s.contains("name") || !s["name"].is_string()) return bad("a stream without a name");
+    spec.name = s["name"].get<std::string>();
+    if (!GetUint(s, "rows_per_token", UINT32_MAX, &spec.rows_per_token) ||
+        !GetUint(s, "row_width", UINT32_MAX, &spec.row_width))
+      return bad("stream '" + spec.name + "': rows_per_token and row_width must be unsigned integers");
+    spec.dtype = Dtype::kE4M3;
+    g.streams.push_back(spec);
+  }
+  Status st = g.Validate();
+  if (!st.ok()) return bad(st.message());
+  ModelIdentity id;
+  if (!m.contains("model_id") || !m["model_id"].is_string()) return bad("\"model_id\" is not a string");
+  id.model_id = m["model_id"].get<std::string>();
+  if (id.model_id.size() > 255) return bad("\"model_id\" is longer than 255 bytes");
+  if (!m.contains("fingerprint") || !m["fingerprint"].is_string() ||
+      !safetensors::ParseFingerprint(m["fingerprint"].get<std::string>(), &id.fingerprint))
+    return bad("\"fingerprint\" is not 16 hex digits");
+  uint64_t T = 0;
+  if (!GetUint(m, "tokens", UINT64_MAX, &T)) return bad("\"tokens\" is not an unsigned integer");
+  if (!m.contains("token_ids") || !m["token_ids"].is_array() || m["token_ids"].size() != T)
+    return bad("\"token_ids\" is not an array of \"tokens\" ids");
+  std::vector<uint32_t> ids;
+  ids.reserve(T);
+  for (const json& t : m["token_ids"]) {
+    if (!t.is_number_unsigned() || t.get<uint64_t>() > UINT32_MAX) return bad("a token id is not a u32");
+    ids.push_back(t.get<uint32_t>());
+  }
+  // Records by token range, then (layer, stream).
+  std::map<std::pair<uint64_t, uint64_t>, std::map<std::pair<uint32_t, uint32_t>, RecordRef>> ranges;
+  if (!m.contains("records") || !m["records"].is_array()) return bad("\"records\" is not an array");
+  for (const json& rj : m["records"]) {
+    uint32_t layer = 0, group = 0;
+    uint64_t b = 0, e = 0;
+    if (!GetUint(rj, "layer", UINT32_MAX, &layer) || !GetUint(rj, "group_size", UINT32_MAX, &group) ||
+        !GetUint(rj, "begin", UINT64_MAX, &b) || !GetUint(rj, "end", UINT64_MAX, &e) || !rj.contains("stream") ||
+        !rj["stream"].is_string() || !rj.contains("key") || !rj["key"].is_string() || !rj.contains("file") ||
+        !rj["file"].is_string())
+      return bad("a record entry lacks layer, stream, begin, end, group_size, key or file");
+    std::string stream = rj["stream"].get<std::string>(), key = rj["key"].get<std::string>();
+    std::optional<uint32_t> s = g.FindStream(stream);
+    if (!s) return bad("a record of stream '" + stream + "', which \"streams\" does not list");
+    if (layer >= g.layers || b >= e || e > T || group == 0)
+      return bad("record '" + key + "': layer, token range or group size out of range");
+    std::string file = rj["file"].get<std::string>();
+    if (file != mooncake::FileNameForKey(mooncake::RepresentationKey(group, key)))
+      return bad("record '" + key + "': file '" + file + "' is not the name of its representation key");
+    auto& slot = ranges[{b, e}][{layer, *s}];
+    if (!slot.file.empty()) return bad("record '" + key + "': a second record for the same layer, stream and tokens");
+    slot = {file, group};
+  }
+  uint64_t next = 0;
+  for (const auto& [range, recs] : ranges) {
+    if (range.first != next)
+      return bad("the records' token ranges do not tile [0, " + std::to_string(T) + ") (gap or overlap at token " +
+                 std::to_string(std::min(range.first, next)) + ")");
+    if (recs.size() != uint64_t{g.layers} * g.streams.size())
+      return bad("tokens [" + std::to_string(range.first) + ", " + std::to_string(range.second) + ") have " +
+                 std::to_string(recs.size()) + " records, not one per layer and stream");
+    next = range.second;
+  }
+  if (next != T) return bad("the records end at token " + std::to_string(next) + " of " + std::to_string(T));
+  uint64_t per_token = 0;
+  for (const StreamSpec& s : g.streams) per_token += (s.ElementsPerToken() + s.rows_per_token * 4) * g.layers;
+  WriterOptions wo;
+  wo.chunk_tokens = static_cast<uint32_t>(std::clamp<uint64_t>((uint64_t{64} << 20) / std::max<uint64_t>(per_token, 1), 1, 256));
+  std::unique_ptr<Writer> w;
+  KVFILE_RETURN_IF_ERROR(Writer::Create(tmp, g, id, wo, &w));
+  size_t S = g.streams.size();
+  uint64_t exact = 0, requantized = 0;
+  std::vector<std::vector<uint8_t>> files(g.layers * S);
+  std::vector<std::vector<float>> scales(g.layers * S);
+  std::vector<std::vector<uint16_t>> values(g.layers * S);
+  for (const auto& [range, recs] : ranges) {
+    uint64_t n = range.second - range.first;
+    AppendBatch batch;
+    batch.tokens = std::span<const uint32_t>(ids).subspan(range.first, n);
+    for (const auto& [ls, ref] : recs) {
+      KVFILE_RETURN_IF_ERROR(CheckInterrupt(a.in));
+      const StreamSpec& spec = g.streams[ls.second];
+      size_t i = ls.first * S + ls.second;
+      std::string path = (fs::path(a.in) / ref.file).string();
+      mooncake::RecordDesc want;
+      want.group_size = ref.group;
+      want.shape = {n, spec.rows_per_token, spec.row_width};
+      uint64_t elements = 0, size = 0;
+      st = mooncake::RecordSize(want, &elements, &size);
+      if (!st.ok()) return Status::Corruption(path + ": " + st.message());
+      std::error_code ec;
+      if (!fs::exists(fs::symlink_status(path, ec)))
+        return Status::Corruption(path + ": missing (the manifest lists it)");
+      KVFILE_RETURN_IF_ERROR(ReadWhole(path, size, &files[i]));
+      mooncake::RecordView v;
+      st = mooncake::ParseRecord(files[i], &v);
+      if (!st.ok()) return Status::Corruption(path + ": " + st.message());
+      if (v.desc.shape != want.shape || v.desc.group_size != ref.group)
+        return Status::Corruption(path + ": shape or group size differ from the manifest's");
+      uint64_t rows = n * spec.rows_per_token;
+      scales[i].resize(v.groups);
+      for (uint64_t k = 0; k < v.groups; ++k) scales[i][k] = v.scale(k);
+      if (ref.group == spec.row_width && codec::FindInvalidScale(scales[i].data(), rows) == rows) {
+        batch.blocks.push_back({Dtype::kE4M3, v.codes, scales[i].data()});
+        ++exact;
+      } else {
+        // Groups that are not rows, or a scale below FLT_MIN (Mooncake has
+        // no floor): decode and let the writer quantize with kvfile's rule.
+        values[i].resize(elements);
+        mooncake::DecodeValues(v, values[i].data());
+        batch.blocks.push_back(
+            {v.desc.dtype == mooncake::SourceDtype::kF16 ? Dtype::kF16 : Dtype::kBF16, values[i].data(), nullptr});
+        ++requantized;
+      }
+    }
+    // blocks must be in (layer, stream) order: the map iterates that way.
+    st = w->Append(batch);
+    if (!st.ok()) return st.WithContext(a.in);
+  }
+  KVFILE_RETURN_IF_ERROR(w->Close());
+  *line = a.in + " -> " + a.out + ": " + std::to_string(exact + requantized) + " Mooncake records (" +
+          std::to_string(exact) + " with codes and scales as stored, " + std::to_string(requantized) +
+          " requantized), " + std::to_string(T) + " tokens";
+  if (requantized > 0)
+    *note = a.in + ": " + std::to_string(requantized) +
+            " records decoded and requantized with kvfile's row rule (lossy: groups are not rows, or a scale is "
+            "below FLT_MIN)";
+  return Status::OK();
+}
+
+}  // namespace
+
+int ImportMooncake(const SeedConvertArgs& a) {
+  std::unique_ptr<PendingReplace> replace;
+  Status st = PendingReplace::Begin(a.out, nullptr, &replace);
+  if (!st.ok()) return ReportError(st);
+  if (replace->original().exists && !a.force)
+    return ReportError(Status::InvalidArgument(a.out + ": file exists; use --force to replace it"));
+  std::string line, note;
+  st = Import(a, replace->temp_path(), &line, &note);
+  if (PendingSignal()) st = CheckInterrupt(a.out);  // a signal: OUT stays as it was
+  if (st.ok()) st = replace->Commit();
+  if (!st.ok()) return ReportError(st);
+  std::printf("%s\n", line.c_str());
+  if (!note.empty()) {
+    std::fflush(stdout);
+    PrintLine("note", note);
+  }
+  return kExitOk;
+}
+
+}  // namespace kvfile::cli
