@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // PackWriter: builds a .kvpack (spec/PACK.md) under a temporary name, storing
 // each distinct chunk once, and renames it into place when finished.
 #include <algorithm>
@@ -8,6 +9,7 @@
 
 #include "atomic_replace.h"
 #include "format/endian.h"
+#include "format/kv_format.h"
 #include "kvfile/pack.h"
 #include "pack/pack_format.h"
 
@@ -26,9 +28,9 @@ std::vector<PayloadSection> PackPayloadLayout(const Geometry& g, uint32_t tokens
       PayloadSection p;
       uint64_t rows = uint64_t{tokens} * s.rows_per_token;
       p.data_offset = at;
-      p.data_bytes = rows * s.row_width * format::ElementSize(s.dtype);
+      p.data_bytes = rows * s.row_width * ElementSize(s.dtype);
       at += p.data_bytes;
-      if (format::IsFp8(s.dtype)) {
+      if (IsFp8(s.dtype)) {
         p.scales_offset = at;
         p.scales_bytes = rows * 4;
         at += p.scales_bytes;
@@ -52,7 +54,7 @@ bool IsValidPackMemberName(std::string_view name) {
   return true;
 }
 
-struct PackWriter::Impl {
+struct KVFILE_NO_EXPORT PackWriter::Impl {
   FileSystem* fs = nullptr;
   PackWriterOptions options;
   std::unique_ptr<internal::PendingReplace> replace;
@@ -134,7 +136,7 @@ Status PackWriter::Impl::FillPayload(Reader& r, const PackModel& m, uint64_t beg
     for (uint32_t s = 0; s < g.streams.size(); ++s) {
       const StreamSpec& spec = g.streams[s];
       const PayloadSection& p = layout[static_cast<size_t>(l) * g.streams.size() + s];
-      if (format::IsFp8(spec.dtype)) {
+      if (IsFp8(spec.dtype)) {
         scratch.resize((p.scales_bytes + 7) / 8);
         KVFILE_RETURN_IF_ERROR(r.ReadCodes(l, s, begin, end, payload.data() + p.data_offset,
                                            reinterpret_cast<float*>(scratch.data())));

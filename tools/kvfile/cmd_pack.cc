@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvfile pack / unpack / ls, and verify of a pack: .kvpack archives
 // (spec/PACK.md, src/include/kvfile/pack.h).
 #include "cmd_pack.h"
