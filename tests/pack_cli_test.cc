@@ -1,8 +1,10 @@
+// SPDX-License-Identifier: Apache-2.0
 // The pack verbs of the CLI: kvfile pack, unpack, ls, and verify of a pack;
 // exit statuses, the one error line, and files left untouched on failure.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -159,6 +161,81 @@ TEST_F(PackCliTest, FailedPackLeavesOutputUntouched) {
   r = Kvfile("pack " + P("corpus/a.kv") + " " + P("corpus/a.kv") + " -o " + P("d.kvpack"));
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_FALSE(fs::exists(P("d.kvpack")));
+}
+
+
+// PACK:MEMBER wherever a read-only verb takes a .kv file: the member's
+// contents, its name in the output, one error line for a missing member or
+// a damaged pack, and no temporary file left in $TMPDIR.
+TEST_F(PackCliTest, PackMemberForReadOnlyVerbs) {
+  ASSERT_EQ(Kvfile("pack " + P("corpus") + " -o " + P("c.kvpack") + " --chunk-tokens 16").exit_code, 0);
+  fs::create_directories(P("tmp"));
+  const std::string env = "TMPDIR=" + P("tmp") + " ";
+  const std::string member = P("c.kvpack") + ":sub/b.kv";
+  auto r = Kvfile("info " + member + " --json", env);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["path"], member);
+  EXPECT_EQ(j["tokens"], 60);
+
+  r = Kvfile("dump " + member + " --tokens --json", env);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::unique_ptr<Reader> src;
+  ASSERT_TRUE(Reader::Open(P("corpus/sub/b.kv"), {}, &src).ok());
+  EXPECT_EQ(nlohmann::json::parse(r.out)["tokens"].get<std::vector<uint32_t>>(),
+            std::vector<uint32_t>(src->tokens().begin(), src->tokens().end()));
+
+  // convert: the member's contents, as from the source file.
+  r = Kvfile("convert " + member + " " + P("b.kv"), env);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(r.out.starts_with(member + " -> " + P("b.kv") + ": 60 tokens")) << r.out;
+  EXPECT_EQ(Contents(P("b.kv")), Contents(P("corpus/sub/b.kv")));
+
+  // verify: packs, members and .kv files mixed.
+  r = Kvfile("verify " + member + " " + P("c.kvpack") + " " + P("corpus/a.kv"), env);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find(member + ": ok: 60 tokens"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(P("c.kvpack") + ": ok: 2 members, 5 chunks"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("0 of 3 files damaged"), std::string::npos) << r.out;
+
+  // A missing member: exit 2, one line naming the pack.
+  for (std::string verb : {"info ", "dump ", "verify "}) {
+    r = Kvfile(verb + P("c.kvpack") + ":nosuch.kv", env);
+    EXPECT_EQ(r.exit_code, 2) << verb;
+    EXPECT_EQ(r.err, "kvfile: error: " + P("c.kvpack") + ": no member 'nosuch.kv'\n") << verb;
+  }
+  r = Kvfile("convert " + P("c.kvpack") + ":nosuch.kv " + P("x.kv"), env);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_FALSE(fs::exists(P("x.kv")));
+
+  // A damaged chunk of the member: exit 1, one line naming the pack.
+  std::string bytes = ReadFile(P("c.kvpack"));
+  bytes[200] ^= 0x10;  // the first (shared) chunk's payload
+  std::ofstream(P("bad.kvpack"), std::ios::binary) << bytes;
+  for (std::string verb : {"info ", "dump "}) {
+    r = Kvfile(verb + P("bad.kvpack") + ":a.kv", env);
+    EXPECT_EQ(r.exit_code, 1) << verb;
+    EXPECT_TRUE(OneErrorLine(r.err, P("bad.kvpack"))) << r.err;
+    EXPECT_NE(r.err.find("checksum mismatch"), std::string::npos) << r.err;
+  }
+  r = Kvfile("convert " + P("bad.kvpack") + ":a.kv " + P("x.kv"), env);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_TRUE(OneErrorLine(r.err, P("bad.kvpack"))) << r.err;
+  EXPECT_FALSE(fs::exists(P("x.kv")));
+  // verify of several: the damaged pack and member fail, the file passes.
+  r = Kvfile("verify " + P("bad.kvpack") + ":a.kv " + P("bad.kvpack") + " " + P("corpus/a.kv"), env);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.out.find(P("bad.kvpack") + ": FAILED: "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("2 of 3 files damaged"), std::string::npos) << r.out;
+  EXPECT_TRUE(r.err.starts_with("kvfile: error: 2 of 3 files failed; first: " + P("bad.kvpack") + ": ")) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1);
+
+  // An existing path wins over PACK:MEMBER; nothing is left in $TMPDIR.
+  std::ofstream(P("c.kvpack") + ":a.kv", std::ios::binary) << "not a kv file";
+  r = Kvfile("info " + P("c.kvpack") + ":a.kv", env);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_TRUE(OneErrorLine(r.err, P("c.kvpack") + ":a.kv")) << r.err;
+  EXPECT_TRUE(fs::is_empty(P("tmp")));
 }
 
 }  // namespace
