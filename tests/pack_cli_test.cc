@@ -238,5 +238,27 @@ TEST_F(PackCliTest, PackMemberForReadOnlyVerbs) {
   EXPECT_TRUE(fs::is_empty(P("tmp")));
 }
 
+// synth --prefix-tokens/--prefix-seed: sessions of other seeds share that
+// prefix (ids and rows, and the fingerprint) and nothing after it.
+TEST_F(PackCliTest, SynthSharedPrefixIsStoredOnce) {
+  fs::create_directories(P("px"));
+  for (std::string seed : {"1", "2"}) {
+    auto r = Kvfile("synth " + P("px/s" + seed + ".kv") + " --preset tiny --tokens 48 --seed " + seed +
+                    " --prefix-tokens 32 --prefix-seed 9 --chunk-tokens 8");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+  }
+  auto r = Kvfile("pack " + P("px") + " -o " + P("px.kvpack") + " --chunk-tokens 16");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  // [0, 16) and [16, 32) once; [32, 48) once per member.
+  EXPECT_NE(r.out.find("2 members, 96 tokens, 4 chunks stored of 6 used"), std::string::npos) << r.out;
+  std::unique_ptr<Reader> a, b;
+  ASSERT_TRUE(Reader::Open(P("px/s1.kv"), {}, &a).ok());
+  ASSERT_TRUE(Reader::Open(P("px/s2.kv"), {}, &b).ok());
+  EXPECT_EQ(a->identity(), b->identity());
+  EXPECT_EQ(a->identity().fingerprint, 9u);
+  EXPECT_TRUE(std::equal(a->tokens().begin(), a->tokens().begin() + 32, b->tokens().begin()));
+  EXPECT_NE(a->tokens()[32], b->tokens()[32]);
+}
+
 }  // namespace
 }  // namespace kvfile
