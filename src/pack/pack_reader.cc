@@ -253,8 +253,8 @@ Status PackReader::ReadChunk(uint32_t id, std::vector<uint8_t>* payload) {
   KVFILE_RETURN_IF_ERROR(r.ReadRegion(c.offset, c.bytes, c.payload_checksum, what.c_str(), payload));
   const Geometry& g = r.models[c.model].geometry;
   std::vector<PayloadSection> layout = PackPayloadLayout(g, c.token_count);
-  // Copies give the check aligned rows (raw rows may sit at any alignment
-  // in the payload) and host-order scales.
+  // Copies give the check host-order scales, and aligned raw rows where the
+  // payload holds them unaligned.
   std::vector<uint64_t> rows_copy;
   std::vector<float> scales;
   for (uint32_t l = 0; l < g.layers; ++l)
@@ -262,14 +262,18 @@ Status PackReader::ReadChunk(uint32_t id, std::vector<uint8_t>* payload) {
       const StreamSpec& spec = g.streams[s];
       const PayloadSection& p = layout[static_cast<size_t>(l) * g.streams.size() + s];
       const size_t rows = size_t{c.token_count} * spec.rows_per_token;
-      rows_copy.resize((p.data_bytes + 7) / 8);
-      std::memcpy(rows_copy.data(), payload->data() + p.data_offset, p.data_bytes);
+      const void* rows_at = payload->data() + p.data_offset;
+      if (reinterpret_cast<uintptr_t>(rows_at) % ElementSize(spec.dtype) != 0) {
+        rows_copy.resize((p.data_bytes + 7) / 8);
+        std::memcpy(rows_copy.data(), rows_at, p.data_bytes);
+        rows_at = rows_copy.data();
+      }
       scales.resize(p.scales_bytes / 4);
       for (size_t i = 0; i < scales.size(); ++i) {
         uint32_t bits = LoadU32(payload->data() + p.scales_offset + 4 * i);
         std::memcpy(&scales[i], &bits, 4);
       }
-      codec::RowCheck rc = codec::CheckRows(spec.dtype, rows_copy.data(), scales.data(), rows, spec.row_width);
+      codec::RowCheck rc = codec::CheckRows(spec.dtype, rows_at, scales.data(), rows, spec.row_width);
       if (!rc.ok())
         return r.Damage("chunk " + std::to_string(id) + " layer " + std::to_string(l) + " stream '" + spec.name +
                         "': " +
