@@ -61,6 +61,25 @@ std::string Contents(const std::string& path) {
   return out;
 }
 
+// Token ids, stream dtypes and every row decoded to f32.
+std::string Decoded(const std::string& path) {
+  std::unique_ptr<Reader> r;
+  Status st = Reader::Open(path, {}, &r);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  if (!st.ok()) return "";
+  std::string out(reinterpret_cast<const char*>(r->tokens().data()), r->tokens().size() * 4);
+  const Geometry& g = r->geometry();
+  for (const StreamSpec& s : g.streams) out += std::string(DtypeName(s.dtype)) + ";";
+  uint64_t n = r->token_count();
+  for (uint32_t l = 0; l < g.layers; ++l)
+    for (uint32_t s = 0; s < g.streams.size(); ++s) {
+      std::vector<float> rows(n * g.streams[s].ElementsPerToken());
+      EXPECT_TRUE(r->ReadRows(l, s, 0, n, Dtype::kF32, rows.data()).ok());
+      out.append(reinterpret_cast<const char*>(rows.data()), rows.size() * 4);
+    }
+  return out;
+}
+
 bool OneErrorLine(const std::string& err, const std::string& path) {
   return err.starts_with("kvfile: error: " + path + ": ") && err.find('\n') == err.size() - 1;
 }
@@ -258,6 +277,26 @@ TEST_F(PackCliTest, SynthSharedPrefixIsStoredOnce) {
   EXPECT_EQ(a->identity().fingerprint, 9u);
   EXPECT_TRUE(std::equal(a->tokens().begin(), a->tokens().begin() + 32, b->tokens().begin()));
   EXPECT_NE(a->tokens()[32], b->tokens()[32]);
+}
+
+// pack --dtype: each member holds what kvfile convert --dtype makes of its
+// source (decoded values and dtypes equal).
+TEST_F(PackCliTest, PackDtypeRequantizesAsConvert) {
+  for (std::string dtype : {"e5m2", "bf16"}) {
+    auto r = Kvfile("pack " + P("corpus") + " -o " + P(dtype + ".kvpack") + " --chunk-tokens 16 --dtype " + dtype);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    ASSERT_EQ(Kvfile("unpack " + P(dtype + ".kvpack") + " -o " + P(dtype)).exit_code, 0);
+    for (std::string m : {"a.kv", "sub/b.kv"}) {
+      r = Kvfile("convert " + P("corpus/" + m) + " " + P(dtype + "-" + fs::path(m).filename().string()) +
+                 " --dtype " + dtype);
+      ASSERT_EQ(r.exit_code, 0) << r.err;
+      std::string want = Decoded(P(dtype + "-" + fs::path(m).filename().string()));
+      EXPECT_NE(want.find(dtype + ";"), std::string::npos);
+      EXPECT_EQ(Decoded(P(dtype + "/" + m)), want) << dtype << " " << m;
+    }
+  }
+  // Requantized, the source's codes are not kept: e5m2 differs from e4m3.
+  EXPECT_NE(Decoded(P("e5m2/a.kv")), Decoded(P("corpus/a.kv")));
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include "atomic_replace.h"
 #include "format/endian.h"
 #include "format/kv_format.h"
+#include "kvfile/codec.h"
 #include "kvfile/pack.h"
 #include "pack/pack_format.h"
 
@@ -70,6 +71,7 @@ struct KVFILE_NO_EXPORT PackWriter::Impl {
   PackWriteStats stats;
   std::vector<uint8_t> payload;
   std::vector<uint64_t> scratch;  // aligned staging for one section read
+  std::vector<float> f32;         // rows decoded for requantizing
 
   Status Write(const void* data, size_t n) {
     Status st = file->WriteAt(offset, data, n);
@@ -81,6 +83,7 @@ struct KVFILE_NO_EXPORT PackWriter::Impl {
     return Status::OK();
   }
   Status ModelFor(const Reader& r, uint32_t* model);
+  Geometry StoredGeometry(const Reader& r) const;
   Status FillPayload(Reader& r, const PackModel& m, uint64_t begin, uint32_t tokens);
 };
 
@@ -105,16 +108,27 @@ Status PackWriter::Begin(const std::string& dest, const PackWriterOptions& optio
   return Status::OK();
 }
 
+// The geometry a member is stored with: the source's, with options.dtype
+// applied as `kvfile convert --dtype` applies it.
+Geometry PackWriter::Impl::StoredGeometry(const Reader& r) const {
+  Geometry g = r.geometry();
+  if (!options.dtype) return g;
+  const Dtype to = *options.dtype;
+  for (StreamSpec& s : g.streams)
+    if (!IsFp8(to) || IsFp8(s.dtype) || r.major_version() == 1) s.dtype = to;
+  return g;
+}
+
 Status PackWriter::Impl::ModelFor(const Reader& r, uint32_t* model) {
   for (size_t i = 0; i < models.size(); ++i)
-    if (models[i].identity == r.identity() && models[i].geometry == r.geometry()) {
+    if (models[i].identity == r.identity() && models[i].geometry == StoredGeometry(r)) {
       *model = static_cast<uint32_t>(i);
       return Status::OK();
     }
   if (models.size() >= pack::kMaxEntries) return Status::InvalidArgument("too many models in one pack");
   PackModel m;
   m.identity = r.identity();
-  m.geometry = r.geometry();
+  m.geometry = StoredGeometry(r);
   m.payload_bytes_per_token = pack::PayloadBytesPerToken(m.geometry);
   if (m.payload_bytes_per_token > pack::kMaxChunkPayload)
     return Status::Unsupported(r.path() + ": one token's rows exceed the 1 GiB limit of a pack chunk");
@@ -136,11 +150,24 @@ Status PackWriter::Impl::FillPayload(Reader& r, const PackModel& m, uint64_t beg
     for (uint32_t s = 0; s < g.streams.size(); ++s) {
       const StreamSpec& spec = g.streams[s];
       const PayloadSection& p = layout[static_cast<size_t>(l) * g.streams.size() + s];
+      const Dtype from = r.geometry().streams[s].dtype;
       if (IsFp8(spec.dtype)) {
         scratch.resize((p.scales_bytes + 7) / 8);
-        KVFILE_RETURN_IF_ERROR(r.ReadCodes(l, s, begin, end, payload.data() + p.data_offset,
-                                           reinterpret_cast<float*>(scratch.data())));
-        std::memcpy(payload.data() + p.scales_offset, scratch.data(), p.scales_bytes);
+        float* scales = reinterpret_cast<float*>(scratch.data());
+        if (from == spec.dtype) {
+          KVFILE_RETURN_IF_ERROR(r.ReadCodes(l, s, begin, end, payload.data() + p.data_offset, scales));
+        } else {
+          // Requantized: decoded to f32, then quantized as a writer quantizes f32 rows.
+          const uint64_t rows = p.scales_bytes / 4;
+          f32.resize(rows * spec.row_width);
+          KVFILE_RETURN_IF_ERROR(r.ReadRows(l, s, begin, end, Dtype::kF32, f32.data()));
+          size_t bad = 0;
+          if (!codec::QuantizeRows(spec.dtype, Dtype::kF32, f32.data(), rows, spec.row_width,
+                                   payload.data() + p.data_offset, scales, &bad))
+            return Status::NonFinite(r.path() + ": layer " + std::to_string(l) + " stream '" + spec.name +
+                                     "': a non-finite value in row " + std::to_string(bad));
+        }
+        std::memcpy(payload.data() + p.scales_offset, scales, p.scales_bytes);
         if constexpr (std::endian::native == std::endian::big)
           for (uint64_t i = 0; i < p.scales_bytes; i += 4)
             std::reverse(payload.data() + p.scales_offset + i, payload.data() + p.scales_offset + i + 4);

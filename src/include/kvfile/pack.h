@@ -71,6 +71,10 @@ KVFILE_EXPORT std::vector<PayloadSection> PackPayloadLayout(const Geometry& g, u
 struct PackWriterOptions {
   FileSystem* fs = nullptr;     // nullptr: FileSystem::Default()
   uint32_t chunk_tokens = 256;  // tokens per pack chunk (lowered for a model whose chunk would pass 1 GiB)
+  // Requantize on the way, as `kvfile convert --dtype` does: kE4M3/kE5M2
+  // re-encode fp8 streams (and a version 1 file's raw streams), raw streams
+  // stay raw; kBF16/kF16/kF32 store every stream raw in that dtype.
+  std::optional<Dtype> dtype;
 };
 
 struct PackWriteStats {
