@@ -299,5 +299,23 @@ TEST_F(PackCliTest, PackDtypeRequantizesAsConvert) {
   EXPECT_NE(Decoded(P("e5m2/a.kv")), Decoded(P("corpus/a.kv")));
 }
 
+// pack --jobs: the same pack bytes for any number of reading threads.
+TEST_F(PackCliTest, PackJobsWritesTheSameBytes) {
+  ASSERT_EQ(Kvfile("pack " + P("corpus") + " -o " + P("j1.kvpack") + " --chunk-tokens 16").exit_code, 0);
+  for (std::string jobs : {"2", "3", "7"}) {
+    auto r = Kvfile("pack " + P("corpus") + " -o " + P("j" + jobs + ".kvpack") + " --chunk-tokens 16 --jobs " + jobs);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(ReadFile(P("j" + jobs + ".kvpack")), ReadFile(P("j1.kvpack"))) << jobs;
+  }
+  // A damaged input fails the same way with threads.
+  std::string kv = ReadFile(P("corpus/sub/b.kv"));
+  kv[kv.size() - 2000] ^= 1;
+  std::ofstream(P("corpus/sub/b.kv"), std::ios::binary) << kv;
+  auto r = Kvfile("pack " + P("corpus") + " -o " + P("bad.kvpack") + " --jobs 3");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_TRUE(OneErrorLine(r.err, P("corpus/sub/b.kv"))) << r.err;
+  EXPECT_FALSE(fs::exists(P("bad.kvpack")));
+}
+
 }  // namespace
 }  // namespace kvfile

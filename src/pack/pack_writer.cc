@@ -5,6 +5,7 @@
 #include <bit>
 #include <cstring>
 #include <map>
+#include <thread>
 #include <tuple>
 
 #include "atomic_replace.h"
@@ -70,8 +71,16 @@ struct KVFILE_NO_EXPORT PackWriter::Impl {
   std::map<std::tuple<uint32_t, uint64_t, uint32_t, uint64_t, uint64_t>, uint32_t> index;
   PackWriteStats stats;
   std::vector<uint8_t> payload;
-  std::vector<uint64_t> scratch;  // aligned staging for one section read
-  std::vector<float> f32;         // rows decoded for requantizing
+  // Per reading thread: aligned staging for one section read, and rows
+  // decoded for requantizing.
+  struct Buffers {
+    std::vector<uint64_t> scratch;
+    std::vector<float> f32;
+  };
+  std::vector<Buffers> buffers{1};
+  // AddFile with options.threads > 1: more readers of the same file, one
+  // per further thread (a Reader is used by one thread at a time).
+  std::vector<std::unique_ptr<Reader>> more_readers;
 
   Status Write(const void* data, size_t n) {
     Status st = file->WriteAt(offset, data, n);
@@ -85,6 +94,8 @@ struct KVFILE_NO_EXPORT PackWriter::Impl {
   Status ModelFor(const Reader& r, uint32_t* model);
   Geometry StoredGeometry(const Reader& r) const;
   Status FillPayload(Reader& r, const PackModel& m, uint64_t begin, uint32_t tokens);
+  Status FillSections(Reader& r, const PackModel& m, const std::vector<PayloadSection>& layout, uint64_t begin,
+                      uint64_t end, size_t first, size_t step, Buffers& b);
 };
 
 PackWriter::PackWriter(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -140,16 +151,37 @@ Status PackWriter::Impl::ModelFor(const Reader& r, uint32_t* model) {
 }
 
 // Reads tokens [begin, begin + tokens) of every (layer, stream) into
-// `payload`, laid out as spec/PACK.md section 4 says.
+// `payload`, laid out as spec/PACK.md section 4 says. With more readers,
+// thread t fills sections t, t + T, t + 2T, ... (T threads): the payload,
+// and so the pack, is the same bytes for any T.
 Status PackWriter::Impl::FillPayload(Reader& r, const PackModel& m, uint64_t begin, uint32_t tokens) {
-  const Geometry& g = m.geometry;
   payload.resize(m.payload_bytes_per_token * tokens);
-  std::vector<PayloadSection> layout = PackPayloadLayout(g, tokens);
-  uint64_t end = begin + tokens;
-  for (uint32_t l = 0; l < g.layers; ++l)
-    for (uint32_t s = 0; s < g.streams.size(); ++s) {
+  std::vector<PayloadSection> layout = PackPayloadLayout(m.geometry, tokens);
+  const size_t threads = 1 + more_readers.size();
+  buffers.resize(threads);
+  if (threads == 1) return FillSections(r, m, layout, begin, begin + tokens, 0, 1, buffers[0]);
+  std::vector<Status> status(threads);
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < threads; ++t)
+    pool.emplace_back([&, t] {
+      status[t] = FillSections(*more_readers[t - 1], m, layout, begin, begin + tokens, t, threads, buffers[t]);
+    });
+  status[0] = FillSections(r, m, layout, begin, begin + tokens, 0, threads, buffers[0]);
+  for (std::thread& t : pool) t.join();
+  for (const Status& st : status) KVFILE_RETURN_IF_ERROR(st);
+  return Status::OK();
+}
+
+// Sections first, first + step, ... of the payload (index layer * streams + stream).
+Status PackWriter::Impl::FillSections(Reader& r, const PackModel& m, const std::vector<PayloadSection>& layout,
+                                      uint64_t begin, uint64_t end, size_t first, size_t step, Buffers& b) {
+  const Geometry& g = m.geometry;
+  std::vector<uint64_t>& scratch = b.scratch;
+  std::vector<float>& f32 = b.f32;
+  for (size_t k = first; k < layout.size(); k += step) {
+      const uint32_t l = static_cast<uint32_t>(k / g.streams.size()), s = static_cast<uint32_t>(k % g.streams.size());
       const StreamSpec& spec = g.streams[s];
-      const PayloadSection& p = layout[static_cast<size_t>(l) * g.streams.size() + s];
+      const PayloadSection& p = layout[k];
       const Dtype from = r.geometry().streams[s].dtype;
       if (IsFp8(spec.dtype)) {
         scratch.resize((p.scales_bytes + 7) / 8);
@@ -185,7 +217,20 @@ Status PackWriter::AddFile(const std::string& name, const std::string& kv_path) 
   ro.fs = impl_->fs;
   std::unique_ptr<Reader> r;
   KVFILE_RETURN_IF_ERROR(Reader::Open(kv_path, ro, &r));
-  return Add(name, *r);
+  impl_->more_readers.clear();
+  for (unsigned t = 1; t < impl_->options.threads; ++t) {
+    // The same file opened again: the same committed state, or refused.
+    ro.expect_identity = r->identity();
+    ro.expect_geometry = r->geometry();
+    std::unique_ptr<Reader> more;
+    KVFILE_RETURN_IF_ERROR(Reader::Open(kv_path, ro, &more));
+    if (more->token_count() != r->token_count())
+      return Status::Busy(kv_path + ": the file changed while it was being packed");
+    impl_->more_readers.push_back(std::move(more));
+  }
+  Status st = Add(name, *r);
+  impl_->more_readers.clear();
+  return st;
 }
 
 Status PackWriter::Add(const std::string& name, Reader& r) {

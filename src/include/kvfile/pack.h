@@ -75,6 +75,9 @@ struct PackWriterOptions {
   // re-encode fp8 streams (and a version 1 file's raw streams), raw streams
   // stay raw; kBF16/kF16/kF32 store every stream raw in that dtype.
   std::optional<Dtype> dtype;
+  // AddFile: threads reading and checking each chunk's sections (each opens
+  // the file once more); the pack's bytes do not depend on it.
+  unsigned threads = 1;
 };
 
 struct PackWriteStats {
