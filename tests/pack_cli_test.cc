@@ -39,19 +39,27 @@ class PackCliTest : public ::testing::Test {
   fs::path dir_;
 };
 
-// Token ids and every code and scale, as a reader returns them.
-std::string Contents(const std::string& path) {
+// Token ids, model id, stream dtypes, and every code and scale as a reader
+// returns them, or with `decoded` every row decoded to f32.
+std::string Contents(const std::string& path, bool decoded = false) {
   std::unique_ptr<Reader> r;
   Status st = Reader::Open(path, {}, &r);
   EXPECT_TRUE(st.ok()) << st.ToString();
   if (!st.ok()) return "";
   std::string out(reinterpret_cast<const char*>(r->tokens().data()), r->tokens().size() * 4);
   out += r->identity().model_id;
-  uint64_t n = r->token_count();
   const Geometry& g = r->geometry();
+  for (const StreamSpec& s : g.streams) out += std::string(";") + DtypeName(s.dtype);
+  uint64_t n = r->token_count();
   for (uint32_t l = 0; l < g.layers; ++l)
     for (uint32_t s = 0; s < g.streams.size(); ++s) {
       uint64_t rows = n * g.streams[s].rows_per_token;
+      if (decoded) {
+        std::vector<float> values(rows * g.streams[s].row_width);
+        EXPECT_TRUE(r->ReadRows(l, s, 0, n, Dtype::kF32, values.data()).ok());
+        out.append(reinterpret_cast<const char*>(values.data()), values.size() * 4);
+        continue;
+      }
       std::string codes(rows * g.streams[s].row_width, '\0');
       std::vector<float> scales(rows);
       EXPECT_TRUE(r->ReadCodes(l, s, 0, n, reinterpret_cast<uint8_t*>(codes.data()), scales.data()).ok());
@@ -60,25 +68,7 @@ std::string Contents(const std::string& path) {
     }
   return out;
 }
-
-// Token ids, stream dtypes and every row decoded to f32.
-std::string Decoded(const std::string& path) {
-  std::unique_ptr<Reader> r;
-  Status st = Reader::Open(path, {}, &r);
-  EXPECT_TRUE(st.ok()) << st.ToString();
-  if (!st.ok()) return "";
-  std::string out(reinterpret_cast<const char*>(r->tokens().data()), r->tokens().size() * 4);
-  const Geometry& g = r->geometry();
-  for (const StreamSpec& s : g.streams) out += std::string(DtypeName(s.dtype)) + ";";
-  uint64_t n = r->token_count();
-  for (uint32_t l = 0; l < g.layers; ++l)
-    for (uint32_t s = 0; s < g.streams.size(); ++s) {
-      std::vector<float> rows(n * g.streams[s].ElementsPerToken());
-      EXPECT_TRUE(r->ReadRows(l, s, 0, n, Dtype::kF32, rows.data()).ok());
-      out.append(reinterpret_cast<const char*>(rows.data()), rows.size() * 4);
-    }
-  return out;
-}
+std::string Decoded(const std::string& path) { return Contents(path, true); }
 
 bool OneErrorLine(const std::string& err, const std::string& path) {
   return err.starts_with("kvfile: error: " + path + ": ") && err.find('\n') == err.size() - 1;
@@ -291,7 +281,7 @@ TEST_F(PackCliTest, PackDtypeRequantizesAsConvert) {
                  " --dtype " + dtype);
       ASSERT_EQ(r.exit_code, 0) << r.err;
       std::string want = Decoded(P(dtype + "-" + fs::path(m).filename().string()));
-      EXPECT_NE(want.find(dtype + ";"), std::string::npos);
+      EXPECT_NE(want.find(";" + dtype), std::string::npos);
       EXPECT_EQ(Decoded(P(dtype + "/" + m)), want) << dtype << " " << m;
     }
   }
