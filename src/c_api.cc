@@ -9,12 +9,14 @@
 // mirror each other, checked below) and the message goes to the calling
 // thread's last-error string.
 #include "kvfile/c.h"
+#include "kvfile/pack.h"
 
 #include <algorithm>
 #include <cstring>
 #include <exception>
 #include <memory>
 #include <new>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -38,6 +40,10 @@ struct kvfile_writer {
 
 struct kvfile_reader {
   std::unique_ptr<kvfile::Reader> impl;
+};
+
+struct kvfile_pack {
+  std::unique_ptr<kvfile::PackReader> impl;
 };
 
 namespace {
@@ -632,3 +638,113 @@ kvfile_status kvfile_coli_export(const char* kv_path, const char* coli_path, uin
 }
 
 }  // extern "C"
+
+// ---- Packs ----------------------------------------------------------------------
+
+kvfile_status kvfile_pack_files(const char* dest, const char* const* paths, const char* const* names, size_t count,
+                                uint32_t chunk_tokens) {
+  return Guarded([&] {
+    if (dest == nullptr) return NullArgument("kvfile_pack_files", "dest");
+    if (count > 0 && paths == nullptr) return NullArgument("kvfile_pack_files", "paths");
+    if (count > 0 && names == nullptr) return NullArgument("kvfile_pack_files", "names");
+    for (size_t i = 0; i < count; ++i)
+      if (paths[i] == nullptr || names[i] == nullptr)
+        return Fail(KVFILE_INVALID_ARGUMENT, "kvfile_pack_files: path or name " + std::to_string(i) + " is NULL");
+    if (kvfile_status st = RefuseExisting(kvfile::FileSystem::Default(), dest); st != KVFILE_OK) return st;
+    kvfile::PackWriterOptions options;
+    if (chunk_tokens) options.chunk_tokens = chunk_tokens;
+    std::unique_ptr<kvfile::PackWriter> w;
+    if (kvfile_status st = Report(kvfile::PackWriter::Begin(dest, options, &w)); st != KVFILE_OK) return st;
+    for (size_t i = 0; i < count; ++i)
+      if (kvfile_status st = Report(w->AddFile(names[i], paths[i])); st != KVFILE_OK) return st;
+    return Report(w->Finish());
+  });
+}
+
+kvfile_status kvfile_pack_open(const char* path, kvfile_pack** out) {
+  return Guarded([&] {
+    if (out == nullptr) return NullArgument("kvfile_pack_open", "out");
+    *out = nullptr;
+    if (path == nullptr) return NullArgument("kvfile_pack_open", "path");
+    auto p = std::make_unique<kvfile_pack>();
+    kvfile_status st = Report(kvfile::PackReader::Open(path, nullptr, &p->impl));
+    if (st == KVFILE_OK) *out = p.release();
+    return st;
+  });
+}
+
+void kvfile_pack_close(kvfile_pack* pack) { delete pack; }
+
+namespace {
+// The member at `index`, or a failure naming the function.
+kvfile_status PackMember(const kvfile_pack* pack, size_t index, const char* fn, const kvfile::PackMember** out) {
+  if (pack == nullptr) return NullArgument(fn, "pack");
+  if (index >= pack->impl->members().size())
+    return Fail(KVFILE_INVALID_ARGUMENT, std::string(fn) + ": member " + std::to_string(index) + " of " +
+                                             std::to_string(pack->impl->members().size()));
+  *out = &pack->impl->members()[index];
+  return KVFILE_OK;
+}
+}  // namespace
+
+kvfile_status kvfile_pack_member_count(const kvfile_pack* pack, size_t* out) {
+  return Guarded([&] {
+    if (pack == nullptr) return NullArgument("kvfile_pack_member_count", "pack");
+    if (out == nullptr) return NullArgument("kvfile_pack_member_count", "out");
+    *out = pack->impl->members().size();
+    return KVFILE_OK;
+  });
+}
+
+kvfile_status kvfile_pack_member_name(const kvfile_pack* pack, size_t index, char* out, size_t capacity,
+                                      size_t* length) {
+  return Guarded([&] {
+    const kvfile::PackMember* m = nullptr;
+    if (kvfile_status st = PackMember(pack, index, "kvfile_pack_member_name", &m); st != KVFILE_OK) return st;
+    if (length != nullptr) *length = m->name.size();
+    if (kvfile_status st = CheckCapacity("kvfile_pack_member_name: capacity", m->name.size() + 1, capacity);
+        st != KVFILE_OK)
+      return st;
+    if (out == nullptr) return NullArgument("kvfile_pack_member_name", "out");
+    CopyString(m->name, out, capacity);
+    return KVFILE_OK;
+  });
+}
+
+kvfile_status kvfile_pack_member_tokens(const kvfile_pack* pack, size_t index, uint64_t* out) {
+  return Guarded([&] {
+    const kvfile::PackMember* m = nullptr;
+    if (kvfile_status st = PackMember(pack, index, "kvfile_pack_member_tokens", &m); st != KVFILE_OK) return st;
+    if (out == nullptr) return NullArgument("kvfile_pack_member_tokens", "out");
+    *out = m->token_count;
+    return KVFILE_OK;
+  });
+}
+
+kvfile_status kvfile_pack_find(const kvfile_pack* pack, const char* name, size_t* index) {
+  return Guarded([&] {
+    if (pack == nullptr) return NullArgument("kvfile_pack_find", "pack");
+    if (name == nullptr) return NullArgument("kvfile_pack_find", "name");
+    if (index == nullptr) return NullArgument("kvfile_pack_find", "index");
+    std::optional<size_t> i = pack->impl->Find(name);
+    if (!i) return Fail(KVFILE_NOT_FOUND, pack->impl->path() + ": no member '" + name + "'");
+    *index = *i;
+    return KVFILE_OK;
+  });
+}
+
+kvfile_status kvfile_pack_materialize(kvfile_pack* pack, size_t index, const char* dest) {
+  return Guarded([&] {
+    const kvfile::PackMember* m = nullptr;
+    if (kvfile_status st = PackMember(pack, index, "kvfile_pack_materialize", &m); st != KVFILE_OK) return st;
+    if (dest == nullptr) return NullArgument("kvfile_pack_materialize", "dest");
+    return Report(pack->impl->Materialize(index, dest));
+  });
+}
+
+kvfile_status kvfile_pack_verify(kvfile_pack* pack) {
+  return Guarded([&] {
+    if (pack == nullptr) return NullArgument("kvfile_pack_verify", "pack");
+    return Report(pack->impl->Verify(nullptr));
+  });
+}

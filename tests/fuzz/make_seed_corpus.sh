@@ -46,3 +46,12 @@ k convert "$TMP/llama.kv" "$TMP/seq-q8_0.bin" --format llama-seq --dtype q8_0
 rm -rf "$CORPUS/llama_state" && mkdir -p "$CORPUS/llama_state"
 cp "$TMP"/{seq-f16,session-vt,seq-q8_0}.bin "$CORPUS/llama_state/"
 du -sh "$CORPUS"
+
+# .kvpack seeds (fuzz_pack): members sharing chunks (two fp8 dtypes), and a raw stream.
+mkdir -p "$TMP/p/d" "$TMP/r" "$CORPUS/pack"
+k synth "$TMP/p/a.kv" --preset tiny --tokens 7 --chunk-tokens 4 --seed 1
+k synth "$TMP/p/d/b.kv" --preset tiny --tokens 11 --chunk-tokens 3 --seed 1
+k synth "$TMP/p/e.kv" --preset tiny --tokens 3 --dtype e5m2 --seed 2
+k pack "$TMP/p" -o "$CORPUS/pack/shared.kvpack" --chunk-tokens 4 --force
+k convert "$TMP/p/a.kv" "$TMP/r/raw.kv" --keep-raw v --chunk-tokens 8
+k pack "$TMP/r" -o "$CORPUS/pack/raw.kvpack" --chunk-tokens 2 --force

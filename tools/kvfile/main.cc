@@ -10,6 +10,7 @@
 #include <string_view>
 
 #include "cli_common.h"
+#include "cmd_pack.h"
 #include "kvfile/writer.h"
 #include "progress.h"
 #include "signals.h"
@@ -152,6 +153,9 @@ int main(int argc, char** argv) {
   RegisterAppend(app, &exit_code);
   RegisterConvert(app, &exit_code);
   RegisterBench(app, &exit_code);
+  RegisterPack(app, &exit_code);
+  RegisterUnpack(app, &exit_code);
+  RegisterLs(app, &exit_code);
   RegisterVersion(app, &exit_code);
   RegisterCompletion(app, &exit_code);
   if (int code = CheckVerb(app, argc, argv); code >= 0) return code;

@@ -381,6 +381,40 @@ KVFILE_EXPORT kvfile_status kvfile_coli_import(const char* coli_path, const char
  * vocabulary: KVFILE_INVALID_ARGUMENT with the reason, nothing written. */
 KVFILE_EXPORT kvfile_status kvfile_coli_export(const char* kv_path, const char* coli_path, uint32_t vocab);
 
+/* ---- Packs: many sessions in one .kvpack (spec/PACK.md, docs/packs.md) --- */
+
+typedef struct kvfile_pack kvfile_pack; /* opaque */
+
+/* Packs the .kv files paths[0, count) as members names[0, count) (relative
+ * paths, unique) into a new .kvpack at dest, which must not exist; chunks
+ * the members share are stored once. chunk_tokens: tokens per pack chunk
+ * (0: 256). Written under a temporary name and renamed into place when
+ * complete: a failure leaves nothing at dest. */
+KVFILE_EXPORT kvfile_status kvfile_pack_files(const char* dest, const char* const* paths, const char* const* names,
+                                              size_t count, uint32_t chunk_tokens);
+
+/* Opens a pack and checks its header, tables, names and member index. On
+ * success *out owns it, to be released with kvfile_pack_close. */
+KVFILE_EXPORT kvfile_status kvfile_pack_open(const char* path, kvfile_pack** out);
+KVFILE_EXPORT void kvfile_pack_close(kvfile_pack* pack); /* NULL: no-op */
+
+/* Members are indexed 0..count-1 in name order. */
+KVFILE_EXPORT kvfile_status kvfile_pack_member_count(const kvfile_pack* pack, size_t* out);
+/* Member index's name, with a NUL, into out[0, capacity); *length (may be
+ * NULL) receives its length without the NUL. KVFILE_BUFFER_TOO_SMALL (and
+ * *length set) if capacity <= length. */
+KVFILE_EXPORT kvfile_status kvfile_pack_member_name(const kvfile_pack* pack, size_t index, char* out, size_t capacity,
+                                                    size_t* length);
+KVFILE_EXPORT kvfile_status kvfile_pack_member_tokens(const kvfile_pack* pack, size_t index, uint64_t* out);
+/* The index of the member named name: KVFILE_NOT_FOUND if there is none. */
+KVFILE_EXPORT kvfile_status kvfile_pack_find(const kvfile_pack* pack, const char* name, size_t* index);
+/* Writes member index as the .kv file dest (replaced atomically), after
+ * checking its record and every chunk it uses (KVFILE_CORRUPTION: nothing
+ * is written). */
+KVFILE_EXPORT kvfile_status kvfile_pack_materialize(kvfile_pack* pack, size_t index, const char* dest);
+/* Checks every member record and every stored chunk once. */
+KVFILE_EXPORT kvfile_status kvfile_pack_verify(kvfile_pack* pack);
+
 #ifdef __cplusplus
 }  /* extern "C" */
 #endif

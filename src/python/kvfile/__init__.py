@@ -31,6 +31,7 @@ from ._kvfile import (  # noqa: F401  (re-exported)
     MismatchError,
     NonFiniteError,
     NotFoundError,
+    Pack,
     Reader,
     UnsupportedError,
     Writer,
@@ -43,6 +44,7 @@ from ._kvfile import (  # noqa: F401  (re-exported)
     mooncake_encode,
     open_reader,
     open_writer,
+    pack,
     presets,
     verify,
 )

@@ -1,0 +1,103 @@
+// SPDX-License-Identifier: Apache-2.0
+// Wire constants and table codecs of the .kvpack format (spec/PACK.md), the
+// one place that knows its byte layout; PackWriter and PackReader share it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kvfile/pack.h"
+#include "kvfile/status.h"
+
+namespace kvfile::pack {
+
+// "\x89KVP\r\n\x1a\n": the .kv magic's idea with P for pack.
+inline constexpr uint8_t kMagic[8] = {0x89, 'K', 'V', 'P', '\r', '\n', 0x1A, '\n'};
+inline constexpr uint16_t kMajor = 1;
+inline constexpr uint16_t kMinor = 0;
+inline constexpr uint64_t kKnownRequiredFlags = 0;
+
+// ---- Header (offset 0) ----
+inline constexpr size_t kHeaderBytes = 128;
+namespace hdr {
+inline constexpr size_t kMagicField = 0;       // u8[8]
+inline constexpr size_t kMajorField = 8;       // u16
+inline constexpr size_t kMinorField = 10;      // u16
+inline constexpr size_t kHeaderBytesField = 12;  // u32 = 128
+inline constexpr size_t kRequiredFlags = 16;   // u64
+inline constexpr size_t kOptionalFlags = 24;   // u64
+inline constexpr size_t kDataEnd = 32;         // u64
+inline constexpr size_t kModelCount = 40;      // u64
+inline constexpr size_t kChunkCount = 48;      // u64
+inline constexpr size_t kMemberCount = 56;     // u64
+inline constexpr size_t kNamesBytes = 64;      // u64
+inline constexpr size_t kModelsChecksum = 72;  // u64
+inline constexpr size_t kChunksChecksum = 80;  // u64
+inline constexpr size_t kNamesChecksum = 88;   // u64
+inline constexpr size_t kIndexChecksum = 96;   // u64
+inline constexpr size_t kFileBytes = 104;      // u64
+inline constexpr size_t kReserved = 112;       // u64, zero
+inline constexpr size_t kChecksum = 120;       // u64 XXH3-64 of [0, 120)
+}  // namespace hdr
+
+// ---- Model table entry ----
+inline constexpr size_t kModelEntryBytes = 1304;
+namespace me {
+inline constexpr size_t kFingerprint = 0;   // u64
+inline constexpr size_t kLayers = 8;        // u32
+inline constexpr size_t kStreams = 12;      // u32
+inline constexpr size_t kChunkTokens = 16;  // u32
+inline constexpr size_t kModelIdLength = 20;  // u32
+inline constexpr size_t kModelId = 24;      // u8[256]
+inline constexpr size_t kModelIdCapacity = 256;
+inline constexpr size_t kDescriptors = 280;  // 16 x 64, FORMAT.md 3.1
+inline constexpr size_t kDescriptorBytes = 64;
+inline constexpr size_t kMaxStreams = 16;
+}  // namespace me
+
+// ---- Chunk table entry ----
+inline constexpr size_t kChunkEntryBytes = 48;
+namespace ce {
+inline constexpr size_t kOffset = 0;       // u64
+inline constexpr size_t kFirstToken = 8;   // u64
+inline constexpr size_t kTokenCount = 16;  // u32
+inline constexpr size_t kModel = 20;       // u32
+inline constexpr size_t kChainHash = 24;   // u64
+inline constexpr size_t kPayloadChecksum = 32;  // u64
+inline constexpr size_t kReserved = 40;    // u64, zero
+}  // namespace ce
+
+// ---- Member index entry ----
+inline constexpr size_t kIndexEntryBytes = 64;
+namespace ie {
+inline constexpr size_t kNameOffset = 0;     // u64
+inline constexpr size_t kNameLength = 8;     // u32
+inline constexpr size_t kModel = 12;         // u32
+inline constexpr size_t kTokenCount = 16;    // u64
+inline constexpr size_t kRecordOffset = 24;  // u64
+inline constexpr size_t kRecordChecksum = 32;  // u64
+inline constexpr size_t kSourceChunkTokens = 40;  // u32
+inline constexpr size_t kSourceVersion = 44;  // u32: major << 16 | minor
+inline constexpr size_t kReserved = 48;      // u8[16], zero
+}  // namespace ie
+
+// ---- Limits ----
+inline constexpr size_t kMaxNameBytes = 4096;
+inline constexpr uint64_t kMaxChunkPayload = uint64_t{1} << 30;
+inline constexpr uint32_t kMaxChunkTokens = 65536;
+inline constexpr uint64_t kMaxEntries = uint64_t{1} << 32;  // chunk ids and member counts are < 2^32
+
+// Payload bytes per token of a geometry (spec/PACK.md section 4).
+uint64_t PayloadBytesPerToken(const Geometry& g);
+// The chain hash of `tokens` (u32 little-endian) after `previous`.
+uint64_t ChainHash(uint64_t previous, std::span<const uint32_t> tokens);
+uint64_t Checksum(const uint8_t* data, size_t n);
+
+void EncodeModel(const PackModel& m, uint8_t* out);  // kModelEntryBytes
+// Checks every rule of spec/PACK.md section 3; messages name the entry.
+Status DecodeModel(const uint8_t* in, PackModel* out);
+
+}  // namespace kvfile::pack

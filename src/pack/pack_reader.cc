@@ -1,0 +1,367 @@
+// SPDX-License-Identifier: Apache-2.0
+// PackReader: opens a .kvpack (spec/PACK.md), checks its tables, reads
+// members and chunks (checked before they are returned), materialises
+// members as .kv files and verifies the whole pack.
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <set>
+#include <tuple>
+
+#include "atomic_replace.h"
+#include "codec/row_check.h"
+#include "format/chunk_layout.h"
+#include "format/endian.h"
+#include "kvfile/pack.h"
+#include "kvfile/writer.h"
+#include "pack/pack_format.h"
+
+namespace kvfile {
+
+using format::LoadU16;
+using format::LoadU32;
+using format::LoadU64;
+using pack::Checksum;
+
+struct KVFILE_NO_EXPORT PackReader::Impl {
+  std::string path;
+  FileSystem* fs = nullptr;
+  std::unique_ptr<File> file;
+  uint64_t file_bytes = 0;
+  uint64_t data_end = 0;
+  std::vector<PackModel> models;
+  std::vector<PackChunk> chunks;
+  std::vector<PackMember> members;
+
+  Status Damage(const std::string& what) const { return Status::Corruption(path + ": " + what); }
+  Status ReadRegion(uint64_t offset, uint64_t n, uint64_t want_checksum, const char* what,
+                    std::vector<uint8_t>* out) {
+    out->resize(n);
+    if (n) KVFILE_RETURN_IF_ERROR(file->ReadAt(offset, out->data(), n));
+    if (Checksum(out->data(), n) != want_checksum)
+      return Damage(std::string(what) + " checksum mismatch (at offset " + std::to_string(offset) + ")");
+    return Status::OK();
+  }
+  Status ParseTables(const uint8_t* h);
+  Status CheckTiling() const;
+};
+
+PackReader::PackReader(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+PackReader::~PackReader() = default;
+const std::string& PackReader::path() const { return impl_->path; }
+uint64_t PackReader::file_bytes() const { return impl_->file_bytes; }
+std::span<const PackModel> PackReader::models() const { return impl_->models; }
+std::span<const PackChunk> PackReader::chunks() const { return impl_->chunks; }
+std::span<const PackMember> PackReader::members() const { return impl_->members; }
+
+std::optional<size_t> PackReader::Find(std::string_view name) const {
+  const auto& m = impl_->members;
+  auto it = std::lower_bound(m.begin(), m.end(), name,
+                             [](const PackMember& a, std::string_view b) { return a.name < b; });
+  if (it == m.end() || it->name != name) return std::nullopt;
+  return static_cast<size_t>(it - m.begin());
+}
+
+Status PackReader::Open(const std::string& path, FileSystem* fs, std::unique_ptr<PackReader>* out) {
+  auto impl = std::make_unique<Impl>();
+  impl->path = path;
+  impl->fs = fs ? fs : FileSystem::Default();
+  KVFILE_RETURN_IF_ERROR(impl->fs->Open(path, OpenMode::kRead, &impl->file));
+  KVFILE_RETURN_IF_ERROR(impl->file->Size(&impl->file_bytes));
+  uint8_t h[pack::kHeaderBytes];
+  if (impl->file_bytes < sizeof h) {
+    uint8_t m[8] = {};
+    size_t n = std::min<uint64_t>(impl->file_bytes, 8);
+    if (n) KVFILE_RETURN_IF_ERROR(impl->file->ReadAt(0, m, n));
+    if (n < 8 || std::memcmp(m, pack::kMagic, 8) != 0) return impl->Damage("not a kvfile pack (bad magic)");
+    return impl->Damage("truncated: " + std::to_string(impl->file_bytes) + " bytes, shorter than the 128-byte header");
+  }
+  KVFILE_RETURN_IF_ERROR(impl->file->ReadAt(0, h, sizeof h));
+  KVFILE_RETURN_IF_ERROR(impl->ParseTables(h));
+  out->reset(new PackReader(std::move(impl)));
+  return Status::OK();
+}
+
+Status PackReader::Impl::ParseTables(const uint8_t* h) {
+  namespace H = pack::hdr;
+  if (std::memcmp(h, pack::kMagic, 8) != 0) return Damage("not a kvfile pack (bad magic)");
+  uint16_t major = LoadU16(h + H::kMajorField);
+  if (major != pack::kMajor)
+    return Status::Unsupported(path + ": pack format version " + std::to_string(major) + " is not supported (this build reads 1)");
+  if (Checksum(h, H::kChecksum) != LoadU64(h + H::kChecksum)) return Damage("pack header checksum mismatch");
+  if (LoadU32(h + H::kHeaderBytesField) != pack::kHeaderBytes) return Damage("header_bytes is not 128");
+  uint64_t required = LoadU64(h + H::kRequiredFlags);
+  if (required & ~pack::kKnownRequiredFlags)
+    return Status::Unsupported(path + ": the pack needs features this build lacks (required flags " + std::to_string(required) + ")");
+  if (LoadU64(h + H::kReserved) != 0) return Damage("nonzero reserved header bytes");
+  data_end = LoadU64(h + H::kDataEnd);
+  uint64_t model_count = LoadU64(h + H::kModelCount), chunk_count = LoadU64(h + H::kChunkCount);
+  uint64_t member_count = LoadU64(h + H::kMemberCount), names_bytes = LoadU64(h + H::kNamesBytes);
+  uint64_t stated = LoadU64(h + H::kFileBytes);
+  if (stated != file_bytes)
+    return Damage("the file is " + std::to_string(file_bytes) + " bytes, the header says " + std::to_string(stated) +
+                  (file_bytes < stated ? " (truncated)" : ""));
+  if (chunk_count >= pack::kMaxEntries || member_count >= pack::kMaxEntries) return Damage("table count out of range");
+  // Each region must fit in what remains of the file; subtracting keeps it overflow-free.
+  uint64_t left = file_bytes;
+  auto take = [&left](uint64_t count, uint64_t size, uint64_t* bytes) {
+    if (count > left / size) return false;
+    *bytes = count * size;
+    left -= *bytes;
+    return true;
+  };
+  uint64_t models_b = 0, chunks_b = 0, index_b = 0, names_b = 0;
+  if (data_end < pack::kHeaderBytes || data_end > left) return Damage("data_end out of range");
+  left -= data_end;
+  if (!take(model_count, pack::kModelEntryBytes, &models_b) || !take(chunk_count, pack::kChunkEntryBytes, &chunks_b) ||
+      !take(names_bytes, 1, &names_b) || !take(member_count, pack::kIndexEntryBytes, &index_b) || left != 0)
+    return Damage("the header's table sizes do not add up to the file's size");
+  std::vector<uint8_t> mt, ct, nm, it;
+  uint64_t at = data_end;
+  KVFILE_RETURN_IF_ERROR(ReadRegion(at, models_b, LoadU64(h + H::kModelsChecksum), "model table", &mt));
+  at += models_b;
+  KVFILE_RETURN_IF_ERROR(ReadRegion(at, chunks_b, LoadU64(h + H::kChunksChecksum), "chunk table", &ct));
+  at += chunks_b;
+  KVFILE_RETURN_IF_ERROR(ReadRegion(at, names_b, LoadU64(h + H::kNamesChecksum), "names", &nm));
+  at += names_b;
+  KVFILE_RETURN_IF_ERROR(ReadRegion(at, index_b, LoadU64(h + H::kIndexChecksum), "member index", &it));
+
+  models.resize(model_count);
+  for (uint64_t i = 0; i < model_count; ++i) {
+    Status st = pack::DecodeModel(mt.data() + i * pack::kModelEntryBytes, &models[i]);
+    if (!st.ok()) return Damage("model " + std::to_string(i) + ": " + st.message());
+    for (uint64_t j = 0; j < i; ++j)
+      if (std::memcmp(mt.data() + i * pack::kModelEntryBytes, mt.data() + j * pack::kModelEntryBytes, 16) == 0 &&
+          std::memcmp(mt.data() + i * pack::kModelEntryBytes + 20, mt.data() + j * pack::kModelEntryBytes + 20,
+                      pack::kModelEntryBytes - 20) == 0)
+        return Damage("models " + std::to_string(j) + " and " + std::to_string(i) + " are the same");
+  }
+  chunks.resize(chunk_count);
+  for (uint64_t i = 0; i < chunk_count; ++i) {
+    const uint8_t* e = ct.data() + i * pack::kChunkEntryBytes;
+    PackChunk& c = chunks[i];
+    c.offset = LoadU64(e + pack::ce::kOffset);
+    c.first_token = LoadU64(e + pack::ce::kFirstToken);
+    c.token_count = LoadU32(e + pack::ce::kTokenCount);
+    c.model = LoadU32(e + pack::ce::kModel);
+    c.chain_hash = LoadU64(e + pack::ce::kChainHash);
+    c.payload_checksum = LoadU64(e + pack::ce::kPayloadChecksum);
+    std::string where = "chunk " + std::to_string(i) + ": ";
+    if (LoadU64(e + pack::ce::kReserved) != 0) return Damage(where + "nonzero reserved bytes");
+    if (c.model >= models.size()) return Damage(where + "model " + std::to_string(c.model) + " does not exist");
+    const PackModel& m = models[c.model];
+    if (c.token_count < 1 || c.token_count > m.chunk_tokens || c.first_token % m.chunk_tokens != 0)
+      return Damage(where + "token range does not fit the model's chunk size");
+    c.bytes = m.payload_bytes_per_token * c.token_count;
+    if (c.offset < pack::kHeaderBytes || c.offset >= data_end || c.bytes > data_end - c.offset)
+      return Damage(where + "payload lies outside the data region");
+  }
+  members.resize(member_count);
+  uint64_t name_at = 0;
+  for (uint64_t i = 0; i < member_count; ++i) {
+    const uint8_t* e = it.data() + i * pack::kIndexEntryBytes;
+    PackMember& m = members[i];
+    std::string where = "member " + std::to_string(i) + ": ";
+    uint64_t name_offset = LoadU64(e + pack::ie::kNameOffset);
+    uint32_t name_length = LoadU32(e + pack::ie::kNameLength);
+    if (name_offset != name_at || name_length < 1 || name_length > pack::kMaxNameBytes ||
+        name_length > names_bytes - name_at)
+      return Damage(where + "name out of place");
+    m.name.assign(reinterpret_cast<const char*>(nm.data() + name_at), name_length);
+    name_at += name_length;
+    if (!IsValidPackMemberName(m.name)) return Damage(where + "invalid name");
+    if (i > 0 && !(members[i - 1].name < m.name)) return Damage(where + "names are not sorted and unique");
+    where = "member '" + m.name + "': ";
+    m.model = LoadU32(e + pack::ie::kModel);
+    m.token_count = LoadU64(e + pack::ie::kTokenCount);
+    m.record_offset = LoadU64(e + pack::ie::kRecordOffset);
+    m.record_checksum = LoadU64(e + pack::ie::kRecordChecksum);
+    m.source_chunk_tokens = LoadU32(e + pack::ie::kSourceChunkTokens);
+    uint32_t version = LoadU32(e + pack::ie::kSourceVersion);
+    m.source_major = static_cast<uint16_t>(version >> 16);
+    m.source_minor = static_cast<uint16_t>(version & 0xFFFF);
+    for (size_t k = 0; k < 16; ++k)
+      if (e[pack::ie::kReserved + k] != 0) return Damage(where + "nonzero reserved bytes");
+    if (m.model >= models.size()) return Damage(where + "model " + std::to_string(m.model) + " does not exist");
+    if (m.source_chunk_tokens < 1 || m.source_chunk_tokens > pack::kMaxChunkTokens)
+      return Damage(where + "source chunk tokens out of range");
+    if (m.token_count > data_end / 4) return Damage(where + "more token ids than the data region holds");
+    uint64_t c = models[m.model].chunk_tokens;
+    m.chunk_count = (m.token_count + c - 1) / c;
+    uint64_t record = 4 * (m.token_count + m.chunk_count);
+    if (m.record_offset < pack::kHeaderBytes || m.record_offset > data_end || record > data_end - m.record_offset)
+      return Damage(where + "record lies outside the data region");
+  }
+  if (name_at != names_bytes) return Damage("names region holds bytes no member uses");
+  return CheckTiling();
+}
+
+// Payloads and records must tile [128, data_end) exactly (spec/PACK.md 6).
+Status PackReader::Impl::CheckTiling() const {
+  std::vector<std::pair<uint64_t, uint64_t>> spans;
+  spans.reserve(chunks.size() + members.size());
+  for (const PackChunk& c : chunks) spans.emplace_back(c.offset, c.bytes);
+  for (const PackMember& m : members)
+    if (m.token_count) spans.emplace_back(m.record_offset, 4 * (m.token_count + m.chunk_count));
+  std::sort(spans.begin(), spans.end());
+  uint64_t at = pack::kHeaderBytes;
+  for (const auto& [off, len] : spans) {
+    if (off != at)
+      return Damage(off < at ? "chunks or records overlap at offset " + std::to_string(off)
+                             : "bytes [" + std::to_string(at) + ", " + std::to_string(off) + ") belong to no chunk or record");
+    at += len;
+  }
+  if (at != data_end)
+    return Damage("bytes [" + std::to_string(at) + ", " + std::to_string(data_end) + ") belong to no chunk or record");
+  return Status::OK();
+}
+
+Status PackReader::ReadMember(size_t index, std::vector<uint32_t>* tokens, std::vector<uint32_t>* chunk_ids) {
+  Impl& r = *impl_;
+  if (index >= r.members.size()) return Status::InvalidArgument(r.path + ": no member " + std::to_string(index));
+  const PackMember& m = r.members[index];
+  std::vector<uint8_t> rec;
+  std::string what = "member '" + m.name + "': record";
+  KVFILE_RETURN_IF_ERROR(r.ReadRegion(m.record_offset, 4 * (m.token_count + m.chunk_count), m.record_checksum,
+                                      what.c_str(), &rec));
+  tokens->resize(m.token_count);
+  chunk_ids->resize(m.chunk_count);
+  for (uint64_t i = 0; i < m.token_count; ++i) (*tokens)[i] = LoadU32(rec.data() + 4 * i);
+  for (uint64_t j = 0; j < m.chunk_count; ++j) (*chunk_ids)[j] = LoadU32(rec.data() + 4 * (m.token_count + j));
+  const uint64_t c = r.models[m.model].chunk_tokens;
+  uint64_t chain = 0;
+  for (uint64_t j = 0; j < m.chunk_count; ++j) {
+    uint64_t first = j * c;
+    uint64_t t = std::min(c, m.token_count - first);
+    chain = pack::ChainHash(chain, std::span<const uint32_t>(*tokens).subspan(first, t));
+    uint32_t id = (*chunk_ids)[j];
+    std::string where = "member '" + m.name + "': chunk " + std::to_string(j) + " (id " + std::to_string(id) + ")";
+    if (id >= r.chunks.size()) return r.Damage(where + " does not exist");
+    const PackChunk& ck = r.chunks[id];
+    if (ck.model != m.model || ck.first_token != first || ck.token_count != t)
+      return r.Damage(where + " holds another model or token range");
+    if (ck.chain_hash != chain) return r.Damage(where + ": chain hash does not match the member's tokens");
+  }
+  return Status::OK();
+}
+
+Status PackReader::ReadChunk(uint32_t id, std::vector<uint8_t>* payload) {
+  Impl& r = *impl_;
+  if (id >= r.chunks.size()) return Status::InvalidArgument(r.path + ": no chunk " + std::to_string(id));
+  const PackChunk& c = r.chunks[id];
+  std::string what = "chunk " + std::to_string(id) + ": payload";
+  KVFILE_RETURN_IF_ERROR(r.ReadRegion(c.offset, c.bytes, c.payload_checksum, what.c_str(), payload));
+  const Geometry& g = r.models[c.model].geometry;
+  std::vector<PayloadSection> layout = PackPayloadLayout(g, c.token_count);
+  // Copies give the check host-order scales, and aligned raw rows where the
+  // payload holds them unaligned.
+  std::vector<uint64_t> rows_copy;
+  std::vector<float> scales;
+  for (uint32_t l = 0; l < g.layers; ++l)
+    for (uint32_t s = 0; s < g.streams.size(); ++s) {
+      const StreamSpec& spec = g.streams[s];
+      const PayloadSection& p = layout[static_cast<size_t>(l) * g.streams.size() + s];
+      const size_t rows = size_t{c.token_count} * spec.rows_per_token;
+      const void* rows_at = payload->data() + p.data_offset;
+      if (reinterpret_cast<uintptr_t>(rows_at) % ElementSize(spec.dtype) != 0) {
+        rows_copy.resize((p.data_bytes + 7) / 8);
+        std::memcpy(rows_copy.data(), rows_at, p.data_bytes);
+        rows_at = rows_copy.data();
+      }
+      scales.resize(p.scales_bytes / 4);
+      for (size_t i = 0; i < scales.size(); ++i) {
+        uint32_t bits = LoadU32(payload->data() + p.scales_offset + 4 * i);
+        std::memcpy(&scales[i], &bits, 4);
+      }
+      codec::RowCheck rc = codec::CheckRows(spec.dtype, rows_at, scales.data(), rows, spec.row_width);
+      if (!rc.ok())
+        return r.Damage("chunk " + std::to_string(id) + " layer " + std::to_string(l) + " stream '" + spec.name +
+                        "': " +
+                        (rc.fault == codec::RowFault::kNonFiniteCode  ? "non-finite code"
+                         : rc.fault == codec::RowFault::kInvalidScale ? "invalid scale"
+                                                                       : "non-finite value"));
+    }
+  return Status::OK();
+}
+
+Status PackReader::Materialize(size_t index, const std::string& dest) {
+  Impl& r = *impl_;
+  if (index >= r.members.size()) return Status::InvalidArgument(r.path + ": no member " + std::to_string(index));
+  const PackMember& m = r.members[index];
+  const PackModel& model = r.models[m.model];
+  const Geometry& g = model.geometry;
+  std::vector<uint32_t> tokens, ids;
+  KVFILE_RETURN_IF_ERROR(ReadMember(index, &tokens, &ids));
+  // The source's chunk size, halved until a staging buffer stays <= 64 MiB.
+  uint32_t ct = m.source_chunk_tokens;
+  format::ChunkLayout cl;
+  while (ct > 1 && (!format::ComputeChunkLayout(g, ct, &cl).ok() || cl.chunk_bytes > (uint64_t{64} << 20))) ct /= 2;
+  std::unique_ptr<internal::PendingReplace> replace;
+  KVFILE_RETURN_IF_ERROR(internal::PendingReplace::Begin(dest, r.fs, &replace));
+  WriterOptions wo;
+  wo.fs = r.fs;
+  wo.chunk_tokens = ct;
+  wo.sync = SyncMode::kClose;
+  std::unique_ptr<Writer> w;
+  KVFILE_RETURN_IF_ERROR(Writer::Create(replace->temp_path(), g, model.identity, wo, &w));
+  std::vector<uint8_t> payload;
+  std::vector<std::vector<uint64_t>> aligned(g.layers * g.streams.size() * 2);
+  for (size_t j = 0; j < ids.size(); ++j) {
+    KVFILE_RETURN_IF_ERROR(ReadChunk(ids[j], &payload));
+    const PackChunk& c = r.chunks[ids[j]];
+    std::vector<PayloadSection> layout = PackPayloadLayout(g, c.token_count);
+    AppendBatch batch;
+    batch.tokens = std::span<const uint32_t>(tokens).subspan(c.first_token, c.token_count);
+    batch.blocks.resize(layout.size());
+    for (size_t k = 0; k < layout.size(); ++k) {
+      const StreamSpec& spec = g.streams[k % g.streams.size()];
+      const PayloadSection& p = layout[k];
+      RowBlock& b = batch.blocks[k];
+      b.dtype = spec.dtype;
+      // Copies give the writer aligned rows and host-order scales.
+      aligned[2 * k].resize((p.data_bytes + 7) / 8);
+      std::memcpy(aligned[2 * k].data(), payload.data() + p.data_offset, p.data_bytes);
+      b.data = aligned[2 * k].data();
+      if (p.scales_bytes) {
+        aligned[2 * k + 1].resize((p.scales_bytes + 7) / 8);
+        float* f = reinterpret_cast<float*>(aligned[2 * k + 1].data());
+        for (uint64_t i = 0; i < p.scales_bytes / 4; ++i) {
+          uint32_t bits = LoadU32(payload.data() + p.scales_offset + 4 * i);
+          std::memcpy(f + i, &bits, 4);
+        }
+        b.scales = f;
+      }
+    }
+    KVFILE_RETURN_IF_ERROR(w->Append(batch));
+  }
+  KVFILE_RETURN_IF_ERROR(w->Close());
+  w.reset();
+  return replace->Commit();
+}
+
+Status PackReader::Verify(PackVerifyReport* report) {
+  Impl& r = *impl_;
+  PackVerifyReport rep;
+  std::vector<bool> used(r.chunks.size(), false);
+  std::vector<uint32_t> tokens, ids;
+  for (size_t i = 0; i < r.members.size(); ++i) {
+    KVFILE_RETURN_IF_ERROR(ReadMember(i, &tokens, &ids));
+    for (uint32_t id : ids) used[id] = true;
+    rep.members++;
+  }
+  std::set<std::tuple<uint32_t, uint64_t, uint32_t, uint64_t, uint64_t>> seen;
+  std::vector<uint8_t> payload;
+  for (uint32_t id = 0; id < r.chunks.size(); ++id) {
+    const PackChunk& c = r.chunks[id];
+    if (!used[id]) return r.Damage("chunk " + std::to_string(id) + " is used by no member");
+    if (!seen.emplace(c.model, c.first_token, c.token_count, c.chain_hash, c.payload_checksum).second)
+      return r.Damage("chunk " + std::to_string(id) + " is stored twice");
+    KVFILE_RETURN_IF_ERROR(ReadChunk(id, &payload));
+    rep.chunks++;
+    rep.payload_bytes += c.bytes;
+  }
+  if (report) *report = rep;
+  return Status::OK();
+}
+
+}  // namespace kvfile

@@ -1,0 +1,482 @@
+// SPDX-License-Identifier: Apache-2.0
+// Tests of .kvpack archives (src/include/kvfile/pack.h, spec/PACK.md): round
+// trips, deduplication, damage sweeps and crash safety, all in a FaultFs.
+#include <gtest/gtest.h>
+#include <xxhash.h>
+
+#include <cerrno>
+#include <cmath>
+#include <functional>
+#include <cstring>
+
+#include "kvfile/pack.h"
+#include "kvfile/reader.h"
+#include "kvfile/writer.h"
+#include "support/fault_fs.h"
+#include "support/sweep_fixtures.h"
+
+namespace kvfile {
+namespace {
+
+using testing::FaultFs;
+using testing::FsOp;
+using testing::SplitMix;
+
+Geometry MixedGeometry() {
+  Geometry g;
+  g.layers = 2;
+  g.streams = {{"k", 2, 8, Dtype::kE4M3}, {"v", 2, 8, Dtype::kE5M2}, {"idx", 1, 4, Dtype::kBF16}};
+  return g;
+}
+
+Geometry TinyGeometry() {
+  Geometry g;
+  g.layers = 1;
+  g.streams = {{"k", 1, 4, Dtype::kE4M3}, {"r", 1, 2, Dtype::kF16}};
+  return g;
+}
+
+uint16_t ToBf16(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  return static_cast<uint16_t>(b >> 16);
+}
+uint16_t ToF16Small(float f) {
+  // Exact for the values used here: multiples of 1/8 in (-4, 4).
+  if (f == 0) return 0;
+  uint16_t sign = f < 0 ? 0x8000 : 0;
+  float a = std::fabs(f);
+  int e = static_cast<int>(std::floor(std::log2(a)));
+  float m = a / std::ldexp(1.0f, e) - 1.0f;
+  return static_cast<uint16_t>(sign | ((e + 15) << 10) | static_cast<uint16_t>(m * 1024));
+}
+
+// Writes a .kv at `path`: `tokens`; rows of token t are a function of
+// (seed_for(t), t), so two files with the same seed for a position hold the
+// same rows there.
+void WriteKv(FileSystem& fs, const std::string& path, const Geometry& g, const std::vector<uint32_t>& tokens,
+             const std::function<uint64_t(uint64_t)>& seed_for, uint32_t chunk_tokens = 3,
+             ModelIdentity id = {"test/model", 0x1234}) {
+  WriterOptions wo;
+  wo.fs = &fs;
+  wo.chunk_tokens = chunk_tokens;
+  std::unique_ptr<Writer> w;
+  ASSERT_TRUE(Writer::Create(path, g, id, wo, &w).ok());
+  for (size_t t = 0; t < tokens.size(); ++t) {
+    SplitMix rng(seed_for(t) * 1000003 + t);
+    std::vector<std::vector<uint8_t>> store;
+    AppendBatch b;
+    b.tokens = std::span<const uint32_t>(tokens).subspan(t, 1);
+    for (uint32_t l = 0; l < g.layers; ++l)
+      for (const StreamSpec& s : g.streams) {
+        size_t n = s.ElementsPerToken();
+        std::vector<uint8_t> bytes;
+        if (IsFp8(s.dtype)) {
+          bytes.resize(n * 4);
+          for (size_t i = 0; i < n; ++i) {
+            float f = (static_cast<float>(rng.Below(2001)) - 1000.0f) / 16.0f;
+            std::memcpy(bytes.data() + 4 * i, &f, 4);
+          }
+          store.push_back(std::move(bytes));
+          b.blocks.push_back({Dtype::kF32, store.back().data(), nullptr});
+        } else {
+          bytes.resize(n * 2);
+          for (size_t i = 0; i < n; ++i) {
+            float f = (static_cast<float>(rng.Below(63)) - 31.0f) / 8.0f;
+            uint16_t v = s.dtype == Dtype::kBF16 ? ToBf16(f) : ToF16Small(f);
+            std::memcpy(bytes.data() + 2 * i, &v, 2);
+          }
+          store.push_back(std::move(bytes));
+          b.blocks.push_back({s.dtype, store.back().data(), nullptr});
+        }
+      }
+    ASSERT_TRUE(w->Append(b).ok());
+  }
+  ASSERT_TRUE(w->Close().ok());
+}
+
+std::vector<uint32_t> Tokens(uint32_t base, size_t n) {
+  std::vector<uint32_t> t(n);
+  for (size_t i = 0; i < n; ++i) t[i] = base + static_cast<uint32_t>(i * 7);
+  return t;
+}
+
+// Every stored byte a reader returns for the file: token ids, then per
+// (layer, stream) codes and scales or raw rows.
+std::vector<uint8_t> Contents(FileSystem& fs, const std::string& path) {
+  ReaderOptions ro;
+  ro.fs = &fs;
+  std::unique_ptr<Reader> r;
+  Status st = Reader::Open(path, ro, &r);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  if (!st.ok()) return {};
+  std::vector<uint8_t> out;
+  auto put = [&out](const void* p, size_t n) {
+    out.insert(out.end(), static_cast<const uint8_t*>(p), static_cast<const uint8_t*>(p) + n);
+  };
+  put(r->identity().model_id.data(), r->identity().model_id.size());
+  put(&r->identity().fingerprint, 8);
+  put(r->tokens().data(), r->tokens().size() * 4);
+  const Geometry& g = r->geometry();
+  uint64_t n = r->token_count();
+  if (n == 0) return out;
+  for (uint32_t l = 0; l < g.layers; ++l)
+    for (uint32_t s = 0; s < g.streams.size(); ++s) {
+      const StreamSpec& spec = g.streams[s];
+      uint64_t rows = n * spec.rows_per_token;
+      if (IsFp8(spec.dtype)) {
+        std::vector<uint8_t> codes(rows * spec.row_width);
+        std::vector<float> scales(rows);
+        EXPECT_TRUE(r->ReadCodes(l, s, 0, n, codes.data(), scales.data()).ok());
+        put(codes.data(), codes.size());
+        put(scales.data(), scales.size() * 4);
+      } else {
+        std::vector<uint8_t> raw(rows * spec.row_width * 4);
+        EXPECT_TRUE(r->ReadRows(l, s, 0, n, spec.dtype, raw.data()).ok());
+        put(raw.data(), rows * spec.row_width * ElementSize(spec.dtype));
+      }
+    }
+  return out;
+}
+
+std::vector<uint8_t> FileBytes(FaultFs& fs, const std::string& path) {
+  auto img = fs.Image();
+  auto it = img.find(path);
+  return it == img.end() ? std::vector<uint8_t>{} : it->second;
+}
+
+Status PackFiles(FileSystem& fs, const std::string& dest, const std::vector<std::pair<std::string, std::string>>& files,
+                 uint32_t chunk_tokens, PackWriteStats* stats = nullptr) {
+  PackWriterOptions po;
+  po.fs = &fs;
+  po.chunk_tokens = chunk_tokens;
+  std::unique_ptr<PackWriter> w;
+  KVFILE_RETURN_IF_ERROR(PackWriter::Begin(dest, po, &w));
+  for (const auto& [name, path] : files) KVFILE_RETURN_IF_ERROR(w->AddFile(name, path));
+  KVFILE_RETURN_IF_ERROR(w->Finish());
+  if (stats) *stats = w->stats();
+  return Status::OK();
+}
+
+TEST(PackTest, RoundTripMaterialisesEqualContents) {
+  FaultFs fs;
+  Geometry g = MixedGeometry();
+  WriteKv(fs, "/d/a.kv", g, Tokens(10, 21), [](uint64_t) { return 1; });
+  WriteKv(fs, "/d/sub/b.kv", g, Tokens(500, 5), [](uint64_t) { return 2; }, 2);
+  WriteKv(fs, "/d/empty.kv", g, {}, [](uint64_t) { return 3; });
+  WriteKv(fs, "/d/other.kv", TinyGeometry(), Tokens(9, 9), [](uint64_t) { return 4; }, 4, {"other", 99});
+  ASSERT_TRUE(PackFiles(fs, "/p.kvpack", {{"sub/b.kv", "/d/sub/b.kv"}, {"a.kv", "/d/a.kv"}, {"empty.kv", "/d/empty.kv"},
+                                          {"other.kv", "/d/other.kv"}}, 4).ok());
+  std::unique_ptr<PackReader> r;
+  Status st = PackReader::Open("/p.kvpack", &fs, &r);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_EQ(r->members().size(), 4u);
+  EXPECT_EQ(r->members()[0].name, "a.kv");
+  EXPECT_EQ(r->members()[1].name, "empty.kv");
+  EXPECT_EQ(r->members()[2].name, "other.kv");
+  EXPECT_EQ(r->members()[3].name, "sub/b.kv");
+  EXPECT_EQ(r->members()[0].token_count, 21u);
+  EXPECT_EQ(r->members()[0].chunk_count, 6u);  // 4+4+4+4+4+1
+  EXPECT_EQ(r->members()[3].source_chunk_tokens, 2u);
+  EXPECT_EQ(r->models().size(), 2u);
+  EXPECT_EQ(r->Find("sub/b.kv"), std::optional<size_t>(3));
+  EXPECT_EQ(r->Find("sub"), std::nullopt);
+  PackVerifyReport rep;
+  ASSERT_TRUE(r->Verify(&rep).ok());
+  EXPECT_EQ(rep.members, 4u);
+  EXPECT_EQ(rep.chunks, 6u + 2u + 3u);
+  const char* src[] = {"/d/a.kv", "/d/empty.kv", "/d/other.kv", "/d/sub/b.kv"};
+  for (size_t i = 0; i < 4; ++i) {
+    std::string out = "/out/" + std::to_string(i) + ".kv";
+    st = r->Materialize(i, out);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    std::vector<uint8_t> want = Contents(fs, src[i]);
+    ASSERT_FALSE(want.empty());
+    EXPECT_EQ(Contents(fs, out), want) << src[i];
+  }
+  // A member read as a stream of chunks: token ids and chunk payloads.
+  std::vector<uint32_t> tokens, ids;
+  ASSERT_TRUE(r->ReadMember(0, &tokens, &ids).ok());
+  EXPECT_EQ(tokens, Tokens(10, 21));
+  ASSERT_EQ(ids.size(), 6u);
+  std::vector<uint8_t> payload;
+  ASSERT_TRUE(r->ReadChunk(ids[5], &payload).ok());
+  EXPECT_EQ(payload.size(), r->models()[0].payload_bytes_per_token);
+}
+
+// N members share a 16-token prefix (same ids, same rows) and add 3 tokens
+// each: the prefix's 4 chunks are stored once.
+TEST(PackTest, SharedPrefixIsStoredOnce) {
+  FaultFs fs;
+  Geometry g = MixedGeometry();
+  const int n = 5;
+  std::vector<std::pair<std::string, std::string>> files;
+  for (int m = 0; m < n; ++m) {
+    std::vector<uint32_t> t = Tokens(1, 16);
+    for (uint32_t k = 0; k < 3; ++k) t.push_back(100000 + m * 10 + k);
+    std::string path = "/c/s" + std::to_string(m) + ".kv";
+    WriteKv(fs, path, g, t, [m](uint64_t pos) { return pos < 16 ? 7 : 100 + m; }, 5);
+    files.emplace_back("s" + std::to_string(m) + ".kv", path);
+  }
+  PackWriteStats stats;
+  ASSERT_TRUE(PackFiles(fs, "/c.kvpack", files, 4, &stats).ok());
+  const uint64_t p = g.PayloadBytesPerToken();
+  EXPECT_EQ(stats.chunks_stored, 4u + n);
+  EXPECT_EQ(stats.chunks_referenced, 5u * n);
+  uint64_t names = 0;
+  for (auto& f : files) names += f.first.size();
+  uint64_t expected = 128 + 16 * p + n * 3 * p + n * 4 * (19 + 5) + 1304 + (4 + n) * 48 + names + n * 64;
+  EXPECT_EQ(FileBytes(fs, "/c.kvpack").size(), expected);
+  EXPECT_EQ(stats.file_bytes, expected);
+  std::unique_ptr<PackReader> r;
+  ASSERT_TRUE(PackReader::Open("/c.kvpack", &fs, &r).ok());
+  ASSERT_TRUE(r->Verify(nullptr).ok());
+  for (int m = 0; m < n; ++m) {
+    ASSERT_TRUE(r->Materialize(m, "/o.kv").ok());
+    EXPECT_EQ(Contents(fs, "/o.kv"), Contents(fs, files[m].second));
+  }
+}
+
+// Same token ids, different rows: no sharing (the payload hash differs).
+TEST(PackTest, SameTokensOtherRowsAreNotShared) {
+  FaultFs fs;
+  Geometry g = TinyGeometry();
+  WriteKv(fs, "/x.kv", g, Tokens(3, 8), [](uint64_t) { return 1; });
+  WriteKv(fs, "/y.kv", g, Tokens(3, 8), [](uint64_t) { return 2; });
+  PackWriteStats stats;
+  ASSERT_TRUE(PackFiles(fs, "/xy.kvpack", {{"x", "/x.kv"}, {"y", "/y.kv"}}, 4, &stats).ok());
+  EXPECT_EQ(stats.chunks_stored, 4u);
+  std::unique_ptr<PackReader> r;
+  ASSERT_TRUE(PackReader::Open("/xy.kvpack", &fs, &r).ok());
+  ASSERT_TRUE(r->Materialize(1, "/y2.kv").ok());
+  EXPECT_EQ(Contents(fs, "/y2.kv"), Contents(fs, "/y.kv"));
+}
+
+TEST(PackTest, BadNamesAndDuplicatesAreRefused) {
+  FaultFs fs;
+  WriteKv(fs, "/x.kv", TinyGeometry(), Tokens(3, 2), [](uint64_t) { return 1; });
+  for (const std::string& bad : std::vector<std::string>{"", "/abs", "a//b", "./a", "a/..", std::string("a\0b", 3)}) {
+    PackWriterOptions po;
+    po.fs = &fs;
+    std::unique_ptr<PackWriter> w;
+    ASSERT_TRUE(PackWriter::Begin("/bad.kvpack", po, &w).ok());
+    EXPECT_EQ(w->AddFile(bad, "/x.kv").code(), Status::Code::kInvalidArgument) << bad;
+  }
+  Status st = PackFiles(fs, "/dup.kvpack", {{"a", "/x.kv"}, {"a", "/x.kv"}}, 4);
+  EXPECT_EQ(st.code(), Status::Code::kInvalidArgument);
+  bool exists = true;
+  ASSERT_TRUE(fs.Exists("/dup.kvpack", &exists).ok());
+  EXPECT_FALSE(exists);
+  // Nothing is left behind: only the source file remains.
+  EXPECT_EQ(fs.Image().size(), 1u);
+}
+
+// A small pack of two members sharing one chunk, for the damage sweeps.
+std::vector<uint8_t> SmallPack(FaultFs& fs) {
+  Geometry g = TinyGeometry();
+  WriteKv(fs, "/s/a.kv", g, Tokens(1, 6), [](uint64_t) { return 1; });
+  std::vector<uint32_t> t = Tokens(1, 4);
+  t.push_back(77);
+  WriteKv(fs, "/s/b.kv", g, t, [](uint64_t pos) { return pos < 4 ? 1 : 9; });
+  EXPECT_TRUE(PackFiles(fs, "/s.kvpack", {{"a.kv", "/s/a.kv"}, {"b.kv", "/s/b.kv"}}, 4).ok());
+  return FileBytes(fs, "/s.kvpack");
+}
+
+// Open + Verify + every member's materialisation of an image.
+Status CheckAll(const std::vector<uint8_t>& image) {
+  FaultFs fs({{"/p.kvpack", image}});
+  std::unique_ptr<PackReader> r;
+  KVFILE_RETURN_IF_ERROR(PackReader::Open("/p.kvpack", &fs, &r));
+  KVFILE_RETURN_IF_ERROR(r->Verify(nullptr));
+  return Status::OK();
+}
+
+TEST(PackTest, EveryTruncationIsDetected) {
+  FaultFs fs;
+  std::vector<uint8_t> pack = SmallPack(fs);
+  ASSERT_GT(pack.size(), 1000u);
+  ASSERT_TRUE(CheckAll(pack).ok());
+  for (size_t len = 0; len < pack.size(); ++len) {
+    std::vector<uint8_t> cut(pack.begin(), pack.begin() + len);
+    Status st = CheckAll(cut);
+    ASSERT_EQ(st.code(), Status::Code::kCorruption) << "length " << len << ": " << st.ToString();
+  }
+}
+
+TEST(PackTest, EveryBitFlipIsDetected) {
+  FaultFs fs;
+  std::vector<uint8_t> pack = SmallPack(fs);
+  for (size_t i = 0; i < pack.size(); ++i)
+    for (int bit = 0; bit < 8; ++bit) {
+      std::vector<uint8_t> bad = pack;
+      bad[i] ^= static_cast<uint8_t>(1 << bit);
+      Status st = CheckAll(bad);
+      ASSERT_FALSE(st.ok()) << "byte " << i << " bit " << bit;
+      // The major version's bytes make it "unsupported"; everything else is damage.
+      if (i == 8 || i == 9)
+        EXPECT_EQ(st.code(), Status::Code::kUnsupported);
+      else
+        ASSERT_EQ(st.code(), Status::Code::kCorruption) << "byte " << i << ": " << st.ToString();
+    }
+}
+
+// A header forged with its checksum recomputed, claiming huge tables: refused
+// before anything is allocated for them.
+TEST(PackTest, ForgedCountsAreRefusedBeforeAllocation) {
+  FaultFs fs;
+  std::vector<uint8_t> pack = SmallPack(fs);
+  auto forge = [&](size_t field, uint64_t value) {
+    std::vector<uint8_t> bad = pack;
+    std::memcpy(bad.data() + field, &value, 8);
+    uint64_t sum = XXH3_64bits(bad.data(), 120);
+    std::memcpy(bad.data() + 120, &sum, 8);
+    return bad;
+  };
+  for (size_t field : {size_t{32}, size_t{40}, size_t{48}, size_t{56}, size_t{64}, size_t{104}})
+    for (uint64_t v : {uint64_t{1} << 31, ~uint64_t{0}, ~uint64_t{0} / 48}) {
+      Status st = CheckAll(forge(field, v));
+      EXPECT_EQ(st.code(), Status::Code::kCorruption) << field << " " << v;
+    }
+}
+
+// A crash or an I/O error at any point of writing a pack leaves the old
+// pack byte for byte, and no temporary file.
+TEST(PackTest, FailedWriteLeavesTheOldPack) {
+  FaultFs base;
+  std::vector<uint8_t> old = SmallPack(base);
+  WriteKv(base, "/s/c.kv", MixedGeometry(), Tokens(5, 9), [](uint64_t) { return 3; });
+  const testing::DiskImage start = base.Image();
+  int failures = 0;
+  for (FsOp::Kind kind : {FsOp::kCreate, FsOp::kWrite, FsOp::kSync, FsOp::kRename, FsOp::kSyncDir})
+    for (int nth = 0;; ++nth) {
+      FaultFs fs(start);
+      fs.FailOn(kind, nth, EIO, false);
+      Status st = PackFiles(fs, "/s.kvpack", {{"c.kv", "/s/c.kv"}, {"a.kv", "/s/a.kv"}}, 4);
+      testing::DiskImage after = fs.Image();
+      if (st.ok()) {
+        EXPECT_NE(after.at("/s.kvpack"), old);
+        EXPECT_EQ(after.size(), start.size());
+        break;
+      }
+      ++failures;
+      // kSyncDir after the rename: the new pack is in place but not known durable.
+      if (kind != FsOp::kSyncDir) {
+        EXPECT_EQ(after.at("/s.kvpack"), old) << kind << " " << nth;
+      }
+      EXPECT_EQ(after.size(), start.size()) << "a temporary file is left: " << kind << " " << nth;
+      ASSERT_LT(nth, 1000);
+    }
+  EXPECT_GT(failures, 5);
+}
+
+}  // namespace
+}  // namespace kvfile
+
+namespace kvfile {
+namespace {
+
+// Tables forged with every checksum recomputed: what the checksums cannot
+// catch is caught by the structural rules (tiling, ranges, order).
+TEST(PackTest, ForgedTablesAreRefused) {
+  FaultFs fs;
+  std::vector<uint8_t> pack = SmallPack(fs);
+  auto u64 = [&](size_t at) {
+    uint64_t v;
+    std::memcpy(&v, pack.data() + at, 8);
+    return v;
+  };
+  const uint64_t data_end = u64(32), models = u64(40), chunks = u64(48), members = u64(56), names = u64(64);
+  const uint64_t chunk_table = data_end + 1304 * models;
+  const uint64_t index = chunk_table + 48 * chunks + names;
+  ASSERT_EQ(chunks, 3u);  // a and b share [0, 4); a: [4, 6); b: [4, 5)
+  ASSERT_EQ(members, 2u);
+  // Rewrites one table field and recomputes the table's and the header's checksums.
+  auto forge = [&](uint64_t at, uint64_t value, size_t width, uint64_t table, uint64_t table_bytes, size_t sum_field) {
+    std::vector<uint8_t> bad = pack;
+    std::memcpy(bad.data() + at, &value, width);
+    uint64_t sum = XXH3_64bits(bad.data() + table, table_bytes);
+    std::memcpy(bad.data() + sum_field, &sum, 8);
+    sum = XXH3_64bits(bad.data(), 120);
+    std::memcpy(bad.data() + 120, &sum, 8);
+    return bad;
+  };
+  auto chunk_field = [&](uint64_t chunk, uint64_t field, uint64_t value, size_t width = 8) {
+    return CheckAll(forge(chunk_table + 48 * chunk + field, value, width, chunk_table, 48 * chunks, 80));
+  };
+  auto index_field = [&](uint64_t member, uint64_t field, uint64_t value, size_t width = 8) {
+    return CheckAll(forge(index + 64 * member + field, value, width, index, 64 * members, 96));
+  };
+  std::vector<std::pair<std::string, Status>> cases = {
+      {"chunk offset +1", chunk_field(0, 0, u64(chunk_table) + 1)},
+      {"chunk offset = another chunk's", chunk_field(1, 0, u64(chunk_table))},
+      {"chunk offset past data_end", chunk_field(0, 0, data_end)},
+      {"chunk first_token", chunk_field(1, 8, 8)},
+      {"chunk token_count 0", chunk_field(0, 16, 0, 4)},
+      {"chunk model", chunk_field(0, 20, 1, 4)},
+      {"chunk chain hash", chunk_field(0, 24, 12345)},
+      {"chunk reserved", chunk_field(0, 40, 1)},
+      {"record offset", index_field(0, 24, u64(index + 64 + 24))},
+      {"token count", index_field(0, 16, 7)},
+      {"name length", index_field(0, 8, 3, 4)},
+      {"member reserved", index_field(1, 48, 1)},
+      {"source chunk tokens 0", index_field(1, 40, 0, 4)},
+  };
+  for (const auto& [what, st] : cases) EXPECT_EQ(st.code(), Status::Code::kCorruption) << what << ": " << st.ToString();
+  // A stray byte at the end of the data region, header fixed up: no
+  // checksum covers it; the tiling rule does.
+  std::vector<uint8_t> stray = pack;
+  stray.insert(stray.begin() + data_end, 0x00);
+  uint64_t v = data_end + 1;
+  std::memcpy(stray.data() + 32, &v, 8);
+  v = pack.size() + 1;
+  std::memcpy(stray.data() + 104, &v, 8);
+  uint64_t hs = XXH3_64bits(stray.data(), 120);
+  std::memcpy(stray.data() + 120, &hs, 8);
+  Status stray_st = CheckAll(stray);
+  EXPECT_EQ(stray_st.code(), Status::Code::kCorruption);
+  EXPECT_NE(stray_st.message().find("belong to no chunk or record"), std::string::npos) << stray_st.message();
+  // Swapping the two index entries breaks the name order.
+  std::vector<uint8_t> swapped = pack;
+  std::swap_ranges(swapped.begin() + index, swapped.begin() + index + 64, swapped.begin() + index + 64);
+  uint64_t sum = XXH3_64bits(swapped.data() + index, 128);
+  std::memcpy(swapped.data() + 96, &sum, 8);
+  sum = XXH3_64bits(swapped.data(), 120);
+  std::memcpy(swapped.data() + 120, &sum, 8);
+  Status st = CheckAll(swapped);
+  EXPECT_EQ(st.code(), Status::Code::kCorruption);
+  EXPECT_NE(st.message().find("name"), std::string::npos) << st.message();
+}
+
+}  // namespace
+}  // namespace kvfile
+
+namespace kvfile {
+namespace {
+
+// A member refused half way (its source is damaged near its end, after some
+// of its chunks were written) leaves no trace: the finished pack is byte for
+// byte the pack made without it.
+TEST(PackTest, RefusedMemberLeavesNoTrace) {
+  FaultFs base;
+  Geometry g = MixedGeometry();
+  WriteKv(base, "/a.kv", g, Tokens(10, 21), [](uint64_t) { return 1; });
+  WriteKv(base, "/b.kv", g, Tokens(10, 9), [](uint64_t) { return 1; });
+  testing::DiskImage img = base.Image();
+  img["/a.kv"][img["/a.kv"].size() - 100] ^= 1;  // the last chunk's last section
+  FaultFs fs(img);
+  PackWriterOptions po;
+  po.fs = &fs;
+  po.chunk_tokens = 4;
+  std::unique_ptr<PackWriter> w;
+  ASSERT_TRUE(PackWriter::Begin("/with.kvpack", po, &w).ok());
+  Status st = w->AddFile("a.kv", "/a.kv");
+  ASSERT_EQ(st.code(), Status::Code::kCorruption) << st.ToString();
+  ASSERT_TRUE(w->AddFile("b.kv", "/b.kv").ok());
+  ASSERT_TRUE(w->Finish().ok());
+  EXPECT_EQ(w->stats().members, 1u);
+  ASSERT_TRUE(PackFiles(fs, "/without.kvpack", {{"b.kv", "/b.kv"}}, 4).ok());
+  EXPECT_EQ(FileBytes(fs, "/with.kvpack"), FileBytes(fs, "/without.kvpack"));
+}
+
+}  // namespace
+}  // namespace kvfile

@@ -1,0 +1,307 @@
+// SPDX-License-Identifier: Apache-2.0
+// kvfile pack / unpack / ls, and verify of a pack: .kvpack archives
+// (spec/PACK.md, src/include/kvfile/pack.h).
+#include "cmd_pack.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <set>
+
+#include "cli_common.h"
+#include "json_output.h"
+#include "kvfile/pack.h"
+#include "progress.h"
+#include "signals.h"
+
+namespace kvfile::cli {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct PackArgs {
+  std::vector<std::string> inputs;
+  std::string out;
+  uint32_t chunk_tokens = 256;
+  std::optional<std::string> dtype;
+  unsigned jobs = 1;
+  bool force = false;
+};
+
+// Inputs to (member name, path): a directory gives its *.kv files under
+// their paths relative to it, a file its own file name.
+Status ListInputs(const std::vector<std::string>& inputs, std::vector<std::pair<std::string, std::string>>* out) {
+  for (const std::string& p : inputs) {
+    std::error_code ec;
+    if (fs::is_directory(p, ec)) {
+      std::vector<std::pair<std::string, std::string>> found;
+      for (auto it = fs::recursive_directory_iterator(p, ec); !ec && it != fs::recursive_directory_iterator();
+           it.increment(ec))
+        if (it->is_regular_file(ec) && it->path().extension() == ".kv")
+          found.emplace_back(fs::relative(it->path(), p, ec).generic_string(), it->path().string());
+      if (ec) return Status::IOError(p + ": " + ec.message());
+      std::sort(found.begin(), found.end());
+      out->insert(out->end(), found.begin(), found.end());
+    } else if (fs::exists(p, ec)) {
+      out->emplace_back(fs::path(p).filename().string(), p);
+    } else {
+      return Status::NotFound(p + ": No such file or directory");
+    }
+  }
+  std::map<std::string, std::string> seen;
+  for (const auto& [name, path] : *out) {
+    auto [it, fresh] = seen.emplace(name, path);
+    if (!fresh)
+      return Status::InvalidArgument(path + ": member name '" + name + "' is also the name of " + it->second);
+  }
+  return Status::OK();
+}
+
+int RunPack(const PackArgs& a) {
+  InstallSignalHandlers();
+  SetCurrentPath(a.out);
+  std::vector<std::pair<std::string, std::string>> files;
+  Status st = ListInputs(a.inputs, &files);
+  if (!st.ok()) return ReportError(st);
+  std::error_code ec;
+  if (!a.force && fs::exists(a.out, ec))
+    return ReportError(Status::InvalidArgument(a.out + ": file exists; use --force to replace it"));
+  uint64_t total = 0;
+  for (const auto& f : files) total += fs::file_size(f.second, ec), ec.clear();
+  PackWriterOptions po;
+  po.chunk_tokens = a.chunk_tokens;
+  po.threads = a.jobs;
+  if (a.dtype) {
+    for (Dtype d : {Dtype::kE4M3, Dtype::kE5M2, Dtype::kBF16, Dtype::kF16, Dtype::kF32})
+      if (*a.dtype == DtypeName(d)) po.dtype = d;
+  }
+  std::unique_ptr<PackWriter> w;
+  st = PackWriter::Begin(a.out, po, &w);
+  if (!st.ok()) return ReportError(st);
+  Progress progress("pack", total);
+  for (const auto& [name, path] : files) {
+    if (PendingSignal()) return ReportError(CheckInterrupt(path));
+    SetCurrentPath(path);
+    st = w->AddFile(name, path);
+    if (!st.ok()) return ReportError(st);
+    progress.Add(fs::file_size(path, ec));
+  }
+  if (PendingSignal()) return ReportError(CheckInterrupt(a.out));
+  st = w->Finish();
+  progress.Finish();
+  if (!st.ok()) return ReportError(st);
+  const PackWriteStats& s = w->stats();
+  std::printf("%s: %llu members, %llu tokens, %llu chunks stored of %llu used, %llu bytes\n", a.out.c_str(),
+              static_cast<unsigned long long>(s.members), static_cast<unsigned long long>(s.tokens),
+              static_cast<unsigned long long>(s.chunks_stored), static_cast<unsigned long long>(s.chunks_referenced),
+              static_cast<unsigned long long>(s.file_bytes));
+  return kExitOk;
+}
+
+struct UnpackArgs {
+  std::string pack;
+  std::string out;
+  std::vector<std::string> members;
+  bool force = false;
+};
+
+int RunUnpack(const UnpackArgs& a) {
+  InstallSignalHandlers();
+  SetCurrentPath(a.pack);
+  std::unique_ptr<PackReader> r;
+  Status st = PackReader::Open(a.pack, nullptr, &r);
+  if (!st.ok()) return ReportError(st);
+  std::vector<size_t> chosen;
+  if (a.members.empty()) {
+    for (size_t i = 0; i < r->members().size(); ++i) chosen.push_back(i);
+  } else {
+    for (const std::string& m : a.members) {
+      std::optional<size_t> i = r->Find(m);
+      if (!i) return ReportError(Status::NotFound(a.pack + ": no member '" + m + "'"));
+      chosen.push_back(*i);
+    }
+  }
+  std::error_code ec;
+  if (fs::exists(a.out, ec) && !fs::is_directory(a.out, ec))
+    return ReportError(Status::InvalidArgument(a.out + ": exists and is not a directory"));
+  std::vector<std::string> outs;
+  for (size_t i : chosen) {
+    outs.push_back((fs::path(a.out) / r->members()[i].name).string());
+    if (!a.force && fs::exists(outs.back(), ec))
+      return ReportError(Status::InvalidArgument(outs.back() + ": file exists; use --force to replace it"));
+  }
+  // Every record and chunk the chosen members use is checked before any
+  // file is written: damage writes nothing.
+  std::set<uint32_t> checked;
+  std::vector<uint32_t> tokens, ids;
+  std::vector<uint8_t> payload;
+  uint64_t total = 0;
+  for (size_t i : chosen) {
+    if (PendingSignal()) return ReportError(CheckInterrupt(a.pack));
+    st = r->ReadMember(i, &tokens, &ids);
+    if (!st.ok()) return ReportError(st);
+    for (uint32_t id : ids)
+      if (checked.insert(id).second) {
+        st = r->ReadChunk(id, &payload);
+        if (!st.ok()) return ReportError(st);
+      }
+    total += r->members()[i].token_count;
+  }
+  Progress progress("unpack", total);
+  for (size_t k = 0; k < chosen.size(); ++k) {
+    if (PendingSignal()) return ReportError(CheckInterrupt(outs[k]));
+    SetCurrentPath(outs[k]);
+    fs::create_directories(fs::path(outs[k]).parent_path(), ec);
+    if (ec) return ReportError(Status::IOError(fs::path(outs[k]).parent_path().string() + ": " + ec.message()));
+    st = r->Materialize(chosen[k], outs[k]);
+    if (!st.ok()) return ReportError(st);
+    progress.Add(r->members()[chosen[k]].token_count);
+  }
+  progress.Finish();
+  std::printf("%s: %zu member(s) written to %s\n", a.pack.c_str(), chosen.size(), a.out.c_str());
+  return kExitOk;
+}
+
+struct LsArgs {
+  std::string pack;
+  bool json = false;
+};
+
+int RunLs(const LsArgs& a) {
+  SetCurrentPath(a.pack);
+  std::unique_ptr<PackReader> r;
+  Status st = PackReader::Open(a.pack, nullptr, &r);
+  if (!st.ok()) return a.json ? ReportErrorAsJson(a.pack, st) : ReportError(st);
+  // How many members use each chunk; reads every member record (checked).
+  std::vector<uint32_t> uses(r->chunks().size(), 0);
+  std::vector<std::vector<uint32_t>> member_ids(r->members().size());
+  std::vector<uint32_t> tokens;
+  for (size_t i = 0; i < r->members().size(); ++i) {
+    st = r->ReadMember(i, &tokens, &member_ids[i]);
+    if (!st.ok()) return a.json ? ReportErrorAsJson(a.pack, st) : ReportError(st);
+    for (uint32_t id : member_ids[i]) uses[id]++;
+  }
+  nlohmann::ordered_json j;
+  j["path"] = a.pack;
+  j["file_bytes"] = r->file_bytes();
+  j["chunks"] = r->chunks().size();
+  j["members"] = nlohmann::json::array();
+  if (!a.json) std::printf("%-40s %10s %14s %14s  %s\n", "MEMBER", "TOKENS", "BYTES", "SHARED", "MODEL");
+  for (size_t i = 0; i < r->members().size(); ++i) {
+    const PackMember& m = r->members()[i];
+    const PackModel& model = r->models()[m.model];
+    uint64_t bytes = 4 * (m.token_count + m.chunk_count), shared = 0;
+    for (uint32_t id : member_ids[i]) {
+      bytes += r->chunks()[id].bytes;
+      if (uses[id] > 1) shared += r->chunks()[id].bytes;
+    }
+    if (a.json) {
+      nlohmann::ordered_json e;
+      e["name"] = m.name;
+      e["tokens"] = m.token_count;
+      e["bytes"] = bytes;
+      e["shared_bytes"] = shared;
+      e["model"] = model.identity.model_id;
+      e["fingerprint"] = model.identity.fingerprint;
+      j["members"].push_back(e);
+    } else {
+      std::printf("%-40s %10llu %14llu %14llu  %s\n", EscapeLine(m.name).c_str(),
+                  static_cast<unsigned long long>(m.token_count), static_cast<unsigned long long>(bytes),
+                  static_cast<unsigned long long>(shared), EscapeLine(model.identity.model_id).c_str());
+    }
+  }
+  if (a.json) PrintJson(j);
+  else
+    std::printf("%zu members, %zu chunks stored, %llu bytes\n", r->members().size(), r->chunks().size(),
+                static_cast<unsigned long long>(r->file_bytes()));
+  return kExitOk;
+}
+
+}  // namespace
+
+bool IsPackFile(const std::string& path) {
+  // Only a regular file is opened: opening a FIFO would wait for a writer.
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) return false;
+  std::ifstream in(path, std::ios::binary);
+  char m[8] = {};
+  if (!in.read(m, 8)) return false;
+  return std::memcmp(m, "\x89KVP\r\n\x1a\n", 8) == 0;
+}
+
+int RunPackVerify(const std::string& path, bool json) {
+  SetCurrentPath(path);
+  std::unique_ptr<PackReader> r;
+  Status st = PackReader::Open(path, nullptr, &r);
+  PackVerifyReport rep;
+  if (st.ok()) st = r->Verify(&rep);
+  if (!st.ok()) return json ? ReportErrorAsJson(path, st) : ReportError(st);
+  if (json) {
+    nlohmann::ordered_json j = nlohmann::json::array();
+    j.push_back({{"path", path}, {"ok", true}, {"members", rep.members}, {"chunks", rep.chunks},
+                 {"bytes", r->file_bytes()}, {"payload_bytes", rep.payload_bytes}});
+    PrintJson(j);
+  } else {
+    std::printf("%s: ok: %llu members, %llu chunks, %llu bytes\n", path.c_str(),
+                static_cast<unsigned long long>(rep.members), static_cast<unsigned long long>(rep.chunks),
+                static_cast<unsigned long long>(r->file_bytes()));
+  }
+  return kExitOk;
+}
+
+void RegisterPack(CLI::App& app, int* exit_code) {
+  auto args = std::make_shared<PackArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "pack",
+      "Pack .kv files into one .kvpack archive; chunks members share are stored once (spec/PACK.md).\n"
+      "A directory gives its *.kv files, named by their paths relative to it; a file, its file name.\n"
+      "Example: kvfile pack corpus/ -o corpus.kvpack");
+  cmd->add_option("INPUT", args->inputs, "directories or .kv files")->required();
+  cmd->add_option("-o,--output", args->out, "the .kvpack to write")->required();
+  cmd->add_option("--chunk-tokens", args->chunk_tokens, "tokens per pack chunk (sharing is found at multiples of it)")
+      ->check(Count(1, 65536))->capture_default_str();
+  cmd->add_option("--dtype", args->dtype,
+                  "requantize on the way, as kvfile convert --dtype: e4m3/e5m2 re-encode fp8 streams (raw\n"
+                  "streams stay raw), bf16/f16/f32 store every stream raw")
+      ->check(CLI::IsMember({"e4m3", "e5m2", "bf16", "f16", "f32"}));
+  cmd->add_option("--jobs", args->jobs,
+                  "threads reading and checking each input (each opens it once more); the pack's bytes are\n"
+                  "the same for any value")
+      ->check(Count(1, 256))
+      ->capture_default_str();
+  cmd->add_flag("--force", args->force, "replace OUT if it exists");
+  cmd->callback([args, exit_code] { *exit_code = RunPack(*args); });
+}
+
+void RegisterUnpack(CLI::App& app, int* exit_code) {
+  auto args = std::make_shared<UnpackArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "unpack",
+      "Write members of a .kvpack as .kv files under DIR (all members, or those named).\n"
+      "Example: kvfile unpack corpus.kvpack -o out/ docs/a.kv");
+  cmd->add_option("PACK", args->pack, "the .kvpack")->required();
+  cmd->add_option("MEMBER", args->members, "members to write (default: all)");
+  cmd->add_option("-o,--output", args->out, "the directory to write into")->required();
+  cmd->add_flag("--force", args->force, "replace existing files");
+  cmd->callback([args, exit_code] { *exit_code = RunUnpack(*args); });
+}
+
+void RegisterLs(CLI::App& app, int* exit_code) {
+  auto args = std::make_shared<LsArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "ls",
+      "List the members of a .kvpack: tokens, bytes (its chunks and record), bytes shared with others.\n"
+      "Example: kvfile ls corpus.kvpack --json");
+  cmd->add_option("PACK", args->pack, "the .kvpack")->required();
+  cmd->add_flag("--json", args->json, "print one JSON object");
+  cmd->callback([args, exit_code] { *exit_code = RunLs(*args); });
+}
+
+}  // namespace kvfile::cli
