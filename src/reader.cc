@@ -265,7 +265,8 @@ Status Reader::Impl::ReadChunkTargets(File& f, internal::LayoutCache& chunk_layo
 }
 
 // ReadManyCodes' work on one chunk: each target's checked codes and scales
-// copied out (or, in a v1 file, the raw rows quantized).
+// (nvfp4: and block scales) copied out (or, in a v1 file, the raw rows
+// quantized).
 Status Reader::Impl::ReadChunkCodes(File& f, internal::LayoutCache& chunk_layouts, size_t ci,
                                     std::span<const CodesTarget> targets, uint64_t begin, uint64_t end,
                                     Dtype v1_quantize_as, internal::PageBuffer* buf) const {
@@ -282,17 +283,15 @@ Status Reader::Impl::ReadChunkCodes(File& f, internal::LayoutCache& chunk_layout
         uint64_t out_row0 = (w.from - begin) * spec.rows_per_token;
         uint8_t* codes = t.codes + out_row0 * spec.row_width;
         float* scales = t.scales + out_row0;
-        {
-          // v1 rows were checked finite (CheckSection).
-          size_t bad_row;
-          if (!codec::QuantizeRows(v1_quantize_as, spec.dtype,
-                                   buf->data() + row0 * spec.row_width * ElementSize(spec.dtype), rows,
-                                   spec.row_width, codes, scales, &bad_row)) {
-            const ChunkInfo& c = chunk_infos[ci];
-            return Status::Corruption(SectionWhere(path, ci, c.offset, t.layer, spec) +
-                                      ": non-finite value at token " +
-                                      std::to_string(c.first_token + w.first + bad_row / spec.rows_per_token));
-          }
+        // v1 rows were checked finite (CheckSection).
+        size_t bad_row;
+        if (!codec::QuantizeRows(v1_quantize_as, spec.dtype,
+                                 buf->data() + row0 * spec.row_width * ElementSize(spec.dtype), rows,
+                                 spec.row_width, codes, scales, &bad_row)) {
+          const ChunkInfo& c = chunk_infos[ci];
+          return Status::Corruption(SectionWhere(path, ci, c.offset, t.layer, spec) +
+                                    ": non-finite value at token " +
+                                    std::to_string(c.first_token + w.first + bad_row / spec.rows_per_token));
         }
         return Status::OK();
       });
