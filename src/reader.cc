@@ -463,7 +463,7 @@ Status Reader::Impl::ReadCodes(uint32_t layer, uint32_t stream, uint64_t begin, 
   if (quantize && !IsFp8(v1_quantize_as))
     return Status::InvalidArgument(r.path + ": codes are e4m3 or e5m2, not " + DtypeName(v1_quantize_as));
   KVFILE_RETURN_IF_ERROR(CodesReadable(r.path, spec, quantize, nvfp4_read, "ReadRows"));
-  if (nvfp4_read && (codes == nullptr || block_scales == nullptr || scales == nullptr))
+  if (nvfp4_read && begin < end && (codes == nullptr || block_scales == nullptr || scales == nullptr))
     return Status::InvalidArgument(r.path + ": ReadCodes without a destination");
   std::vector<Impl::Piece> pieces;
   KVFILE_RETURN_IF_ERROR(r.LoadSections(layer, stream, begin, end, &pieces));

@@ -34,16 +34,27 @@ std::vector<float> MakeRows(SplitMix& rng, uint64_t n) {
 }
 
 // What a read of one stream's stored data returns per token: codes (or raw
-// rows), and scales (fp8: one per row; nvfp4: the row scale, then the block
-// scales, so that the f32 comes first and stays aligned).
+// rows), and scales (fp8: one per row; nvfp4: per token its row scale, then
+// its block scales, so that the bytes of a prefix of the tokens are a prefix
+// of the bytes).
 uint64_t ValueBytesPerToken(const StreamSpec& s) { return CodeBytes(s.dtype, s.ElementsPerToken()); }
 uint64_t ScaleBytesPerToken(const StreamSpec& s) {
   return IsNvfp4(s.dtype) ? 4 + s.ElementsPerToken() / 16 : IsFp8(s.dtype) ? uint64_t{s.rows_per_token} * 4 : 0;
 }
 Status ReadStored(Reader& r, uint32_t l, uint32_t s, uint64_t n, uint8_t* values, uint8_t* scales) {
   const StreamSpec& spec = r.geometry().streams[s];
-  if (IsNvfp4(spec.dtype))
-    return r.ReadCodes(l, s, 0, n, values, scales + n * 4, reinterpret_cast<float*>(scales));
+  if (IsNvfp4(spec.dtype)) {
+    // Read apart, then laid out per token; the sentinel shows through where
+    // a failed read left the destinations alone.
+    const uint64_t blocks = spec.ElementsPerToken() / 16;
+    std::vector<uint8_t> block_scales(n * blocks, kSentinel), row_scales(n * 4, kSentinel);
+    Status st = r.ReadCodes(l, s, 0, n, values, block_scales.data(), reinterpret_cast<float*>(row_scales.data()));
+    for (uint64_t t = 0; t < n; ++t) {
+      std::memcpy(scales + t * (4 + blocks), &row_scales[t * 4], 4);
+      std::memcpy(scales + t * (4 + blocks) + 4, &block_scales[t * blocks], blocks);
+    }
+    return st;
+  }
   if (IsFp8(spec.dtype)) return r.ReadCodes(l, s, 0, n, values, reinterpret_cast<float*>(scales));
   return r.ReadRows(l, s, 0, n, spec.dtype, values);
 }
