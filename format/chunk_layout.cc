@@ -32,9 +32,16 @@ Status ComputeChunkLayout(const Geometry& g, uint32_t token_count, ChunkLayout* 
       SectionLayout& sec = l.sections[static_cast<size_t>(layer) * l.streams + s];
       uint64_t rows = uint64_t{token_count} * spec.rows_per_token;
       sec.offset = pos;
-      sec.data_bytes = rows * spec.row_width * ElementSize(spec.dtype);
+      sec.data_bytes = CodeBytes(spec.dtype, rows * spec.row_width);
       pos = AlignUp(pos + sec.data_bytes, kSectionAlign);
-      if (IsFp8(spec.dtype)) {
+      sec.block_scales_offset = pos;
+      if (IsNvfp4(spec.dtype)) {
+        sec.block_scales_bytes = rows * spec.row_width / 16;
+        pos = AlignUp(pos + sec.block_scales_bytes, kSectionAlign);
+        sec.scales_offset = pos;
+        sec.scales_bytes = uint64_t{token_count} * 4;
+        pos = AlignUp(pos + sec.scales_bytes, kSectionAlign);
+      } else if (IsFp8(spec.dtype)) {
         sec.scales_offset = pos;
         sec.scales_bytes = rows * 4;
         pos = AlignUp(pos + sec.scales_bytes, kSectionAlign);

@@ -10,12 +10,17 @@
 //   sections, layer-major:  for layer l, stream s: rows [T][R][W] of the
 //                           stream's dtype, zero pad to 64, and for fp8
 //                           streams the scales f32[T][R], zero pad to 64.
+//                           An nvfp4 section (one row of R*W per token):
+//                           codes u8[T][R*W/2], zero pad to 64, block
+//                           scales u8[T][R*W/16], zero pad to 64, row
+//                           scales f32[T], zero pad to 64.
 //   the last section's zero padding runs to the chunk's end, a multiple of 4096.
 // Section i spans [offset_i, offset_{i+1}) (the last one to chunk_bytes) and
 // its checksum covers all of it, padding included, so every byte of a chunk
 // is covered by exactly one checksum.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -26,10 +31,22 @@ namespace kvfile::format {
 
 struct SectionLayout {
   uint64_t offset = 0;         // from the chunk's start, multiple of 64
-  uint64_t data_bytes = 0;     // T*R*W*element size
-  uint64_t scales_offset = 0;  // from the chunk's start; fp8 streams only
-  uint64_t scales_bytes = 0;   // T*R*4 for fp8 streams, else 0
+  uint64_t data_bytes = 0;     // T*R*W*element size (T*R*W/2 for nvfp4)
+  uint64_t block_scales_offset = 0;  // from the chunk's start; nvfp4 only
+  uint64_t block_scales_bytes = 0;   // T*R*W/16 for nvfp4 streams, else 0
+  uint64_t scales_offset = 0;  // from the chunk's start; fp8 and nvfp4 streams
+  uint64_t scales_bytes = 0;   // T*R*4 for fp8, T*4 for nvfp4, else 0
   uint64_t end = 0;            // next section's offset, or chunk_bytes
+
+  // The section's arrays in order, as (offset, bytes): data, block scales,
+  // scales; an absent one has 0 bytes. The rest of [offset, end) is padding.
+  struct Part {
+    uint64_t offset;
+    uint64_t bytes;
+  };
+  std::array<Part, 3> parts() const {
+    return {{{offset, data_bytes}, {block_scales_offset, block_scales_bytes}, {scales_offset, scales_bytes}}};
+  }
 };
 
 struct ChunkLayout {
@@ -47,6 +64,17 @@ struct ChunkLayout {
     return sections[static_cast<size_t>(layer) * streams + stream];
   }
 };
+
+// The rows a stream's section holds as the codec sees them: rows_per_token
+// rows of row_width per token, or for nvfp4 one row of rows_per_token *
+// row_width elements per token (one row scale per token).
+struct CodecRows {
+  uint32_t per_token;
+  uint64_t width;
+};
+inline CodecRows CodecRowsOf(const StreamSpec& s) {
+  return IsNvfp4(s.dtype) ? CodecRows{1, s.ElementsPerToken()} : CodecRows{s.rows_per_token, s.row_width};
+}
 
 // Fails (kInvalidArgument) if the chunk would exceed kMaxChunkBytes; all arithmetic
 // is checked, so any geometry that passed Geometry::Validate() is safe here.

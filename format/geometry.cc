@@ -45,6 +45,10 @@ Status Geometry::Validate() const {
       return Status::InvalidArgument("stream '" + s.name + "': row width " +
                                      std::to_string(s.row_width) + " outside 1.." +
                                      std::to_string(kMaxRowWidth));
+    if (IsNvfp4(s.dtype) && s.ElementsPerToken() % 16 != 0)
+      return Status::InvalidArgument("stream '" + s.name + "': nvfp4 needs rows x width (" +
+                                     std::to_string(s.ElementsPerToken()) +
+                                     ") to be a multiple of 16 (one block scale per 16 elements)");
   }
   return Status::OK();
 }
@@ -58,6 +62,11 @@ std::optional<uint32_t> Geometry::FindStream(std::string_view name) const {
 uint64_t Geometry::PayloadBytesPerToken() const {
   uint64_t total = 0;
   for (const StreamSpec& s : streams) {
+    if (IsNvfp4(s.dtype)) {
+      // Codes, block scales and one row scale per token.
+      total += s.ElementsPerToken() / 2 + s.ElementsPerToken() / 16 + 4;
+      continue;
+    }
     uint64_t row_bytes = uint64_t{s.row_width} * ElementSize(s.dtype) + (IsFp8(s.dtype) ? 4 : 0);
     total += row_bytes * s.rows_per_token;
   }

@@ -69,10 +69,16 @@ Status ValidateFileHeader(const FileHeader& h) {
   if ((h.required_flags & ~kKnownRequiredFlags) != 0 || (h.major == kMajorV1 && h.required_flags != 0))
     return Status::InvalidArgument("unknown required flags");
   if (h.major == kMajorV2) {
-    // v2 streams may be fp8 or raw; nothing more to check here.
+    // v2 streams may be fp8, nvfp4 or raw; the NVFP4 flag is set exactly
+    // when one is nvfp4.
+    bool nvfp4 = false;
+    for (const StreamSpec& s : h.geometry.streams) nvfp4 = nvfp4 || IsNvfp4(s.dtype);
+    if (nvfp4 != ((h.required_flags & kFlagNvfp4) != 0))
+      return Status::InvalidArgument(nvfp4 ? "an nvfp4 stream without the NVFP4 required flag"
+                                           : "the NVFP4 required flag without an nvfp4 stream");
   } else if (h.major == kMajorV1) {
     for (const StreamSpec& s : h.geometry.streams)
-      if (IsFp8(s.dtype))
+      if (IsQuantized(s.dtype))
         return Status::InvalidArgument("stream '" + s.name + "': v1 files store raw rows only");
   } else {
     return Status::InvalidArgument("unknown major version " + std::to_string(h.major));

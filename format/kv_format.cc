@@ -11,6 +11,7 @@ const char* DtypeName(Dtype d) {
     case Dtype::kBF16: return "bf16";
     case Dtype::kF16: return "f16";
     case Dtype::kF32: return "f32";
+    case Dtype::kNvfp4: return "nvfp4";
   }
   return "invalid";
 }

@@ -20,6 +20,7 @@ inline constexpr uint8_t kFileMagic[8] = {0x89, 'K', 'V', 'F', '\r', '\n', 0x1A,
 inline constexpr uint16_t kMajorV1 = 1;  // raw rows, no scales (spec/FORMAT.md, "v1")
 inline constexpr uint16_t kMajorV2 = 2;  // fp8 codes + per-row f32 scales
 inline constexpr uint16_t kMinorV2 = 1;  // the minor version this library writes
+inline constexpr uint16_t kMinorNvfp4 = 2;  // ... for a file with an nvfp4 stream (2.2)
 
 // ---- Header flags -----------------------------------------------------------------
 // Required flag bit 0 (version 2.1): chunk headers carry append_end
@@ -27,7 +28,11 @@ inline constexpr uint16_t kMinorV2 = 1;  // the minor version this library write
 // append end (spec/FORMAT.md 5.4). Required, not optional: a 2.0 reader
 // would take the field for nonzero reserved bytes and call the file damaged.
 inline constexpr uint64_t kFlagAppendEnds = uint64_t{1} << 0;
-inline constexpr uint64_t kKnownRequiredFlags = kFlagAppendEnds;
+// Required flag bit 1 (version 2.2): at least one stream is nvfp4 (dtype 6);
+// set exactly when one is, so that a 2.0 or 2.1 reader refuses the file as
+// unsupported rather than as damaged.
+inline constexpr uint64_t kFlagNvfp4 = uint64_t{1} << 1;
+inline constexpr uint64_t kKnownRequiredFlags = kFlagAppendEnds | kFlagNvfp4;
 
 // ---- Fixed regions ------------------------------------------------------------
 inline constexpr uint64_t kBlockSize = 4096;        // header size and chunk alignment
@@ -75,7 +80,10 @@ inline constexpr size_t kRowWidth = 40;          // u32
 using kvfile::Dtype;
 using kvfile::DtypeName;
 using kvfile::ElementSize;
+using kvfile::CodeBytes;
 using kvfile::IsFp8;
+using kvfile::IsNvfp4;
+using kvfile::IsQuantized;
 using kvfile::IsValidDtype;
 
 // ---- Commit slot (offsets 4096 and 8192, 4096 bytes each) -----------------------

@@ -63,7 +63,7 @@ static_assert(Mirrors(KVFILE_FAILED, Status::Code::kFailed));
 // And the dtypes the values written to disk.
 static_assert(KVFILE_E4M3 == static_cast<int>(Dtype::kE4M3) && KVFILE_E5M2 == static_cast<int>(Dtype::kE5M2) &&
               KVFILE_BF16 == static_cast<int>(Dtype::kBF16) && KVFILE_F16 == static_cast<int>(Dtype::kF16) &&
-              KVFILE_F32 == static_cast<int>(Dtype::kF32));
+              KVFILE_F32 == static_cast<int>(Dtype::kF32) && KVFILE_NVFP4 == static_cast<int>(Dtype::kNvfp4));
 
 thread_local std::string last_error;
 
@@ -123,7 +123,7 @@ void CopyString(std::string_view s, char* dst, size_t capacity) {
   dst[n] = '\0';
 }
 
-bool IsDtype(kvfile_dtype d) { return static_cast<int>(d) >= KVFILE_E4M3 && static_cast<int>(d) <= KVFILE_F32; }
+bool IsDtype(kvfile_dtype d) { return static_cast<int>(d) >= KVFILE_E4M3 && static_cast<int>(d) <= KVFILE_NVFP4; }
 
 kvfile_status ToGeometry(const kvfile_geometry& in, Geometry* out) {
   if (in.stream_count > KVFILE_MAX_STREAMS)
@@ -240,7 +240,7 @@ const char* kvfile_status_name(kvfile_status status) {
 }
 
 size_t kvfile_dtype_size(kvfile_dtype dtype) {
-  if (!IsDtype(dtype)) return 0;
+  if (!IsDtype(dtype) || dtype == KVFILE_NVFP4) return 0;
   return kvfile::ElementSize(static_cast<Dtype>(dtype));
 }
 
@@ -405,6 +405,34 @@ kvfile_status kvfile_reader_read_rows(kvfile_reader* reader, uint32_t layer, uin
       if (dst == nullptr) return NullArgument("kvfile_reader_read_rows", "dst");
     }
     return Report(reader->impl->ReadRows(layer, stream, begin, end, static_cast<Dtype>(out_dtype), dst));
+  });
+}
+
+kvfile_status kvfile_reader_read_nvfp4_codes(kvfile_reader* reader, uint32_t layer, uint32_t stream, uint64_t begin,
+                                             uint64_t end, uint8_t* codes, size_t codes_bytes, uint8_t* block_scales,
+                                             size_t block_scales_bytes, float* scales, size_t scale_count) {
+  return Guarded([&] {
+    if (reader == nullptr) return NullArgument("kvfile_reader_read_nvfp4_codes", "reader");
+    const kvfile::Reader& r = *reader->impl;
+    uint64_t rows = RowsInRead(r, layer, stream, begin, end);
+    if (rows > 0) {
+      const uint64_t tokens = end - begin, width = r.geometry().streams[stream].ElementsPerToken();
+      if (kvfile_status st = CheckCapacity("kvfile_reader_read_nvfp4_codes: codes_bytes", tokens * (width / 2),
+                                           codes_bytes);
+          st != KVFILE_OK)
+        return st;
+      if (kvfile_status st = CheckCapacity("kvfile_reader_read_nvfp4_codes: block_scales_bytes",
+                                           tokens * (width / 16), block_scales_bytes);
+          st != KVFILE_OK)
+        return st;
+      if (kvfile_status st = CheckCapacity("kvfile_reader_read_nvfp4_codes: scale_count", tokens, scale_count);
+          st != KVFILE_OK)
+        return st;
+      if (codes == nullptr) return NullArgument("kvfile_reader_read_nvfp4_codes", "codes");
+      if (block_scales == nullptr) return NullArgument("kvfile_reader_read_nvfp4_codes", "block_scales");
+      if (scales == nullptr) return NullArgument("kvfile_reader_read_nvfp4_codes", "scales");
+    }
+    return Report(reader->impl->ReadCodes(layer, stream, begin, end, codes, block_scales, scales));
   });
 }
 

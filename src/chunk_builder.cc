@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "kvfile/codec.h"
+#include "codec/nvfp4.h"
 #include "codec/row_check.h"
 #include "format/endian.h"
 
@@ -19,9 +20,10 @@ bool IsRawInput(Dtype d) { return d == Dtype::kBF16 || d == Dtype::kF16 || d == 
 
 // The start of the writer's message for a row the codec's row check refused.
 const char* RowFaultText(codec::RowFault f) {
-  return f == codec::RowFault::kNonFiniteCode  ? "non-finite code in "
-         : f == codec::RowFault::kInvalidScale ? "invalid scale in "
-                                               : "non-finite value in ";
+  return f == codec::RowFault::kNonFiniteCode       ? "non-finite code in "
+         : f == codec::RowFault::kInvalidScale      ? "invalid scale in "
+         : f == codec::RowFault::kInvalidBlockScale ? "invalid block scale in "
+                                                    : "non-finite value in ";
 }
 
 }  // namespace
@@ -59,20 +61,23 @@ Status ChunkBuilder::Validate(const AppendBatch& b, bool scan_values, uint64_t s
       const StreamSpec& spec = g.streams[s];
       std::string where = "layer " + std::to_string(layer) + ", stream '" + spec.name + "'";
       if (blk.data == nullptr) return Status::InvalidArgument(where + ": no rows given");
-      bool prequantized = IsFp8(blk.dtype);
+      bool prequantized = IsQuantized(blk.dtype);
       if (prequantized && blk.dtype != spec.dtype)
         return Status::InvalidArgument(where + ": codes are " + DtypeName(blk.dtype) +
                                        " but the stream stores " + DtypeName(spec.dtype));
       if (prequantized && blk.scales == nullptr)
         return Status::InvalidArgument(where + ": codes given without scales");
+      if (IsNvfp4(blk.dtype) && blk.block_scales == nullptr)
+        return Status::InvalidArgument(where + ": nvfp4 codes given without block scales");
       if (!prequantized && !IsRawInput(blk.dtype))
         return Status::InvalidArgument(where + ": invalid input dtype");
       if (!scan_values) continue;
-      uint64_t rows = n * spec.rows_per_token;
-      codec::RowCheck rc = codec::CheckRows(blk.dtype, blk.data, blk.scales, rows, spec.row_width);
+      // Codes as the codec sees them; raw input row by row.
+      const CodecRows cr = IsNvfp4(blk.dtype) ? CodecRowsOf(spec) : CodecRows{spec.rows_per_token, spec.row_width};
+      codec::RowCheck rc =
+          codec::CheckRows(blk.dtype, blk.data, blk.scales, n * cr.per_token, cr.width, blk.block_scales);
       if (!rc.ok())
-        return Status::NonFinite(RowFaultText(rc.fault) +
-                                 Where(layer, s, first + rc.row / spec.rows_per_token, rc.row % spec.rows_per_token));
+        return Status::NonFinite(RowFaultText(rc.fault) + RowWhere(layer, s, first, rc.row, cr, IsNvfp4(blk.dtype)));
     }
   }
   return Status::OK();
@@ -91,6 +96,10 @@ Status ChunkBuilder::Stage(const AppendBatch& b, uint64_t from, uint32_t n, uint
       uint64_t rows_before = uint64_t{staged_} * spec.rows_per_token;
       uint64_t rows = uint64_t{n} * spec.rows_per_token;
       uint64_t src_row = from * spec.rows_per_token;
+      if (IsNvfp4(spec.dtype)) {
+        KVFILE_RETURN_IF_ERROR(StageNvfp4(blk, layer, s, sec, from, n, first));
+        continue;
+      }
       size_t in_elem = blk.dtype == Dtype::kF32 ? 4 : IsFp8(blk.dtype) ? 1 : 2;
       const uint8_t* src = static_cast<const uint8_t*>(blk.data) + src_row * spec.row_width * in_elem;
       uint8_t* dst = base + sec.offset + rows_before * spec.row_width * ElementSize(spec.dtype);
@@ -127,6 +136,46 @@ Status ChunkBuilder::Stage(const AppendBatch& b, uint64_t from, uint32_t n, uint
   return Status::OK();
 }
 
+// One nvfp4 section's part of Stage: a token's R*W elements are one nvfp4
+// row (spec/FORMAT.md 5.2). Codes from the caller get the reader's checks;
+// raw rows are quantized, and a non-finite one is named by token and row.
+Status ChunkBuilder::StageNvfp4(const RowBlock& blk, uint32_t layer, uint32_t s, const SectionLayout& sec,
+                                uint64_t from, uint32_t n, uint64_t first) {
+  const StreamSpec& spec = g_->streams[s];
+  const CodecRows cr = CodecRowsOf(spec);
+  uint8_t* base = staging_[current_].data();
+  uint8_t* codes = base + sec.offset + staged_ * cr.width / 2;
+  uint8_t* block_scales = base + sec.block_scales_offset + staged_ * cr.width / codec::nvfp4::kBlock;
+  float* scales = reinterpret_cast<float*>(base + sec.scales_offset) + staged_;
+  if (IsNvfp4(blk.dtype)) {
+    const uint8_t* src = static_cast<const uint8_t*>(blk.data) + from * cr.width / 2;
+    const uint8_t* src_blocks = blk.block_scales + from * cr.width / codec::nvfp4::kBlock;
+    codec::RowCheck rc = codec::CheckRows(Dtype::kNvfp4, src, blk.scales + from, n, cr.width, src_blocks);
+    if (!rc.ok()) return Status::NonFinite(RowFaultText(rc.fault) + RowWhere(layer, s, first, rc.row, cr, true));
+    std::memcpy(codes, src, n * cr.width / 2);
+    std::memcpy(block_scales, src_blocks, n * cr.width / codec::nvfp4::kBlock);
+    std::memcpy(scales, blk.scales + from, n * sizeof(float));
+    return Status::OK();
+  }
+  const size_t in_elem = ElementSize(blk.dtype);
+  const uint8_t* src = static_cast<const uint8_t*>(blk.data) + from * cr.width * in_elem;
+  size_t bad_token;
+  if (codec::nvfp4::QuantizeRows(blk.dtype, src, n, cr.width, codes, block_scales, scales, &bad_token))
+    return Status::OK();
+  size_t bad = codec::FindNonFinite(blk.dtype, src + bad_token * cr.width * in_elem, cr.width);
+  return Status::NonFinite("non-finite value in " + Where(layer, s, first + bad_token, bad / spec.row_width));
+}
+
+// Where a row the row check refused lies: `row` counts rows of `cr` from
+// the batch's first token `first`; a row of nvfp4 codes is a whole token.
+std::string ChunkBuilder::RowWhere(uint32_t layer, uint32_t stream, uint64_t first, uint64_t row,
+                                   const CodecRows& cr, bool nvfp4_codes) const {
+  if (nvfp4_codes)
+    return "layer " + std::to_string(layer) + ", stream '" + g_->streams[stream].name + "', token " +
+           std::to_string(first + row);
+  return Where(layer, stream, first + row / cr.per_token, row % cr.per_token);
+}
+
 // Every byte of the sealed chunk is written here or by Stage: the head
 // (header, checksums, tokens, padding), each section's rows and scales, and
 // every padding byte (zeroed). So nothing a buffer held before (a full
@@ -143,8 +192,9 @@ Status ChunkBuilder::Seal(ChunkHeader head, std::span<const uint8_t>* chunk) {
     for (size_t i = 0; i < short_layout.sections.size(); ++i) {
       const SectionLayout& from = full_.sections[i];
       const SectionLayout& to = short_layout.sections[i];
-      std::memmove(base + to.offset, base + from.offset, to.data_bytes);
-      if (to.scales_bytes > 0) std::memmove(base + to.scales_offset, base + from.scales_offset, to.scales_bytes);
+      for (size_t k = 0; k < 3; ++k)
+        if (to.parts()[k].bytes > 0)
+          std::memmove(base + to.parts()[k].offset, base + from.parts()[k].offset, to.parts()[k].bytes);
     }
     layout = &short_layout;
   }
@@ -153,12 +203,13 @@ Status ChunkBuilder::Seal(ChunkHeader head, std::span<const uint8_t>* chunk) {
   uint64_t tokens_end = layout->tokens_offset + 4ull * staged_;
   std::memset(base + tokens_end, 0, layout->head_checksum_offset - tokens_end);
   for (const SectionLayout& sec : layout->sections) {
-    uint64_t data_end = sec.offset + sec.data_bytes;
-    if (sec.scales_bytes > 0) {
-      std::memset(base + data_end, 0, sec.scales_offset - data_end);
-      data_end = sec.scales_offset + sec.scales_bytes;
+    uint64_t pad_begin = sec.offset;
+    for (const SectionLayout::Part& part : sec.parts()) {
+      if (part.bytes == 0) continue;
+      std::memset(base + pad_begin, 0, part.offset - pad_begin);
+      pad_begin = part.offset + part.bytes;
     }
-    std::memset(base + data_end, 0, sec.end - data_end);
+    std::memset(base + pad_begin, 0, sec.end - pad_begin);
   }
   head.token_count = staged_;
   head.chunk_bytes = layout->chunk_bytes;

@@ -40,7 +40,7 @@ class ChunkBuilder {
   // sequence index of the first staged token (for messages).
   Status Validate(const AppendBatch& b, bool scan_values, uint64_t sealed_tokens) const;
   // Copies tokens [from, from + n) of the batch after the staged ones
-  // (n <= room()), quantizing raw rows for fp8 streams. On a bad value
+  // (n <= room()), quantizing raw rows for fp8 and nvfp4 streams. On a bad value
   // nothing is counted as staged.
   Status Stage(const AppendBatch& b, uint64_t from, uint32_t n, uint64_t sealed_tokens);
   // Keeps only the first n staged tokens (n <= staged()).
@@ -60,6 +60,10 @@ class ChunkBuilder {
 
  private:
   std::string Where(uint32_t layer, uint32_t stream, uint64_t token, uint64_t row) const;
+  std::string RowWhere(uint32_t layer, uint32_t stream, uint64_t first, uint64_t row,
+                       const format::CodecRows& cr, bool nvfp4_codes) const;
+  Status StageNvfp4(const RowBlock& blk, uint32_t layer, uint32_t s, const format::SectionLayout& sec,
+                    uint64_t from, uint32_t n, uint64_t first);
 
   const format::Geometry* g_ = nullptr;
   format::ChunkLayout full_;  // layout of a chunk of capacity() tokens

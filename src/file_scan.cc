@@ -293,36 +293,40 @@ Status ReadAndCheckChunk(File& file, const Geometry& g, LayoutCache& layouts,
 }
 
 Status CheckSectionPadding(const SectionLayout& sec, const uint8_t* section, uint64_t chunk_offset) {
-  uint64_t data_end = sec.offset + sec.data_bytes;
-  uint64_t scales_end = sec.scales_offset + sec.scales_bytes;
-  // Raw sections: [data_end, end). fp8 sections: [data_end, scales_offset)
-  // and [scales_end, end).
-  const std::pair<uint64_t, uint64_t> pads[2] = {
-      {data_end, sec.scales_bytes > 0 ? sec.scales_offset : sec.end},
-      {sec.scales_bytes > 0 ? scales_end : sec.end, sec.end}};
-  for (const auto& [begin, end] : pads) {
-    if (end <= begin || AllZero(std::span<const uint8_t>(section + (begin - sec.offset), end - begin))) continue;
-    uint64_t i = begin;
-    while (section[i - sec.offset] == 0) ++i;
-    return Status::Corruption("nonzero section padding at offset " + std::to_string(chunk_offset + i));
+  // The gaps before, between and after the section's arrays.
+  uint64_t begin = sec.offset;
+  for (size_t k = 0; k <= 3; ++k) {
+    const bool last = k == 3;
+    if (!last && sec.parts()[k].bytes == 0) continue;
+    uint64_t end = last ? sec.end : sec.parts()[k].offset;
+    if (end > begin && !AllZero(std::span<const uint8_t>(section + (begin - sec.offset), end - begin))) {
+      uint64_t i = begin;
+      while (section[i - sec.offset] == 0) ++i;
+      return Status::Corruption("nonzero section padding at offset " + std::to_string(chunk_offset + i));
+    }
+    if (!last) begin = sec.parts()[k].offset + sec.parts()[k].bytes;
   }
   return Status::OK();
 }
 
 Status CheckSectionValues(const StreamSpec& spec, const SectionLayout& sec, const uint8_t* section,
                           uint64_t chunk_first_token, uint32_t first, uint32_t count) {
-  uint64_t row0 = uint64_t{first} * spec.rows_per_token;
-  uint64_t rows = uint64_t{count} * spec.rows_per_token;
+  const CodecRows cr = CodecRowsOf(spec);
+  uint64_t row0 = uint64_t{first} * cr.per_token;
+  uint64_t rows = uint64_t{count} * cr.per_token;
   const float* scales =
-      IsFp8(spec.dtype) ? reinterpret_cast<const float*>(section + (sec.scales_offset - sec.offset)) + row0
-                        : nullptr;
-  codec::RowCheck rc = codec::CheckRows(spec.dtype, section + row0 * spec.row_width * ElementSize(spec.dtype),
-                                        scales, rows, spec.row_width);
+      IsQuantized(spec.dtype) ? reinterpret_cast<const float*>(section + (sec.scales_offset - sec.offset)) + row0
+                              : nullptr;
+  const uint8_t* block_scales =
+      IsNvfp4(spec.dtype) ? section + (sec.block_scales_offset - sec.offset) + row0 * cr.width / 16 : nullptr;
+  codec::RowCheck rc = codec::CheckRows(spec.dtype, section + CodeBytes(spec.dtype, row0 * cr.width), scales,
+                                        rows, cr.width, block_scales);
   if (rc.ok()) return Status::OK();
-  const char* what = rc.fault == codec::RowFault::kNonFiniteCode  ? "non-finite code at token "
-                     : rc.fault == codec::RowFault::kInvalidScale ? "invalid scale at token "
-                                                                  : "non-finite value at token ";
-  return Status::Corruption(what + std::to_string(chunk_first_token + first + rc.row / spec.rows_per_token));
+  const char* what = rc.fault == codec::RowFault::kNonFiniteCode       ? "non-finite code at token "
+                     : rc.fault == codec::RowFault::kInvalidScale      ? "invalid scale at token "
+                     : rc.fault == codec::RowFault::kInvalidBlockScale ? "invalid block scale at token "
+                                                                       : "non-finite value at token ";
+  return Status::Corruption(what + std::to_string(chunk_first_token + first + rc.row / cr.per_token));
 }
 
 Status ScanFile(File& file, ScanResult* out, DamageLocation* where) {

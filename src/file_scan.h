@@ -73,12 +73,13 @@ Status ScanFile(File& file, ScanResult* out, DamageLocation* where = nullptr);
 // Checks what checksums cannot, in the rows of tokens [first, first +
 // count) of one section held in memory (`section` points at its first
 // byte; the chunk's first token is for messages): no non-finite code and
-// every scale valid in an fp8 section, no non-finite value in a raw one.
+// every scale valid in an fp8 section, every block and row scale valid in an
+// nvfp4 one, no non-finite value in a raw one.
 Status CheckSectionValues(const format::StreamSpec& spec, const format::SectionLayout& sec,
                           const uint8_t* section, uint64_t chunk_first_token, uint32_t first, uint32_t count);
 
-// Checks that the padding of a section (after its rows and, for fp8, after
-// its scales; the last section's up to the chunk's end) is zero, as written.
+// Checks that the padding of a section (after its rows and, for fp8 and
+// nvfp4, after its scale arrays; the last section's up to the chunk's end) is zero, as written.
 // The checksum covers these bytes too, but a reader checks the zeros itself
 // so that no byte of the format is accepted on the checksum's word alone.
 // `section` points at the section's first byte; `chunk_offset` is the

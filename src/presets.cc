@@ -43,8 +43,9 @@ std::vector<std::string> PresetNames() {
 }
 
 Status GetPreset(std::string_view name, Dtype fp8_dtype, Geometry* out) {
-  if (!IsFp8(fp8_dtype))
-    return Status::InvalidArgument(std::string("preset dtype must be e4m3 or e5m2, not ") +
+  // Every preset's rows x width is a multiple of 16, as nvfp4 needs.
+  if (!IsQuantized(fp8_dtype))
+    return Status::InvalidArgument(std::string("preset dtype must be e4m3, e5m2 or nvfp4, not ") +
                                    DtypeName(fp8_dtype));
   for (const Preset& p : Presets()) {
     if (name != p.name) continue;

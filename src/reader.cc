@@ -8,6 +8,7 @@
 
 #include "file_scan.h"
 #include "parallel_chunks.h"
+#include "codec/nvfp4.h"
 #include "kvfile/codec.h"
 #include "format/endian.h"
 
@@ -47,6 +48,8 @@ struct KVFILE_NO_EXPORT Reader::Impl {
   Status CheckTokenRange(uint64_t begin, uint64_t end) const;
   Status LoadSections(uint32_t layer, uint32_t stream, uint64_t begin, uint64_t end,
                       std::vector<Piece>* pieces);
+  Status ReadCodes(uint32_t layer, uint32_t stream, uint64_t begin, uint64_t end, uint8_t* codes,
+                   uint8_t* block_scales, float* scales, Dtype v1_quantize_as);
   size_t FirstChunkFor(uint64_t begin) const;
   // The tokens of chunk ci that a read of [begin, end) covers.
   struct ChunkWindow {
@@ -117,6 +120,14 @@ Status CheckSection(const StreamSpec& spec, const SectionLayout& sec, const uint
 // `out_dtype`; returns the end of what it wrote.
 uint8_t* DecodeSection(const StreamSpec& spec, const SectionLayout& sec, const uint8_t* bytes,
                        uint32_t first, uint32_t count, Dtype out_dtype, uint8_t* out) {
+  if (IsNvfp4(spec.dtype)) {
+    const CodecRows cr = CodecRowsOf(spec);
+    codec::nvfp4::DequantizeRows(bytes + first * cr.width / 2,
+                                 bytes + (sec.block_scales_offset - sec.offset) + first * cr.width / 16,
+                                 reinterpret_cast<const float*>(bytes + (sec.scales_offset - sec.offset)) + first,
+                                 count, cr.width, out_dtype, out);
+    return out + count * cr.width * ElementSize(out_dtype);
+  }
   uint64_t row0 = uint64_t{first} * spec.rows_per_token;
   uint64_t rows = uint64_t{count} * spec.rows_per_token;
   if (IsFp8(spec.dtype)) {
@@ -128,6 +139,37 @@ uint8_t* DecodeSection(const StreamSpec& spec, const SectionLayout& sec, const u
                       out_dtype, out);
   }
   return out + rows * spec.row_width * ElementSize(out_dtype);
+}
+
+// Copies the stored codes and scales (and for nvfp4 the block scales) of
+// tokens [first, first + count) of a checked fp8 or nvfp4 section to the
+// destinations of token `out_token` (counted from the read's first token).
+void CopyCodes(const StreamSpec& spec, const SectionLayout& sec, const uint8_t* bytes, uint32_t first,
+               uint32_t count, uint64_t out_token, uint8_t* codes, uint8_t* block_scales, float* scales) {
+  const CodecRows cr = CodecRowsOf(spec);
+  const uint64_t row0 = uint64_t{first} * cr.per_token, rows = uint64_t{count} * cr.per_token;
+  const uint64_t out_row0 = out_token * cr.per_token;
+  std::memcpy(codes + CodeBytes(spec.dtype, out_row0 * cr.width), bytes + CodeBytes(spec.dtype, row0 * cr.width),
+              CodeBytes(spec.dtype, rows * cr.width));
+  if (IsNvfp4(spec.dtype))
+    std::memcpy(block_scales + out_row0 * cr.width / 16,
+                bytes + (sec.block_scales_offset - sec.offset) + row0 * cr.width / 16, rows * cr.width / 16);
+  std::memcpy(scales + out_row0, bytes + (sec.scales_offset - sec.offset) + row0 * 4, rows * 4);
+}
+
+// The refusal of a codes read of a stream it cannot read, or OK.
+Status CodesReadable(const std::string& path, const StreamSpec& spec, bool v1, bool nvfp4_read,
+                     const char* rows_call) {
+  if (!v1 && !IsQuantized(spec.dtype))
+    return Status::InvalidArgument(path + ": stream '" + spec.name + "' is stored raw (" + DtypeName(spec.dtype) +
+                                   "); read it with " + rows_call);
+  if (IsNvfp4(spec.dtype) && !nvfp4_read)
+    return Status::InvalidArgument(path + ": stream '" + spec.name +
+                                   "' is nvfp4; its codes come with block scales (ReadCodes with block_scales)");
+  if (!IsNvfp4(spec.dtype) && nvfp4_read)
+    return Status::InvalidArgument(path + ": stream '" + spec.name + "' is " + DtypeName(spec.dtype) +
+                                   ", not nvfp4; it has no block scales");
+  return Status::OK();
 }
 
 std::string SectionWhere(const std::string& path, size_t chunk, uint64_t offset, uint32_t layer,
@@ -223,7 +265,8 @@ Status Reader::Impl::ReadChunkTargets(File& f, internal::LayoutCache& chunk_layo
 }
 
 // ReadManyCodes' work on one chunk: each target's checked codes and scales
-// copied out (or, in a v1 file, the raw rows quantized).
+// (nvfp4: and block scales) copied out (or, in a v1 file, the raw rows
+// quantized).
 Status Reader::Impl::ReadChunkCodes(File& f, internal::LayoutCache& chunk_layouts, size_t ci,
                                     std::span<const CodesTarget> targets, uint64_t begin, uint64_t end,
                                     Dtype v1_quantize_as, internal::PageBuffer* buf) const {
@@ -231,25 +274,24 @@ Status Reader::Impl::ReadChunkCodes(File& f, internal::LayoutCache& chunk_layout
   return ForEachCheckedSection(
       f, chunk_layouts, ci, targets, begin, end, buf,
       [&](const CodesTarget& t, const StreamSpec& spec, const SectionLayout& sec, const ChunkWindow& w) {
+        if (!quantize) {
+          CopyCodes(spec, sec, buf->data(), w.first, w.count, w.from - begin, t.codes, t.block_scales, t.scales);
+          return Status::OK();
+        }
         uint64_t row0 = uint64_t{w.first} * spec.rows_per_token;
         uint64_t rows = uint64_t{w.count} * spec.rows_per_token;
         uint64_t out_row0 = (w.from - begin) * spec.rows_per_token;
         uint8_t* codes = t.codes + out_row0 * spec.row_width;
         float* scales = t.scales + out_row0;
-        if (quantize) {
-          // v1 rows were checked finite (CheckSection).
-          size_t bad_row;
-          if (!codec::QuantizeRows(v1_quantize_as, spec.dtype,
-                                   buf->data() + row0 * spec.row_width * ElementSize(spec.dtype), rows,
-                                   spec.row_width, codes, scales, &bad_row)) {
-            const ChunkInfo& c = chunk_infos[ci];
-            return Status::Corruption(SectionWhere(path, ci, c.offset, t.layer, spec) +
-                                      ": non-finite value at token " +
-                                      std::to_string(c.first_token + w.first + bad_row / spec.rows_per_token));
-          }
-        } else {
-          std::memcpy(codes, buf->data() + row0 * spec.row_width, rows * spec.row_width);
-          std::memcpy(scales, buf->data() + (sec.scales_offset - sec.offset) + row0 * 4, rows * 4);
+        // v1 rows were checked finite (CheckSection).
+        size_t bad_row;
+        if (!codec::QuantizeRows(v1_quantize_as, spec.dtype,
+                                 buf->data() + row0 * spec.row_width * ElementSize(spec.dtype), rows,
+                                 spec.row_width, codes, scales, &bad_row)) {
+          const ChunkInfo& c = chunk_infos[ci];
+          return Status::Corruption(SectionWhere(path, ci, c.offset, t.layer, spec) +
+                                    ": non-finite value at token " +
+                                    std::to_string(c.first_token + w.first + bad_row / spec.rows_per_token));
         }
         return Status::OK();
       });
@@ -313,7 +355,7 @@ Status Reader::ReadRows(uint32_t layer, uint32_t stream, uint64_t begin, uint64_
   Impl& r = *impl_;
   KVFILE_RETURN_IF_ERROR(r.CheckRange(layer, stream, begin, end));
   if (begin == end) return Status::OK();
-  if (IsFp8(out_dtype))
+  if (IsQuantized(out_dtype))
     return Status::InvalidArgument(r.path + ": decoded reads produce bf16, f16 or f32; use ReadCodes for codes");
   std::vector<Impl::Piece> pieces;
   KVFILE_RETURN_IF_ERROR(r.LoadSections(layer, stream, begin, end, &pieces));
@@ -349,7 +391,7 @@ Status Reader::ReadMany(std::span<const RowsTarget> targets, uint64_t begin, uin
   // The range and dtype are checked even with no target: a bad argument is
   // a caller's bug whatever else the call asks for.
   KVFILE_RETURN_IF_ERROR(r.CheckTokenRange(begin, end));
-  if (IsFp8(out_dtype))
+  if (IsQuantized(out_dtype))
     return Status::InvalidArgument(r.path + ": decoded reads produce bf16, f16 or f32; use ReadCodes for codes");
   for (const RowsTarget& t : targets) {
     KVFILE_RETURN_IF_ERROR(r.CheckRange(t.layer, t.stream, begin, end));
@@ -376,11 +418,12 @@ Status Reader::ReadManyCodes(std::span<const CodesTarget> targets, uint64_t begi
   for (const CodesTarget& t : targets) {
     KVFILE_RETURN_IF_ERROR(r.CheckRange(t.layer, t.stream, begin, end));
     const StreamSpec& spec = r.g().streams[t.stream];
-    if (!quantize && !IsFp8(spec.dtype))
+    if (!quantize && !IsQuantized(spec.dtype))
       return Status::InvalidArgument(r.path + ": stream '" + spec.name + "' is stored raw (" +
                                      DtypeName(spec.dtype) + "); read it with ReadMany");
-    if (t.codes == nullptr || t.scales == nullptr)
-      return Status::InvalidArgument(r.path + ": ReadManyCodes target without a destination");
+    if (t.codes == nullptr || t.scales == nullptr || (IsNvfp4(spec.dtype) && t.block_scales == nullptr))
+      return Status::InvalidArgument(r.path + ": ReadManyCodes target without a destination" +
+                                     (IsNvfp4(spec.dtype) ? " (nvfp4 needs block_scales too)" : ""));
   }
   if (begin == end || targets.empty()) return Status::OK();
   Status st = r.ForEachChunk(begin, end, threads,
@@ -390,45 +433,60 @@ Status Reader::ReadManyCodes(std::span<const CodesTarget> targets, uint64_t begi
   if (!st.ok())
     for (const CodesTarget& t : targets) {
       const StreamSpec& spec = r.g().streams[t.stream];
-      std::memset(t.codes, 0, (end - begin) * spec.ElementsPerToken());
-      std::memset(t.scales, 0, (end - begin) * spec.rows_per_token * sizeof(float));
+      const CodecRows cr = CodecRowsOf(spec);
+      std::memset(t.codes, 0, CodeBytes(spec.dtype, (end - begin) * spec.ElementsPerToken()));
+      if (IsNvfp4(spec.dtype)) std::memset(t.block_scales, 0, (end - begin) * spec.ElementsPerToken() / 16);
+      std::memset(t.scales, 0, (end - begin) * cr.per_token * sizeof(float));
     }
   return st;
 }
 
 Status Reader::ReadCodes(uint32_t layer, uint32_t stream, uint64_t begin, uint64_t end,
                          uint8_t* codes, float* scales, Dtype v1_quantize_as) {
-  Impl& r = *impl_;
+  return impl_->ReadCodes(layer, stream, begin, end, codes, nullptr, scales, v1_quantize_as);
+}
+
+Status Reader::ReadCodes(uint32_t layer, uint32_t stream, uint64_t begin, uint64_t end, uint8_t* codes,
+                         uint8_t* block_scales, float* row_scales) {
+  return impl_->ReadCodes(layer, stream, begin, end, codes, block_scales, row_scales, Dtype::kNvfp4);
+}
+
+// Both ReadCodes: block_scales non-null (with v1_quantize_as kNvfp4) for
+// the nvfp4 one.
+Status Reader::Impl::ReadCodes(uint32_t layer, uint32_t stream, uint64_t begin, uint64_t end, uint8_t* codes,
+                               uint8_t* block_scales, float* scales, Dtype v1_quantize_as) {
+  Impl& r = *this;
   KVFILE_RETURN_IF_ERROR(r.CheckRange(layer, stream, begin, end));
   const StreamSpec& spec = r.g().streams[stream];
   bool quantize = r.scan.header.major == kMajorV1;
+  const bool nvfp4_read = v1_quantize_as == Dtype::kNvfp4;
   if (quantize && !IsFp8(v1_quantize_as))
     return Status::InvalidArgument(r.path + ": codes are e4m3 or e5m2, not " + DtypeName(v1_quantize_as));
-  if (!quantize && !IsFp8(spec.dtype))
-    return Status::InvalidArgument(r.path + ": stream '" + spec.name + "' is stored raw (" +
-                                   DtypeName(spec.dtype) + "); read it with ReadRows");
+  KVFILE_RETURN_IF_ERROR(CodesReadable(r.path, spec, quantize, nvfp4_read, "ReadRows"));
+  if (nvfp4_read && begin < end && (codes == nullptr || block_scales == nullptr || scales == nullptr))
+    return Status::InvalidArgument(r.path + ": ReadCodes without a destination");
   std::vector<Impl::Piece> pieces;
   KVFILE_RETURN_IF_ERROR(r.LoadSections(layer, stream, begin, end, &pieces));
+  uint64_t out_token = 0;
   for (const Impl::Piece& p : pieces) {
     const uint8_t* buf = r.scratch.data() + p.scratch_offset;
-    uint64_t row0 = uint64_t{p.first} * spec.rows_per_token;
-    uint64_t rows = uint64_t{p.count} * spec.rows_per_token;
     if (quantize) {
+      uint64_t row0 = uint64_t{p.first} * spec.rows_per_token;
+      uint64_t rows = uint64_t{p.count} * spec.rows_per_token;
+      uint64_t out_row0 = out_token * spec.rows_per_token;
       // v1 rows were finite when written (the writer refuses non-finite
       // rows), but a file is input: a non-finite row is reported.
       size_t bad_row;
       if (!codec::QuantizeRows(v1_quantize_as, spec.dtype, buf + row0 * spec.row_width * ElementSize(spec.dtype),
-                               rows, spec.row_width, codes, scales, &bad_row))
+                               rows, spec.row_width, codes + out_row0 * spec.row_width, scales + out_row0, &bad_row))
         return Status::Corruption(r.path + ": layer " + std::to_string(layer) + " stream '" + spec.name +
                                   "': non-finite value at token " +
                                   std::to_string(r.chunk_infos[p.chunk].first_token + p.first +
                                                  bad_row / spec.rows_per_token));
     } else {
-      std::memcpy(codes, buf + row0 * spec.row_width, rows * spec.row_width);
-      std::memcpy(scales, buf + (p.section.scales_offset - p.section.offset) + row0 * 4, rows * 4);
+      CopyCodes(spec, p.section, buf, p.first, p.count, out_token, codes, block_scales, scales);
     }
-    codes += rows * spec.row_width;
-    scales += rows;
+    out_token += p.count;
   }
   return Status::OK();
 }

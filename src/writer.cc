@@ -56,6 +56,12 @@ FileHeader NewHeader(const Geometry& geometry, const ModelIdentity& identity, ui
   h.major = major;
   h.minor = major == kMajorV2 ? kMinorV2 : 0;
   if (major == kMajorV2) h.required_flags = kFlagAppendEnds;
+  // A file with an nvfp4 stream is 2.2 (spec/FORMAT.md 9); others stay 2.1.
+  for (const StreamSpec& s : geometry.streams)
+    if (major == kMajorV2 && IsNvfp4(s.dtype)) {
+      h.minor = kMinorNvfp4;
+      h.required_flags |= kFlagNvfp4;
+    }
   h.identity = identity;
   h.geometry = geometry;
   h.chunk_tokens = chunk_tokens;

@@ -239,19 +239,22 @@ void SweepReserved(bool quick) {
       const uint64_t reserved = append_ends ? ch::kAppendEnd + 4 : ch::kEpoch + 4;
       std::vector<Range> r = {{c.begin + reserved, c.begin + ch::kHeaderSize}, {tokens_end, head_end - 8}};
       heads += FlipReservedWithChecksums(f, r, Refuser::kOpen);
-      // Section padding: after the rows (and after the scales of fp8
-      // sections) up to the next 64-byte boundary, and the last section's
+      // Section padding: after the rows (and after the scale arrays of fp8
+      // and nvfp4 sections) up to the next 64-byte boundary, and the last section's
       // padding to the chunk's end.
       format::ChunkLayout layout;
       ASSERT_TRUE(ComputeChunkLayout(f.geometry, LoadU32(f.bytes.data() + c.begin + ch::kTokenCount), &layout).ok());
       ASSERT_EQ(layout.sections.size(), c.sections.size());
       std::vector<Range> pad;
       for (const SectionLayout& s : layout.sections) {
-        if (s.scales_bytes > 0) {
-          pad.push_back({c.begin + s.offset + s.data_bytes, c.begin + s.scales_offset});
-          pad.push_back({c.begin + s.scales_offset + s.scales_bytes, c.begin + s.end});
-        } else {
-          pad.push_back({c.begin + s.offset + s.data_bytes, c.begin + s.end});
+        // The gaps after each array (rows; nvfp4 block scales; scales).
+        const auto parts = s.parts();
+        for (size_t k = 0; k < parts.size(); ++k) {
+          if (parts[k].bytes == 0) continue;
+          size_t next = k + 1;
+          while (next < parts.size() && parts[next].bytes == 0) ++next;
+          uint64_t gap_end = next < parts.size() ? parts[next].offset : s.end;
+          pad.push_back({c.begin + parts[k].offset + parts[k].bytes, c.begin + gap_end});
         }
       }
       sections += FlipReservedWithChecksums(f, pad, Refuser::kRead);

@@ -77,7 +77,7 @@ static void test_presets(void) {
   CHECK_CONTAINS(kvfile_last_error(), "unknown preset 'gpt-17'");
   CHECK_CONTAINS(kvfile_last_error(), "llama-3.1-8b");
   CHECK_STATUS(kvfile_preset("tiny", KVFILE_BF16, &g), KVFILE_INVALID_ARGUMENT);
-  CHECK_CONTAINS(kvfile_last_error(), "e4m3 or e5m2");
+  CHECK_CONTAINS(kvfile_last_error(), "e4m3, e5m2 or nvfp4, not bf16");
   CHECK_STATUS(kvfile_preset(NULL, KVFILE_E4M3, &g), KVFILE_INVALID_ARGUMENT);
   CHECK(strcmp(kvfile_last_error(), "kvfile_preset: name is NULL") == 0);
 }
@@ -533,6 +533,85 @@ static void test_explicit_geometry(void) {
   kvfile_reader_close(r);
 }
 
+/* f32 value of an E4M3 code 0x00..0x7E (sign clear): spec/CODEC.md. */
+static float e4m3_value(uint8_t b) {
+  int e = (b >> 3) & 15, m = b & 7;
+  return e == 0 ? ldexpf((float)m / 8.0f, -6) : ldexpf(1.0f + (float)m / 8.0f, e - 7);
+}
+
+/* nvfp4 (format 2.2): a tiny-preset file whose streams are nvfp4 (one row
+ * of 2 x 16 = 32 elements per token). Token 0 of layer 0, stream k is the
+ * worked example of spec/CODEC.md 14.7, whose codes and scales are known;
+ * every decoded read equals DEC(code) * (DEC_e4m3(block) * scale). */
+static void test_nvfp4(void) {
+  const char* path = in_dir(dir, "nv.kv");
+  kvfile_geometry g;
+  CHECK_STATUS(kvfile_preset("tiny", KVFILE_NVFP4, &g), KVFILE_OK);
+  CHECK(g.streams[0].dtype == KVFILE_NVFP4 && g.streams[1].dtype == KVFILE_NVFP4);
+  CHECK(kvfile_dtype_size(KVFILE_NVFP4) == 0);
+  kvfile_writer_options options;
+  memset(&options, 0, sizeof options);
+  options.chunk_tokens = kChunkTokens;
+  kvfile_writer* w = NULL;
+  CHECK_STATUS(kvfile_writer_create(path, &g, "test/nv", 1, &options, &w), KVFILE_OK);
+  static float rows[kLayers * kStreams][kTokens * kPerToken];
+  memcpy(rows, rows_f32, sizeof rows);
+  float* x = rows[0];
+  for (int i = 0; i < kPerToken; ++i) x[i] = 0.0f;
+  x[0] = 12.0f, x[1] = -6.0f, x[2] = 1.0f, x[3] = -0.0f, x[16] = 0.75f, x[17] = -0.375f, x[18] = 0.1f;
+  kvfile_rows blocks[kLayers * kStreams];
+  uint32_t ids[kTokens];
+  for (int t = 0; t < kTokens; ++t) ids[t] = token_id(t);
+  for (int b = 0; b < kLayers * kStreams; ++b) {
+    blocks[b].dtype = KVFILE_F32;
+    blocks[b].data = rows[b];
+    blocks[b].scales = NULL;
+  }
+  CHECK_STATUS(kvfile_writer_append(w, ids, kTokens, blocks, kLayers * kStreams), KVFILE_OK);
+  /* Codes cannot come through kvfile_rows (no block scales). */
+  uint8_t some_codes[kPerToken] = {0};
+  float some_scales[1] = {1.0f};
+  blocks[0].dtype = KVFILE_NVFP4;
+  blocks[0].data = some_codes;
+  blocks[0].scales = some_scales;
+  CHECK_STATUS(kvfile_writer_append(w, ids, 1, blocks, kLayers * kStreams), KVFILE_INVALID_ARGUMENT);
+  CHECK_CONTAINS(kvfile_last_error(), "nvfp4 codes given without block scales");
+  CHECK_STATUS(kvfile_writer_close(w), KVFILE_OK);
+
+  kvfile_reader* r = NULL;
+  CHECK_STATUS(kvfile_reader_open(path, &r), KVFILE_OK);
+  kvfile_info info;
+  CHECK_STATUS(kvfile_reader_info(r, &info), KVFILE_OK);
+  CHECK(info.major_version == 2 && info.minor_version == 2);
+  CHECK(info.geometry.streams[0].dtype == KVFILE_NVFP4);
+  static uint8_t codes[kTokens * kPerToken / 2], block_scales[kTokens * kPerToken / 16];
+  static float scales[kTokens], decoded[kTokens * kPerToken];
+  CHECK_STATUS(kvfile_reader_read_nvfp4_codes(r, 0, 0, 0, kTokens, codes, sizeof codes, block_scales,
+                                              sizeof block_scales - 1, scales, kTokens),
+               KVFILE_BUFFER_TOO_SMALL);
+  CHECK_STATUS(kvfile_reader_read_nvfp4_codes(r, 0, 0, 0, kTokens, codes, sizeof codes, block_scales,
+                                              sizeof block_scales, scales, kTokens),
+               KVFILE_OK);
+  CHECK(codes[0] == 0xD7 && codes[1] == 0x81);
+  CHECK(block_scales[0] == 0x7E && block_scales[1] == 0x5E);
+  CHECK(scales[0] == 12.0f / 2688.0f);
+  /* The fp8 codes read refuses an nvfp4 stream. */
+  CHECK_STATUS(kvfile_reader_read_codes(r, 0, 0, 0, 1, codes, sizeof codes, scales, kTokens), KVFILE_INVALID_ARGUMENT);
+  CHECK_CONTAINS(kvfile_last_error(), "is nvfp4");
+  CHECK_STATUS(kvfile_reader_read_rows(r, 0, 0, 0, kTokens, KVFILE_F32, decoded, sizeof decoded), KVFILE_OK);
+  int exact = 1;
+  static const float kE2M1[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  for (int t = 0; t < kTokens; ++t)
+    for (int i = 0; i < kPerToken; ++i) {
+      uint8_t c = (uint8_t)((codes[(t * kPerToken + i) / 2] >> (4 * (i % 2))) & 15);
+      float divisor = e4m3_value(block_scales[(t * kPerToken + i) / 16]) * scales[t];
+      float want = (c & 8 ? -kE2M1[c & 7] : kE2M1[c & 7]) * divisor;
+      if (memcmp(&want, &decoded[t * kPerToken + i], 4) != 0) exact = 0;
+    }
+  CHECK(exact);
+  kvfile_reader_close(r);
+}
+
 int main(int argc, char** argv) {
   if (argc != 2) {
     fprintf(stderr, "usage: c_api_test DIR\n");
@@ -549,5 +628,6 @@ int main(int argc, char** argv) {
   test_cut_file();
   test_verify_and_damage();
   test_explicit_geometry();
+  test_nvfp4();
   return check_summary("c_api_test");
 }

@@ -23,6 +23,7 @@
 #include <limits>
 #include <string>
 
+#include "codec/nvfp4.h"
 #include "kvfile/codec.h"
 #include "kvfile/presets.h"
 #include "kvfile/reader.h"
@@ -453,6 +454,96 @@ TEST_F(CliVerbsTest, E4m3ToE5m2AndBackRequantizesDecodedValues) {
   ExpectSameContents(a, TakeSnap(P("d.kv")));
 }
 
+// nvfp4 (format 2.2): convert --dtype nvfp4 quantizes what the fp8 streams
+// decode to, exactly as the codec does for those rows; nvfp4 to nvfp4 keeps
+// every byte; nvfp4 to e4m3 re-encodes the decoded values; info names the
+// dtype; export --codes writes the three tensors of the convention.
+TEST_F(CliVerbsTest, ConvertsToNvfp4AndBackAndExportsItsCodes) {
+  Synth("a.kv", "--preset tiny --tokens 70 --chunk-tokens 16");
+  Snap a = TakeSnap(P("a.kv"));
+  CliRun r = Kvfile("convert " + P("a.kv") + " " + P("b.kv") + " --dtype nvfp4");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, P("a.kv") + " -> " + P("b.kv") + ": 70 tokens; k nvfp4, v nvfp4; 16 tokens per chunk; " +
+                       std::to_string(fs::file_size(P("b.kv"))) + " bytes\n");
+  std::unique_ptr<kvfile::Reader> b;
+  ASSERT_TRUE(kvfile::Reader::Open(P("b.kv"), {}, &b).ok());
+  EXPECT_EQ(b->minor_version(), 2);
+  const uint64_t T = 70, W = 32;  // tiny: 2 rows x 16 per token
+  std::vector<std::string> b_codes;
+  for (size_t i = 0; i < a.data.size(); ++i) {
+    SCOPED_TRACE(i);
+    std::string f32 = Decoded(a, i, Dtype::kF32);
+    std::string want(T * (W / 2 + W / 16), '\0'), got(want.size(), '\0');
+    std::vector<float> want_scales(T), got_scales(T);
+    auto* wp = reinterpret_cast<uint8_t*>(want.data());
+    auto* gp = reinterpret_cast<uint8_t*>(got.data());
+    size_t bad;
+    ASSERT_TRUE(kvfile::codec::nvfp4::QuantizeRows(Dtype::kF32, f32.data(), T, W, wp, wp + T * W / 2,
+                                                   want_scales.data(), &bad));
+    ASSERT_TRUE(b->ReadCodes(static_cast<uint32_t>(i / 2), static_cast<uint32_t>(i % 2), 0, T, gp, gp + T * W / 2,
+                             got_scales.data())
+                    .ok());
+    EXPECT_TRUE(got == want);
+    EXPECT_EQ(got_scales, want_scales);
+    b_codes.push_back(got + std::string(reinterpret_cast<const char*>(got_scales.data()), T * 4));
+  }
+  CliRun info = Kvfile("info " + P("b.kv"));
+  ASSERT_EQ(info.exit_code, 0) << info.err;
+  EXPECT_NE(info.out.find("nvfp4"), std::string::npos) << info.out;
+  EXPECT_NE(info.out.find("2.2"), std::string::npos) << info.out;
+  // nvfp4 -> nvfp4 keeps every code; re-chunked, the stored data is the same.
+  ASSERT_EQ(Kvfile("convert " + P("b.kv") + " " + P("c.kv") + " --chunk-tokens 5").exit_code, 0);
+  std::unique_ptr<kvfile::Reader> c;
+  ASSERT_TRUE(kvfile::Reader::Open(P("c.kv"), {}, &c).ok());
+  for (size_t i = 0; i < b_codes.size(); ++i) {
+    std::string got(b_codes[i].size(), '\0');
+    auto* gp = reinterpret_cast<uint8_t*>(got.data());
+    ASSERT_TRUE(c->ReadCodes(static_cast<uint32_t>(i / 2), static_cast<uint32_t>(i % 2), 0, T, gp, gp + T * W / 2,
+                             reinterpret_cast<float*>(gp + T * (W / 2 + W / 16)))
+                    .ok());
+    EXPECT_TRUE(got == b_codes[i]) << i;
+  }
+  // nvfp4 -> e4m3: the decoded nvfp4 values quantized by the fp8 codec.
+  ASSERT_EQ(Kvfile("convert " + P("b.kv") + " " + P("d.kv") + " --dtype e4m3").exit_code, 0);
+  Snap d = TakeSnap(P("d.kv"));
+  for (size_t i = 0; i < d.data.size(); ++i) {
+    std::vector<float> f32(T * W);
+    ASSERT_TRUE(b->ReadRows(static_cast<uint32_t>(i / 2), static_cast<uint32_t>(i % 2), 0, T, Dtype::kF32,
+                            f32.data())
+                    .ok());
+    auto [codes, scales] = Quantized(Dtype::kE4M3, Dtype::kF32, f32.data(), T * 2, 16);
+    EXPECT_TRUE(d.data[i] == codes) << i;
+    EXPECT_EQ(d.scales[i], scales) << i;
+  }
+  // Export --codes: <stream>.codes U8, .block_scales F8_E4M3, .scales F32, per layer then token.
+  CliRun ex = Kvfile("convert " + P("b.kv") + " " + P("b.safetensors") + " --codes");
+  ASSERT_EQ(ex.exit_code, 0) << ex.err;
+  StFile st = ReadSt(P("b.safetensors"));
+  for (uint32_t s = 0; s < 2; ++s) {
+    const std::string name = s == 0 ? "k" : "v";
+    EXPECT_EQ(st.header.at(name + ".codes").at("dtype"), "U8");
+    EXPECT_EQ(st.header.at(name + ".codes").at("shape"), json({2, 70, 16}));
+    EXPECT_EQ(st.header.at(name + ".block_scales").at("dtype"), "F8_E4M3");
+    EXPECT_EQ(st.header.at(name + ".block_scales").at("shape"), json({2, 70, 2}));
+    EXPECT_EQ(st.header.at(name + ".scales").at("dtype"), "F32");
+    EXPECT_EQ(st.header.at(name + ".scales").at("shape"), json({2, 70}));
+    std::string codes, blocks, scales;
+    for (uint32_t l = 0; l < 2; ++l) {
+      const std::string& bc = b_codes[l * 2 + s];
+      codes += bc.substr(0, T * W / 2);
+      blocks += bc.substr(T * W / 2, T * W / 16);
+      scales += bc.substr(T * (W / 2 + W / 16));
+    }
+    EXPECT_TRUE(st.Tensor(name + ".codes") == codes) << name;
+    EXPECT_TRUE(st.Tensor(name + ".block_scales") == blocks) << name;
+    EXPECT_TRUE(st.Tensor(name + ".scales") == scales) << name;
+  }
+  // Export decodes to a raw dtype only.
+  CliRun bad = Kvfile("convert " + P("b.kv") + " " + P("x.safetensors") + " --dtype nvfp4");
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_EQ(bad.err, "kvfile: error: --dtype nvfp4: export decodes to bf16, f16 or f32; use --codes for codes\n");
+}
+
 TEST_F(CliVerbsTest, RechunkingPreservesEveryCodeAndDropsDeadTokens) {
   Synth("a.kv", "--preset dsa-mixed --tokens 50 --chunk-tokens 16");
   Snap a = TakeSnap(P("a.kv"));
@@ -555,7 +646,7 @@ TEST_F(CliVerbsTest, ConvertUsageErrors) {
   usage(P("a.kv") + " " + P("o.kv") + " --format v1 --keep-raw k", "--keep-raw applies to v2 output (v1 is all raw)");
   usage(P("a.kv") + " " + P("o.kv") + " --format v3", "");
   usage(P("a.kv") + " " + P("o.safetensors") + " --dtype e4m3",
-        "--dtype e4m3: export decodes to bf16, f16 or f32; use --codes for fp8 codes");
+        "--dtype e4m3: export decodes to bf16, f16 or f32; use --codes for codes");
   usage(P("a.kv") + " " + P("o.safetensors") + " --keep-raw k", "--keep-raw applies to .kv output");
   usage(P("a.kv") + " " + P("o.safetensors") + " --chunk-tokens 4", "--chunk-tokens applies to .kv output");
   usage(P("a.kv") + " " + P("o.kv") + " --dtype f8", "");

@@ -191,6 +191,8 @@ TEST(Dtype, NamesAndSizes) {
   EXPECT_STREQ(DtypeName(Dtype::kBF16), "bf16");
   EXPECT_STREQ(DtypeName(Dtype::kF16), "f16");
   EXPECT_STREQ(DtypeName(Dtype::kF32), "f32");
+  EXPECT_STREQ(DtypeName(Dtype::kNvfp4), "nvfp4");
+  EXPECT_STREQ(DtypeName(static_cast<Dtype>(7)), "invalid");
   EXPECT_EQ(ElementSize(Dtype::kE4M3), 1u);
   EXPECT_EQ(ElementSize(Dtype::kE5M2), 1u);
   EXPECT_EQ(ElementSize(Dtype::kBF16), 2u);
@@ -202,8 +204,16 @@ TEST(Dtype, NamesAndSizes) {
   EXPECT_EQ(static_cast<int>(Dtype::kBF16), 3);
   EXPECT_EQ(static_cast<int>(Dtype::kF16), 4);
   EXPECT_EQ(static_cast<int>(Dtype::kF32), 5);
+  EXPECT_EQ(static_cast<int>(Dtype::kNvfp4), 6);
   EXPECT_FALSE(IsValidDtype(0));
-  EXPECT_FALSE(IsValidDtype(6));
+  EXPECT_TRUE(IsValidDtype(6));
+  EXPECT_FALSE(IsValidDtype(7));
+  // Stored bytes of n elements: two nvfp4 codes share a byte.
+  EXPECT_EQ(CodeBytes(Dtype::kNvfp4, 1024), 512u);
+  EXPECT_EQ(CodeBytes(Dtype::kE4M3, 1024), 1024u);
+  EXPECT_EQ(CodeBytes(Dtype::kBF16, 1024), 2048u);
+  EXPECT_TRUE(IsQuantized(Dtype::kNvfp4) && IsNvfp4(Dtype::kNvfp4) && !IsFp8(Dtype::kNvfp4));
+  EXPECT_TRUE(IsQuantized(Dtype::kE5M2) && !IsQuantized(Dtype::kF32) && !IsNvfp4(Dtype::kE4M3));
 }
 
 // ---- file header ------------------------------------------------------------------
@@ -489,7 +499,7 @@ TEST(FileHeader, OtherFixedFields) {
 }
 
 TEST(FileHeader, InvalidStreamDescriptors) {
-  for (uint8_t dtype : {uint8_t{0}, uint8_t{6}, uint8_t{0xFF}}) {
+  for (uint8_t dtype : {uint8_t{0}, uint8_t{7}, uint8_t{0xFF}}) {
     HeaderBytes b = EncodeHeader(SampleHeader());
     b[Desc(1) + 32] = dtype;
     Reseal(b);
@@ -553,7 +563,8 @@ TEST(FileHeader, TheAppendEndsFlagIsKnownInV2Only) {
 }
 
 TEST(FileHeader, UnknownRequiredFlagsAreUnsupported) {
-  for (uint64_t flags : {uint64_t{2}, uint64_t{0x10}, uint64_t{3}, uint64_t{1} << 63, ~uint64_t{0}}) {
+  // Bit 1 (NVFP4) is known since 2.2: bits from 2 up are not.
+  for (uint64_t flags : {uint64_t{4}, uint64_t{0x10}, uint64_t{5}, uint64_t{7}, uint64_t{1} << 63, ~uint64_t{0}}) {
     HeaderBytes b = EncodeHeader(SampleHeader());
     StoreU64(b.data() + 16, flags);
     Reseal(b);
@@ -569,6 +580,43 @@ TEST(FileHeader, RequiredFlagsMessageShowsTheFlagsInHex) {
   Status st = DecodeHeader(b);
   EXPECT_TRUE(HasCode(st, Code::kUnsupported, "0x10")) << st.message();
   EXPECT_EQ(st.message().find("0x16"), std::string::npos) << st.message();
+}
+
+// A header with an nvfp4 stream (2.2): the NVFP4 flag (bit 1) is set
+// exactly when a stream is nvfp4; v1 has no nvfp4.
+FileHeader Nvfp4Header() {
+  FileHeader h = SampleHeader();
+  h.minor = kMinorNvfp4;
+  h.required_flags = kFlagAppendEnds | kFlagNvfp4;
+  h.geometry.streams[1].dtype = Dtype::kNvfp4;
+  return h;
+}
+
+TEST(FileHeader, Nvfp4StreamAndItsFlagGoTogether) {
+  EXPECT_EQ(kFlagNvfp4, 2u);
+  HeaderBytes b = EncodeHeader(Nvfp4Header());
+  EXPECT_EQ(b[Desc(1) + 32], 6);
+  EXPECT_EQ(LoadU64(b.data() + 16), 3u);
+  EXPECT_EQ(LoadU16(b.data() + 10), 2u);
+  FileHeader d;
+  ASSERT_TRUE(DecodeHeader(b, &d).ok());
+  EXPECT_EQ(d.geometry, Nvfp4Header().geometry);
+  EXPECT_EQ(d.required_flags, 3u);
+  // The stream without the flag, the flag without the stream: invalid.
+  HeaderBytes no_flag = b;
+  StoreU64(no_flag.data() + 16, kFlagAppendEnds);
+  Reseal(no_flag);
+  EXPECT_TRUE(HasCode(DecodeHeader(no_flag), Code::kCorruption, "nvfp4 stream without the NVFP4 required flag"));
+  HeaderBytes no_stream = b;
+  no_stream[Desc(1) + 32] = 2;
+  Reseal(no_stream);
+  EXPECT_TRUE(HasCode(DecodeHeader(no_stream), Code::kCorruption, "NVFP4 required flag without an nvfp4 stream"));
+  FileHeader v1 = Nvfp4Header();
+  v1.major = kMajorV1;
+  v1.minor = 0;
+  v1.required_flags = 0;
+  v1.geometry.streams[0].dtype = Dtype::kBF16;  // only "v" is not raw
+  EXPECT_TRUE(HasCode(ValidateFileHeader(v1), Code::kInvalidArgument, "stream 'v': v1 files store raw rows only"));
 }
 
 TEST(FileHeader, UnknownOptionalFlagsAreKept) {
@@ -1006,6 +1054,61 @@ TEST(ChunkLayout, LlamaFullChunkByHand) {
   EXPECT_EQ(g.PayloadBytesPerToken(), 32u * 2 * 8 * (128 + 4));
 }
 
+TEST(ChunkLayout, Nvfp4ByHand) {
+  // 1 layer, "k" 8 rows x 128 nvfp4: one nvfp4 row of 1024 elements per
+  // token. T = 3: head 64 + 8 + 12 + 8 = 92 -> 128. codes 3 * 512 = 1536
+  // at [128, 1664); block scales 3 * 64 = 192 at [1664, 1856); row scales
+  // 12 at [1856, 1868), padded to 1920; the chunk is one block.
+  Geometry g;
+  g.layers = 1;
+  g.streams = {{"k", 8, 128, Dtype::kNvfp4}};
+  ChunkLayout l;
+  ASSERT_TRUE(ComputeChunkLayout(g, 3, &l).ok());
+  const SectionLayout& s = l.sections[0];
+  EXPECT_EQ(s.offset, 128u);
+  EXPECT_EQ(s.data_bytes, 1536u);
+  EXPECT_EQ(s.block_scales_offset, 1664u);
+  EXPECT_EQ(s.block_scales_bytes, 192u);
+  EXPECT_EQ(s.scales_offset, 1856u);
+  EXPECT_EQ(s.scales_bytes, 12u);
+  EXPECT_EQ(s.end, 4096u);
+  EXPECT_EQ(l.chunk_bytes, 4096u);
+  // "v" 1 x 16 after it, T = 1: k's codes 512 [128, 640), blocks 64
+  // [640, 704), scale [704, 708) -> 768; v: codes 8 [768, 776), block 1 at
+  // 832, scale 4 at 896 -> 960.
+  g.streams.push_back({"v", 1, 16, Dtype::kNvfp4});
+  ASSERT_TRUE(ComputeChunkLayout(g, 1, &l).ok());
+  EXPECT_EQ(l.sections[0].end, 768u);
+  EXPECT_EQ(l.sections[1].data_bytes, 8u);
+  EXPECT_EQ(l.sections[1].block_scales_offset, 832u);
+  EXPECT_EQ(l.sections[1].block_scales_bytes, 1u);
+  EXPECT_EQ(l.sections[1].scales_offset, 896u);
+  EXPECT_EQ(l.sections[1].scales_bytes, 4u);
+  CheckLayoutInvariants(g, 1);
+  CheckLayoutInvariants(g, 3);
+}
+
+TEST(ChunkLayout, LlamaNvfp4IsUnder029OfBf16) {
+  // llama-3.1-8b, T = 256: a section is codes 256 * 512 = 131072, block
+  // scales 256 * 64 = 16384, row scales 1024: 148480 bytes, all aligned.
+  // 1664 + 64 * 148480 = 9504384 -> 2321 blocks = 9506816 bytes; in bf16
+  // 1664 + 64 * 524288 = 33555096 -> 8193 blocks = 33558528: 0.2833x.
+  Geometry g;
+  g.layers = 32;
+  g.streams = {{"k", 8, 128, Dtype::kNvfp4}, {"v", 8, 128, Dtype::kNvfp4}};
+  ChunkLayout l;
+  ASSERT_TRUE(ComputeChunkLayout(g, 256, &l).ok());
+  EXPECT_EQ(l.sections[0].end - l.sections[0].offset, 148480u);
+  EXPECT_EQ(l.chunk_bytes, 9506816u);
+  EXPECT_EQ(g.PayloadBytesPerToken(), 32u * 2 * (512 + 64 + 4));
+  Geometry bf16 = g;
+  for (StreamSpec& s : bf16.streams) s.dtype = Dtype::kBF16;
+  ChunkLayout lb;
+  ASSERT_TRUE(ComputeChunkLayout(bf16, 256, &lb).ok());
+  EXPECT_EQ(lb.chunk_bytes, 33558528u);
+  EXPECT_LE(static_cast<double>(l.chunk_bytes) / static_cast<double>(lb.chunk_bytes), 0.2833);
+}
+
 // Checks the invariants every layout must satisfy.
 void CheckLayoutInvariants(const Geometry& g, uint32_t t) {
   SCOPED_TRACE("tokens " + std::to_string(t));
@@ -1030,9 +1133,16 @@ void CheckLayoutInvariants(const Geometry& g, uint32_t t) {
       ASSERT_EQ(sec.offset, pos) << "layer " << layer << " stream " << s;  // contiguous
       ASSERT_EQ(sec.offset % 64, 0u);
       uint64_t rows = uint64_t{t} * spec.rows_per_token;
-      ASSERT_EQ(sec.data_bytes, rows * spec.row_width * ElementSize(spec.dtype));
+      ASSERT_EQ(sec.data_bytes, CodeBytes(spec.dtype, rows * spec.row_width));
       uint64_t data_end = sec.offset + sec.data_bytes;
-      if (IsFp8(spec.dtype)) {
+      if (IsNvfp4(spec.dtype)) {
+        ASSERT_EQ(sec.block_scales_bytes, rows * spec.row_width / 16);
+        ASSERT_EQ(sec.block_scales_offset, AlignUp(data_end, 64));
+        ASSERT_EQ(sec.scales_bytes, uint64_t{t} * 4);
+        ASSERT_EQ(sec.scales_offset, AlignUp(sec.block_scales_offset + sec.block_scales_bytes, 64));
+        data_end = sec.scales_offset + sec.scales_bytes;
+      } else if (IsFp8(spec.dtype)) {
+        ASSERT_EQ(sec.block_scales_bytes, 0u);
         ASSERT_EQ(sec.scales_bytes, rows * 4);
         ASSERT_EQ(sec.scales_offset % 64, 0u);
         ASSERT_GE(sec.scales_offset, data_end);
@@ -1042,7 +1152,7 @@ void CheckLayoutInvariants(const Geometry& g, uint32_t t) {
         ASSERT_EQ(sec.scales_bytes, 0u);
       }
       ASSERT_GE(sec.end, data_end);
-      payload += sec.data_bytes + sec.scales_bytes;
+      payload += sec.data_bytes + sec.block_scales_bytes + sec.scales_bytes;
       bool last = layer + 1 == g.layers && s + 1 == g.streams.size();
       if (last) {
         ASSERT_EQ(sec.end, l.chunk_bytes);
@@ -1074,6 +1184,11 @@ TEST(ChunkLayout, InvariantsOverGeometries) {
   odd.streams = {{"a", 3, 7, Dtype::kE4M3}, {"b", 1, 5, Dtype::kF16}, {"c", 2, 3, Dtype::kF32},
                  {"d", 1, 1, Dtype::kE5M2}};
   geoms.push_back(odd);
+  Geometry nv;  // nvfp4 next to fp8 and raw; 3 x 16 and 1 x 32 elements per token
+  nv.layers = 2;
+  nv.streams = {{"k", 3, 16, Dtype::kNvfp4}, {"v", 1, 32, Dtype::kNvfp4}, {"x", 2, 3, Dtype::kE4M3},
+                {"y", 1, 5, Dtype::kBF16}};
+  geoms.push_back(nv);
   for (const Geometry& g : geoms)
     for (uint32_t t : {1u, 2u, 3u, 7u, 37u, 64u, 255u, 256u}) CheckLayoutInvariants(g, t);
 }
@@ -1152,8 +1267,16 @@ TEST(Geometry, ValidateNamesTheProblem) {
   g = Tiny();
   g.streams[0].dtype = static_cast<Dtype>(0);
   check(g, "stream 'k' has an invalid dtype");
-  g.streams[0].dtype = static_cast<Dtype>(6);
+  g.streams[0].dtype = static_cast<Dtype>(7);
   check(g, "stream 'k' has an invalid dtype");
+  // nvfp4: rows x width must be a multiple of 16.
+  g = Tiny();
+  g.streams[1] = {"v", 3, 8, Dtype::kNvfp4};
+  check(g, "stream 'v': nvfp4 needs rows x width (24) to be a multiple of 16");
+  g.streams[1] = {"v", 3, 16, Dtype::kNvfp4};
+  EXPECT_TRUE(g.Validate().ok());
+  g.streams[1] = {"v", 2, 8, Dtype::kNvfp4};  // 16 elements per token: one block
+  EXPECT_TRUE(g.Validate().ok());
   g = Tiny();
   g.streams[1].rows_per_token = 0;
   check(g, "stream 'v': rows per token 0");

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Tests of the reader (src/reader.cc): expectations at open, reads of a
 // damaged section leave the buffer alone, LongestCommonPrefix, and ReadMany
-// against ReadRows over every range, target set and thread count.
+// against ReadRows over every range, target set and thread count; nvfp4
+// streams (format 2.2) written and read back at the level of codes and bytes.
 
 #include "support/kv_test_util.h"
 #include "testing_hooks.h"
@@ -408,6 +409,194 @@ TEST_F(ReadManyTest, CodesOfADamagedChunkFailNamingItAndZeroFill) {
   }
   CodeDestinations got(q_.g, Fp8Pairs(q_.g), 32);
   ASSERT_OK(r->ReadManyCodes(got.targets, 0, 32, 3));  // the chunks before it still read
+}
+
+// ---- nvfp4 streams (format 2.2) --------------------------------------------------------------
+
+// 10 tokens in chunks of 4 (4, 4, 2: the last chunk short), appends of 3.
+class Nvfp4FileTest : public KvFileTest {
+ protected:
+  static constexpr uint64_t kN = 10;
+  static constexpr size_t kW = Nvfp4Rows::kWidth;
+  Nvfp4FileTest() : rows_(kN) {}
+  Nvfp4Rows rows_;
+};
+
+TEST_F(Nvfp4FileTest, HeaderIs22WithTheFlag) {
+  ASSERT_NO_FATAL_FAILURE(WriteNvfp4(Path(), rows_, 4, 3, false));
+  std::unique_ptr<Reader> r;
+  ASSERT_OK(Reader::Open(Path(), {}, &r));
+  EXPECT_EQ(r->major_version(), 2);
+  EXPECT_EQ(r->minor_version(), 2);
+  EXPECT_EQ(r->required_flags(), 3u);  // APPEND_ENDS | NVFP4
+  EXPECT_EQ(r->geometry(), Nvfp4Geometry());
+  EXPECT_EQ(r->token_count(), kN);
+  Bytes f = ReadFileBytes(Path());
+  EXPECT_EQ(format::LoadU16(f.data() + 10), 2u);
+  EXPECT_EQ(format::LoadU64(f.data() + 16), 3u);
+  EXPECT_EQ(f[384 + 32], 6);  // stream "k": dtype byte 6
+}
+
+// The stored bytes of every chunk are exactly the codec's codes, block
+// scales and row scales of the rows given, at the places of FORMAT.md 5.2.
+TEST_F(Nvfp4FileTest, StoredBytesAreTheCodecsCodes) {
+  ASSERT_NO_FATAL_FAILURE(WriteNvfp4(Path(), rows_, 4, 3, false));
+  std::unique_ptr<Reader> r;
+  ASSERT_OK(Reader::Open(Path(), {}, &r));
+  Bytes f = ReadFileBytes(Path());
+  ASSERT_EQ(r->chunks().size(), 3u);
+  for (const ChunkInfo& c : r->chunks()) {
+    ChunkLayout l;
+    ASSERT_OK(ComputeChunkLayout(r->geometry(), c.stored_tokens, &l));
+    for (uint32_t layer = 0; layer < 2; ++layer) {
+      SCOPED_TRACE("chunk at " + std::to_string(c.offset) + " layer " + std::to_string(layer));
+      const format::SectionLayout& sec = l.section(layer, 0);
+      const uint8_t* p = f.data() + c.offset;
+      const uint64_t t0 = c.first_token, n = c.stored_tokens;
+      ASSERT_EQ(sec.data_bytes, n * kW / 2);
+      EXPECT_EQ(Bytes(p + sec.offset, p + sec.offset + sec.data_bytes),
+                Bytes(rows_.codes[layer].begin() + t0 * kW / 2, rows_.codes[layer].begin() + (t0 + n) * kW / 2));
+      EXPECT_EQ(Bytes(p + sec.block_scales_offset, p + sec.block_scales_offset + sec.block_scales_bytes),
+                Bytes(rows_.blocks[layer].begin() + t0 * kW / 16, rows_.blocks[layer].begin() + (t0 + n) * kW / 16));
+      EXPECT_EQ(std::memcmp(p + sec.scales_offset, rows_.scales[layer].data() + t0, n * 4), 0);
+    }
+  }
+}
+
+// Codes given pre-quantized give the same file, byte for byte, as the
+// rows they came from.
+TEST_F(Nvfp4FileTest, CodesGivenGiveTheSameFileAsRows) {
+  ASSERT_NO_FATAL_FAILURE(WriteNvfp4(Path("rows.kv"), rows_, 4, 3, false));
+  ASSERT_NO_FATAL_FAILURE(WriteNvfp4(Path("codes.kv"), rows_, 4, 3, true));
+  EXPECT_EQ(ReadFileBytes(Path("rows.kv")), ReadFileBytes(Path("codes.kv")));
+}
+
+TEST_F(Nvfp4FileTest, ReadCodesAndDecodedReadsEqualTheCodec) {
+  ASSERT_NO_FATAL_FAILURE(WriteNvfp4(Path(), rows_, 4, 3, false));
+  std::unique_ptr<Reader> r;
+  ASSERT_OK(Reader::Open(Path(), {}, &r));
+  for (uint32_t layer = 0; layer < 2; ++layer) {
+    for (auto [b, e] : std::vector<std::pair<uint64_t, uint64_t>>{{0, kN}, {3, 7}, {4, 8}, {9, 10}}) {
+      SCOPED_TRACE("layer " + std::to_string(layer) + " [" + std::to_string(b) + ", " + std::to_string(e) + ")");
+      const uint64_t n = e - b;
+      Bytes codes(n * kW / 2 + 1, kFill), blocks(n * kW / 16 + 1, kFill);
+      std::vector<float> scales(n + 1, -1.0f);
+      ASSERT_OK(r->ReadCodes(layer, 0, b, e, codes.data(), blocks.data(), scales.data()));
+      EXPECT_EQ(Bytes(codes.begin(), codes.end() - 1),
+                Bytes(rows_.codes[layer].begin() + b * kW / 2, rows_.codes[layer].begin() + e * kW / 2));
+      EXPECT_EQ(Bytes(blocks.begin(), blocks.end() - 1),
+                Bytes(rows_.blocks[layer].begin() + b * kW / 16, rows_.blocks[layer].begin() + e * kW / 16));
+      EXPECT_EQ(std::memcmp(scales.data(), rows_.scales[layer].data() + b, n * 4), 0);
+      EXPECT_EQ(codes.back(), kFill);  // nothing written past the end
+      EXPECT_EQ(blocks.back(), kFill);
+      EXPECT_EQ(scales.back(), -1.0f);
+      for (Dtype out : kOutDtypes) {
+        Bytes want(n * kW * ElementSize(out)), got(want.size() + 1, kFill);
+        codec::nvfp4::DequantizeRows(rows_.codes[layer].data() + b * kW / 2, rows_.blocks[layer].data() + b * kW / 16,
+                                     rows_.scales[layer].data() + b, n, kW, out, want.data());
+        ASSERT_OK(r->ReadRows(layer, 0, b, e, out, got.data()));
+        EXPECT_EQ(Bytes(got.begin(), got.end() - 1), want) << DtypeName(out);
+        Bytes many(want.size(), kFill);
+        RowsTarget t{layer, 0, many.data()};
+        ASSERT_OK(r->ReadMany(std::span<const RowsTarget>(&t, 1), b, e, out, 2));
+        EXPECT_EQ(many, want) << DtypeName(out);
+      }
+      Bytes mc(n * kW / 2, kFill), mb(n * kW / 16, kFill);
+      std::vector<float> ms(n, -1.0f);
+      CodesTarget ct{layer, 0, mc.data(), ms.data(), mb.data()};
+      ASSERT_OK(r->ReadManyCodes(std::span<const CodesTarget>(&ct, 1), b, e, 2));
+      EXPECT_EQ(mc, Bytes(codes.begin(), codes.end() - 1));
+      EXPECT_EQ(mb, Bytes(blocks.begin(), blocks.end() - 1));
+      EXPECT_EQ(std::memcmp(ms.data(), scales.data(), n * 4), 0);
+    }
+  }
+  // The raw stream beside it reads as written.
+  std::vector<uint16_t> v(kN * 8);
+  ASSERT_OK(r->ReadRows(1, 1, 0, kN, Dtype::kBF16, v.data()));
+  EXPECT_EQ(v, rows_.v[1]);
+}
+
+TEST_F(Nvfp4FileTest, WrongReadsAreRefusedAndLeaveBuffersAlone) {
+  ASSERT_NO_FATAL_FAILURE(WriteNvfp4(Path(), rows_, 4, 3, false));
+  std::unique_ptr<Reader> r;
+  ASSERT_OK(Reader::Open(Path(), {}, &r));
+  Bytes codes(kN * kW, kFill), blocks(kN * kW, kFill);
+  std::vector<float> scales(kN * 2, -1.0f);
+  EXPECT_TRUE(HasCode(r->ReadCodes(0, 0, 0, kN, codes.data(), scales.data()), Code::kInvalidArgument,
+                      {"stream 'k' is nvfp4; its codes come with block scales"}));
+  EXPECT_TRUE(HasCode(r->ReadCodes(0, 1, 0, kN, codes.data(), blocks.data(), scales.data()), Code::kInvalidArgument,
+                      {"stream 'v' is stored raw (bf16)"}));
+  EXPECT_TRUE(HasCode(r->ReadCodes(0, 0, 0, kN, codes.data(), nullptr, scales.data()), Code::kInvalidArgument));
+  EXPECT_TRUE(HasCode(r->ReadRows(0, 0, 0, kN, Dtype::kNvfp4, codes.data()), Code::kInvalidArgument,
+                      {"decoded reads produce bf16, f16 or f32"}));
+  CodesTarget no_blocks{0, 0, codes.data(), scales.data(), nullptr};
+  EXPECT_TRUE(HasCode(r->ReadManyCodes(std::span<const CodesTarget>(&no_blocks, 1), 0, kN), Code::kInvalidArgument,
+                      {"nvfp4 needs block_scales too"}));
+  EXPECT_EQ(codes, Bytes(kN * kW, kFill));
+  EXPECT_EQ(blocks, Bytes(kN * kW, kFill));
+  EXPECT_EQ(scales, std::vector<float>(kN * 2, -1.0f));
+}
+
+TEST_F(Nvfp4FileTest, CreateRefusesAWidthThatIsNotBlocks) {
+  Geometry g = Nvfp4Geometry();
+  g.streams[0] = {"k", 3, 8, Dtype::kNvfp4};
+  std::unique_ptr<Writer> w;
+  Status st = Writer::Create(Path(), g, kIdentity, Options(4), &w);
+  EXPECT_TRUE(HasCode(st, Code::kInvalidArgument, {"stream 'k': nvfp4 needs rows x width (24) to be a multiple of 16"}));
+  EXPECT_FALSE(std::filesystem::exists(Path()));
+  WriterOptions v1 = Options(4);
+  v1.format_major = 1;
+  EXPECT_TRUE(HasCode(Writer::Create(Path(), Nvfp4Geometry(), kIdentity, v1, &w), Code::kInvalidArgument,
+                      {"v1 files store raw rows only"}));
+}
+
+TEST_F(Nvfp4FileTest, BadRowsAndCodesFailTheAppendNamingTokenAndRow) {
+  std::unique_ptr<Writer> w;
+  ASSERT_OK(Writer::Create(Path(), Nvfp4Geometry(), kIdentity, Options(4), &w));
+  ASSERT_OK(w->Append(rows_.Batch(0, 4, false)));
+  // A NaN in layer 1, token 5 (of the sequence), element 20: row 1.
+  Nvfp4Rows bad = rows_;
+  bad.k[1][5 * kW + 20] = std::numeric_limits<float>::quiet_NaN();
+  // Found while staging (the append fits the chunk) and by the check
+  // before an append that spans chunks: the same place named.
+  EXPECT_TRUE(HasCode(w->Append(bad.Batch(4, 3, false)), Code::kNonFinite,
+                      {"non-finite value in layer 1, stream 'k', token 5, row 1"}));
+  EXPECT_TRUE(HasCode(w->Append(bad.Batch(4, 6, false)), Code::kNonFinite,
+                      {"non-finite value in layer 1, stream 'k', token 5, row 1"}));
+  bad = rows_;
+  bad.blocks[0][4 * kW / 16 + 1] = 0x80;  // bit 7
+  EXPECT_TRUE(HasCode(w->Append(bad.Batch(4, 3, true)), Code::kNonFinite,
+                      {"invalid block scale in layer 0, stream 'k', token 4"}));
+  bad.blocks[0][4 * kW / 16 + 1] = 0x7F;
+  EXPECT_TRUE(HasCode(w->Append(bad.Batch(4, 6, true)), Code::kNonFinite,
+                      {"invalid block scale in layer 0, stream 'k', token 4"}));
+  bad = rows_;
+  bad.scales[1][6] = 0.0f;
+  EXPECT_TRUE(HasCode(w->Append(bad.Batch(4, 3, true)), Code::kNonFinite, {"invalid scale in layer 1, stream 'k', token 6"}));
+  AppendBatch no_blocks = rows_.Batch(4, 3, true);
+  no_blocks.blocks[0].block_scales = nullptr;
+  EXPECT_TRUE(HasCode(w->Append(no_blocks), Code::kInvalidArgument, {"nvfp4 codes given without block scales"}));
+  AppendBatch fp8 = rows_.Batch(4, 3, true);
+  fp8.blocks[0].dtype = Dtype::kE4M3;
+  EXPECT_TRUE(HasCode(w->Append(fp8), Code::kInvalidArgument, {"codes are e4m3 but the stream stores nvfp4"}));
+  // Nothing of the failed appends was kept: the rest appends and the file
+  // equals one written in one go.
+  EXPECT_EQ(w->token_count(), 4u);
+  ASSERT_OK(w->Append(rows_.Batch(4, 6, false)));
+  ASSERT_OK(w->Close());
+  ASSERT_NO_FATAL_FAILURE(WriteNvfp4(Path("b.kv"), rows_, 4, 10, false));
+  std::unique_ptr<Reader> a, b;
+  ASSERT_OK(Reader::Open(Path(), {}, &a));
+  ASSERT_OK(Reader::Open(Path("b.kv"), {}, &b));
+  Bytes ca(kN * kW / 2), cb(ca.size()), ba(kN * 2), bb(ba.size());
+  std::vector<float> sa(kN), sb(kN);
+  for (uint32_t layer = 0; layer < 2; ++layer) {
+    ASSERT_OK(a->ReadCodes(layer, 0, 0, kN, ca.data(), ba.data(), sa.data()));
+    ASSERT_OK(b->ReadCodes(layer, 0, 0, kN, cb.data(), bb.data(), sb.data()));
+    EXPECT_EQ(ca, cb);
+    EXPECT_EQ(ba, bb);
+    EXPECT_EQ(sa, sb);
+  }
 }
 
 }  // namespace

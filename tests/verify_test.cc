@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Tests of VerifyFile (src/verify.cc) with worker threads: a clean file,
-// and findings in chunk order whatever the thread count.
+// and findings in chunk order whatever the thread count; the checks of
+// nvfp4 sections (block scales and row scales under a valid checksum).
 
 #include "support/kv_test_util.h"
 
@@ -103,6 +104,69 @@ TEST_F(VerifyThreadsTest, FindingsAreTheSameInChunkOrderWhateverTheThreadCount) 
   for (unsigned threads : {1u, 2u, 4u}) {
     VerifyReport rep = Verify(Path(), threads, /*quick=*/true);
     ASSERT_EQ(Describe(rep.findings), Describe({one.findings[3]})) << "threads " << threads;
+  }
+}
+
+// ---- nvfp4 sections ----------------------------------------------------------------------------
+
+// An nvfp4 file (10 tokens, chunks of 4) with one stored byte of chunk 1
+// replaced and its checksums recomputed: verify names the section and the
+// token, and the read of that section fails.
+class VerifyNvfp4Test : public KvFileTest {
+ protected:
+  void WriteAndDamage(bool block_scale, uint64_t index_in_section, const void* bytes, size_t n) {
+    ASSERT_NO_FATAL_FAILURE(WriteNvfp4(Path(), Nvfp4Rows(10), 4, 10, false));
+    std::unique_ptr<Reader> r;
+    ASSERT_OK(Reader::Open(Path(), {}, &r));
+    ASSERT_EQ(r->chunks().size(), 3u);
+    ASSERT_OK(ComputeChunkLayout(r->geometry(), 4, &layout_));
+    offset_ = r->chunks()[1].offset;
+    const format::SectionLayout& sec = layout_.section(1, 0);  // layer 1, stream 'k'
+    PokeBytes(Path(), offset_ + (block_scale ? sec.block_scales_offset : sec.scales_offset) + index_in_section,
+              bytes, n);
+    Reseal(Path(), offset_, layout_);
+  }
+  void ExpectFinding(const std::string& what) {
+    VerifyReport rep = Verify(Path(), 1);
+    ASSERT_EQ(rep.findings.size(), 1u) << Describe(rep.findings);
+    EXPECT_TRUE(rep.findings[0].error);
+    EXPECT_EQ(rep.findings[0].chunk, 1);
+    EXPECT_EQ(rep.findings[0].message,
+              "chunk 1 at offset " + std::to_string(offset_) + ": layer 1 stream 'k': " + what);
+    std::unique_ptr<Reader> r;
+    ASSERT_OK(Reader::Open(Path(), {}, &r));
+    std::vector<float> rows(10 * 32, 7.0f);
+    EXPECT_TRUE(HasCode(r->ReadRows(1, 0, 0, 10, Dtype::kF32, rows.data()), Code::kCorruption, {what}));
+    EXPECT_EQ(rows, std::vector<float>(10 * 32, 7.0f));
+    ASSERT_OK(r->ReadRows(0, 0, 0, 10, Dtype::kF32, rows.data()));  // the other layer reads
+  }
+  ChunkLayout layout_;
+  uint64_t offset_ = 0;
+};
+
+TEST_F(VerifyNvfp4Test, CleanFileHasNoFindings) {
+  ASSERT_NO_FATAL_FAILURE(WriteNvfp4(Path(), Nvfp4Rows(10), 4, 3, false));
+  EXPECT_EQ(Verify(Path(), 2).findings.size(), 0u);
+}
+
+TEST_F(VerifyNvfp4Test, BlockScaleWithBit7Set) {
+  const uint8_t b = 0x81;
+  ASSERT_NO_FATAL_FAILURE(WriteAndDamage(true, 2 * 2 + 1, &b, 1));  // token 4 + 2, its second block
+  ExpectFinding("invalid block scale at token 6");
+}
+
+TEST_F(VerifyNvfp4Test, BlockScaleNaN) {
+  const uint8_t b = 0x7F;
+  ASSERT_NO_FATAL_FAILURE(WriteAndDamage(true, 3 * 2, &b, 1));  // token 7, first block
+  ExpectFinding("invalid block scale at token 7");
+}
+
+TEST_F(VerifyNvfp4Test, RowScaleZeroOrSubnormal) {
+  for (float bad : {0.0f, 1e-40f, -1.0f, std::numeric_limits<float>::infinity()}) {
+    SCOPED_TRACE(bad);
+    ASSERT_NO_FATAL_FAILURE(WriteAndDamage(false, 1 * 4, &bad, 4));  // token 5
+    ExpectFinding("invalid scale at token 5");
+    std::filesystem::remove(Path());
   }
 }
 

@@ -148,6 +148,7 @@ class PyReader {
     const Geometry g = GetGeometry();
     const Selection sel = Select(g, stream, layer, start, stop);
     const StreamSpec& spec = g.streams[sel.stream];
+    if (spec.dtype == Dtype::kNvfp4) return Nvfp4Codes(spec, sel);
     py::array_t<uint8_t> codes(sel.Shape({spec.rows_per_token, spec.row_width}));
     py::array_t<float> scales(sel.Shape({spec.rows_per_token}));
     uint8_t* code_dst = codes.mutable_data();
@@ -161,6 +162,28 @@ class PyReader {
       return Status::OK();
     });
     return py::make_tuple(codes, scales);
+  }
+
+  // An nvfp4 stream's (codes, block_scales, scales): per token, uint8
+  // packed codes [rows*width/2] (low nibble first), uint8 E4M3 block scale
+  // codes [rows*width/16] and one float32 row scale.
+  py::tuple Nvfp4Codes(const StreamSpec& spec, const Selection& sel) {
+    const py::ssize_t n = static_cast<py::ssize_t>(spec.ElementsPerToken());
+    py::array_t<uint8_t> codes(sel.Shape({n / 2}));
+    py::array_t<uint8_t> blocks(sel.Shape({n / 16}));
+    py::array_t<float> scales(sel.Shape({}));
+    const uint64_t tokens = sel.end - sel.begin;
+    uint8_t* code_dst = codes.mutable_data();
+    uint8_t* block_dst = blocks.mutable_data();
+    float* scale_dst = scales.mutable_data();
+    guarded_.Run([&](Reader& r) -> Status {
+      for (uint32_t i = 0; i < sel.layer_count; ++i)
+        KVFILE_RETURN_IF_ERROR(r.ReadCodes(sel.first_layer + i, sel.stream, sel.begin, sel.end,
+                                           code_dst + i * tokens * (n / 2), block_dst + i * tokens * (n / 16),
+                                           scale_dst + i * tokens));
+      return Status::OK();
+    });
+    return py::make_tuple(codes, blocks, scales);
   }
 
   BulkSelection SelectBulk(const Geometry& g, py::handle streams, py::handle layers, uint64_t start,
@@ -341,7 +364,9 @@ void BindReader(py::module_& m) {
            py::arg("start") = 0, py::arg("stop") = py::none(), py::arg("v1_as") = "e4m3",
            "(codes, scales) of an fp8 stream: uint8 codes shaped like read()'s rows, float32 "
            "scales [..., tokens, rows_per_token]. In a v1 file the rows are quantized on the fly "
-           "as v1_as (\"e4m3\" or \"e5m2\"), the codes an upgrade would store.")
+           "as v1_as (\"e4m3\" or \"e5m2\"), the codes an upgrade would store. Of an nvfp4 stream: "
+           "(codes, block_scales, scales), uint8 packed codes [..., tokens, rows*width/2] (low nibble "
+           "first), uint8 E4M3 block scale codes [..., tokens, rows*width/16], float32 [..., tokens].")
       .def("read_all", &PyReader::ReadAll, py::arg("dtype") = py::module_::import("numpy").attr("float32"),
            py::arg("start") = 0, py::arg("stop") = py::none(), py::arg("threads") = 0, py::arg("out") = py::none(),
            py::arg("streams") = py::none(), py::arg("layers") = py::none(),

@@ -66,6 +66,14 @@ Status ReadEverything(Reader& reader) {
             return reader.ReadCodes(layer, s, 0, n, dst, reinterpret_cast<float*>(sc));
           });
         }));
+      } else if (IsNvfp4(spec.dtype)) {
+        // Codes, then block scales, in one buffer; one row scale per token.
+        std::vector<uint8_t>* scales_buffer = &scales;
+        keep_first(ReadChecked("ReadCodes (nvfp4)", &codes, n * (per_token / 2 + per_token / 16), [&](uint8_t* dst) {
+          return ReadChecked("ReadCodes (nvfp4 scales)", scales_buffer, n * 4, [&](uint8_t* sc) {
+            return reader.ReadCodes(layer, s, 0, n, dst, dst + n * per_token / 2, reinterpret_cast<float*>(sc));
+          });
+        }));
       }
       const uint64_t begin = n / 3, end = n - n / 3;
       const Dtype half = (layer + s) % 2 == 0 ? Dtype::kBF16 : Dtype::kF16;

@@ -4,7 +4,7 @@
 # the kvfile CLI of a normal build: `tests/fuzz/make_seed_corpus.sh BUILD_DIR`.
 # The seeds are small on purpose (libFuzzer's default input length is the
 # largest seed's): the two fixtures, several chunks, a rewound file, a torn
-# tail, e5m2, a raw stream, the dsa-mixed preset, v1 files for the upgrade,
+# tail, e5m2, a raw stream, the dsa-mixed preset, nvfp4 (2.2), v1 files for the upgrade,
 # and safetensors files of values and of codes for the importer.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -20,6 +20,7 @@ head -c $(( $(stat -c %s "$TMP/chunks.kv") - 3000 )) "$TMP/chunks.kv" >"$TMP/tor
 k synth "$TMP/e5m2.kv" --preset tiny --tokens 5 --chunk-tokens 3 --dtype e5m2 --seed 2
 k convert "$TMP/chunks.kv" "$TMP/raw_v.kv" --keep-raw v --chunk-tokens 8
 k synth "$TMP/dsa.kv" --preset dsa-mixed --tokens 1 --seed 3
+k convert "$TMP/chunks.kv" "$TMP/nvfp4.kv" --dtype nvfp4 --chunk-tokens 8
 k convert "$TMP/chunks.kv" "$TMP/v1_bf16.kv" --format v1 --chunk-tokens 6
 k convert "$TMP/e5m2.kv" "$TMP/v1_f32.kv" --format v1 --dtype f32
 k convert "$TMP/e5m2.kv" "$TMP/values.safetensors"
@@ -33,7 +34,7 @@ for t in read verify upgrade; do
     "$ROOT/tests/fixtures/example_v2_0.kv" "$CORPUS/$t/"
 done
 for t in read verify; do
-  cp "$TMP"/{chunks,rewound,torn,e5m2,raw_v,dsa,v1_bf16,v1_f32}.kv "$CORPUS/$t/"
+  cp "$TMP"/{chunks,rewound,torn,e5m2,raw_v,dsa,v1_bf16,v1_f32,nvfp4}.kv "$CORPUS/$t/"
 done
 cp "$TMP"/{v1_bf16,v1_f32,rewound,torn}.kv "$CORPUS/upgrade/"
 cp "$TMP"/*.safetensors "$CORPUS/safetensors/"

@@ -573,3 +573,35 @@ def test_example_runs_and_prints_what_the_docs_show(tmp_path):
     assert out.returncode == 0, out.stderr
     for doc in ("docs/api.md", "README.md"):
         assert out.stdout == doc_block(doc, "<!-- output: src/python/examples/example.py -->", "")
+
+
+def test_nvfp4_stream_codes_and_decoded_rows(tmp_path):
+    """An nvfp4 stream (format 2.2): token 0 is the worked example of
+    spec/CODEC.md 14.7, whose codes and scales are known; every decoded value
+    is DEC(code) * (DEC_e4m3(block scale) * row scale), computed here."""
+    path = str(tmp_path / "nv.kv")
+    geometry = {"layers": 1, "streams": [{"name": "k", "rows_per_token": 2, "row_width": 16, "dtype": "nvfp4"}]}
+    rng = np.random.default_rng(5)
+    x = rows(rng, 1, 5, 2, 16)
+    x[0, 0] = 0.0
+    x[0, 0, 0, :4] = [12.0, -6.0, 1.0, -0.0]
+    x[0, 0, 1, :3] = [0.75, -0.375, 0.1]
+    with kvfile.create(path, geometry, chunk_tokens=2) as w:
+        w.append([1, 2, 3, 4, 5], {"k": x})
+    with kvfile.open(path) as r:
+        assert r.info()["version"] == "2.2"
+        codes, blocks, scales = r.codes("k", layer=0)
+        assert codes.shape == (5, 16) and codes.dtype == np.uint8
+        assert blocks.shape == (5, 2) and blocks.dtype == np.uint8
+        assert scales.shape == (5,) and scales.dtype == np.float32
+        assert list(codes[0, :2]) == [0xD7, 0x81]
+        assert list(blocks[0]) == [0x7E, 0x5E]
+        assert scales[0] == np.float32(12.0) / np.float32(2688.0)
+        all_codes, _, _ = r.codes("k")
+        assert all_codes.shape == (1, 5, 16)
+        got = r.read("k", layer=0)
+    nibbles = np.stack([codes & 15, codes >> 4], axis=-1).reshape(5, 32).astype(np.int64)
+    e2m1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], dtype=np.float32)
+    divisor = (fp8_decode(blocks, "e4m3") * scales[:, None]).astype(np.float32)  # [5, 2], f32 product
+    want = (e2m1[nibbles] * np.repeat(divisor, 16, axis=1)).astype(np.float32)
+    assert np.array_equal(got.reshape(5, 32).view(np.uint32), want.view(np.uint32))

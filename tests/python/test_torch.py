@@ -137,3 +137,25 @@ def test_transformers_generation_resumes_from_a_file(tmp_path):
     print(done.stdout)
     lines = dict(line.split(": ", 1) for line in done.stdout.splitlines() if ": " in line)
     assert lines["bf16"].startswith("identical tokens and logits"), done.stdout
+
+
+NVFP4_GEOMETRY = {"layers": 2, "streams": [
+    {"name": "k", "rows_per_token": 2, "row_width": 32, "dtype": "nvfp4"},
+    {"name": "v", "rows_per_token": 2, "row_width": 32, "dtype": "e4m3"},
+]}
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=cuda)])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_load_of_nvfp4_streams_is_the_library_decode(tmp_path, dtype, device):
+    # nvfp4 streams are dequantized on the host (on CUDA too), then moved.
+    rng = np.random.default_rng(3)
+    data = {s["name"]: rng.standard_normal((2, 40, 2, 32)).astype(np.float32) for s in NVFP4_GEOMETRY["streams"]}
+    with kvfile.create(tmp_path / "n.kv", NVFP4_GEOMETRY, chunk_tokens=16) as w:
+        w.append(np.arange(40), data)
+    got = kvtorch.load(tmp_path / "n.kv", device=device, dtype=dtype)
+    with kvfile.open(tmp_path / "n.kv") as r:
+        want = r.read_all(dtype=NUMPY_NAME[dtype])
+    for name, a in want.items():
+        assert got[name].dtype == dtype and tuple(got[name].shape) == a.shape
+        assert as_bits(got[name]) == a.tobytes()

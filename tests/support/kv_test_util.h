@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "codec/nvfp4.h"
 #include "kvfile/codec.h"
 #include "format/chunk_layout.h"
 #include "format/endian.h"
@@ -573,6 +574,78 @@ inline void DamageSection(const std::string& path, const Reader& r, size_t chunk
   ASSERT_OK(ComputeChunkLayout(r.geometry(), c.stored_tokens, &layout));
   ASSERT_LT(byte, layout.section(layer, stream).data_bytes);
   XorByte(path, c.offset + layout.section(layer, stream).offset + byte, 0x20);
+}
+
+// ---- nvfp4 streams (format 2.2) ----------------------------------------------------
+
+// Two layers: "k" 2 x 16 nvfp4 (one nvfp4 row of 32 elements per token),
+// "v" 1 x 8 bf16 beside it.
+inline Geometry Nvfp4Geometry() {
+  Geometry g;
+  g.layers = 2;
+  g.streams = {{"k", 2, 16, Dtype::kNvfp4}, {"v", 1, 8, Dtype::kBF16}};
+  return g;
+}
+
+// Rows for an Nvfp4Geometry file of n tokens: f32 rows of "k" (magnitudes
+// over several octaves, token 1 all zero), bf16 rows of "v", and the codes,
+// block scales and row scales the codec gives for "k".
+struct Nvfp4Rows {
+  static constexpr size_t kWidth = 32;  // elements of "k" per token
+  std::vector<uint32_t> tokens;
+  std::vector<std::vector<float>> k;      // per layer, [n][32]
+  std::vector<std::vector<uint16_t>> v;   // per layer, [n][8]
+  std::vector<Bytes> codes, blocks;       // per layer, [n][16] and [n][2]
+  std::vector<std::vector<float>> scales;  // per layer, [n]
+
+  explicit Nvfp4Rows(uint64_t n, uint64_t seed = 7) {
+    for (uint64_t t = 0; t < n; ++t) tokens.push_back(static_cast<uint32_t>(500 + t));
+    for (uint32_t l = 0; l < 2; ++l) {
+      std::vector<float> kl(n * kWidth);
+      std::vector<uint16_t> vl(n * 8);
+      for (size_t i = 0; i < kl.size(); ++i) {
+        uint64_t r = SplitMix(seed);
+        float mag = std::ldexp(static_cast<float>(r % 1000) / 1000.0f, static_cast<int>((r >> 10) % 12) - 6);
+        kl[i] = i / kWidth == 1 ? 0.0f : ((r >> 20) & 1) ? -mag : mag;
+      }
+      for (size_t i = 0; i < vl.size(); ++i) vl[i] = static_cast<uint16_t>(0x3f00 + SplitMix(seed) % 200);
+      Bytes c(n * kWidth / 2), b(n * kWidth / 16);
+      std::vector<float> sc(n);
+      size_t bad = 0;
+      EXPECT_TRUE(codec::nvfp4::QuantizeRows(Dtype::kF32, kl.data(), n, kWidth, c.data(), b.data(), sc.data(),
+                                             &bad));
+      k.push_back(std::move(kl));
+      v.push_back(std::move(vl));
+      codes.push_back(std::move(c));
+      blocks.push_back(std::move(b));
+      scales.push_back(std::move(sc));
+    }
+  }
+  // Tokens [from, from + count): "k" as f32 rows, or as its codes.
+  AppendBatch Batch(uint64_t from, uint64_t count, bool as_codes) const {
+    AppendBatch b;
+    b.tokens = std::span<const uint32_t>(tokens).subspan(from, count);
+    for (uint32_t l = 0; l < 2; ++l) {
+      if (as_codes)
+        b.blocks.push_back({Dtype::kNvfp4, codes[l].data() + from * kWidth / 2, scales[l].data() + from,
+                            blocks[l].data() + from * kWidth / 16});
+      else
+        b.blocks.push_back({Dtype::kF32, k[l].data() + from * kWidth, nullptr});
+      b.blocks.push_back({Dtype::kBF16, v[l].data() + from * 8, nullptr});
+    }
+    return b;
+  }
+};
+
+// Writes an Nvfp4Geometry file of rows.tokens in appends of `append`
+// tokens, chunks of `chunk`.
+inline void WriteNvfp4(const std::string& path, const Nvfp4Rows& rows, uint32_t chunk, uint64_t append,
+                       bool as_codes) {
+  std::unique_ptr<Writer> w;
+  ASSERT_OK(Writer::Create(path, Nvfp4Geometry(), kIdentity, Options(chunk), &w));
+  for (uint64_t t = 0; t < rows.tokens.size(); t += append)
+    ASSERT_OK(w->Append(rows.Batch(t, std::min<uint64_t>(append, rows.tokens.size() - t), as_codes)));
+  ASSERT_OK(w->Close());
 }
 
 }  // namespace kvfile::test

@@ -33,6 +33,32 @@ std::vector<float> MakeRows(SplitMix& rng, uint64_t n) {
   return v;
 }
 
+// What a read of one stream's stored data returns per token: codes (or raw
+// rows), and scales (fp8: one per row; nvfp4: per token its row scale, then
+// its block scales, so that the bytes of a prefix of the tokens are a prefix
+// of the bytes).
+uint64_t ValueBytesPerToken(const StreamSpec& s) { return CodeBytes(s.dtype, s.ElementsPerToken()); }
+uint64_t ScaleBytesPerToken(const StreamSpec& s) {
+  return IsNvfp4(s.dtype) ? 4 + s.ElementsPerToken() / 16 : IsFp8(s.dtype) ? uint64_t{s.rows_per_token} * 4 : 0;
+}
+Status ReadStored(Reader& r, uint32_t l, uint32_t s, uint64_t n, uint8_t* values, uint8_t* scales) {
+  const StreamSpec& spec = r.geometry().streams[s];
+  if (IsNvfp4(spec.dtype)) {
+    // Read apart, then laid out per token; the sentinel shows through where
+    // a failed read left the destinations alone.
+    const uint64_t blocks = spec.ElementsPerToken() / 16;
+    std::vector<uint8_t> block_scales(n * blocks, kSentinel), row_scales(n * 4, kSentinel);
+    Status st = r.ReadCodes(l, s, 0, n, values, block_scales.data(), reinterpret_cast<float*>(row_scales.data()));
+    for (uint64_t t = 0; t < n; ++t) {
+      std::memcpy(scales + t * (4 + blocks), &row_scales[t * 4], 4);
+      std::memcpy(scales + t * (4 + blocks) + 4, &block_scales[t * blocks], blocks);
+    }
+    return st;
+  }
+  if (IsFp8(spec.dtype)) return r.ReadCodes(l, s, 0, n, values, reinterpret_cast<float*>(scales));
+  return r.ReadRows(l, s, 0, n, spec.dtype, values);
+}
+
 }  // namespace
 
 Geometry ShrunkPreset(const std::string& preset, uint16_t major) {
@@ -131,16 +157,11 @@ Status BuildFixture(const FixtureSpec& spec, SweepFixture* out) {
     for (uint32_t s = 0; s < stream_count; ++s) {
       const StreamSpec& spec_s = g.streams[s];
       StreamData d;
-      d.value_bytes_per_token = spec_s.ElementsPerToken() * ElementSize(spec_s.dtype);
+      d.value_bytes_per_token = ValueBytesPerToken(spec_s);
       d.values.resize(n * d.value_bytes_per_token);
-      if (IsFp8(spec_s.dtype)) {
-        d.scale_bytes_per_token = uint64_t{spec_s.rows_per_token} * 4;
-        d.scales.resize(n * d.scale_bytes_per_token);
-        KVFILE_RETURN_IF_ERROR(
-            r->ReadCodes(l, s, 0, n, d.values.data(), reinterpret_cast<float*>(d.scales.data())));
-      } else {
-        KVFILE_RETURN_IF_ERROR(r->ReadRows(l, s, 0, n, spec_s.dtype, d.values.data()));
-      }
+      d.scale_bytes_per_token = ScaleBytesPerToken(spec_s);
+      d.scales.resize(n * d.scale_bytes_per_token);
+      KVFILE_RETURN_IF_ERROR(ReadStored(*r, l, s, n, d.values.data(), d.scales.data()));
       f.streams.push_back(std::move(d));
     }
   }
@@ -169,6 +190,13 @@ const std::vector<SweepFixture>& SweepFixtures(bool committed, bool twin) {
     specs.push_back({v + "block-crossing", major, wide, 12, 20});
     for (const std::string& preset : PresetNames())
       if (preset != "tiny") specs.push_back({v + preset, major, ShrunkPreset(preset, major), 4, 6});
+    if (major == 2) {
+      // nvfp4 (2.2) beside fp8: two chunks, the second short.
+      Geometry nv;
+      nv.layers = 2;
+      nv.streams = {{"k", 2, 16, Dtype::kNvfp4}, {"v", 1, 32, Dtype::kE4M3}};
+      specs.push_back({v + "nvfp4", major, nv, 4, 6});
+    }
     for (FixtureSpec& s : specs) {
       s.committed = committed;
       s.name += committed ? "-closed" : "-unsynced";
@@ -192,7 +220,7 @@ const std::vector<SweepFixture>& SweepFixtures(bool committed, bool twin) {
 
 bool InQuickSet(const SweepFixture& f) {
   return f.name.starts_with("v2-one-chunk") || f.name.starts_with("v1-one-chunk") ||
-         f.name.starts_with("v2-dsa-mixed");
+         f.name.starts_with("v2-dsa-mixed") || f.name.starts_with("v2-nvfp4");
 }
 
 unsigned SweepSample() {
@@ -228,8 +256,8 @@ ReadCheck ReadAndCompare(FileSystem& fs, const std::string& path, const SweepFix
   for (uint32_t l = 0; l < g.layers; ++l) {
     for (uint32_t s = 0; s < stream_count; ++s) {
       const StreamSpec& spec = g.streams[s];
-      const uint64_t value_bytes = n * spec.ElementsPerToken() * ElementSize(spec.dtype);
-      const uint64_t scale_bytes = IsFp8(spec.dtype) ? n * spec.rows_per_token * 4 : 0;
+      const uint64_t value_bytes = n * ValueBytesPerToken(spec);
+      const uint64_t scale_bytes = n * ScaleBytesPerToken(spec);
       std::string where = "layer " + std::to_string(l) + " stream '" + spec.name + "'";
       // Every row the reader vouches for is backed by bytes of the file.
       if (value_bytes + scale_bytes > r->tail().file_size) {
@@ -238,9 +266,7 @@ ReadCheck ReadAndCompare(FileSystem& fs, const std::string& path, const SweepFix
       }
       values.assign(value_bytes, kSentinel);
       scales.assign(scale_bytes, kSentinel);
-      Status st = IsFp8(spec.dtype)
-                      ? r->ReadCodes(l, s, 0, n, values.data(), reinterpret_cast<float*>(scales.data()))
-                      : r->ReadRows(l, s, 0, n, spec.dtype, values.data());
+      Status st = ReadStored(*r, l, s, n, values.data(), scales.data());
       out.read_ok.push_back(st.ok());
       if (!st.ok()) {
         ++out.failed_reads;

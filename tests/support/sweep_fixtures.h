@@ -21,8 +21,9 @@
 namespace kvfile::testing {
 
 // The bytes a read of (layer, stream) returns, per token: for fp8 streams
-// ReadCodes' codes and scales, for raw streams ReadRows in the stored dtype
-// (bit-exact, no conversion).
+// ReadCodes' codes and scales, for nvfp4 streams its codes and, as
+// `scales`, the row scales then the block scales, for raw streams ReadRows
+// in the stored dtype (bit-exact, no conversion).
 struct StreamData {
   uint64_t value_bytes_per_token = 0;  // codes or raw rows
   uint64_t scale_bytes_per_token = 0;  // 0 for raw streams
@@ -91,7 +92,8 @@ Geometry ShrunkPreset(const std::string& preset, uint16_t major);
 const std::vector<SweepFixture>& SweepFixtures(bool committed, bool twin = false);
 
 // The fixtures the quick sweeps (label unit, also run under sanitizers)
-// cover: one chunk (v1 and v2) and the mixed-kind preset dsa-mixed (v2).
+// cover: one chunk (v1 and v2), the mixed-kind preset dsa-mixed (v2) and the
+// nvfp4 file (2.2).
 // The full sweeps (label long) cover the others.
 bool InQuickSet(const SweepFixture& f);
 

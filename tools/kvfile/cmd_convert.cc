@@ -97,20 +97,21 @@ Dtype ParseDtype(const std::string& s) {
   if (s == "bf16") return Dtype::kBF16;
   if (s == "f16") return Dtype::kF16;
   if (s == "f32") return Dtype::kF32;
+  if (s == "nvfp4") return Dtype::kNvfp4;
   return Dtype::kE4M3;
 }
 
 // The stored dtype of a stream whose values are stored as `have` (a raw
-// stream, or an fp8 stream's codes):
+// stream, or an fp8 or nvfp4 stream's codes):
 // - --keep-raw: a raw --dtype, else a raw stream's own dtype, else bf16;
-// - --dtype e4m3/e5m2: fp8 streams take it, raw streams stay as they are;
+// - --dtype e4m3/e5m2/nvfp4: quantized streams take it, raw streams stay as they are;
 // - --dtype bf16/f16/f32: every stream takes it;
 // - no --dtype: unchanged.
 Dtype TargetDtype(const std::string& name, Dtype have, const Plan& p) {
-  bool raw_dtype = p.dtype && !IsFp8(*p.dtype);
-  if (p.keep_raw.count(name)) return raw_dtype ? *p.dtype : IsFp8(have) ? Dtype::kBF16 : have;
+  bool raw_dtype = p.dtype && !IsQuantized(*p.dtype);
+  if (p.keep_raw.count(name)) return raw_dtype ? *p.dtype : IsQuantized(have) ? Dtype::kBF16 : have;
   if (!p.dtype) return have;
-  if (IsFp8(*p.dtype)) return IsFp8(have) ? *p.dtype : have;
+  if (IsQuantized(*p.dtype)) return IsQuantized(have) ? *p.dtype : have;
   return *p.dtype;
 }
 
@@ -188,8 +189,8 @@ Status KvToKv(const std::string& in, const std::string& tmp, const Plan& p, std:
     if (p.major == 1) {
       // v1 stores raw rows only: fp8 streams are decoded (bf16 unless a raw
       // --dtype is given), raw streams keep their dtype.
-      s.dtype = p.dtype ? *p.dtype : IsFp8(s.dtype) ? Dtype::kBF16 : s.dtype;
-    } else if (r->major_version() == 1 && !p.keep_raw.count(s.name) && (!p.dtype || IsFp8(*p.dtype))) {
+      s.dtype = p.dtype ? *p.dtype : IsQuantized(s.dtype) ? Dtype::kBF16 : s.dtype;
+    } else if (r->major_version() == 1 && !p.keep_raw.count(s.name) && (!p.dtype || IsQuantized(*p.dtype))) {
       // v1 -> v2 quantizes, as the upgrade does (e4m3 unless --dtype).
       s.dtype = p.dtype.value_or(Dtype::kE4M3);
     } else {
@@ -221,15 +222,22 @@ Status KvToKv(const std::string& in, const std::string& tmp, const Plan& p, std:
         size_t i = l * S + s;
         uint64_t rows = n * si.rows_per_token;
         uint64_t elems = rows * si.row_width;
-        if (IsFp8(si.dtype) && si.dtype == to) {
+        if (IsNvfp4(si.dtype) && si.dtype == to) {
+          // nvfp4 to nvfp4: codes, block scales (after them) and row scales copied exactly.
+          data[i].resize(elems / 2 + elems / 16);
+          scales[i].resize(n);
+          KVFILE_RETURN_IF_ERROR(
+              r->ReadCodes(l, s, t0, t0 + n, data[i].data(), data[i].data() + elems / 2, scales[i].data()));
+          batch.blocks.push_back({to, data[i].data(), scales[i].data(), data[i].data() + elems / 2});
+        } else if (IsFp8(si.dtype) && si.dtype == to) {
           // Same fp8 dtype: the codes and scales are copied exactly.
           data[i].resize(elems);
           scales[i].resize(rows);
           KVFILE_RETURN_IF_ERROR(r->ReadCodes(l, s, t0, t0 + n, data[i].data(), scales[i].data()));
           batch.blocks.push_back({to, data[i].data(), scales[i].data()});
         } else {
-          // Decoded (fp8 targets: to f32, then quantized by the writer).
-          Dtype read_as = IsFp8(to) ? Dtype::kF32 : to;
+          // Decoded (fp8 and nvfp4 targets: to f32, then quantized by the writer).
+          Dtype read_as = IsQuantized(to) ? Dtype::kF32 : to;
           data[i].resize(elems * ElementSize(read_as));
           KVFILE_RETURN_IF_ERROR(r->ReadRows(l, s, t0, t0 + n, read_as, data[i].data()));
           batch.blocks.push_back({read_as, data[i].data(), nullptr});
@@ -275,7 +283,7 @@ Status Import(const std::string& in, const std::string& tmp, const Plan& p, std:
                                        "then convert that with --format v1)");
       to = p.dtype.value_or(have);
     } else if (s.is_codes() || p.codes) to = TargetDtype(s.name, have, p);
-    else if (p.keep_raw.count(s.name)) to = p.dtype && !IsFp8(*p.dtype) ? *p.dtype : Dtype::kBF16;
+    else if (p.keep_raw.count(s.name)) to = p.dtype && !IsQuantized(*p.dtype) ? *p.dtype : Dtype::kBF16;
     else to = p.dtype.value_or(Dtype::kE4M3);
     g.streams.push_back({s.name, s.rows_per_token, s.row_width, to});
     stream_of.push_back(i);
@@ -314,7 +322,7 @@ Status Export(const std::string& in, const std::string& tmp, const Plan& p, std:
   KVFILE_RETURN_IF_ERROR(CheckInput(in, *r, p, &T, warning));
   Dtype out_dtype = p.dtype.value_or(Dtype::kBF16);
   // One entry per tensor to write: which stream, and what of it.
-  enum class Part { kValues, kCodes, kScales };
+  enum class Part { kValues, kCodes, kBlockScales, kScales };
   struct Item {
     uint32_t stream;
     Part part;
@@ -325,11 +333,21 @@ Status Export(const std::string& in, const std::string& tmp, const Plan& p, std:
   tensors.push_back({"tokens", DType::kI64, {T}, 0, 0, 0});
   for (uint32_t s = 0; s < g.streams.size(); ++s) {
     const StreamSpec& spec = g.streams[s];
-    if (spec.name == "tokens" || spec.name.ends_with(".codes") || spec.name.ends_with(".scales"))
+    if (spec.name == "tokens" || spec.name.ends_with(".codes") || spec.name.ends_with(".scales") ||
+        spec.name.ends_with(".block_scales"))
       return Status::InvalidArgument(in + ": stream '" + spec.name +
                                      "' cannot be exported: the name is reserved by the safetensors convention");
     std::vector<uint64_t> shape = {g.layers, T, spec.rows_per_token, spec.row_width};
-    if (p.codes && IsFp8(spec.dtype)) {
+    if (p.codes && IsNvfp4(spec.dtype)) {
+      // Per token: packed codes (U8), E4M3 block scales, one F32 row scale.
+      const uint64_t n = spec.ElementsPerToken();
+      tensors.push_back({spec.name + ".codes", DType::kU8, {g.layers, T, n / 2}, 0, 0, 0});
+      items.push_back({s, Part::kCodes, spec.dtype});
+      tensors.push_back({spec.name + ".block_scales", DType::kF8E4M3, {g.layers, T, n / 16}, 0, 0, 0});
+      items.push_back({s, Part::kBlockScales, spec.dtype});
+      tensors.push_back({spec.name + ".scales", DType::kF32, {g.layers, T}, 0, 0, 0});
+      items.push_back({s, Part::kScales, spec.dtype});
+    } else if (p.codes && IsFp8(spec.dtype)) {
       tensors.push_back({spec.name + ".codes", safetensors::DTypeOf(spec.dtype), shape, 0, 0, 0});
       items.push_back({s, Part::kCodes, spec.dtype});
       tensors.push_back({spec.name + ".scales", DType::kF32, {g.layers, T, spec.rows_per_token}, 0, 0, 0});
@@ -406,7 +424,19 @@ Status Export(const std::string& in, const std::string& tmp, const Plan& p, std:
         uint64_t rows = n * spec.rows_per_token;
         uint64_t first_row = (uint64_t{l} * T + t0) * spec.rows_per_token;
         progress.Add(n);
-        if (it.part == Part::kValues) {
+        if (IsNvfp4(spec.dtype) && it.part != Part::kValues) {
+          const uint64_t width = spec.ElementsPerToken(), first_token = uint64_t{l} * T + t0;
+          data.resize(n * (width / 2 + width / 16));
+          uint8_t* blocks = data.data() + n * width / 2;
+          scales.resize(n);
+          KVFILE_RETURN_IF_ERROR(r->ReadCodes(l, it.stream, t0, t0 + n, data.data(), blocks, scales.data()));
+          if (it.part == Part::kCodes)
+            KVFILE_RETURN_IF_ERROR(w->Write(k + 1, first_token * width / 2, data.data(), n * width / 2));
+          else if (it.part == Part::kBlockScales)
+            KVFILE_RETURN_IF_ERROR(w->Write(k + 1, first_token * width / 16, blocks, n * width / 16));
+          else
+            KVFILE_RETURN_IF_ERROR(w->Write(k + 1, first_token * 4, scales.data(), n * 4));
+        } else if (it.part == Part::kValues) {
           data.resize(rows * spec.row_width * elem);
           KVFILE_RETURN_IF_ERROR(r->ReadRows(l, it.stream, t0, t0 + n, it.dtype, data.data()));
           KVFILE_RETURN_IF_ERROR(w->Write(k + 1, first_row * spec.row_width * elem, data.data(), data.size()));
@@ -533,8 +563,8 @@ int ConvertTree(const ConvertArgs& a, const Plan& p) {
     if (a.chunk_tokens) return UsageError("--chunk-tokens applies to .kv output");
     if (a.codes && a.dtype)
       return UsageError("--codes exports fp8 streams as stored and raw streams as stored; drop --dtype");
-    if (p.dtype && IsFp8(*p.dtype))
-      return UsageError("--dtype " + *a.dtype + ": export decodes to bf16, f16 or f32; use --codes for fp8 codes");
+    if (p.dtype && IsQuantized(*p.dtype))
+      return UsageError("--dtype " + *a.dtype + ": export decodes to bf16, f16 or f32; use --codes for codes");
   } else if (a.codes && !kv_files.empty()) {
     return UsageError("--codes applies to .safetensors input or output, not to .kv -> .kv");
   }
@@ -613,7 +643,7 @@ int RunConvert(const ConvertArgs& a) {
   p.llama = {a.format == "llama-session", a.dtype, a.v_trans, a.arch};
   if (!to_llama && (a.v_trans || a.arch))
     return UsageError("--v-trans and --arch apply to --format llama-seq|llama-session");
-  if (p.major == 1 && p.dtype && IsFp8(*p.dtype))
+  if (p.major == 1 && p.dtype && IsQuantized(*p.dtype))
     return UsageError("--format v1 stores raw rows: --dtype must be bf16, f16 or f32");
   if (p.major == 1 && !a.keep_raw.empty()) return UsageError("--keep-raw applies to v2 output (v1 is all raw)");
   p.keep_raw.insert(a.keep_raw.begin(), a.keep_raw.end());
@@ -661,7 +691,7 @@ int RunConvert(const ConvertArgs& a) {
   if (to_llama) {
     if (in_kind != Kind::kKv)
       return UsageError(a.in + ": --format " + a.format + " writes a llama.cpp file from a .kv IN");
-    if (p.dtype && IsFp8(*p.dtype))
+    if (p.dtype && IsQuantized(*p.dtype))
       return UsageError("--dtype " + *a.dtype + ": a llama.cpp cache is f16, bf16, f32 or q8_0");
     if (!a.keep_raw.empty() || a.chunk_tokens || a.codes)
       return UsageError("--keep-raw, --chunk-tokens and --codes apply to .kv or .safetensors output");
@@ -695,8 +725,8 @@ int RunConvert(const ConvertArgs& a) {
     if (a.chunk_tokens) return UsageError("--chunk-tokens applies to .kv output");
     if (a.codes && a.dtype)
       return UsageError("--codes exports fp8 streams as stored and raw streams as stored; drop --dtype");
-    if (p.dtype && IsFp8(*p.dtype))
-      return UsageError("--dtype " + *a.dtype + ": export decodes to bf16, f16 or f32; use --codes for fp8 codes");
+    if (p.dtype && IsQuantized(*p.dtype))
+      return UsageError("--dtype " + *a.dtype + ": export decodes to bf16, f16 or f32; use --codes for codes");
   }
   return convert_one(in_kind, out_kind);
 }
@@ -708,7 +738,7 @@ void RegisterConvert(CLI::App& app, int* exit_code) {
   CLI::App* cmd = app.add_subcommand(
       "convert",
       "Convert between .kv files (re-encode, re-chunk, compact) and to or from .safetensors.\n"
-      "  .kv -> .kv: fp8 streams re-encoded to an fp8 --dtype (raw streams stay raw), or every stream\n"
+      "  .kv -> .kv: fp8/nvfp4 streams re-encoded to an fp8 or nvfp4 --dtype (raw streams stay raw), or every stream\n"
       "      converted to a raw --dtype; --keep-raw streams stored raw; re-chunked with --chunk-tokens.\n"
       "  .safetensors -> .kv: one tensor per stream [layers, tokens, rows, width] (BF16/F16/F32),\n"
       "      quantized to --dtype (default e4m3), or <stream>.codes + <stream>.scales imported exactly;\n"
@@ -731,8 +761,8 @@ void RegisterConvert(CLI::App& app, int* exit_code) {
       "         kvfile convert session.kv session.safetensors --codes");
   cmd->add_option("IN", args->in, "input: .kv, .safetensors, PACK:MEMBER (a member of a .kvpack), or a directory of .kv files")->required();
   cmd->add_option("OUT", args->out, "output: .kv, .safetensors, or a directory")->required();
-  cmd->add_option("--dtype", args->dtype, "target dtype: e4m3, e5m2, bf16, f16 or f32")
-      ->check(CLI::IsMember({"e4m3", "e5m2", "bf16", "f16", "f32", "q8_0"}));
+  cmd->add_option("--dtype", args->dtype, "target dtype: e4m3, e5m2, nvfp4, bf16, f16 or f32")
+      ->check(CLI::IsMember({"e4m3", "e5m2", "nvfp4", "bf16", "f16", "f32", "q8_0"}));
   cmd->add_option("--keep-raw", args->keep_raw, "streams stored raw (bf16, or a raw --dtype); comma separated")
       ->delimiter(',');
   cmd->add_flag("--codes", args->codes, "export fp8 codes and scales; on import, keep value tensors as stored");

@@ -224,6 +224,39 @@ std::string HexBytes(const uint8_t* p, size_t n, size_t elem, bool spaced) {
   return s;
 }
 
+// DumpRows of an nvfp4 stream with --codes: per token (one nvfp4 row), its
+// row scale, block scale codes and packed codes, as stored.
+Status DumpNvfp4Codes(Reader& r, const RowSelection& sel, ordered_json* json) {
+  const StreamSpec& spec = r.geometry().streams[sel.stream];
+  const uint64_t width = spec.ElementsPerToken();
+  const uint64_t block = std::max<uint64_t>(1, (uint64_t{16} << 20) / width);
+  std::vector<uint8_t> codes, blocks;
+  std::vector<float> scales;
+  for (uint64_t t0 = sel.begin; t0 < sel.end; t0 += block) {
+    uint64_t n = std::min(block, sel.end - t0);
+    codes.resize(n * width / 2);
+    blocks.resize(n * width / 16);
+    scales.resize(n);
+    KVFILE_RETURN_IF_ERROR(r.ReadCodes(sel.layer, sel.stream, t0, t0 + n, codes.data(), blocks.data(), scales.data()));
+    for (uint64_t t = 0; t < n; ++t) {
+      const uint8_t* c = &codes[t * width / 2];
+      const uint8_t* b = &blocks[t * width / 16];
+      if (json) {
+        ordered_json e;
+        e["token"] = t0 + t;
+        e["scale"] = scales[t];
+        e["block_scales"] = HexBytes(b, width / 16, 1, false);
+        e["codes"] = HexBytes(c, width / 2, 1, false);
+        (*json)["rows"].push_back(std::move(e));
+        continue;
+      }
+      std::printf("  token %llu: scale %g block scales %s codes %s\n", U(t0 + t), static_cast<double>(scales[t]),
+                  HexBytes(b, width / 16, 1, true).c_str(), HexBytes(c, width / 2, 1, true).c_str());
+    }
+  }
+  return Status::OK();
+}
+
 // Prints (or collects as JSON) the selected rows, a block of tokens at a time.
 Status DumpRows(const DumpArgs& a, Reader& r, const RowSelection& sel, ordered_json* json) {
   const StreamSpec& spec = r.geometry().streams[sel.stream];
@@ -243,8 +276,9 @@ Status DumpRows(const DumpArgs& a, Reader& r, const RowSelection& sel, ordered_j
   } else {
     std::printf("rows of layer %u, stream '%s' (%s, %u rows x %u), tokens [%llu, %llu)%s:\n", sel.layer, spec.name.c_str(),
                 DtypeName(spec.dtype), spec.rows_per_token, spec.row_width, U(sel.begin), U(sel.end),
-                a.codes ? (fp8 ? ", codes and scales" : ", stored bits") : "");
+                a.codes ? (IsQuantized(spec.dtype) ? ", codes and scales" : ", stored bits") : "");
   }
+  if (a.codes && IsNvfp4(spec.dtype)) return DumpNvfp4Codes(r, sel, json);
   size_t esize = ElementSize(spec.dtype);
   for (uint64_t t0 = sel.begin; t0 < sel.end; t0 += block) {
     uint64_t n = std::min(block, sel.end - t0);

@@ -78,6 +78,8 @@ typedef enum kvfile_dtype {
   KVFILE_BF16 = 3, /* bfloat16, as uint16_t bit patterns */
   KVFILE_F16 = 4,  /* IEEE binary16, as uint16_t bit patterns */
   KVFILE_F32 = 5,  /* IEEE binary32, as float */
+  KVFILE_NVFP4 = 6, /* nvfp4 (format 2.2): per token, rows * width E2M1 codes two a byte, one E4M3
+                     * block scale per 16 elements, one f32 scale (kvfile_reader_read_nvfp4_codes) */
   KVFILE_DTYPE_RANGE_MIN_ = -0x7FFFFFFF - 1, /* not dtypes: see "Enum ranges" above */
   KVFILE_DTYPE_RANGE_MAX_ = 0x7FFFFFFF
 } kvfile_dtype;
@@ -113,6 +115,7 @@ KVFILE_EXPORT kvfile_status kvfile_preset(const char* name, kvfile_dtype fp8_dty
 /* Bytes of one element of a dtype as stored and as read (1, 2 or 4); 0 for
  * a value outside the enum. */
 KVFILE_EXPORT size_t kvfile_dtype_size(kvfile_dtype dtype);
+/* (kvfile_dtype_size gives 0 for KVFILE_NVFP4: two codes share a byte.) */
 
 /* ---- Writing ------------------------------------------------------------- */
 
@@ -159,7 +162,10 @@ KVFILE_EXPORT kvfile_status kvfile_writer_open(const char* path, const kvfile_wr
  *   the writer quantizes them (or stores them, for a raw stream).
  * dtype equal to the stream's own fp8 dtype: `data` holds that many codes
  *   (one byte each) and `scales` tokens * rows_per_token positive finite
- *   f32 scales: stored exactly as given. */
+ *   f32 scales: stored exactly as given.
+ * An nvfp4 stream takes rows (bf16, f16, f32) only through this API:
+ *   KVFILE_NVFP4 codes are refused (KVFILE_INVALID_ARGUMENT), as they need
+ *   block scales this struct has no room for. */
 typedef struct kvfile_rows {
   kvfile_dtype dtype;
   const void* data;
@@ -241,6 +247,18 @@ KVFILE_EXPORT kvfile_status kvfile_reader_read_rows(kvfile_reader* reader, uint3
 KVFILE_EXPORT kvfile_status kvfile_reader_read_codes(kvfile_reader* reader, uint32_t layer, uint32_t stream,
                                        uint64_t begin, uint64_t end, uint8_t* codes,
                                        size_t codes_bytes, float* scales, size_t scale_count);
+
+/* The stored data of an nvfp4 stream (format 2.2) for tokens [begin, end):
+ * per token, rows_per_token * row_width / 2 bytes of packed E2M1 codes (low
+ * nibble first), rows_per_token * row_width / 16 E4M3 block scale codes and
+ * one f32 row scale, in token order. codes_bytes, block_scales_bytes and
+ * scale_count must be at least (end - begin) times those, else
+ * KVFILE_BUFFER_TOO_SMALL; another dtype is KVFILE_INVALID_ARGUMENT. A
+ * failed read leaves the three buffers untouched. */
+KVFILE_EXPORT kvfile_status kvfile_reader_read_nvfp4_codes(kvfile_reader* reader, uint32_t layer, uint32_t stream,
+                                             uint64_t begin, uint64_t end, uint8_t* codes, size_t codes_bytes,
+                                             uint8_t* block_scales, size_t block_scales_bytes, float* scales,
+                                             size_t scale_count);
 
 /* One destination of kvfile_reader_read_many: the rows of (layer, stream),
  * decoded, laid out as for kvfile_reader_read_rows; dst_bytes is the size

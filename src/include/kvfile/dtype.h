@@ -18,17 +18,29 @@ enum class Dtype : uint8_t {
   kBF16 = 3,  // raw bfloat16 (uint16_t bit patterns in memory)
   kF16 = 4,   // raw IEEE binary16 (uint16_t bit patterns in memory)
   kF32 = 5,   // raw IEEE binary32
+  // NVFP4 (spec/CODEC.md 14): a token's rows_per_token * row_width elements
+  // of a stream are one nvfp4 row: E2M1 codes two per byte (low nibble
+  // first), one E4M3 block scale per 16 elements, one f32 row scale.
+  kNvfp4 = 6,
 };
 
-// True for the byte values of a Dtype (1..5).
-inline constexpr bool IsValidDtype(uint8_t v) { return v >= 1 && v <= 5; }
+// True for the byte values of a Dtype (1..6).
+inline constexpr bool IsValidDtype(uint8_t v) { return v >= 1 && v <= 6; }
 // kE4M3 and kE5M2: stored as codes plus one scale per row.
 inline constexpr bool IsFp8(Dtype d) { return d == Dtype::kE4M3 || d == Dtype::kE5M2; }
+// kNvfp4: stored as packed codes, block scales and one scale per token.
+inline constexpr bool IsNvfp4(Dtype d) { return d == Dtype::kNvfp4; }
+// Stored as codes and scales (fp8 or nvfp4), not as raw values.
+inline constexpr bool IsQuantized(Dtype d) { return IsFp8(d) || IsNvfp4(d); }
 // Bytes per stored element (an fp8 code is one byte; scales not counted).
+// nvfp4 gives 1, an upper bound (two codes share a byte): use CodeBytes.
 inline constexpr size_t ElementSize(Dtype d) {
   return d == Dtype::kF32 ? 4 : (d == Dtype::kBF16 || d == Dtype::kF16) ? 2 : 1;
 }
-// "e4m3", "e5m2", "bf16", "f16", "f32" ("invalid" for another value).
+// Bytes of n stored elements, scales not counted: n / 2 for nvfp4 (n even),
+// else n * ElementSize(d).
+inline constexpr uint64_t CodeBytes(Dtype d, uint64_t n) { return IsNvfp4(d) ? n / 2 : n * ElementSize(d); }
+// "e4m3", "e5m2", "bf16", "f16", "f32", "nvfp4" ("invalid" for another value).
 KVFILE_EXPORT const char* DtypeName(Dtype d);
 
 }  // namespace kvfile

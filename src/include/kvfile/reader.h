@@ -45,12 +45,15 @@ struct RowsTarget {
 };
 
 // One destination of Reader::ReadManyCodes: the codes of (layer, stream),
-// shaped [end-begin][rows][width], and its scales, [end-begin][rows].
+// shaped [end-begin][rows][width], and its scales, [end-begin][rows]. For
+// an nvfp4 stream: codes [end-begin][rows*width/2] (packed, low nibble
+// first), block_scales [end-begin][rows*width/16] and scales [end-begin].
 struct CodesTarget {
   uint32_t layer = 0;
   uint32_t stream = 0;
   uint8_t* codes = nullptr;
   float* scales = nullptr;
+  uint8_t* block_scales = nullptr;  // nvfp4 streams only
 };
 
 // A Reader is used by one thread at a time; ReadMany and VerifyFile run
@@ -104,7 +107,7 @@ class KVFILE_EXPORT Reader {
   // left behind, and the message names the chunk.
   Status ReadMany(std::span<const RowsTarget> targets, uint64_t begin, uint64_t end,
                   Dtype out_dtype, unsigned threads = 1);
-  // Codes and scales of many (layer, stream) pairs of fp8 streams for tokens
+  // Codes and scales of many (layer, stream) pairs of fp8 or nvfp4 streams for tokens
   // [begin, end): ReadCodes as ReadMany reads rows (chunk by chunk, the same
   // threads, the same failure contract: on error every destination is
   // zero-filled). A v1 file's rows are quantized as `v1_quantize_as`.
@@ -116,6 +119,12 @@ class KVFILE_EXPORT Reader {
   // codes an upgrade to v2 stores.
   Status ReadCodes(uint32_t layer, uint32_t stream, uint64_t begin, uint64_t end, uint8_t* codes,
                    float* scales, Dtype v1_quantize_as = Dtype::kE4M3);
+  // Codes, block scales and row scales of an nvfp4 stream (spec/FORMAT.md
+  // 5.2): per token, rows*width/2 packed code bytes (low nibble first),
+  // rows*width/16 E4M3 block scale codes and one f32 row scale, shaped
+  // [end-begin][rows*width/2], [end-begin][rows*width/16] and [end-begin].
+  Status ReadCodes(uint32_t layer, uint32_t stream, uint64_t begin, uint64_t end, uint8_t* codes,
+                   uint8_t* block_scales, float* row_scales);
  private:
   friend struct hooks::ReaderAccess;  // the library's tests (src/testing_hooks.h)
   Status VerifyChunk(size_t index);

@@ -57,10 +57,13 @@ struct WriterOptions {
 struct RowBlock {
   // kBF16/kF16 (u16 bit patterns) or kF32 input rows, or codes already
   // quantized with the stream's own fp8 dtype (then `scales` holds one f32
-  // per row and must be valid).
+  // per row and must be valid). For an nvfp4 stream, codes are kNvfp4: per
+  // token, `data` holds rows*width/2 packed code bytes, `block_scales`
+  // rows*width/16 E4M3 codes and `scales` one f32 (spec/FORMAT.md 5.2).
   Dtype dtype = Dtype::kBF16;
   const void* data = nullptr;
   const float* scales = nullptr;
+  const uint8_t* block_scales = nullptr;  // nvfp4 codes only
 };
 
 // One append: token ids and, for every layer and stream, a RowBlock.

@@ -14,8 +14,9 @@ part to the GPU asynchronously while the next part is read, and decodes on
 the GPU exactly as the library decodes on the CPU (spec/CODEC.md): the code's
 float32 value from a 256-entry table, times the row's float32 scale in
 float32, clamped to the output dtype's finite range, rounded to nearest even
-by the conversion. Raw streams are decoded on the CPU into the staging
-buffers. Other devices: decoded on the CPU, then moved.
+by the conversion. Raw streams, and nvfp4 streams (no GPU kernel for them
+yet: the library dequantizes them on the host), are decoded on the CPU into
+the staging buffers. Other devices: decoded on the CPU, then moved.
 """
 
 import threading
