@@ -71,7 +71,7 @@ void WriteKv(FileSystem& fs, const std::string& path, const Geometry& g, const s
       for (const StreamSpec& s : g.streams) {
         size_t n = s.ElementsPerToken();
         std::vector<uint8_t> bytes;
-        if (IsFp8(s.dtype)) {
+        if (IsFp8(s.dtype) || s.dtype == Dtype::kNvfp4) {
           bytes.resize(n * 4);
           for (size_t i = 0; i < n; ++i) {
             float f = (static_cast<float>(rng.Below(2001)) - 1000.0f) / 16.0f;
@@ -269,6 +269,21 @@ TEST(PackTest, BadNamesAndDuplicatesAreRefused) {
   EXPECT_FALSE(exists);
   // Nothing is left behind: only the source file remains.
   EXPECT_EQ(fs.Image().size(), 1u);
+}
+
+TEST(PackTest, Nvfp4MembersAreRefused) {
+  FaultFs fs;
+  Geometry g;
+  g.layers = 1;
+  g.streams = {{"k", 1, 16, Dtype::kNvfp4}};
+  WriteKv(fs, "/n.kv", g, Tokens(3, 4), [](uint64_t) { return 1; });
+  WriteKv(fs, "/x.kv", TinyGeometry(), Tokens(3, 4), [](uint64_t) { return 1; });
+  Status st = PackFiles(fs, "/n.kvpack", {{"x", "/x.kv"}, {"n", "/n.kv"}}, 4);
+  EXPECT_EQ(st.code(), Status::Code::kUnsupported) << st.ToString();
+  EXPECT_NE(st.ToString().find("stream 'k' is nvfp4"), std::string::npos) << st.ToString();
+  bool exists = true;
+  ASSERT_TRUE(fs.Exists("/n.kvpack", &exists).ok());
+  EXPECT_FALSE(exists);
 }
 
 // A small pack of two members sharing one chunk, for the damage sweeps.

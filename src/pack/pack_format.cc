@@ -84,7 +84,9 @@ Status DecodeModel(const uint8_t* in, PackModel* out) {
       return Status::Corruption("stream " + std::to_string(s) + ": nonzero bytes after the name");
     spec.name.assign(name, len);
     uint8_t dt = d[format::sd::kDtype];
-    if (!IsValidDtype(dt)) return Status::Corruption("stream " + std::to_string(s) + ": invalid dtype " + std::to_string(dt));
+    // Packs 1.0 hold the dtypes of .kv 2.1 (1..5); nvfp4 (6) is not one of them.
+    if (!IsValidDtype(dt) || static_cast<Dtype>(dt) == Dtype::kNvfp4)
+      return Status::Corruption("stream " + std::to_string(s) + ": invalid dtype " + std::to_string(dt));
     spec.dtype = static_cast<Dtype>(dt);
     if (!AllZero(d + format::sd::kDtype + 1, format::sd::kRowsPerToken - format::sd::kDtype - 1) ||
         !AllZero(d + format::sd::kRowWidth + 4, me::kDescriptorBytes - format::sd::kRowWidth - 4))

@@ -140,6 +140,10 @@ Status PackWriter::Impl::ModelFor(const Reader& r, uint32_t* model) {
   PackModel m;
   m.identity = r.identity();
   m.geometry = StoredGeometry(r);
+  for (const StreamSpec& s : m.geometry.streams)
+    if (s.dtype == Dtype::kNvfp4)
+      return Status::Unsupported(r.path() + ": stream '" + s.name +
+                                 "' is nvfp4, which packs 1.0 do not hold (spec/PACK.md)");
   m.payload_bytes_per_token = pack::PayloadBytesPerToken(m.geometry);
   if (m.payload_bytes_per_token > pack::kMaxChunkPayload)
     return Status::Unsupported(r.path() + ": one token's rows exceed the 1 GiB limit of a pack chunk");
