@@ -111,13 +111,11 @@ constexpr Threshold kThresholds[7] = {
 // midpoint * D, as an f32 bit pattern (+Inf when no finite f32 is).
 __m256i ThresholdBits(__m512d d, const Threshold& t) {
   const __m512d p = _mm512_mul_pd(d, _mm512_set1_pd(t.midpoint));
-  const __m256 x = _mm512_cvt_roundpd_ps(p, _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC);
-  __m256i bits = _mm256_castps_si256(x);
-  if (t.strict) {
-    const __mmask8 equal = _mm512_cmp_pd_mask(_mm512_cvtps_pd(x), p, _CMP_EQ_OQ);
-    bits = _mm256_mask_add_epi32(bits, equal, bits, _mm256_set1_epi32(1));
+  if (t.strict) {  // the f32 at or below the product, plus one ulp
+    const __m256 below = _mm512_cvt_roundpd_ps(p, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    return _mm256_add_epi32(_mm256_castps_si256(below), _mm256_set1_epi32(1));
   }
-  return bits;
+  return _mm256_castps_si256(_mm512_cvt_roundpd_ps(p, _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC));
 }
 
 // The block scales, divisors and element thresholds (spec/CODEC.md 14.3
@@ -155,6 +153,43 @@ __m256i ThresholdBits(__m512d d, const Threshold& t) {
   return _mm512_or_si512(m, sign);
 }
 
+// The packed codes of `count` bf16 blocks (at most 16) with their
+// thresholds x, two blocks per vector in the bf16 patterns themselves: a
+// bf16 magnitude reaches the f32 threshold X exactly when its pattern is at
+// least X's pattern rounded up to 16 bits (patterns of non-negative values
+// order as the values do).
+[[gnu::always_inline]] inline void Bf16Codes(const uint16_t* src, size_t count, const float (*x)[16],
+                                             uint8_t* packed) {
+  __m512i t[7];
+  for (int i = 0; i < 7; ++i) {
+    const __m512i bits = _mm512_load_si512(x[i]);
+    t[i] = _mm512_castsi256_si512(
+        _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32(0xFFFF)), 16)));
+  }
+  const __m512i one = _mm512_set1_epi16(1);
+  // Lanes 0-15: block j's threshold, lanes 16-31: block j + 1's.
+  __m512i index = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(1), 1);
+  for (size_t j = 0; j < count; j += 2) {
+    const __mmask32 k = count - j >= 2 ? ~__mmask32{0} : __mmask32{0xFFFF};
+    const __m512i raw = _mm512_maskz_loadu_epi16(k, src + j * kBlock);
+    const __m512i a = _mm512_and_si512(raw, _mm512_set1_epi16(0x7FFF));
+    __m512i m = _mm512_setzero_si512();
+    for (int i = 0; i < 7; ++i) {
+      m = _mm512_mask_add_epi16(m, _mm512_cmpge_epu16_mask(a, _mm512_permutexvar_epi16(index, t[i])), m, one);
+    }
+    // m | (sign bit moved to bit 3): (raw >> 12) & 8.
+    const __m512i codes = _mm512_ternarylogic_epi32(m, _mm512_srli_epi16(raw, 12), _mm512_set1_epi16(8), 0xF8);
+    // Two codes in each 32-bit lane: even element bits 0-3, odd 16-19.
+    const __m128i bytes = _mm512_cvtepi32_epi8(_mm512_or_si512(codes, _mm512_srli_epi32(codes, 12)));
+    if (count - j >= 2) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(packed + j * kBlock / 2), bytes);
+    } else {
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(packed + j * kBlock / 2), bytes);
+    }
+    index = _mm512_add_epi16(index, _mm512_set1_epi16(2));
+  }
+}
+
 template <Dtype kDt>
 bool QuantizeRowT(const void* src, size_t n, uint8_t* packed, uint8_t* block_scales,
                   float* row_scale, float* scratch) {
@@ -181,13 +216,24 @@ bool QuantizeRowT(const void* src, size_t n, uint8_t* packed, uint8_t* block_sca
   std::memcpy(&amax_f, &amax, sizeof amax_f);
   const float scale = RowScale(amax_f);
   *row_scale = scale;
-  // Pass 2, 16 blocks at a time: their scales and thresholds, then codes.
-  alignas(64) float x[7][16];
-  for (size_t g = 0; g < blocks; g += 16) {
-    const size_t count = blocks - g < 16 ? blocks - g : 16;
-    BlockScales(scratch + g, count, scale, block_scales + g, x);
-    for (size_t j = 0; j < count; ++j) {
-      StorePacked(packed + (g + j) * kBlock / 2, BlockCodes(Load16<kDt>(src, (g + j) * kBlock), x, j));
+  // Pass 2, up to 128 blocks at a time: the scales and thresholds of each
+  // 16 (independent of each other, so that they overlap), then the codes.
+  alignas(64) float x[8][7][16];
+  for (size_t c = 0; c < blocks; c += 128) {
+    const size_t end = blocks - c < 128 ? blocks : c + 128;
+    for (size_t g = c; g < end; g += 16) {
+      BlockScales(scratch + g, end - g < 16 ? end - g : 16, scale, block_scales + g, x[(g - c) / 16]);
+    }
+    for (size_t g = c; g < end; g += 16) {
+      const size_t count = end - g < 16 ? end - g : 16;
+      const float(*t)[16] = x[(g - c) / 16];
+      if constexpr (kDt == Dtype::kBF16) {
+        Bf16Codes(static_cast<const uint16_t*>(src) + g * kBlock, count, t, packed + g * kBlock / 2);
+      } else {
+        for (size_t j = 0; j < count; ++j) {
+          StorePacked(packed + (g + j) * kBlock / 2, BlockCodes(Load16<kDt>(src, (g + j) * kBlock), t, j));
+        }
+      }
     }
   }
   return true;
