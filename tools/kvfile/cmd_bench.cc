@@ -723,8 +723,9 @@ int RunFidelity(const BenchArgs& a) {
       doc.push_back(p);
       continue;
     }
-    std::printf("kvfile bench --fidelity: %s, %llu tokens, %u layers, %zu queries per layer (key dim %zu)\n",
-                r.preset.c_str(), static_cast<unsigned long long>(r.tokens), r.layers, r.heads, r.key_dim);
+    std::printf("kvfile bench --fidelity: %s, %llu tokens, %u layers, %zu %s per layer (key dim %zu)\n",
+                r.preset.c_str(), static_cast<unsigned long long>(r.tokens), r.layers, r.heads,
+                r.heads == 1 ? "query" : "queries", r.key_dim);
     std::printf("%-6s %8s", "dtype", "bits/el");
     for (const std::string& name : r.dtypes[0].streams) std::printf(" %15s", name.c_str());
     for (double f : r.sharpness) std::printf("   attn H=%.2f", f);
