@@ -224,6 +224,26 @@ TEST(Nvfp4Validation, BlockScalesWithTheSignBitOrNanAreInvalid) {
 namespace kvfile::codec::nvfp4 {
 namespace {
 
+// Rows of f32 values as src (narrowed for bf16/f16 into *narrow).
+const void* AsDtype(const std::vector<float>& rows, Dtype src, std::vector<uint16_t>* narrow) {
+  if (src == Dtype::kF32) return rows.data();
+  narrow->resize(rows.size());
+  ConvertRaw(Dtype::kF32, rows.data(), rows.size(), src, narrow->data());
+  return narrow->data();
+}
+
+// The packed codes, block scales and row scales of `rows` rows of n.
+struct Quantized {
+  std::vector<uint8_t> codes, blocks;
+  std::vector<float> scales;
+};
+Quantized QuantizeWith(Isa isa, Dtype src, const void* input, size_t rows, size_t n) {
+  Quantized q{std::vector<uint8_t>(rows * n / 2), std::vector<uint8_t>(rows * n / kBlock), std::vector<float>(rows)};
+  size_t bad = 0;
+  EXPECT_TRUE(QuantizeRows(src, input, rows, n, q.codes.data(), q.blocks.data(), q.scales.data(), &bad, isa));
+  return q;
+}
+
 // Random KV-like rows (normal values with a few outlier channels, zero
 // blocks, tiny rows) in every raw dtype, through every instruction-set path:
 // codes, block scales, row scales and decoded output equal the scalar path's.
@@ -315,25 +335,15 @@ TEST(Nvfp4Paths, ElementsAroundEveryThresholdMatchTheReference) {
     }
   }
   for (Dtype src : {Dtype::kF32, Dtype::kBF16}) {
-    std::vector<uint16_t> narrow(rows.size());
-    const void* input = rows.data();
-    if (src != Dtype::kF32) {
-      ConvertRaw(Dtype::kF32, rows.data(), rows.size(), src, narrow.data());
-      input = narrow.data();
-    }
-    std::vector<uint8_t> ref_codes(kRows * kN / 2), ref_blocks(kRows * kN / kBlock);
-    std::vector<float> ref_scales(kRows);
-    size_t bad = 0;
-    ASSERT_TRUE(QuantizeRows(src, input, kRows, kN, ref_codes.data(), ref_blocks.data(), ref_scales.data(), &bad,
-                             Isa::kScalar));
+    std::vector<uint16_t> narrow;
+    const void* input = AsDtype(rows, src, &narrow);
+    const Quantized ref = QuantizeWith(Isa::kScalar, src, input, kRows, kN);
     for (Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
       if (!IsaSupported(isa)) continue;
-      std::vector<uint8_t> codes(ref_codes.size()), blocks(ref_blocks.size());
-      std::vector<float> scales(kRows);
-      ASSERT_TRUE(QuantizeRows(src, input, kRows, kN, codes.data(), blocks.data(), scales.data(), &bad, isa));
-      EXPECT_EQ(codes, ref_codes) << IsaName(isa) << " src " << int(src);
-      EXPECT_EQ(blocks, ref_blocks) << IsaName(isa);
-      EXPECT_EQ(0, std::memcmp(scales.data(), ref_scales.data(), kRows * 4)) << IsaName(isa);
+      const Quantized q = QuantizeWith(isa, src, input, kRows, kN);
+      EXPECT_EQ(q.codes, ref.codes) << IsaName(isa) << " src " << int(src);
+      EXPECT_EQ(q.blocks, ref.blocks) << IsaName(isa);
+      EXPECT_EQ(0, std::memcmp(q.scales.data(), ref.scales.data(), kRows * 4)) << IsaName(isa);
     }
   }
   rows[5 * kN + kN - 1] = -INFINITY;  // the last element of row 5's 17th block
