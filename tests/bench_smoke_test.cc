@@ -19,6 +19,8 @@ const std::set<std::string> kPaths = {
     "limit: memcpy",
     "codec: encode bf16->e4m3 (scalar)",
     "codec: decode e4m3->bf16 (scalar)",
+    "codec: encode bf16->nvfp4 (scalar)",
+    "codec: decode nvfp4->bf16 (scalar)",
     "limit: raw write + fdatasync",
     "append (durable at close)",
     "instead: raw bf16 write + fdatasync",

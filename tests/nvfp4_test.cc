@@ -224,6 +224,26 @@ TEST(Nvfp4Validation, BlockScalesWithTheSignBitOrNanAreInvalid) {
 namespace kvfile::codec::nvfp4 {
 namespace {
 
+// Rows of f32 values as src (narrowed for bf16/f16 into *narrow).
+const void* AsDtype(const std::vector<float>& rows, Dtype src, std::vector<uint16_t>* narrow) {
+  if (src == Dtype::kF32) return rows.data();
+  narrow->resize(rows.size());
+  ConvertRaw(Dtype::kF32, rows.data(), rows.size(), src, narrow->data());
+  return narrow->data();
+}
+
+// The packed codes, block scales and row scales of `rows` rows of n.
+struct Quantized {
+  std::vector<uint8_t> codes, blocks;
+  std::vector<float> scales;
+};
+Quantized QuantizeWith(Isa isa, Dtype src, const void* input, size_t rows, size_t n) {
+  Quantized q{std::vector<uint8_t>(rows * n / 2), std::vector<uint8_t>(rows * n / kBlock), std::vector<float>(rows)};
+  size_t bad = 0;
+  EXPECT_TRUE(QuantizeRows(src, input, rows, n, q.codes.data(), q.blocks.data(), q.scales.data(), &bad, isa));
+  return q;
+}
+
 // Random KV-like rows (normal values with a few outlier channels, zero
 // blocks, tiny rows) in every raw dtype, through every instruction-set path:
 // codes, block scales, row scales and decoded output equal the scalar path's.
@@ -277,6 +297,64 @@ TEST(Nvfp4Paths, EveryIsaMatchesTheScalarReference) {
         EXPECT_EQ(out, ref_out) << IsaName(isa) << " dst " << int(dst);
       }
     }
+  }
+}
+
+// Elements at, and a few ulps around, t * D for every E2M1 decision
+// threshold t and the divisor D of their block (the vector paths decide by
+// comparing elements with precomputed thresholds, not by dividing): rows of
+// 17 blocks (a group of 16 and one more), block maxima from the row's amax
+// down to 2^-40 of it (tiny and zero block scales), rows whose amax is
+// subnormal (row scale FLT_MIN), and a non-finite element in the last
+// block. Every path gives the reference's bytes.
+TEST(Nvfp4Paths, ElementsAroundEveryThresholdMatchTheReference) {
+  std::mt19937 rng(99);
+  std::uniform_real_distribution<float> unit(0.0f, 1.0f);
+  constexpr size_t kRows = 600, kN = 17 * kBlock;
+  const float kT[] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, 6.0f};
+  std::vector<float> rows(kRows * kN);
+  for (size_t r = 0; r < kRows; ++r) {
+    float* row = &rows[r * kN];
+    const float amax = r % 50 == 7 ? 3e-39f * (1.0f + unit(rng)) : std::ldexp(1.0f + unit(rng), int(r % 40) - 20);
+    const float scale = RowScale(amax);
+    for (size_t b = 0; b < kN / kBlock; ++b) {
+      float* block = row + b * kBlock;
+      float bmax = b == r % 17 ? amax : amax * std::ldexp(unit(rng), -int(rng() % 41));
+      if (r % 9 == 1 && b == 3) bmax = 0;
+      block[0] = (rng() & 1) ? -bmax : bmax;
+      const float d = BlockDivisor(BlockScaleCode(bmax, scale), scale);
+      for (size_t i = 1; i < kBlock; ++i) {
+        float y = kT[rng() % 8] * d;
+        uint32_t bits;
+        std::memcpy(&bits, &y, 4);
+        bits = bits + static_cast<uint32_t>(rng() % 5) - 2u;
+        std::memcpy(&y, &bits, 4);
+        if (!(y <= bmax)) y = bmax;
+        block[i] = (rng() & 1) ? -y : y;
+      }
+    }
+  }
+  for (Dtype src : {Dtype::kF32, Dtype::kBF16}) {
+    std::vector<uint16_t> narrow;
+    const void* input = AsDtype(rows, src, &narrow);
+    const Quantized ref = QuantizeWith(Isa::kScalar, src, input, kRows, kN);
+    for (Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
+      if (!IsaSupported(isa)) continue;
+      const Quantized q = QuantizeWith(isa, src, input, kRows, kN);
+      EXPECT_EQ(q.codes, ref.codes) << IsaName(isa) << " src " << int(src);
+      EXPECT_EQ(q.blocks, ref.blocks) << IsaName(isa);
+      EXPECT_EQ(0, std::memcmp(q.scales.data(), ref.scales.data(), kRows * 4)) << IsaName(isa);
+    }
+  }
+  rows[5 * kN + kN - 1] = -INFINITY;  // the last element of row 5's 17th block
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    if (!IsaSupported(isa)) continue;
+    std::vector<uint8_t> codes(kRows * kN / 2), blocks(kRows * kN / kBlock);
+    std::vector<float> scales(kRows);
+    size_t bad = 0;
+    EXPECT_FALSE(QuantizeRows(Dtype::kF32, rows.data(), kRows, kN, codes.data(), blocks.data(), scales.data(),
+                              &bad, isa));
+    EXPECT_EQ(bad, 5u) << IsaName(isa);
   }
 }
 

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // The NVFP4 block operations: choose an instruction-set path, widen bf16/f16
 // rows to f32 before quantizing and narrow f32 after dequantizing (both
-// through the fp8 codec's raw conversions, spec/CODEC.md sections 5 and 9).
+// through the fp8 codec's raw conversions, spec/CODEC.md sections 5 and 9),
+// and their public names in kvfile/codec.h.
 #include <memory>
 #include <vector>
 
@@ -60,3 +61,19 @@ void DequantizeRows(const uint8_t* packed, const uint8_t* block_scales, const fl
 }
 
 }  // namespace kvfile::codec::nvfp4
+
+namespace kvfile::codec {
+
+static_assert(kNvfp4Block == nvfp4::kBlock);
+
+bool QuantizeNvfp4Rows(Dtype src_dtype, const void* src, size_t rows, size_t width, uint8_t* packed,
+                       uint8_t* block_scales, float* row_scales, size_t* bad_row, Isa isa) {
+  return nvfp4::QuantizeRows(src_dtype, src, rows, width, packed, block_scales, row_scales, bad_row, isa);
+}
+
+void DequantizeNvfp4Rows(const uint8_t* packed, const uint8_t* block_scales, const float* row_scales,
+                         size_t rows, size_t width, Dtype dst_dtype, void* dst, Isa isa) {
+  nvfp4::DequantizeRows(packed, block_scales, row_scales, rows, width, dst_dtype, dst, isa);
+}
+
+}  // namespace kvfile::codec

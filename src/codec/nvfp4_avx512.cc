@@ -20,46 +20,26 @@ namespace {
 
 const __m512 kAbsMask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
 
-// E2M1 codes (one per 32-bit lane) of 16 finite f32 quotients, spec/CODEC.md
-// 14.2, without branches: for |q| >= 1, rounding the f32 pattern to one
-// mantissa bit with integer adds (half an ulp minus one, plus the kept lsb
-// for ties to even) gives 2 * exponent + mantissa, from which 252 is taken;
-// below 1 (raised to 1 first, so that the first gives 2), adding 2^22, whose
-// ulp is 0.5, rounds |q| to the subnormal step. The code is the smaller of
-// the two, at most 7 (saturation); the sign goes to bit 3.
-__m512i EncodeE2M1x16(__m512 q) {
-  const __m512i a = _mm512_castps_si512(_mm512_and_ps(q, kAbsMask));
-  const __m512i m = _mm512_max_epi32(a, _mm512_set1_epi32(0x3F800000));
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(m, 22), _mm512_set1_epi32(1));
-  const __m512i normal = _mm512_sub_epi32(
-      _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(m, _mm512_set1_epi32(0x1FFFFF)), lsb), 22),
-      _mm512_set1_epi32(252));
-  const __m512i sub = _mm512_sub_epi32(
-      _mm512_castps_si512(_mm512_add_ps(_mm512_castsi512_ps(a), _mm512_set1_ps(4194304.0f))),
-      _mm512_set1_epi32(0x4A800000));
-  const __m512i mag = _mm512_min_epi32(_mm512_min_epi32(normal, sub), _mm512_set1_epi32(7));
-  const __m512i sign = _mm512_slli_epi32(_mm512_srli_epi32(_mm512_castps_si512(q), 31), 3);
-  return _mm512_or_si512(mag, sign);
-}
-
-// Lane j of the result: the largest lane of v[j] (16 vectors of magnitudes).
-// A transposing reduction: within 128-bit lanes, then across them.
-[[gnu::always_inline]] inline __m512 BlockMaxima(const __m512* v) {
-  __m512 l1[8], l2[4], l3[2];
+// Lane j of the result: the largest lane of v[j] (16 vectors of magnitude
+// bit patterns, compared as unsigned integers: the order of non-negative
+// floats, with Inf and NaN above every finite value). A transposing
+// reduction: within 128-bit lanes, then across them.
+[[gnu::always_inline]] inline __m512i BlockMaxima(const __m512i* v) {
+  auto shuffle = [](__m512i a, __m512i b, int imm) {
+    return _mm512_castps_si512(_mm512_shuffle_ps(_mm512_castsi512_ps(a), _mm512_castsi512_ps(b), imm));
+  };
+  __m512i l1[8], l2[4], l3[2];
   for (int i = 0; i < 8; ++i) {
-    l1[i] = _mm512_max_ps(_mm512_shuffle_ps(v[2 * i], v[2 * i + 1], 0x44),
-                          _mm512_shuffle_ps(v[2 * i], v[2 * i + 1], 0xEE));
+    l1[i] = _mm512_max_epu32(shuffle(v[2 * i], v[2 * i + 1], 0x44), shuffle(v[2 * i], v[2 * i + 1], 0xEE));
   }
   for (int i = 0; i < 4; ++i) {
-    l2[i] = _mm512_max_ps(_mm512_shuffle_ps(l1[2 * i], l1[2 * i + 1], 0x88),
-                          _mm512_shuffle_ps(l1[2 * i], l1[2 * i + 1], 0xDD));
+    l2[i] = _mm512_max_epu32(shuffle(l1[2 * i], l1[2 * i + 1], 0x88), shuffle(l1[2 * i], l1[2 * i + 1], 0xDD));
   }
   for (int i = 0; i < 2; ++i) {
-    l3[i] = _mm512_max_ps(_mm512_shuffle_f32x4(l2[2 * i], l2[2 * i + 1], 0x88),
-                          _mm512_shuffle_f32x4(l2[2 * i], l2[2 * i + 1], 0xDD));
+    l3[i] = _mm512_max_epu32(_mm512_shuffle_i32x4(l2[2 * i], l2[2 * i + 1], 0x88),
+                             _mm512_shuffle_i32x4(l2[2 * i], l2[2 * i + 1], 0xDD));
   }
-  return _mm512_max_ps(_mm512_shuffle_f32x4(l3[0], l3[1], 0x88),
-                       _mm512_shuffle_f32x4(l3[0], l3[1], 0xDD));
+  return _mm512_max_epu32(_mm512_shuffle_i32x4(l3[0], l3[1], 0x88), _mm512_shuffle_i32x4(l3[0], l3[1], 0xDD));
 }
 
 template <Dtype kDt>
@@ -109,71 +89,165 @@ __m512 E4M3Values(__m512i codes) {
                        _mm512_castsi512_ps(_mm512_set1_epi32(247 << 23)));
 }
 
-// The block scales and divisors (spec/CODEC.md 14.3 steps 4-5) of up to 16
-// blocks whose maxima are in bmax[0, count): codes to block_scales, divisors
-// to divisor[0, 16).
+// The divisors' element thresholds. A code's magnitude is the number of the
+// seven conditions below that fl(|x| / D) meets (spec/CODEC.md 14.2: ties
+// go to the even code). Each is a condition on the real quotient |x| / D,
+// against the midpoint next to the threshold t (t and every such midpoint
+// fit in 25 bits, D in 24: their product is exact in double):
+//   q > t  <=>  |x| / D > t + ulp(t) / 2 (a tie rounds to t, whose last
+//   mantissa bit is 0);  q >= t  <=>  |x| / D >= t - ulp(t) / 2.
+// So each condition is |x| >= X, X the least f32 above (or at) the exact
+// product: no division per element, and the same codes as the reference.
+struct Threshold {
+  double midpoint;
+  bool strict;
+};
+constexpr Threshold kThresholds[7] = {
+    {0.25 + 0x1p-26, true},  {0.75 - 0x1p-25, false}, {1.25 + 0x1p-24, true}, {1.75 - 0x1p-24, false},
+    {2.5 + 0x1p-23, true},   {3.5 - 0x1p-23, false},  {5.0 + 0x1p-22, true},
+};
+
+// X of one threshold for 8 divisors (double lanes): the least f32 >= (or >)
+// midpoint * D, as an f32 bit pattern (+Inf when no finite f32 is).
+__m256i ThresholdBits(__m512d d, const Threshold& t) {
+  const __m512d p = _mm512_mul_pd(d, _mm512_set1_pd(t.midpoint));
+  if (t.strict) {  // the f32 at or below the product, plus one ulp
+    const __m256 below = _mm512_cvt_roundpd_ps(p, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    return _mm256_add_epi32(_mm256_castps_si256(below), _mm256_set1_epi32(1));
+  }
+  return _mm256_castps_si256(_mm512_cvt_roundpd_ps(p, _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC));
+}
+
+// The block scales, divisors and element thresholds (spec/CODEC.md 14.3
+// steps 4-6) of up to 16 blocks whose maxima are in bmax[0, count): codes to
+// block_scales, thresholds to x[i][block] (f32; +Inf for a zero block scale,
+// whose codes are signed zeros).
 [[gnu::always_inline]] inline void BlockScales(const float* bmax, size_t count, float scale, uint8_t* block_scales,
-                 float* divisor) {
+                                               float (*x)[16]) {
   const __mmask16 k = static_cast<__mmask16>((1u << count) - 1u);
   const __m512 s = _mm512_set1_ps(scale);
   const __m512 relative = _mm512_div_ps(_mm512_maskz_loadu_ps(k, bmax), s);
   const __m512i codes = E4M3Codes(_mm512_div_ps(relative, _mm512_set1_ps(kE2M1Max)));
   _mm_mask_storeu_epi8(block_scales, k, _mm512_cvtepi32_epi8(codes));
-  _mm512_storeu_ps(divisor, _mm512_mul_ps(E4M3Values(codes), s));
+  const __m512 divisor = _mm512_mul_ps(E4M3Values(codes), s);
+  const __mmask16 zero = _mm512_cmpeq_epi32_mask(codes, _mm512_setzero_si512());
+  const __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(divisor));
+  const __m512d hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(divisor), 1)));
+  for (int i = 0; i < 7; ++i) {
+    const __m512i bits = _mm512_inserti64x4(_mm512_castsi256_si512(ThresholdBits(lo, kThresholds[i])),
+                                            ThresholdBits(hi, kThresholds[i]), 1);
+    _mm512_storeu_si512(x[i], _mm512_mask_mov_epi32(bits, zero, _mm512_set1_epi32(0x7F800000)));
+  }
+}
+
+// E2M1 codes (one per 32-bit lane) of a block's 16 finite elements: the
+// count of thresholds each magnitude reaches, the sign in bit 3.
+[[gnu::always_inline]] inline __m512i BlockCodes(__m512 v, const float (*x)[16], size_t j) {
+  const __m512 a = _mm512_and_ps(v, kAbsMask);
+  const __m512i one = _mm512_set1_epi32(1);
+  __m512i m = _mm512_setzero_si512();
+  for (int i = 0; i < 7; ++i) {
+    m = _mm512_mask_add_epi32(m, _mm512_cmp_ps_mask(a, _mm512_set1_ps(x[i][j]), _CMP_GE_OQ), m, one);
+  }
+  const __m512i sign = _mm512_slli_epi32(_mm512_srli_epi32(_mm512_castps_si512(v), 31), 3);
+  return _mm512_or_si512(m, sign);
+}
+
+// The packed codes of `count` bf16 blocks (at most 16) with their
+// thresholds x, two blocks per vector in the bf16 patterns themselves: a
+// bf16 magnitude reaches the f32 threshold X exactly when its pattern is at
+// least X's pattern rounded up to 16 bits (patterns of non-negative values
+// order as the values do).
+[[gnu::always_inline]] inline void Bf16Codes(const uint16_t* src, size_t count, const float (*x)[16],
+                                             uint8_t* packed) {
+  __m512i t[7];
+  for (int i = 0; i < 7; ++i) {
+    const __m512i bits = _mm512_load_si512(x[i]);
+    t[i] = _mm512_castsi256_si512(
+        _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32(0xFFFF)), 16)));
+  }
+  const __m512i one = _mm512_set1_epi16(1);
+  // Lanes 0-15: block j's threshold, lanes 16-31: block j + 1's.
+  __m512i index = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(1), 1);
+  for (size_t j = 0; j < count; j += 2) {
+    const __mmask32 k = count - j >= 2 ? ~__mmask32{0} : __mmask32{0xFFFF};
+    const __m512i raw = _mm512_maskz_loadu_epi16(k, src + j * kBlock);
+    const __m512i a = _mm512_and_si512(raw, _mm512_set1_epi16(0x7FFF));
+    __m512i m = _mm512_setzero_si512();
+    for (int i = 0; i < 7; ++i) {
+      m = _mm512_mask_add_epi16(m, _mm512_cmpge_epu16_mask(a, _mm512_permutexvar_epi16(index, t[i])), m, one);
+    }
+    // m | (sign bit moved to bit 3): (raw >> 12) & 8.
+    const __m512i codes = _mm512_ternarylogic_epi32(m, _mm512_srli_epi16(raw, 12), _mm512_set1_epi16(8), 0xF8);
+    // Two codes in each 32-bit lane: even element bits 0-3, odd 16-19.
+    const __m128i bytes = _mm512_cvtepi32_epi8(_mm512_or_si512(codes, _mm512_srli_epi32(codes, 12)));
+    if (count - j >= 2) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(packed + j * kBlock / 2), bytes);
+    } else {
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(packed + j * kBlock / 2), bytes);
+    }
+    index = _mm512_add_epi16(index, _mm512_set1_epi16(2));
+  }
 }
 
 template <Dtype kDt>
 bool QuantizeRowT(const void* src, size_t n, uint8_t* packed, uint8_t* block_scales,
-                  float* row_scale) {
-  // Pass 1: finiteness, the row's amax.
-  const __m512i exp_mask = _mm512_set1_epi32(0x7F800000);
-  __m512 vmax = _mm512_setzero_ps();
-  __mmask16 bad = 0;
-  for (size_t i = 0; i < n; i += kBlock) {
-    const __m512 v = Load16<kDt>(src, i);
-    bad |= _mm512_cmpeq_epi32_mask(_mm512_and_si512(_mm512_castps_si512(v), exp_mask), exp_mask);
-    vmax = _mm512_max_ps(vmax, _mm512_and_ps(v, kAbsMask));
-  }
-  if (bad != 0) return false;
-  const float scale = RowScale(_mm512_reduce_max_ps(vmax));
-  *row_scale = scale;
-  // Pass 2, 16 blocks at a time: their scales, then their codes.
+                  float* row_scale, float* scratch) {
+  // Pass 1, 16 blocks at a time: each block's largest magnitude (to
+  // scratch), the row's, and finiteness (an Inf or NaN pattern is above
+  // every finite one).
   const size_t blocks = n / kBlock;
-  alignas(64) float divisor[16];
-  __m512 v[16];
+  __m512i vmax = _mm512_setzero_si512();
+  __m512i v[16];
   for (size_t g = 0; g < blocks; g += 16) {
     const size_t count = blocks - g < 16 ? blocks - g : 16;
     for (size_t j = 0; j < 16; ++j) {
-      v[j] = j < count ? Load16<kDt>(src, (g + j) * kBlock) : _mm512_setzero_ps();
+      v[j] = j < count ? _mm512_and_si512(_mm512_castps_si512(Load16<kDt>(src, (g + j) * kBlock)),
+                                          _mm512_castps_si512(kAbsMask))
+                       : _mm512_setzero_si512();
     }
-    __m512 mags[16];
-    for (size_t j = 0; j < 16; ++j) mags[j] = _mm512_and_ps(v[j], kAbsMask);
-    alignas(64) float bmax[16];
-    _mm512_store_ps(bmax, BlockMaxima(mags));
-    BlockScales(bmax, count, scale, block_scales + g, divisor);
-    for (size_t j = 0; j < count; ++j) {
-      __m512i codes;
-      if (divisor[j] == 0.0f) {
-        // A zero block scale: signed zeros (spec/CODEC.md 14.3 step 6).
-        codes = _mm512_slli_epi32(_mm512_srli_epi32(_mm512_castps_si512(v[j]), 31), 3);
+    const __m512i m = BlockMaxima(v);
+    _mm512_storeu_si512(scratch + g, m);
+    vmax = _mm512_max_epu32(vmax, m);
+  }
+  const uint32_t amax = _mm512_reduce_max_epu32(vmax);
+  if (amax >= 0x7F800000u) return false;
+  float amax_f;
+  std::memcpy(&amax_f, &amax, sizeof amax_f);
+  const float scale = RowScale(amax_f);
+  *row_scale = scale;
+  // Pass 2, up to 128 blocks at a time: the scales and thresholds of each
+  // 16 (independent of each other, so that they overlap), then the codes.
+  alignas(64) float x[8][7][16];
+  for (size_t c = 0; c < blocks; c += 128) {
+    const size_t end = blocks - c < 128 ? blocks : c + 128;
+    for (size_t g = c; g < end; g += 16) {
+      BlockScales(scratch + g, end - g < 16 ? end - g : 16, scale, block_scales + g, x[(g - c) / 16]);
+    }
+    for (size_t g = c; g < end; g += 16) {
+      const size_t count = end - g < 16 ? end - g : 16;
+      const float(*t)[16] = x[(g - c) / 16];
+      if constexpr (kDt == Dtype::kBF16) {
+        Bf16Codes(static_cast<const uint16_t*>(src) + g * kBlock, count, t, packed + g * kBlock / 2);
       } else {
-        codes = EncodeE2M1x16(_mm512_div_ps(v[j], _mm512_set1_ps(divisor[j])));
+        for (size_t j = 0; j < count; ++j) {
+          StorePacked(packed + (g + j) * kBlock / 2, BlockCodes(Load16<kDt>(src, (g + j) * kBlock), t, j));
+        }
       }
-      StorePacked(packed + (g + j) * kBlock / 2, codes);
     }
   }
   return true;
 }
 
 bool QuantizeRowAvx512(Dtype src_dtype, const void* src, size_t n, uint8_t* packed,
-                       uint8_t* block_scales, float* row_scale, float* /*scratch*/) {
+                       uint8_t* block_scales, float* row_scale, float* scratch) {
   switch (src_dtype) {
     case Dtype::kBF16:
-      return QuantizeRowT<Dtype::kBF16>(src, n, packed, block_scales, row_scale);
+      return QuantizeRowT<Dtype::kBF16>(src, n, packed, block_scales, row_scale, scratch);
     case Dtype::kF16:
-      return QuantizeRowT<Dtype::kF16>(src, n, packed, block_scales, row_scale);
+      return QuantizeRowT<Dtype::kF16>(src, n, packed, block_scales, row_scale, scratch);
     default:
-      return QuantizeRowT<Dtype::kF32>(src, n, packed, block_scales, row_scale);
+      return QuantizeRowT<Dtype::kF32>(src, n, packed, block_scales, row_scale, scratch);
   }
 }
 

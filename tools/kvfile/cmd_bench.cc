@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "bench_support.h"
+#include "fidelity.h"
 #include "cli_common.h"
 #include "kvfile/codec.h"
 #include "kvfile/presets.h"
@@ -48,7 +49,15 @@ struct BenchArgs {
   bool json = false;
   int reps = 3;
   uint32_t open_chunks = 10000;
+  bool fidelity = false;
+  uint32_t layers = 0;  // --fidelity: the first N layers (0: all)
 };
+
+// --fidelity without --tokens: enough tokens for stable figures, fast.
+constexpr uint64_t kFidelityTokens = 2048;
+// --fidelity: the attention sharpnesses, as fractions of log(tokens) that
+// the softmax entropy is set to (fidelity.h).
+const std::vector<double> kSharpness = {0.9, 0.5, 0.1};
 
 // One line of the table.
 struct Row {
@@ -195,6 +204,11 @@ class Bench {
 
   Status Limits();
   Status Codec();
+  // The encode and decode rows (scalar, best ISA, best ISA on 2 threads) of
+  // one stored form: encode/decode(isa, first row, end row) over `rows` rows.
+  Status CodecRows(const std::string& dtype, size_t rows, double bf16_bytes,
+                   const std::function<bool(codec::Isa, size_t, size_t)>& encode,
+                   const std::function<void(codec::Isa, size_t, size_t)>& decode);
   Status AppendPaths();
   Status ReadPaths();
   Status UpgradePath();
@@ -225,14 +239,45 @@ Status Bench::Limits() {
 }
 
 Status Bench::Codec() {
-  // A slice of the session's first stream: rows as the writer sees them.
+  // A slice of the session's first stream: rows as the writer sees them
+  // (fp8: one scale per row of row_width; nvfp4: one row per token).
   const StreamSpec& spec = s_.g.streams[0];
   size_t width = spec.row_width;
   size_t rows = std::min<size_t>(s_.tokens * spec.rows_per_token, (size_t{64} << 20) / (2 * width));
   const uint16_t* src = s_.BlockRows(0);
   BigBuffer codes(rows * width), scales(rows * 4), decoded(rows * width * 2);
   auto* sc = reinterpret_cast<float*>(scales.data());
-  double bf16_bytes = static_cast<double>(rows * width * 2);
+  KVFILE_RETURN_IF_ERROR(CodecRows(
+      "e4m3", rows, static_cast<double>(rows * width * 2),
+      [&](codec::Isa isa, size_t b, size_t e) {
+        size_t bad;
+        return codec::QuantizeRows(Dtype::kE4M3, Dtype::kBF16, src + b * width, e - b, width,
+                                   codes.data() + b * width, sc + b, &bad, isa);
+      },
+      [&](codec::Isa isa, size_t b, size_t e) {
+        codec::DequantizeRows(Dtype::kE4M3, codes.data() + b * width, sc + b, e - b, width, Dtype::kBF16,
+                              decoded.data() + b * width * 2, isa);
+      }));
+  size_t token = spec.ElementsPerToken();
+  if (token % codec::kNvfp4Block != 0) return Status::OK();  // not storable as nvfp4
+  size_t tokens = rows * width / token;
+  auto* blocks = codes.data() + tokens * token / 2;  // after the packed codes
+  return CodecRows(
+      "nvfp4", tokens, static_cast<double>(tokens * token * 2),
+      [&](codec::Isa isa, size_t b, size_t e) {
+        size_t bad;
+        return codec::QuantizeNvfp4Rows(Dtype::kBF16, src + b * token, e - b, token, codes.data() + b * token / 2,
+                                        blocks + b * token / codec::kNvfp4Block, sc + b, &bad, isa);
+      },
+      [&](codec::Isa isa, size_t b, size_t e) {
+        codec::DequantizeNvfp4Rows(codes.data() + b * token / 2, blocks + b * token / codec::kNvfp4Block, sc + b,
+                                   e - b, token, Dtype::kBF16, decoded.data() + b * token * 2, isa);
+      });
+}
+
+Status Bench::CodecRows(const std::string& dtype, size_t rows, double bf16_bytes,
+                        const std::function<bool(codec::Isa, size_t, size_t)>& encode,
+                        const std::function<void(codec::Isa, size_t, size_t)>& decode) {
   struct Variant {
     codec::Isa isa;
     unsigned threads;
@@ -240,15 +285,12 @@ Status Bench::Codec() {
   std::vector<Variant> variants = {{codec::Isa::kScalar, 1}, {codec::BestIsa(), 1}, {codec::BestIsa(), 2}};
   for (const Variant& v : variants) {
     std::string isa = codec::IsaName(v.isa);
-    Row enc{.path = "codec: encode bf16->e4m3 (" + isa + ")", .threads = v.threads, .bytes = bf16_bytes,
+    Row enc{.path = "codec: encode bf16->" + dtype + " (" + isa + ")", .threads = v.threads, .bytes = bf16_bytes,
             .bytes_of = "bf16 in"};
     bool finite = true;
     KVFILE_RETURN_IF_ERROR(Measure(std::max(a_.reps, 5), &enc, [&] {
       Parallel(v.threads, rows, [&](size_t b, size_t e) {
-        size_t bad;
-        if (!codec::QuantizeRows(Dtype::kE4M3, Dtype::kBF16, src + b * width, e - b, width,
-                                 codes.data() + b * width, sc + b, &bad, v.isa))
-          finite = false;
+        if (!encode(v.isa, b, e)) finite = false;
       });
       return finite ? Status::OK() : Status::Failed("synthetic rows were not finite");
     }));
@@ -258,13 +300,10 @@ Status Bench::Codec() {
       enc.target_ratio = 0.5;
     }
     Add(enc);
-    Row dec{.path = "codec: decode e4m3->bf16 (" + isa + ")", .threads = v.threads, .bytes = bf16_bytes,
+    Row dec{.path = "codec: decode " + dtype + "->bf16 (" + isa + ")", .threads = v.threads, .bytes = bf16_bytes,
             .bytes_of = "bf16 out"};
     KVFILE_RETURN_IF_ERROR(Measure(std::max(a_.reps, 5), &dec, [&] {
-      Parallel(v.threads, rows, [&](size_t b, size_t e) {
-        codec::DequantizeRows(Dtype::kE4M3, codes.data() + b * width, sc + b, e - b, width,
-                              Dtype::kBF16, decoded.data() + b * width * 2, v.isa);
-      });
+      Parallel(v.threads, rows, [&](size_t b, size_t e) { decode(v.isa, b, e); });
       return Status::OK();
     }));
     CompareTo(dec, "limit: memcpy");
@@ -658,6 +697,61 @@ int Bench::Run() {
   return kExitOk;
 }
 
+
+// `kvfile bench --fidelity`: fidelity.h's measures for one preset or all.
+int RunFidelity(const BenchArgs& a) {
+  SetCurrentPath(a.dir);
+  std::vector<std::string> presets = a.preset == "all" ? PresetNames() : std::vector<std::string>{a.preset};
+  nlohmann::json doc = nlohmann::json::array();
+  for (const std::string& preset : presets) {
+    fidelity::Result r;
+    Status st = fidelity::Measure({.preset = preset, .tokens = a.tokens, .layers = a.layers, .sharpness = kSharpness},
+                                  &r);
+    if (!st.ok()) return ReportError(st);
+    if (a.json) {
+      nlohmann::json p = {{"preset", r.preset}, {"tokens", r.tokens}, {"layers", r.layers},
+                          {"queries_per_layer", r.heads}, {"key_dim", r.key_dim}, {"entropy_fractions", r.sharpness}};
+      for (const fidelity::DtypeResult& d : r.dtypes) {
+        nlohmann::json j = {{"dtype", d.dtype}, {"bits_per_element", d.bits_per_element}};
+        for (size_t i = 0; i < d.streams.size(); ++i)
+          j["element"][d.streams[i]] = {{"median", d.element[i].median}, {"max", d.element[i].max}};
+        for (size_t i = 0; i < d.attention.size(); ++i)
+          j["attention"].push_back({{"entropy_fraction", r.sharpness[i]}, {"median", d.attention[i].median},
+                                    {"max", d.attention[i].max}});
+        p["dtypes"].push_back(j);
+      }
+      doc.push_back(p);
+      continue;
+    }
+    std::printf("kvfile bench --fidelity: %s, %llu tokens, %u layers, %zu %s per layer (key dim %zu)\n",
+                r.preset.c_str(), static_cast<unsigned long long>(r.tokens), r.layers, r.heads,
+                r.heads == 1 ? "query" : "queries", r.key_dim);
+    std::printf("%-6s %8s", "dtype", "bits/el");
+    for (const std::string& name : r.dtypes[0].streams) std::printf(" %15s", name.c_str());
+    for (double f : r.sharpness) std::printf("   attn H=%.2f", f);
+    std::printf("\n");
+    for (const fidelity::DtypeResult& d : r.dtypes) {
+      std::printf("%-6s %8.2f", d.dtype.c_str(), d.bits_per_element);
+      auto cell = [](const fidelity::Spread& x) {
+        char text[32];
+        std::snprintf(text, sizeof text, "%.2f / %.2f", 100 * x.median, 100 * x.max);
+        std::printf(" %15s", text);
+      };
+      for (const fidelity::Spread& x : d.element) cell(x);
+      for (const fidelity::Spread& x : d.attention) cell(x);
+      std::printf("\n");
+    }
+  }
+  if (a.json) {
+    std::printf("%s\n", nlohmann::json{{"fidelity", doc}}.dump(2).c_str());
+  } else {
+    std::printf("Relative L2 error in %%, median / max over layers: of each stream's elements, and of the attention "
+                "output softmax(q K^T / sqrt(d)) V of one query per key head, scaled so that the softmax entropy "
+                "over the exact keys is H x log(tokens) (H near 1: spread over every token; near 0: a few).\n");
+  }
+  return kExitOk;
+}
+
 }  // namespace
 
 void RegisterBench(CLI::App& app, int* exit_code) {
@@ -678,7 +772,19 @@ void RegisterBench(CLI::App& app, int* exit_code) {
       ->check(Count(1, UINT32_MAX))
       ->capture_default_str();
   cmd->add_flag("--json", args->json, "one JSON document on stdout instead of the table");
-  cmd->callback([args, exit_code] { *exit_code = Bench(*args).Run(); });
+  CLI::Option* tokens = cmd->get_option("--tokens");
+  cmd->add_flag("--fidelity", args->fidelity,
+                "instead of speed: the error of e4m3, e5m2 and nvfp4 on the preset's synthetic rows "
+                "(--preset all: every preset; --tokens defaults to " + std::to_string(kFidelityTokens) + ")");
+  cmd->add_option("--layers", args->layers, "with --fidelity: the first N layers only")->check(Count(1, UINT32_MAX));
+  cmd->callback([args, exit_code, tokens] {
+    if (args->fidelity) {
+      if (tokens->count() == 0) args->tokens = kFidelityTokens;
+      *exit_code = RunFidelity(*args);
+      return;
+    }
+    *exit_code = Bench(*args).Run();
+  });
 }
 
 }  // namespace kvfile::cli

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The fp8 row codec: f32/bf16/f16 rows <-> fp8 (e4m3 or e5m2) codes plus one
-// f32 scale per row, exactly as spec/CODEC.md defines it.
+// f32 scale per row, exactly as spec/CODEC.md defines it; at the end, the 4-bit
+// NVFP4 rows (codes, block scales and a row scale, section 14).
 //
 // Every function works on whole blocks of rows; there is no per-element call
 // in the hot path. Each block function has a scalar reference and vectorized
@@ -74,5 +75,23 @@ KVFILE_EXPORT void ConvertRaw(Dtype src_dtype, const void* src, size_t n, Dtype 
 
 // Index of the first non-finite element in a raw block of n elements, or n.
 KVFILE_EXPORT size_t FindNonFinite(Dtype dtype, const void* src, size_t n);
+
+// ---- NVFP4 (spec/CODEC.md section 14) -----------------------------------------
+// Elements per E4M3 block scale.
+inline constexpr size_t kNvfp4Block = 16;
+// Quantizes `rows` rows of `width` elements of src_dtype (kBF16, kF16, kF32),
+// width a multiple of kNvfp4Block: rows*width/2 packed E2M1 bytes (low nibble
+// first), rows*width/16 E4M3 block scales, `rows` f32 row scales. A row with
+// NaN or Inf: false, *bad_row its index; a width that is not a multiple of
+// 16 or another src_dtype: false, *bad_row = rows.
+KVFILE_EXPORT bool QuantizeNvfp4Rows(Dtype src_dtype, const void* src, size_t rows, size_t width,
+                                     uint8_t* packed, uint8_t* block_scales, float* row_scales,
+                                     size_t* bad_row, Isa isa = Isa::kBest);
+// Decodes such rows into dst_dtype (kBF16, kF16, kF32), rounded to nearest
+// even and clamped to its finite range. Precondition: every block scale and
+// row scale valid (spec/CODEC.md 14.5).
+KVFILE_EXPORT void DequantizeNvfp4Rows(const uint8_t* packed, const uint8_t* block_scales,
+                                       const float* row_scales, size_t rows, size_t width,
+                                       Dtype dst_dtype, void* dst, Isa isa = Isa::kBest);
 
 }  // namespace kvfile::codec
