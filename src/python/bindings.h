@@ -11,5 +11,6 @@ void BindReader(pybind11::module_& m);   // Reader, open_reader()
 void BindWriter(pybind11::module_& m);   // Writer, create(), open_writer()
 void BindVerify(pybind11::module_& m);   // verify()
 void BindFormats(pybind11::module_& m);  // mooncake_encode/decode, coli_import/export
+void BindFind(pybind11::module_& m);     // find(), index_directory()
 
 }  // namespace kvfile::python
