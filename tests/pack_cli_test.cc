@@ -1,8 +1,10 @@
+// SPDX-License-Identifier: Apache-2.0
 // The pack verbs of the CLI: kvfile pack, unpack, ls, and verify of a pack;
 // exit statuses, the one error line, and files left untouched on failure.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -37,19 +39,27 @@ class PackCliTest : public ::testing::Test {
   fs::path dir_;
 };
 
-// Token ids and every code and scale, as a reader returns them.
-std::string Contents(const std::string& path) {
+// Token ids, model id, stream dtypes, and every code and scale as a reader
+// returns them, or with `decoded` every row decoded to f32.
+std::string Contents(const std::string& path, bool decoded = false) {
   std::unique_ptr<Reader> r;
   Status st = Reader::Open(path, {}, &r);
   EXPECT_TRUE(st.ok()) << st.ToString();
   if (!st.ok()) return "";
   std::string out(reinterpret_cast<const char*>(r->tokens().data()), r->tokens().size() * 4);
   out += r->identity().model_id;
-  uint64_t n = r->token_count();
   const Geometry& g = r->geometry();
+  for (const StreamSpec& s : g.streams) out += std::string(";") + DtypeName(s.dtype);
+  uint64_t n = r->token_count();
   for (uint32_t l = 0; l < g.layers; ++l)
     for (uint32_t s = 0; s < g.streams.size(); ++s) {
       uint64_t rows = n * g.streams[s].rows_per_token;
+      if (decoded) {
+        std::vector<float> values(rows * g.streams[s].row_width);
+        EXPECT_TRUE(r->ReadRows(l, s, 0, n, Dtype::kF32, values.data()).ok());
+        out.append(reinterpret_cast<const char*>(values.data()), values.size() * 4);
+        continue;
+      }
       std::string codes(rows * g.streams[s].row_width, '\0');
       std::vector<float> scales(rows);
       EXPECT_TRUE(r->ReadCodes(l, s, 0, n, reinterpret_cast<uint8_t*>(codes.data()), scales.data()).ok());
@@ -58,6 +68,7 @@ std::string Contents(const std::string& path) {
     }
   return out;
 }
+std::string Decoded(const std::string& path) { return Contents(path, true); }
 
 bool OneErrorLine(const std::string& err, const std::string& path) {
   return err.starts_with("kvfile: error: " + path + ": ") && err.find('\n') == err.size() - 1;
@@ -159,6 +170,141 @@ TEST_F(PackCliTest, FailedPackLeavesOutputUntouched) {
   r = Kvfile("pack " + P("corpus/a.kv") + " " + P("corpus/a.kv") + " -o " + P("d.kvpack"));
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_FALSE(fs::exists(P("d.kvpack")));
+}
+
+
+// PACK:MEMBER wherever a read-only verb takes a .kv file: the member's
+// contents, its name in the output, one error line for a missing member or
+// a damaged pack, and no temporary file left in $TMPDIR.
+TEST_F(PackCliTest, PackMemberForReadOnlyVerbs) {
+  ASSERT_EQ(Kvfile("pack " + P("corpus") + " -o " + P("c.kvpack") + " --chunk-tokens 16").exit_code, 0);
+  fs::create_directories(P("tmp"));
+  const std::string env = "TMPDIR=" + P("tmp") + " ";
+  const std::string member = P("c.kvpack") + ":sub/b.kv";
+  auto r = Kvfile("info " + member + " --json", env);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["path"], member);
+  EXPECT_EQ(j["tokens"], 60);
+
+  r = Kvfile("dump " + member + " --tokens --json", env);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::unique_ptr<Reader> src;
+  ASSERT_TRUE(Reader::Open(P("corpus/sub/b.kv"), {}, &src).ok());
+  EXPECT_EQ(nlohmann::json::parse(r.out)["tokens"].get<std::vector<uint32_t>>(),
+            std::vector<uint32_t>(src->tokens().begin(), src->tokens().end()));
+
+  // convert: the member's contents, as from the source file.
+  r = Kvfile("convert " + member + " " + P("b.kv"), env);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(r.out.starts_with(member + " -> " + P("b.kv") + ": 60 tokens")) << r.out;
+  EXPECT_EQ(Contents(P("b.kv")), Contents(P("corpus/sub/b.kv")));
+
+  // verify: packs, members and .kv files mixed.
+  r = Kvfile("verify " + member + " " + P("c.kvpack") + " " + P("corpus/a.kv"), env);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find(member + ": ok: 60 tokens"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(P("c.kvpack") + ": ok: 2 members, 5 chunks"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("0 of 3 files damaged"), std::string::npos) << r.out;
+
+  // A missing member: exit 2, one line naming the pack.
+  for (std::string verb : {"info ", "dump ", "verify "}) {
+    r = Kvfile(verb + P("c.kvpack") + ":nosuch.kv", env);
+    EXPECT_EQ(r.exit_code, 2) << verb;
+    EXPECT_EQ(r.err, "kvfile: error: " + P("c.kvpack") + ": no member 'nosuch.kv'\n") << verb;
+  }
+  r = Kvfile("convert " + P("c.kvpack") + ":nosuch.kv " + P("x.kv"), env);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_FALSE(fs::exists(P("x.kv")));
+
+  // A damaged chunk of the member: exit 1, one line naming the pack.
+  std::string bytes = ReadFile(P("c.kvpack"));
+  bytes[200] ^= 0x10;  // the first (shared) chunk's payload
+  std::ofstream(P("bad.kvpack"), std::ios::binary) << bytes;
+  for (std::string verb : {"info ", "dump "}) {
+    r = Kvfile(verb + P("bad.kvpack") + ":a.kv", env);
+    EXPECT_EQ(r.exit_code, 1) << verb;
+    EXPECT_TRUE(OneErrorLine(r.err, P("bad.kvpack"))) << r.err;
+    EXPECT_NE(r.err.find("checksum mismatch"), std::string::npos) << r.err;
+  }
+  r = Kvfile("convert " + P("bad.kvpack") + ":a.kv " + P("x.kv"), env);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_TRUE(OneErrorLine(r.err, P("bad.kvpack"))) << r.err;
+  EXPECT_FALSE(fs::exists(P("x.kv")));
+  // verify of several: the damaged pack and member fail, the file passes.
+  r = Kvfile("verify " + P("bad.kvpack") + ":a.kv " + P("bad.kvpack") + " " + P("corpus/a.kv"), env);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.out.find(P("bad.kvpack") + ": FAILED: "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("2 of 3 files damaged"), std::string::npos) << r.out;
+  EXPECT_TRUE(r.err.starts_with("kvfile: error: 2 of 3 files failed; first: " + P("bad.kvpack") + ": ")) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1);
+
+  // An existing path wins over PACK:MEMBER; nothing is left in $TMPDIR.
+  std::ofstream(P("c.kvpack") + ":a.kv", std::ios::binary) << "not a kv file";
+  r = Kvfile("info " + P("c.kvpack") + ":a.kv", env);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_TRUE(OneErrorLine(r.err, P("c.kvpack") + ":a.kv")) << r.err;
+  EXPECT_TRUE(fs::is_empty(P("tmp")));
+}
+
+// synth --prefix-tokens/--prefix-seed: sessions of other seeds share that
+// prefix (ids and rows, and the fingerprint) and nothing after it.
+TEST_F(PackCliTest, SynthSharedPrefixIsStoredOnce) {
+  fs::create_directories(P("px"));
+  for (std::string seed : {"1", "2"}) {
+    auto r = Kvfile("synth " + P("px/s" + seed + ".kv") + " --preset tiny --tokens 48 --seed " + seed +
+                    " --prefix-tokens 32 --prefix-seed 9 --chunk-tokens 8");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+  }
+  auto r = Kvfile("pack " + P("px") + " -o " + P("px.kvpack") + " --chunk-tokens 16");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  // [0, 16) and [16, 32) once; [32, 48) once per member.
+  EXPECT_NE(r.out.find("2 members, 96 tokens, 4 chunks stored of 6 used"), std::string::npos) << r.out;
+  std::unique_ptr<Reader> a, b;
+  ASSERT_TRUE(Reader::Open(P("px/s1.kv"), {}, &a).ok());
+  ASSERT_TRUE(Reader::Open(P("px/s2.kv"), {}, &b).ok());
+  EXPECT_EQ(a->identity(), b->identity());
+  EXPECT_EQ(a->identity().fingerprint, 9u);
+  EXPECT_TRUE(std::equal(a->tokens().begin(), a->tokens().begin() + 32, b->tokens().begin()));
+  EXPECT_NE(a->tokens()[32], b->tokens()[32]);
+}
+
+// pack --dtype: each member holds what kvfile convert --dtype makes of its
+// source (decoded values and dtypes equal).
+TEST_F(PackCliTest, PackDtypeRequantizesAsConvert) {
+  for (std::string dtype : {"e5m2", "bf16"}) {
+    auto r = Kvfile("pack " + P("corpus") + " -o " + P(dtype + ".kvpack") + " --chunk-tokens 16 --dtype " + dtype);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    ASSERT_EQ(Kvfile("unpack " + P(dtype + ".kvpack") + " -o " + P(dtype)).exit_code, 0);
+    for (std::string m : {"a.kv", "sub/b.kv"}) {
+      r = Kvfile("convert " + P("corpus/" + m) + " " + P(dtype + "-" + fs::path(m).filename().string()) +
+                 " --dtype " + dtype);
+      ASSERT_EQ(r.exit_code, 0) << r.err;
+      std::string want = Decoded(P(dtype + "-" + fs::path(m).filename().string()));
+      EXPECT_NE(want.find(";" + dtype), std::string::npos);
+      EXPECT_EQ(Decoded(P(dtype + "/" + m)), want) << dtype << " " << m;
+    }
+  }
+  // Requantized, the source's codes are not kept: e5m2 differs from e4m3.
+  EXPECT_NE(Decoded(P("e5m2/a.kv")), Decoded(P("corpus/a.kv")));
+}
+
+// pack --jobs: the same pack bytes for any number of reading threads.
+TEST_F(PackCliTest, PackJobsWritesTheSameBytes) {
+  ASSERT_EQ(Kvfile("pack " + P("corpus") + " -o " + P("j1.kvpack") + " --chunk-tokens 16").exit_code, 0);
+  for (std::string jobs : {"2", "3", "7"}) {
+    auto r = Kvfile("pack " + P("corpus") + " -o " + P("j" + jobs + ".kvpack") + " --chunk-tokens 16 --jobs " + jobs);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(ReadFile(P("j" + jobs + ".kvpack")), ReadFile(P("j1.kvpack"))) << jobs;
+  }
+  // A damaged input fails the same way with threads.
+  std::string kv = ReadFile(P("corpus/sub/b.kv"));
+  kv[kv.size() - 2000] ^= 1;
+  std::ofstream(P("corpus/sub/b.kv"), std::ios::binary) << kv;
+  auto r = Kvfile("pack " + P("corpus") + " -o " + P("bad.kvpack") + " --jobs 3");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_TRUE(OneErrorLine(r.err, P("corpus/sub/b.kv"))) << r.err;
+  EXPECT_FALSE(fs::exists(P("bad.kvpack")));
 }
 
 }  // namespace

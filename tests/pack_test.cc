@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests of .kvpack archives (src/include/kvfile/pack.h, spec/PACK.md): round
 // trips, deduplication, damage sweeps and crash safety, all in a FaultFs.
 #include <gtest/gtest.h>
@@ -59,7 +60,6 @@ void WriteKv(FileSystem& fs, const std::string& path, const Geometry& g, const s
   WriterOptions wo;
   wo.fs = &fs;
   wo.chunk_tokens = chunk_tokens;
-  wo.salt = 0x77;
   std::unique_ptr<Writer> w;
   ASSERT_TRUE(Writer::Create(path, g, id, wo, &w).ok());
   for (size_t t = 0; t < tokens.size(); ++t) {
@@ -133,7 +133,7 @@ std::vector<uint8_t> Contents(FileSystem& fs, const std::string& path) {
       } else {
         std::vector<uint8_t> raw(rows * spec.row_width * 4);
         EXPECT_TRUE(r->ReadRows(l, s, 0, n, spec.dtype, raw.data()).ok());
-        put(raw.data(), rows * spec.row_width * format::ElementSize(spec.dtype));
+        put(raw.data(), rows * spec.row_width * ElementSize(spec.dtype));
       }
     }
   return out;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Table codecs and hashes of the .kvpack format (spec/PACK.md).
 #include "pack/pack_format.h"
 
@@ -7,6 +8,7 @@
 #include <cstring>
 
 #include "format/endian.h"
+#include "format/kv_format.h"
 
 namespace kvfile::pack {
 
@@ -82,7 +84,7 @@ Status DecodeModel(const uint8_t* in, PackModel* out) {
       return Status::Corruption("stream " + std::to_string(s) + ": nonzero bytes after the name");
     spec.name.assign(name, len);
     uint8_t dt = d[format::sd::kDtype];
-    if (!format::IsValidDtype(dt)) return Status::Corruption("stream " + std::to_string(s) + ": invalid dtype " + std::to_string(dt));
+    if (!IsValidDtype(dt)) return Status::Corruption("stream " + std::to_string(s) + ": invalid dtype " + std::to_string(dt));
     spec.dtype = static_cast<Dtype>(dt);
     if (!AllZero(d + format::sd::kDtype + 1, format::sd::kRowsPerToken - format::sd::kDtype - 1) ||
         !AllZero(d + format::sd::kRowWidth + 4, me::kDescriptorBytes - format::sd::kRowWidth - 4))

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Wire constants and table codecs of the .kvpack format (spec/PACK.md), the
 // one place that knows its byte layout; PackWriter and PackReader share it.
 #pragma once

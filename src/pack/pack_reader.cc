@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // PackReader: opens a .kvpack (spec/PACK.md), checks its tables, reads
 // members and chunks (checked before they are returned), materialises
 // members as .kv files and verifies the whole pack.
@@ -8,7 +9,7 @@
 #include <tuple>
 
 #include "atomic_replace.h"
-#include "kvfile/codec.h"
+#include "codec/row_check.h"
 #include "format/chunk_layout.h"
 #include "format/endian.h"
 #include "kvfile/pack.h"
@@ -22,7 +23,7 @@ using format::LoadU32;
 using format::LoadU64;
 using pack::Checksum;
 
-struct PackReader::Impl {
+struct KVFILE_NO_EXPORT PackReader::Impl {
   std::string path;
   FileSystem* fs = nullptr;
   std::unique_ptr<File> file;
@@ -252,32 +253,33 @@ Status PackReader::ReadChunk(uint32_t id, std::vector<uint8_t>* payload) {
   KVFILE_RETURN_IF_ERROR(r.ReadRegion(c.offset, c.bytes, c.payload_checksum, what.c_str(), payload));
   const Geometry& g = r.models[c.model].geometry;
   std::vector<PayloadSection> layout = PackPayloadLayout(g, c.token_count);
+  // Copies give the check host-order scales, and aligned raw rows where the
+  // payload holds them unaligned.
+  std::vector<uint64_t> rows_copy;
   std::vector<float> scales;
   for (uint32_t l = 0; l < g.layers; ++l)
     for (uint32_t s = 0; s < g.streams.size(); ++s) {
       const StreamSpec& spec = g.streams[s];
       const PayloadSection& p = layout[static_cast<size_t>(l) * g.streams.size() + s];
-      const uint8_t* data = payload->data() + p.data_offset;
-      std::string where = "chunk " + std::to_string(id) + " layer " + std::to_string(l) + " stream '" + spec.name + "': ";
-      if (format::IsFp8(spec.dtype)) {
-        auto kind = spec.dtype == Dtype::kE4M3 ? codec::Fp8Kind::kE4M3 : codec::Fp8Kind::kE5M2;
-        if (codec::FindInvalidCode(kind, data, p.data_bytes) < p.data_bytes) return r.Damage(where + "non-finite code");
-        size_t rows = p.scales_bytes / 4;
-        scales.resize(rows);
-        for (size_t i = 0; i < rows; ++i) {
-          uint32_t bits = LoadU32(payload->data() + p.scales_offset + 4 * i);
-          std::memcpy(&scales[i], &bits, 4);
-        }
-        if (codec::FindInvalidScale(scales.data(), rows) < rows) return r.Damage(where + "invalid scale");
-        for (float f : scales)
-          if (f < std::numeric_limits<float>::min()) return r.Damage(where + "invalid scale");
-      } else {
-        // Raw elements may sit at any alignment in the payload: check a copy.
-        size_t n = p.data_bytes / format::ElementSize(spec.dtype);
-        std::vector<uint64_t> copy((p.data_bytes + 7) / 8);
-        std::memcpy(copy.data(), data, p.data_bytes);
-        if (codec::FindNonFinite(spec.dtype, copy.data(), n) < n) return r.Damage(where + "non-finite value");
+      const size_t rows = size_t{c.token_count} * spec.rows_per_token;
+      const void* rows_at = payload->data() + p.data_offset;
+      if (reinterpret_cast<uintptr_t>(rows_at) % ElementSize(spec.dtype) != 0) {
+        rows_copy.resize((p.data_bytes + 7) / 8);
+        std::memcpy(rows_copy.data(), rows_at, p.data_bytes);
+        rows_at = rows_copy.data();
       }
+      scales.resize(p.scales_bytes / 4);
+      for (size_t i = 0; i < scales.size(); ++i) {
+        uint32_t bits = LoadU32(payload->data() + p.scales_offset + 4 * i);
+        std::memcpy(&scales[i], &bits, 4);
+      }
+      codec::RowCheck rc = codec::CheckRows(spec.dtype, rows_at, scales.data(), rows, spec.row_width);
+      if (!rc.ok())
+        return r.Damage("chunk " + std::to_string(id) + " layer " + std::to_string(l) + " stream '" + spec.name +
+                        "': " +
+                        (rc.fault == codec::RowFault::kNonFiniteCode  ? "non-finite code"
+                         : rc.fault == codec::RowFault::kInvalidScale ? "invalid scale"
+                                                                       : "non-finite value"));
     }
   return Status::OK();
 }

@@ -1,13 +1,17 @@
+// SPDX-License-Identifier: Apache-2.0
 // PackWriter: builds a .kvpack (spec/PACK.md) under a temporary name, storing
 // each distinct chunk once, and renames it into place when finished.
 #include <algorithm>
 #include <bit>
 #include <cstring>
 #include <map>
+#include <thread>
 #include <tuple>
 
 #include "atomic_replace.h"
 #include "format/endian.h"
+#include "format/kv_format.h"
+#include "kvfile/codec.h"
 #include "kvfile/pack.h"
 #include "pack/pack_format.h"
 
@@ -26,9 +30,9 @@ std::vector<PayloadSection> PackPayloadLayout(const Geometry& g, uint32_t tokens
       PayloadSection p;
       uint64_t rows = uint64_t{tokens} * s.rows_per_token;
       p.data_offset = at;
-      p.data_bytes = rows * s.row_width * format::ElementSize(s.dtype);
+      p.data_bytes = rows * s.row_width * ElementSize(s.dtype);
       at += p.data_bytes;
-      if (format::IsFp8(s.dtype)) {
+      if (IsFp8(s.dtype)) {
         p.scales_offset = at;
         p.scales_bytes = rows * 4;
         at += p.scales_bytes;
@@ -52,7 +56,7 @@ bool IsValidPackMemberName(std::string_view name) {
   return true;
 }
 
-struct PackWriter::Impl {
+struct KVFILE_NO_EXPORT PackWriter::Impl {
   FileSystem* fs = nullptr;
   PackWriterOptions options;
   std::unique_ptr<internal::PendingReplace> replace;
@@ -67,7 +71,16 @@ struct PackWriter::Impl {
   std::map<std::tuple<uint32_t, uint64_t, uint32_t, uint64_t, uint64_t>, uint32_t> index;
   PackWriteStats stats;
   std::vector<uint8_t> payload;
-  std::vector<uint64_t> scratch;  // aligned staging for one section read
+  // Per reading thread: aligned staging for one section read, and rows
+  // decoded for requantizing.
+  struct Buffers {
+    std::vector<uint64_t> scratch;
+    std::vector<float> f32;
+  };
+  std::vector<Buffers> buffers{1};
+  // AddFile with options.threads > 1: more readers of the same file, one
+  // per further thread (a Reader is used by one thread at a time).
+  std::vector<std::unique_ptr<Reader>> more_readers;
 
   Status Write(const void* data, size_t n) {
     Status st = file->WriteAt(offset, data, n);
@@ -79,7 +92,10 @@ struct PackWriter::Impl {
     return Status::OK();
   }
   Status ModelFor(const Reader& r, uint32_t* model);
+  Geometry StoredGeometry(const Reader& r) const;
   Status FillPayload(Reader& r, const PackModel& m, uint64_t begin, uint32_t tokens);
+  Status FillSections(Reader& r, const PackModel& m, const std::vector<PayloadSection>& layout, uint64_t begin,
+                      uint64_t end, size_t first, size_t step, Buffers& b);
 };
 
 PackWriter::PackWriter(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -103,16 +119,27 @@ Status PackWriter::Begin(const std::string& dest, const PackWriterOptions& optio
   return Status::OK();
 }
 
+// The geometry a member is stored with: the source's, with options.dtype
+// applied as `kvfile convert --dtype` applies it.
+Geometry PackWriter::Impl::StoredGeometry(const Reader& r) const {
+  Geometry g = r.geometry();
+  if (!options.dtype) return g;
+  const Dtype to = *options.dtype;
+  for (StreamSpec& s : g.streams)
+    if (!IsFp8(to) || IsFp8(s.dtype) || r.major_version() == 1) s.dtype = to;
+  return g;
+}
+
 Status PackWriter::Impl::ModelFor(const Reader& r, uint32_t* model) {
   for (size_t i = 0; i < models.size(); ++i)
-    if (models[i].identity == r.identity() && models[i].geometry == r.geometry()) {
+    if (models[i].identity == r.identity() && models[i].geometry == StoredGeometry(r)) {
       *model = static_cast<uint32_t>(i);
       return Status::OK();
     }
   if (models.size() >= pack::kMaxEntries) return Status::InvalidArgument("too many models in one pack");
   PackModel m;
   m.identity = r.identity();
-  m.geometry = r.geometry();
+  m.geometry = StoredGeometry(r);
   m.payload_bytes_per_token = pack::PayloadBytesPerToken(m.geometry);
   if (m.payload_bytes_per_token > pack::kMaxChunkPayload)
     return Status::Unsupported(r.path() + ": one token's rows exceed the 1 GiB limit of a pack chunk");
@@ -124,21 +151,55 @@ Status PackWriter::Impl::ModelFor(const Reader& r, uint32_t* model) {
 }
 
 // Reads tokens [begin, begin + tokens) of every (layer, stream) into
-// `payload`, laid out as spec/PACK.md section 4 says.
+// `payload`, laid out as spec/PACK.md section 4 says. With more readers,
+// thread t fills sections t, t + T, t + 2T, ... (T threads): the payload,
+// and so the pack, is the same bytes for any T.
 Status PackWriter::Impl::FillPayload(Reader& r, const PackModel& m, uint64_t begin, uint32_t tokens) {
-  const Geometry& g = m.geometry;
   payload.resize(m.payload_bytes_per_token * tokens);
-  std::vector<PayloadSection> layout = PackPayloadLayout(g, tokens);
-  uint64_t end = begin + tokens;
-  for (uint32_t l = 0; l < g.layers; ++l)
-    for (uint32_t s = 0; s < g.streams.size(); ++s) {
+  std::vector<PayloadSection> layout = PackPayloadLayout(m.geometry, tokens);
+  const size_t threads = 1 + more_readers.size();
+  buffers.resize(threads);
+  if (threads == 1) return FillSections(r, m, layout, begin, begin + tokens, 0, 1, buffers[0]);
+  std::vector<Status> status(threads);
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < threads; ++t)
+    pool.emplace_back([&, t] {
+      status[t] = FillSections(*more_readers[t - 1], m, layout, begin, begin + tokens, t, threads, buffers[t]);
+    });
+  status[0] = FillSections(r, m, layout, begin, begin + tokens, 0, threads, buffers[0]);
+  for (std::thread& t : pool) t.join();
+  for (const Status& st : status) KVFILE_RETURN_IF_ERROR(st);
+  return Status::OK();
+}
+
+// Sections first, first + step, ... of the payload (index layer * streams + stream).
+Status PackWriter::Impl::FillSections(Reader& r, const PackModel& m, const std::vector<PayloadSection>& layout,
+                                      uint64_t begin, uint64_t end, size_t first, size_t step, Buffers& b) {
+  const Geometry& g = m.geometry;
+  std::vector<uint64_t>& scratch = b.scratch;
+  std::vector<float>& f32 = b.f32;
+  for (size_t k = first; k < layout.size(); k += step) {
+      const uint32_t l = static_cast<uint32_t>(k / g.streams.size()), s = static_cast<uint32_t>(k % g.streams.size());
       const StreamSpec& spec = g.streams[s];
-      const PayloadSection& p = layout[static_cast<size_t>(l) * g.streams.size() + s];
-      if (format::IsFp8(spec.dtype)) {
+      const PayloadSection& p = layout[k];
+      const Dtype from = r.geometry().streams[s].dtype;
+      if (IsFp8(spec.dtype)) {
         scratch.resize((p.scales_bytes + 7) / 8);
-        KVFILE_RETURN_IF_ERROR(r.ReadCodes(l, s, begin, end, payload.data() + p.data_offset,
-                                           reinterpret_cast<float*>(scratch.data())));
-        std::memcpy(payload.data() + p.scales_offset, scratch.data(), p.scales_bytes);
+        float* scales = reinterpret_cast<float*>(scratch.data());
+        if (from == spec.dtype) {
+          KVFILE_RETURN_IF_ERROR(r.ReadCodes(l, s, begin, end, payload.data() + p.data_offset, scales));
+        } else {
+          // Requantized: decoded to f32, then quantized as a writer quantizes f32 rows.
+          const uint64_t rows = p.scales_bytes / 4;
+          f32.resize(rows * spec.row_width);
+          KVFILE_RETURN_IF_ERROR(r.ReadRows(l, s, begin, end, Dtype::kF32, f32.data()));
+          size_t bad = 0;
+          if (!codec::QuantizeRows(spec.dtype, Dtype::kF32, f32.data(), rows, spec.row_width,
+                                   payload.data() + p.data_offset, scales, &bad))
+            return Status::NonFinite(r.path() + ": layer " + std::to_string(l) + " stream '" + spec.name +
+                                     "': a non-finite value in row " + std::to_string(bad));
+        }
+        std::memcpy(payload.data() + p.scales_offset, scales, p.scales_bytes);
         if constexpr (std::endian::native == std::endian::big)
           for (uint64_t i = 0; i < p.scales_bytes; i += 4)
             std::reverse(payload.data() + p.scales_offset + i, payload.data() + p.scales_offset + i + 4);
@@ -156,7 +217,20 @@ Status PackWriter::AddFile(const std::string& name, const std::string& kv_path) 
   ro.fs = impl_->fs;
   std::unique_ptr<Reader> r;
   KVFILE_RETURN_IF_ERROR(Reader::Open(kv_path, ro, &r));
-  return Add(name, *r);
+  impl_->more_readers.clear();
+  for (unsigned t = 1; t < impl_->options.threads; ++t) {
+    // The same file opened again: the same committed state, or refused.
+    ro.expect_identity = r->identity();
+    ro.expect_geometry = r->geometry();
+    std::unique_ptr<Reader> more;
+    KVFILE_RETURN_IF_ERROR(Reader::Open(kv_path, ro, &more));
+    if (more->token_count() != r->token_count())
+      return Status::Busy(kv_path + ": the file changed while it was being packed");
+    impl_->more_readers.push_back(std::move(more));
+  }
+  Status st = Add(name, *r);
+  impl_->more_readers.clear();
+  return st;
 }
 
 Status PackWriter::Add(const std::string& name, Reader& r) {

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Fuzz target: PackReader on an arbitrary .kvpack. Beyond not crashing, a
 // pack that Verify finds clean must give every member back: its record and
 // chunks read, and its materialised .kv opens with the member's token ids.

@@ -24,6 +24,7 @@
 #include "convert_seeds.h"
 #include "damage_advice.h"
 #include "natural_sort.h"
+#include "pack_member.h"
 #include "convert_llama.h"
 #include "progress.h"
 #include "signals.h"
@@ -622,8 +623,23 @@ int RunConvert(const ConvertArgs& a) {
   p.chunk_tokens = a.chunk_tokens;
   p.salvage = a.salvage;
   std::error_code ec;
-  if (!fs::exists(a.in, ec)) return ReportError(Status::NotFound(a.in + ": No such file or directory"));
-  if (!fs::is_directory(a.in, ec) && !fs::is_regular_file(a.in, ec)) {
+  // PACK:MEMBER: a .kv IN, materialised (and checked) first (pack_member.h).
+  PackMemberInputs members;
+  std::string in = a.in, pack_path, member;
+  const bool from_pack = SplitPackMember(a.in, &pack_path, &member);
+  if (from_pack) {
+    Status st = members.Resolve(a.in, &in);
+    if (!st.ok()) return ReportError(st);
+  }
+  auto convert_one = [&](Kind in_kind, Kind out_kind) {
+    Outcome o = ConvertOne(in, a.out, in_kind, out_kind, p, a.force);
+    o.status = members.Name(o.status);
+    o.line = members.Name(o.line);
+    o.warning = members.Name(o.warning);
+    return Report({o});
+  };
+  if (!from_pack && !fs::exists(a.in, ec)) return ReportError(Status::NotFound(a.in + ": No such file or directory"));
+  if (!from_pack && !fs::is_directory(a.in, ec) && !fs::is_regular_file(a.in, ec)) {
     // A FIFO, device or socket: the file layer's one refusal ("not a
     // regular file (a FIFO)"), before its name decides anything.
     std::unique_ptr<File> f;
@@ -635,9 +651,9 @@ int RunConvert(const ConvertArgs& a) {
     SeedConvertArgs sa{a.in, a.out, a.format, a.group_size, a.vocab, a.force,
                        a.dtype || !a.keep_raw.empty() || a.codes || a.chunk_tokens || a.salvage || a.jobs != 1};
     int code = 0;
-    if (ConvertSeedFormat(sa, &code)) return code;
+    if (!from_pack && ConvertSeedFormat(sa, &code)) return code;
   }
-  Kind in_kind = KindOf(a.in);
+  Kind in_kind = from_pack ? Kind::kKv : KindOf(a.in);
   if (in_kind == Kind::kDirectory) {
     if (to_llama) return UsageError(a.in + ": --format " + a.format + " converts one .kv file, not a directory");
     return ConvertTree(a, p);
@@ -651,9 +667,9 @@ int RunConvert(const ConvertArgs& a) {
       return UsageError("--dtype " + *a.dtype + ": a llama.cpp cache is f16, bf16, f32 or q8_0");
     if (!a.keep_raw.empty() || a.chunk_tokens || a.codes)
       return UsageError("--keep-raw, --chunk-tokens and --codes apply to .kv or .safetensors output");
-    if (fs::exists(a.out, ec) && fs::equivalent(a.in, a.out, ec))
+    if (fs::exists(a.out, ec) && fs::equivalent(in, a.out, ec))
       return UsageError(a.out + ": IN and OUT are the same file");
-    return Report({ConvertOne(a.in, a.out, in_kind, out_kind, p, a.force)});
+    return convert_one(in_kind, out_kind);
   }
   if (out_kind == Kind::kLlama)
     return UsageError(a.out + ": is a llama.cpp state file; OUT is a .kv or .safetensors file unless --format "
@@ -672,7 +688,7 @@ int RunConvert(const ConvertArgs& a) {
   if (out_kind == Kind::kOther) return kind_error(a.out);
   if (in_kind == Kind::kSafetensors && out_kind == Kind::kSafetensors)
     return UsageError("convert reads or writes a .kv file; both IN and OUT are .safetensors");
-  if (fs::exists(a.out, ec) && fs::equivalent(a.in, a.out, ec))
+  if (fs::exists(a.out, ec) && fs::equivalent(in, a.out, ec))
     return UsageError(a.out + ": IN and OUT are the same file");
   if (in_kind == Kind::kKv && out_kind == Kind::kKv && a.codes)
     return UsageError("--codes applies to .safetensors input or output");
@@ -684,7 +700,7 @@ int RunConvert(const ConvertArgs& a) {
     if (p.dtype && IsFp8(*p.dtype))
       return UsageError("--dtype " + *a.dtype + ": export decodes to bf16, f16 or f32; use --codes for fp8 codes");
   }
-  return Report({ConvertOne(a.in, a.out, in_kind, out_kind, p, a.force)});
+  return convert_one(in_kind, out_kind);
 }
 
 }  // namespace
@@ -715,7 +731,7 @@ void RegisterConvert(CLI::App& app, int* exit_code) {
       "      bf16, f32 or q8_0, --v-trans, --arch (docs/llama.md).\n"
       "Example: kvfile convert session.kv session-e5m2.kv --dtype e5m2 --chunk-tokens 512\n"
       "         kvfile convert session.kv session.safetensors --codes");
-  cmd->add_option("IN", args->in, "input: .kv, .safetensors, or a directory of .kv files")->required();
+  cmd->add_option("IN", args->in, "input: .kv, .safetensors, PACK:MEMBER (a member of a .kvpack), or a directory of .kv files")->required();
   cmd->add_option("OUT", args->out, "output: .kv, .safetensors, or a directory")->required();
   cmd->add_option("--dtype", args->dtype, "target dtype: e4m3, e5m2, bf16, f16 or f32")
       ->check(CLI::IsMember({"e4m3", "e5m2", "bf16", "f16", "f32", "q8_0"}));

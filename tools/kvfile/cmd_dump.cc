@@ -14,6 +14,7 @@
 #include "cli_common.h"
 #include "json_output.h"
 #include "kvfile/reader.h"
+#include "pack_member.h"
 
 namespace kvfile::cli {
 
@@ -307,6 +308,7 @@ Status DumpRows(const DumpArgs& a, Reader& r, const RowSelection& sel, ordered_j
 // prints. The first failure is the one stderr line; the exit status is the
 // worst.
 int RunDumpHeaders(const DumpArgs& a) {
+  PackMemberInputs members;
   ordered_json all = ordered_json::array();
   int code = kExitOk;
   bool reported = false;
@@ -314,7 +316,9 @@ int RunDumpHeaders(const DumpArgs& a) {
     const std::string& path = a.paths[i];
     SetCurrentPath(path);
     std::unique_ptr<Reader> r;
-    Status st = Reader::Open(path, {}, &r);
+    std::string opened;
+    Status st = members.Resolve(path, &opened);
+    if (st.ok()) st = members.Name(Reader::Open(opened, {}, &r));
     if (a.json) {
       ordered_json j;
       j["path"] = path;
@@ -360,8 +364,13 @@ int RunDump(DumpArgs a) {
   SetCurrentPath(a.path);
   if (!a.header && !a.chunks && !a.tokens && !a.rows) a.header = a.chunks = true;
   std::unique_ptr<Reader> r;
-  Status st = Reader::Open(a.path, {}, &r);
-  auto fail = [&](const Status& failed) { return a.json ? ReportErrorAsJson(a.path, failed) : ReportError(failed); };
+  PackMemberInputs members;
+  std::string opened;
+  Status st = members.Resolve(a.path, &opened);
+  if (st.ok()) st = Reader::Open(opened, {}, &r);
+  auto fail = [&](const Status& failed) {
+    return a.json ? ReportErrorAsJson(a.path, members.Name(failed)) : ReportError(members.Name(failed));
+  };
   if (!st.ok()) return fail(st);
   RowSelection sel;
   if (a.rows) {
@@ -411,7 +420,7 @@ int RunDump(DumpArgs a) {
     st = DumpRows(a, *r, sel, nullptr);
     if (!st.ok()) {
       std::fflush(stdout);
-      return ReportError(st);
+      return ReportError(members.Name(st));
     }
   }
   return kExitOk;
@@ -429,7 +438,8 @@ void RegisterDump(CLI::App& app, int* exit_code) {
       "Example: kvfile dump session.kv --rows --layer 0 --stream k --token 0:4\n"
       "         kvfile dump session.kv --header --tokens --json\n"
       "         kvfile dump --header a.kv b.kv");
-  cmd->add_option("FILE", args->paths, "the .kv file (several with --header alone)")->required();
+  cmd->add_option("FILE", args->paths, "the .kv file (several with --header alone; PACK:MEMBER a member of a .kvpack)")
+      ->required();
   cmd->add_flag("--header", args->header, "the header, field by field, and the active commit record");
   cmd->add_flag("--chunks", args->chunks, "the chunk table");
   cmd->add_flag("--tokens", args->tokens, "the token ids");

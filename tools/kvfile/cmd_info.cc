@@ -8,6 +8,7 @@
 #include "cli_common.h"
 #include "json_output.h"
 #include "kvfile/reader.h"
+#include "pack_member.h"
 #include "stdin_copy.h"
 
 namespace kvfile::cli {
@@ -41,8 +42,8 @@ Status InfoOne(const std::string& shown, const std::string& path, bool json, nlo
   std::unique_ptr<Reader> r;
   Status st = Reader::Open(path, {}, &r);
   if (!st.ok()) {
-    // The library names the temporary copy of standard input.
-    if (path != shown) st = NameStdin(st, path);
+    // The library names the temporary copy (standard input, a pack member).
+    if (path != shown) st = RenamePath(st, path, shown);
     return st;
   }
   const Geometry& g = r->geometry();
@@ -109,6 +110,7 @@ Status InfoOne(const std::string& shown, const std::string& path, bool json, nlo
 // first failure is the one stderr line, and the exit status is the worst.
 int RunInfo(const InfoArgs& a) {
   StdinCopy stdin_copy;
+  PackMemberInputs members;
   nlohmann::ordered_json all = nlohmann::json::array();
   int code = kExitOk;
   bool reported = false;
@@ -117,7 +119,7 @@ int RunInfo(const InfoArgs& a) {
     std::string path = shown;
     if (!a.json && i > 0) std::printf("\n");
     nlohmann::ordered_json j;
-    Status st = shown == "-" ? stdin_copy.Copy(&path) : Status::OK();
+    Status st = shown == "-" ? stdin_copy.Copy(&path) : members.Resolve(shown, &path);
     if (st.ok()) st = InfoOne(shown, path, a.json, &j);
     if (!st.ok()) {
       if (a.json) j = {{"path", shown}, {"ok", false}, {"error", st.message()}};
@@ -144,8 +146,11 @@ void RegisterInfo(CLI::App& app, int* exit_code) {
       "Show a .kv file's version, model, geometry and size. With several FILEs, one block each\n"
       "(with --json, an array of their documents).\n"
       "Example: kvfile info session.kv --json\n"
+      "         kvfile info corpus.kvpack:docs/a.kv\n"
       "         cat session.kv | kvfile info -");
-  cmd->add_option("FILE", args->paths, "the .kv files (- reads one from standard input)")->required();
+  cmd->add_option("FILE", args->paths,
+                  "the .kv files (- reads one from standard input; PACK:MEMBER a member of a .kvpack)")
+      ->required();
   cmd->add_flag("--json", args->json, "print one JSON document");
   cmd->callback([args, exit_code] { *exit_code = RunInfo(*args); });
 }

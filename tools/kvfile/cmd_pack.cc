@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvfile pack / unpack / ls, and verify of a pack: .kvpack archives
 // (spec/PACK.md, src/include/kvfile/pack.h).
 #include "cmd_pack.h"
@@ -10,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "cli_common.h"
@@ -28,6 +30,8 @@ struct PackArgs {
   std::vector<std::string> inputs;
   std::string out;
   uint32_t chunk_tokens = 256;
+  std::optional<std::string> dtype;
+  unsigned jobs = 1;
   bool force = false;
 };
 
@@ -73,6 +77,11 @@ int RunPack(const PackArgs& a) {
   for (const auto& f : files) total += fs::file_size(f.second, ec), ec.clear();
   PackWriterOptions po;
   po.chunk_tokens = a.chunk_tokens;
+  po.threads = a.jobs;
+  if (a.dtype) {
+    for (Dtype d : {Dtype::kE4M3, Dtype::kE5M2, Dtype::kBF16, Dtype::kF16, Dtype::kF32})
+      if (*a.dtype == DtypeName(d)) po.dtype = d;
+  }
   std::unique_ptr<PackWriter> w;
   st = PackWriter::Begin(a.out, po, &w);
   if (!st.ok()) return ReportError(st);
@@ -258,6 +267,15 @@ void RegisterPack(CLI::App& app, int* exit_code) {
   cmd->add_option("-o,--output", args->out, "the .kvpack to write")->required();
   cmd->add_option("--chunk-tokens", args->chunk_tokens, "tokens per pack chunk (sharing is found at multiples of it)")
       ->check(Count(1, 65536))->capture_default_str();
+  cmd->add_option("--dtype", args->dtype,
+                  "requantize on the way, as kvfile convert --dtype: e4m3/e5m2 re-encode fp8 streams (raw\n"
+                  "streams stay raw), bf16/f16/f32 store every stream raw")
+      ->check(CLI::IsMember({"e4m3", "e5m2", "bf16", "f16", "f32"}));
+  cmd->add_option("--jobs", args->jobs,
+                  "threads reading and checking each input (each opens it once more); the pack's bytes are\n"
+                  "the same for any value")
+      ->check(Count(1, 256))
+      ->capture_default_str();
   cmd->add_flag("--force", args->force, "replace OUT if it exists");
   cmd->callback([args, exit_code] { *exit_code = RunPack(*args); });
 }

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The pack verbs (cmd_pack.cc): pack, unpack, ls, and verify of a .kvpack.
 #pragma once
 

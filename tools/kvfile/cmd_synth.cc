@@ -24,6 +24,8 @@ struct SynthArgs {
   std::string preset = "llama-3.1-8b";
   uint64_t tokens = 1024;
   uint64_t seed = 1;
+  uint64_t prefix_tokens = 0;  // tokens [0, prefix_tokens) are those of seed prefix_seed
+  uint64_t prefix_seed = 0;
   std::string dtype = "e4m3";
   uint32_t chunk_tokens = 256;
   bool check = false;
@@ -62,7 +64,9 @@ int RunSynth(const SynthArgs& a) {
   if (replace->original().exists && !a.force) return ReportError(Status::InvalidArgument(a.path + ": file exists"));
   WriterOptions opt;
   opt.chunk_tokens = a.chunk_tokens;
-  ModelIdentity id{"synthetic/" + a.preset, a.seed};
+  // With a shared prefix the fingerprint is the prefix's seed, so that
+  // sessions of other seeds with the same prefix are of one model.
+  ModelIdentity id{"synthetic/" + a.preset, a.prefix_tokens ? a.prefix_seed : a.seed};
   std::unique_ptr<Writer> w;
   st = Writer::Create(replace->temp_path(), g, id, opt, &w);
   if (!st.ok()) return ReportError(st.WithContext(a.path));
@@ -70,11 +74,13 @@ int RunSynth(const SynthArgs& a) {
   std::vector<std::vector<uint16_t>> blocks(g.layers * S);
   std::vector<uint32_t> tokens;
   Progress progress("synth " + a.path, a.tokens);
-  for (uint64_t first = 0; first < a.tokens; first += a.chunk_tokens) {
-    uint64_t n = std::min<uint64_t>(a.chunk_tokens, a.tokens - first);
-    GenerateAll(g, a.seed, first, n, blocks);
+  for (uint64_t first = 0, n = 0; first < a.tokens; first += n) {
+    n = std::min<uint64_t>(a.chunk_tokens, a.tokens - first);
+    if (first < a.prefix_tokens) n = std::min(n, a.prefix_tokens - first);  // a batch is all prefix or none
+    const uint64_t seed = first < a.prefix_tokens ? a.prefix_seed : a.seed;
+    GenerateAll(g, seed, first, n, blocks);
     tokens.resize(n);
-    synth::GenerateTokens(a.seed, first, n, tokens.data());
+    synth::GenerateTokens(seed, first, n, tokens.data());
     AppendBatch batch;
     batch.tokens = tokens;
     for (auto& b : blocks) batch.blocks.push_back({Dtype::kBF16, b.data(), nullptr});
@@ -179,6 +185,13 @@ void RegisterSynth(CLI::App& app, int* exit_code) {
   cmd->add_option("--seed", args->seed, "generator seed (stored as the model fingerprint)")
       ->check(Count(0, UINT64_MAX))
       ->capture_default_str();
+  cmd->add_option("--prefix-tokens", args->prefix_tokens,
+                  "the first N tokens (ids and rows) are those of seed --prefix-seed, and so is the fingerprint:\n"
+                  "sessions of different seeds share that prefix (packs, prefix lookup); --check does not\n"
+                  "know of it")
+      ->check(Count(0, uint64_t{1} << 32));
+  cmd->add_option("--prefix-seed", args->prefix_seed, "the seed of the --prefix-tokens (default 0)")
+      ->check(Count(0, UINT64_MAX));
   cmd->add_option("--dtype", args->dtype, "fp8 storage dtype")->check(CLI::IsMember({"e4m3", "e5m2"}))->capture_default_str();
   cmd->add_option("--chunk-tokens", args->chunk_tokens, "tokens per chunk")->check(Count(1, 65536))->capture_default_str();
   cmd->add_flag("--check", args->check, "regenerate the data and compare every stored code and scale");

@@ -6,14 +6,17 @@
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <thread>
 
 #include "cli_common.h"
 #include "cmd_pack.h"
 #include "damage_advice.h"
 #include "json_output.h"
+#include "kvfile/pack.h"
 #include "kvfile/verify.h"
 #include "natural_sort.h"
+#include "pack_member.h"
 #include "progress.h"
 #include "signals.h"
 #include "stdin_copy.h"
@@ -44,10 +47,22 @@ std::string Located(const VerifyFinding& f) {
 
 struct FileResult {
   std::string path;
-  Status status;  // environment failure (file missing, I/O error)
+  Status status;  // environment failure (file missing, I/O error), or a pack's damage
   VerifyReport report;
   bool done = false;  // false: not reached before a signal
+  bool pack = false;  // a .kvpack: pack_report, and damage in status
+  PackVerifyReport pack_report;
+  uint64_t pack_bytes = 0;
 };
+
+// A whole .kvpack among several paths: every record and chunk once.
+void VerifyPack(const std::string& path, FileResult* out) {
+  out->pack = true;
+  std::unique_ptr<PackReader> r;
+  out->status = PackReader::Open(path, nullptr, &r);
+  if (out->status.ok()) out->status = r->Verify(&out->pack_report);
+  if (out->status.ok()) out->pack_bytes = r->file_bytes();
+}
 
 // Expands directories into the *.kv files under them, in natural order
 // (doc2 before doc10); a directory without any is a usage error.
@@ -93,7 +108,15 @@ int RunVerify(const VerifyArgs& a) {
     st = stdin_copy.Copy(&stdin_path);
     if (!st.ok()) return ReportError(st);
   }
-  auto opened = [&stdin_path](const std::string& f) { return f == "-" ? stdin_path : f; };
+  // PACK:MEMBER: the member materialised (and checked) first, in order.
+  PackMemberInputs members;
+  std::vector<std::string> opened_paths(files.size());
+  std::vector<Status> resolved(files.size());
+  for (size_t i = 0; i < files.size(); ++i)
+    if (files[i] != "-") resolved[i] = members.Resolve(files[i], &opened_paths[i]);
+  std::map<std::string, size_t> index_of;
+  for (size_t i = 0; i < files.size(); ++i) index_of.emplace(files[i], i);
+  auto opened = [&](const std::string& f) { return f == "-" ? stdin_path : opened_paths[index_of.at(f)]; };
   // Several files: one line each and a summary on stdout, one error line.
   const bool many = files.size() > 1 || directory;
   std::vector<FileResult> results(files.size());
@@ -118,7 +141,15 @@ int RunVerify(const VerifyArgs& a) {
       opt.quick = a.quick;
       opt.threads = threads_per_file;
       try {
-        results[i].status = VerifyFile(opened(files[i]), opt, &results[i].report);
+        if (!resolved[i].ok()) {
+          results[i].pack = resolved[i].IsDataError();  // a damaged pack, reported as one
+          results[i].status = resolved[i];
+        } else if (IsPackFile(opened(files[i]))) {
+          VerifyPack(opened(files[i]), &results[i]);
+        } else {
+          results[i].status = members.Name(VerifyFile(opened(files[i]), opt, &results[i].report));
+          for (VerifyFinding& f : results[i].report.findings) f.message = members.Name(f.message);
+        }
         if (files[i] == "-") {
           results[i].status = NameStdin(results[i].status, stdin_path);
           for (VerifyFinding& f : results[i].report.findings) f.message = NameStdin(Status::Corruption(f.message), stdin_path).message();
@@ -144,11 +175,31 @@ int RunVerify(const VerifyArgs& a) {
     if (!r.done) continue;
     const VerifyReport& rep = r.report;
     bool bad = !r.status.ok() || rep.HasErrors() || (a.strict && rep.HasWarnings());
-    if (!r.status.ok()) exit_code = kExitUsage;
+    if (!r.status.ok() && !(r.pack && r.status.IsDataError())) exit_code = kExitUsage;
     else if (bad && exit_code == kExitOk) exit_code = kExitData;
     ++checked;
     if (bad) ++failed;
     if (!bad && a.errors_only) continue;
+    if (r.pack) {
+      const PackVerifyReport& pr = r.pack_report;
+      if (a.json) {
+        nlohmann::ordered_json j{{"path", r.path}, {"ok", !bad}};
+        if (bad) j["errors"] = {{{"offset", nullptr}, {"chunk", nullptr}, {"message", r.status.message()}}};
+        else j.update({{"members", pr.members}, {"chunks", pr.chunks}, {"bytes", r.pack_bytes},
+                       {"payload_bytes", pr.payload_bytes}});
+        out.push_back(j);
+      } else if (bad && !many) {
+        ReportError(r.status);
+      } else if (bad) {
+        std::printf("%s: FAILED: %s\n", r.path.c_str(), EscapeLine(r.status.message()).c_str());
+        if (first_failure.empty()) first_failure = r.status.message();  // names the pack
+      } else {
+        std::printf("%s: ok: %llu members, %llu chunks, %llu bytes\n", r.path.c_str(),
+                    static_cast<unsigned long long>(pr.members), static_cast<unsigned long long>(pr.chunks),
+                    static_cast<unsigned long long>(r.pack_bytes));
+      }
+      continue;
+    }
     if (a.json) {
       nlohmann::ordered_json j;
       j["path"] = r.path;
@@ -250,7 +301,10 @@ void RegisterVerify(CLI::App& app, int* exit_code) {
       "any failed. A file's chunks are checked on all cores (divided by --jobs).\n"
       "Example: kvfile verify session.kv\n"
       "         kvfile verify snapshots/ --jobs 2 --json");
-  cmd->add_option("PATH", args->paths, "files, or directories searched for *.kv (- reads a file from standard input)")->required();
+  cmd->add_option("PATH", args->paths,
+                  "files, .kvpack archives, PACK:MEMBER, or directories searched for *.kv (- reads a file from\n"
+                  "standard input)")
+      ->required();
   cmd->add_flag("--json", args->json, "print one JSON array, one object per file");
   cmd->add_flag("--quick", args->quick, "headers and structure only, without reading payloads");
   cmd->add_flag("--strict", args->strict, "treat a torn tail as an error");

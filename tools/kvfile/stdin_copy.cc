@@ -52,16 +52,18 @@ Status StdinCopy::Copy(std::string* path) {
   return Status::OK();
 }
 
-Status NameStdin(const Status& st, const std::string& copy) {
-  // The message with every occurrence of the temporary copy's path as "-"
-  // (built anew: GCC 12 reports a false -Wrestrict for replace() in place).
+Status NameStdin(const Status& st, const std::string& copy) { return RenamePath(st, copy, "-"); }
+
+Status RenamePath(const Status& st, const std::string& copy, const std::string& to) {
+  // The message with every occurrence of `copy` as `to` (built anew: GCC 12
+  // reports a false -Wrestrict for replace() in place).
   const std::string text = st.message();
   const std::string_view from(text);
   std::string m;
   size_t pos = 0;
   for (size_t at; !copy.empty() && (at = from.find(copy, pos)) != std::string_view::npos; pos = at + copy.size()) {
     m.append(from.substr(pos, at - pos));
-    m.push_back('-');
+    m.append(to);
   }
   m.append(from.substr(pos));
   using C = Status::Code;

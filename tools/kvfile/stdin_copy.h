@@ -28,5 +28,8 @@ class StdinCopy {
 // `st` with every mention of `copy` (the temporary file) in its message
 // replaced by "-", and the same code.
 Status NameStdin(const Status& st, const std::string& copy);
+// `st` with every mention of `from` in its message replaced by `to`, and the
+// same code (NameStdin is RenamePath(st, copy, "-")).
+Status RenamePath(const Status& st, const std::string& from, const std::string& to);
 
 }  // namespace kvfile::cli

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Packs: one .kvpack file holding the KV caches of many sessions (members),
 // with the chunks members share stored once (spec/PACK.md).
 //
@@ -16,6 +17,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kvfile/export.h"
 #include "kvfile/file.h"
 #include "kvfile/geometry.h"
 #include "kvfile/reader.h"
@@ -64,11 +66,18 @@ struct PayloadSection {
   uint64_t scales_bytes = 0;   // 0 for raw streams
 };
 // Sections in layer-major order (index layer * streams + stream).
-std::vector<PayloadSection> PackPayloadLayout(const Geometry& g, uint32_t tokens);
+KVFILE_EXPORT std::vector<PayloadSection> PackPayloadLayout(const Geometry& g, uint32_t tokens);
 
 struct PackWriterOptions {
   FileSystem* fs = nullptr;     // nullptr: FileSystem::Default()
   uint32_t chunk_tokens = 256;  // tokens per pack chunk (lowered for a model whose chunk would pass 1 GiB)
+  // Requantize on the way, as `kvfile convert --dtype` does: kE4M3/kE5M2
+  // re-encode fp8 streams (and a version 1 file's raw streams), raw streams
+  // stay raw; kBF16/kF16/kF32 store every stream raw in that dtype.
+  std::optional<Dtype> dtype;
+  // AddFile: threads reading and checking each chunk's sections (each opens
+  // the file once more); the pack's bytes do not depend on it.
+  unsigned threads = 1;
 };
 
 struct PackWriteStats {
@@ -81,7 +90,7 @@ struct PackWriteStats {
   uint64_t file_bytes = 0;           // after Finish
 };
 
-class PackWriter {
+class KVFILE_EXPORT PackWriter {
  public:
   // Prepares the replacement of `dest` (src/atomic_replace.h); nothing is
   // visible under `dest` before Finish succeeds.
@@ -104,9 +113,9 @@ class PackWriter {
   const PackWriteStats& stats() const;
 
  private:
-  struct Impl;
-  explicit PackWriter(std::unique_ptr<Impl> impl);
-  Status AddMember(const std::string& name, Reader& reader);
+  struct Impl;  // defined hidden: not exported
+  KVFILE_NO_EXPORT explicit PackWriter(std::unique_ptr<Impl> impl);
+  KVFILE_NO_EXPORT Status AddMember(const std::string& name, Reader& reader);
   std::unique_ptr<Impl> impl_;
 };
 
@@ -116,7 +125,7 @@ struct PackVerifyReport {
   uint64_t payload_bytes = 0;  // chunk bytes read and checked (each chunk once)
 };
 
-class PackReader {
+class KVFILE_EXPORT PackReader {
  public:
   // Reads and checks the header, the model and chunk tables, the names and
   // the member index, and that chunks and records tile the data region.
@@ -147,12 +156,12 @@ class PackReader {
   Status Verify(PackVerifyReport* report);
 
  private:
-  struct Impl;
-  explicit PackReader(std::unique_ptr<Impl> impl);
+  struct Impl;  // defined hidden: not exported
+  KVFILE_NO_EXPORT explicit PackReader(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
 
 // Whether `name` is a valid member name (spec/PACK.md section 5).
-bool IsValidPackMemberName(std::string_view name);
+KVFILE_EXPORT bool IsValidPackMemberName(std::string_view name);
 
 }  // namespace kvfile
