@@ -12,7 +12,7 @@ namespace kvfile {
 using index::BlockRef;
 using index::Group;
 
-struct PrefixIndexWriter::Impl {
+struct KVFILE_NO_EXPORT PrefixIndexWriter::Impl {
   FileSystem* fs = nullptr;
   std::unique_ptr<PendingReplace> replace;
   std::unique_ptr<File> file;

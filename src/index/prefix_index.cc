@@ -25,7 +25,7 @@ using index::Group;
 
 bool PrefixEntryLess(const PrefixEntry& a, const PrefixEntry& b) { return index::CompareEntries(a, b) < 0; }
 
-struct PrefixIndex::Impl {
+struct KVFILE_NO_EXPORT PrefixIndex::Impl {
   std::string path;
   std::unique_ptr<File> file;
   index::Header header;

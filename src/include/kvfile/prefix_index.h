@@ -84,8 +84,8 @@ class KVFILE_EXPORT PrefixIndex {
   Status ReadEntry(uint64_t i, PrefixEntry* out);
 
  private:
-  struct Impl;
-  explicit PrefixIndex(std::unique_ptr<Impl> impl);
+  struct Impl;  // defined hidden: not exported
+  KVFILE_NO_EXPORT explicit PrefixIndex(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
 
@@ -102,8 +102,8 @@ class KVFILE_EXPORT PrefixIndexWriter {
   Status Finish(uint64_t directory_digest, uint64_t skipped = 0);
 
  private:
-  struct Impl;
-  explicit PrefixIndexWriter(std::unique_ptr<Impl> impl);
+  struct Impl;  // defined hidden: not exported
+  KVFILE_NO_EXPORT explicit PrefixIndexWriter(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
 
