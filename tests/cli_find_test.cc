@@ -48,6 +48,14 @@ TEST_F(CliFindTest, FindPrintsTheLongestMatch) {
   EXPECT_EQ(r.out, Corpus() + "/c.kv: 3 of 5 tokens match (3 tokens, model org/qwen, fingerprint 00000000000000bb)\n");
 }
 
+TEST_F(CliFindTest, NoWriteLeavesTheDirectoryAlone) {
+  auto r = Kvfile("find " + Corpus() + " --tokens " + P("q.txt") + " --no-write");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, Corpus() + "/sub/b.kv: 4 of 5 tokens match (4 tokens, model org/llama, fingerprint 00000000000000aa)\n");
+  EXPECT_EQ(r.err, "");
+  EXPECT_FALSE(std::filesystem::exists(P("corpus/.kvfile-index")));
+}
+
 TEST_F(CliFindTest, JsonAndStdin) {
   auto r = Kvfile("find " + Corpus() + " --tokens - --json", "echo 10 20 30 |");
   ASSERT_EQ(r.exit_code, 0) << r.err;
