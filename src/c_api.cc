@@ -28,6 +28,8 @@
 #include "kvfile/presets.h"
 #include "kvfile/reader.h"
 #include "kvfile/verify.h"
+#include "kvfile/prefix_index.h"
+#include "index/index_format.h"
 #include "kvfile/writer.h"
 
 using kvfile::Dtype;
@@ -558,6 +560,44 @@ kvfile_status kvfile_verify(const char* path, int quick, kvfile_verify_result* o
     if (!report.findings.empty())
       CopyString(report.findings.front().message, out->first_message, sizeof out->first_message);
     return KVFILE_OK;
+  });
+}
+
+// ---- Prefix lookup ----
+
+static_assert(KVFILE_PATH_CAPACITY == kvfile::index::kMaxPathBytes + 1);
+static_assert(KVFILE_MODEL_ID_CAPACITY == kvfile::index::kMaxModelIdBytes + 1);
+
+kvfile_status kvfile_find_prefix(const char* path, const uint32_t* tokens, size_t token_count,
+                                 const uint64_t* model_fingerprint, kvfile_prefix_match* out) {
+  return Guarded([&] {
+    if (path == nullptr) return NullArgument("kvfile_find_prefix", "path");
+    if (tokens == nullptr && token_count > 0) return NullArgument("kvfile_find_prefix", "tokens");
+    if (out == nullptr) return NullArgument("kvfile_find_prefix", "out");
+    *out = kvfile_prefix_match{};
+    kvfile::PrefixFindOptions options;
+    if (model_fingerprint) options.fingerprint = *model_fingerprint;
+    std::optional<kvfile::PrefixMatch> m;
+    if (kvfile_status st = Report(kvfile::FindPrefix(path, std::span<const uint32_t>(tokens, token_count), options, &m));
+        st != KVFILE_OK)
+      return st;
+    if (!m) return KVFILE_OK;
+    if (m->path.size() >= sizeof out->path)
+      return Fail(KVFILE_BUFFER_TOO_SMALL, path, ": member name longer than KVFILE_PATH_CAPACITY - 1");
+    out->found = 1;
+    CopyString(m->path, out->path, sizeof out->path);
+    CopyString(m->model_id, out->model_id, sizeof out->model_id);
+    out->fingerprint = m->fingerprint;
+    out->tokens = m->tokens;
+    out->matched = m->matched;
+    return KVFILE_OK;
+  });
+}
+
+kvfile_status kvfile_index_directory(const char* dir) {
+  return Guarded([&] {
+    if (dir == nullptr) return NullArgument("kvfile_index_directory", "dir");
+    return Report(kvfile::IndexDirectory(dir, nullptr, nullptr));
   });
 }
 

@@ -82,6 +82,9 @@ void RegisterRewind(CLI::App& app, int* exit_code);
 void RegisterAppend(CLI::App& app, int* exit_code);
 void RegisterConvert(CLI::App& app, int* exit_code);
 void RegisterBench(CLI::App& app, int* exit_code);
+// `kvfile find` and `kvfile index` (cmd_find.cc).
+void RegisterFind(CLI::App& app, int* exit_code);
+void RegisterIndex(CLI::App& app, int* exit_code);
 // `kvfile version`, and `kvfile completion bash|zsh|man` (completion.cc).
 void RegisterVersion(CLI::App& app, int* exit_code);
 void RegisterCompletion(CLI::App& app, int* exit_code);

@@ -156,6 +156,8 @@ int main(int argc, char** argv) {
   RegisterPack(app, &exit_code);
   RegisterUnpack(app, &exit_code);
   RegisterLs(app, &exit_code);
+  RegisterFind(app, &exit_code);
+  RegisterIndex(app, &exit_code);
   RegisterVersion(app, &exit_code);
   RegisterCompletion(app, &exit_code);
   if (int code = CheckVerb(app, argc, argv); code >= 0) return code;

@@ -351,6 +351,33 @@ typedef struct kvfile_verify_result {
  * (missing, permission, I/O error). */
 KVFILE_EXPORT kvfile_status kvfile_verify(const char* path, int quick, kvfile_verify_result* out);
 
+/* ---- Prefix lookup ---------------------------------------------------------
+ * kvfile/prefix_index.h states the full rules (spec/INDEX.md the index file). */
+
+#define KVFILE_PATH_CAPACITY 4097 /* a path of up to 4096 bytes + NUL */
+
+typedef struct kvfile_prefix_match {
+  int found;                               /* 1: a match; 0: nothing shares the first token */
+  char path[KVFILE_PATH_CAPACITY];         /* relative path in the directory, or member name */
+  char model_id[KVFILE_MODEL_ID_CAPACITY]; /* NUL-terminated */
+  uint64_t fingerprint;
+  uint64_t tokens;  /* the file's or member's token count */
+  uint64_t matched; /* tokens in common with the query */
+} kvfile_prefix_match;
+
+/* The .kv file under directory `path` (through DIR/.kvfile-index, refreshed
+ * when files changed and written back when the directory is writable), or
+ * the member of the pack `path`, with the longest common prefix with
+ * tokens[0, token_count); among equally long matches the smallest
+ * fingerprint, then the smallest token sequence, then the smallest path.
+ * model_fingerprint NULL: any model. No match is KVFILE_OK with
+ * out->found = 0. A path longer than the field: KVFILE_BUFFER_TOO_SMALL. */
+KVFILE_EXPORT kvfile_status kvfile_find_prefix(const char* path, const uint32_t* tokens, size_t token_count,
+                                               const uint64_t* model_fingerprint, kvfile_prefix_match* out);
+
+/* Writes or refreshes dir/.kvfile-index (kvfile index DIR). */
+KVFILE_EXPORT kvfile_status kvfile_index_directory(const char* dir);
+
 /* ---- The seeds' formats ---------------------------------------------------
  * Mooncake FP8 codec records (version 1) and colibri .coli_kv sessions;
  * kvfile/mooncake.h and kvfile/coli_kv.h state the full rules, and

@@ -7,6 +7,7 @@ A thin layer over the C++ library's binding (the extension kvfile._kvfile):
     kvfile.open(path)                             -> Reader
     kvfile.open(path, "a", sync=...)              -> Writer appending to the file
     kvfile.verify(path)                           -> dict of findings
+    kvfile.find(dir_or_pack, tokens)              -> longest-prefix match (dict) or None
     Reader.read_all(...) / Reader.codes_all(...)  -> every stream at once (bulk)
 
 kvfile.torch (torch tensors, CUDA loads) and kvfile.transformers (a
@@ -39,7 +40,9 @@ from ._kvfile import (  # noqa: F401  (re-exported)
     coli_export,
     coli_import,
     create,
+    find,
     fp8_decode_table,
+    index_directory,
     mooncake_decode,
     mooncake_encode,
     open_reader,

@@ -1,0 +1,385 @@
+// SPDX-License-Identifier: Apache-2.0
+// Keeping a directory's prefix index current, and the lookups FindPrefix
+// answers: a directory through its (refreshed) index, a pack member by member.
+//
+// A refresh lists the .kv files under the directory with their size, times,
+// device and inode, and hashes that list (the directory digest). An index
+// whose header holds the same digest is current and is used as it is.
+// Otherwise the entries of the old index whose file is unchanged are kept,
+// new and changed files are read, and both streams, each in index order,
+// are merged into a new index file. New entries are sorted in memory in
+// runs of at most kRunTokens tokens; a larger refresh writes each run as a
+// temporary index file in the directory and merges them all, so memory
+// stays bounded whatever the corpus size.
+#include <sys/stat.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <functional>
+#include <queue>
+#include <unordered_map>
+
+#include "format/endian.h"
+#include "index/index_format.h"
+#include "kvfile/pack.h"
+#include "kvfile/prefix_index.h"
+#include "kvfile/reader.h"
+
+namespace kvfile {
+namespace {
+
+// Tokens of new entries held in memory before they are written as a run.
+constexpr uint64_t kRunTokens = uint64_t{16} << 20;  // 64 MiB of token ids
+uint64_t g_run_tokens = kRunTokens;
+
+struct ScannedFile {
+  PrefixEntry stat;  // path and change-detection fields only
+  bool indexed = false;  // an unchanged entry of the old index covers it
+};
+
+bool SameFile(const PrefixEntry& a, const PrefixEntry& b) {
+  return a.size == b.size && a.mtime_ns == b.mtime_ns && a.ctime_ns == b.ctime_ns && a.device == b.device &&
+         a.inode == b.inode;
+}
+
+// The .kv regular files under `dir` (symlinks followed), sorted by path.
+Status ScanDirectory(const std::string& dir, std::vector<ScannedFile>* out) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return Status::InvalidArgument(dir + ": not a directory");
+  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator();
+       it.increment(ec)) {
+    if (it->path().extension() != ".kv") continue;
+    struct stat st;
+    if (::stat(it->path().c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+    ScannedFile f;
+    f.stat.path = it->path().lexically_relative(dir).generic_string();
+    f.stat.size = static_cast<uint64_t>(st.st_size);
+    f.stat.mtime_ns = int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec;
+    f.stat.ctime_ns = int64_t{st.st_ctim.tv_sec} * 1000000000 + st.st_ctim.tv_nsec;
+    f.stat.device = st.st_dev;
+    f.stat.inode = st.st_ino;
+    if (f.stat.path.empty() || f.stat.path.size() > index::kMaxPathBytes) continue;
+    out->push_back(std::move(f));
+  }
+  if (ec) return Status::IOError(dir + ": " + ec.message());
+  std::sort(out->begin(), out->end(), [](const ScannedFile& a, const ScannedFile& b) { return a.stat.path < b.stat.path; });
+  return Status::OK();
+}
+
+// spec/INDEX.md 5: XXH3-64 over each file's record, in path order.
+uint64_t DirectoryDigest(const std::vector<ScannedFile>& files) {
+  XXH3_state_t* h = XXH3_createState();
+  XXH3_64bits_reset(h);
+  for (const ScannedFile& f : files) {
+    uint8_t rec[44];
+    format::StoreU32(rec, static_cast<uint32_t>(f.stat.path.size()));
+    format::StoreU64(rec + 4, f.stat.size);
+    format::StoreU64(rec + 12, static_cast<uint64_t>(f.stat.mtime_ns));
+    format::StoreU64(rec + 20, static_cast<uint64_t>(f.stat.ctime_ns));
+    format::StoreU64(rec + 28, f.stat.device);
+    format::StoreU64(rec + 36, f.stat.inode);
+    XXH3_64bits_update(h, rec, sizeof rec);
+    XXH3_64bits_update(h, f.stat.path.data(), f.stat.path.size());
+  }
+  uint64_t d = XXH3_64bits_digest(h);
+  XXH3_freeState(h);
+  return d;
+}
+
+// Keeps the best match seen: the longest, then the first in index order.
+struct BestMatch {
+  std::span<const uint32_t> query;
+  std::optional<uint64_t> fingerprint;
+  std::optional<PrefixEntry> best;
+  uint64_t matched = 0;
+
+  void Offer(const PrefixEntry& e) {
+    if (query.empty() || (fingerprint && e.fingerprint != *fingerprint)) return;
+    uint64_t l = index::CommonPrefix(e.tokens, query);
+    if (l == 0 || l < matched || (l == matched && index::CompareEntries(e, *best) >= 0)) return;
+    matched = l;
+    best = e;
+  }
+  std::optional<PrefixMatch> Result() const {
+    if (!best) return std::nullopt;
+    return PrefixMatch{best->path, best->model_id, best->fingerprint, best->tokens.size(), matched};
+  }
+};
+
+// A stream of entries in index order.
+class Source {
+ public:
+  virtual ~Source() = default;
+  // *e: the next entry, or nullptr at the end.
+  virtual Status Next(const PrefixEntry** e) = 0;
+};
+
+class VectorSource : public Source {
+ public:
+  explicit VectorSource(std::vector<PrefixEntry> v) : v_(std::move(v)) {}
+  Status Next(const PrefixEntry** e) override {
+    *e = i_ < v_.size() ? &v_[i_++] : nullptr;
+    return Status::OK();
+  }
+
+ private:
+  std::vector<PrefixEntry> v_;
+  size_t i_ = 0;
+};
+
+// An index file's entries, those `keep` accepts.
+class IndexSource : public Source {
+ public:
+  IndexSource(PrefixIndex* ix, std::function<bool(const PrefixEntry&)> keep) : ix_(ix), keep_(std::move(keep)) {}
+  Status Next(const PrefixEntry** e) override {
+    while (i_ < ix_->entry_count()) {
+      Status st = ix_->ReadEntry(i_++, &cur_);
+      if (!st.ok()) return st;
+      if (keep_(cur_)) {
+        *e = &cur_;
+        return Status::OK();
+      }
+    }
+    *e = nullptr;
+    return Status::OK();
+  }
+
+ private:
+  PrefixIndex* ix_;
+  std::function<bool(const PrefixEntry&)> keep_;
+  uint64_t i_ = 0;
+  PrefixEntry cur_;
+};
+
+// Merges sources (each in index order) into `sink`, in index order.
+Status Merge(std::vector<std::unique_ptr<Source>>& sources, const std::function<Status(const PrefixEntry&)>& sink) {
+  std::vector<const PrefixEntry*> head(sources.size());
+  auto later = [&head](size_t a, size_t b) { return index::CompareEntries(*head[a], *head[b]) > 0; };
+  std::priority_queue<size_t, std::vector<size_t>, decltype(later)> heap(later);
+  for (size_t i = 0; i < sources.size(); ++i) {
+    Status st = sources[i]->Next(&head[i]);
+    if (!st.ok()) return st;
+    if (head[i]) heap.push(i);
+  }
+  while (!heap.empty()) {
+    size_t i = heap.top();
+    heap.pop();
+    Status st = sink(*head[i]);
+    if (!st.ok()) return st;
+    if (!(st = sources[i]->Next(&head[i])).ok()) return st;
+    if (head[i]) heap.push(i);
+  }
+  return Status::OK();
+}
+
+struct Refresh {
+  std::string dir;
+  FileSystem* fs;
+  bool write;
+  PrefixIndexReport* report;
+  BestMatch* best;  // nullptr: indexing only
+  bool check_all = false;  // read every block of a current index before trusting it
+  bool distrust = false;   // treat the index on disk as damaged (a lookup found damage)
+  std::unique_ptr<PrefixIndex> fresh;  // set when the index on disk is current
+
+  std::string IndexPath() const { return (std::filesystem::path(dir) / kPrefixIndexName).string(); }
+
+  // Reads a new or changed file into an entry; false when it cannot be read.
+  bool ReadFile(const ScannedFile& f, PrefixEntry* e) {
+    std::unique_ptr<Reader> r;
+    ReaderOptions ro;
+    ro.fs = fs;
+    std::string full = (std::filesystem::path(dir) / f.stat.path).string();
+    Status st = Reader::Open(full, ro, &r);
+    if (!st.ok()) {
+      if (report->skipped++ == 0) report->first_skipped = st.message();
+      return false;
+    }
+    *e = f.stat;
+    e->model_id = r->identity().model_id;
+    e->fingerprint = r->identity().fingerprint;
+    e->tokens.assign(r->tokens().begin(), r->tokens().end());
+    ++report->reread;
+    return true;
+  }
+
+  Status Run() {
+    std::vector<ScannedFile> files;
+    Status st = ScanDirectory(dir, &files);
+    if (!st.ok()) return st;
+    report->files = files.size();
+    uint64_t digest = DirectoryDigest(files);
+    const std::string index_path = IndexPath();
+    std::unique_ptr<PrefixIndex> old;
+    bool exists = std::filesystem::exists(index_path);
+    if (exists && (distrust || !PrefixIndex::Open(index_path, fs, &old).ok())) {
+      old.reset();
+      report->rebuilt = true;
+    }
+    if (old && old->directory_digest() == digest && check_all) {
+      PrefixEntry e;
+      for (uint64_t i = 0; old && i < old->entry_count(); ++i)
+        if (!old->ReadEntry(i, &e).ok()) {
+          old.reset();
+          report->rebuilt = true;
+        }
+    }
+    if (old && old->directory_digest() == digest) {
+      report->was_fresh = true;
+      report->indexed = old->entry_count();
+      report->skipped = old->skipped();
+      fresh = std::move(old);
+      return Status::OK();
+    }
+    // Which files the old index covers unchanged (a damaged block: none).
+    std::unordered_map<std::string_view, size_t> by_path;
+    for (size_t i = 0; i < files.size(); ++i) by_path.emplace(files[i].stat.path, i);
+    auto unchanged = [&](const PrefixEntry& e) {
+      auto it = by_path.find(e.path);
+      return it != by_path.end() && SameFile(files[it->second].stat, e);
+    };
+    if (old) {
+      PrefixEntry e;
+      for (uint64_t i = 0; i < old->entry_count(); ++i) {
+        if (!old->ReadEntry(i, &e).ok()) {
+          for (ScannedFile& f : files) f.indexed = false;
+          old.reset();
+          report->rebuilt = true;
+          break;
+        }
+        if (unchanged(e)) files[by_path[e.path]].indexed = true;
+      }
+    }
+    std::unique_ptr<PrefixIndexWriter> writer;
+    if (write) {
+      st = PrefixIndexWriter::Begin(index_path, fs, &writer);
+      if (!st.ok()) {
+        if (!best) return st;
+        report->not_written = st.message();
+      }
+    }
+    // New entries, in sorted runs; runs past the first are spilled to
+    // temporary index files when the directory is writable.
+    std::vector<std::unique_ptr<Source>> sources;
+    std::vector<std::unique_ptr<PrefixIndex>> runs;
+    std::vector<std::string> run_paths;
+    struct RemoveRuns {
+      FileSystem* fs;
+      std::vector<std::string>* paths;
+      ~RemoveRuns() {
+        for (const std::string& p : *paths) (void)fs->Remove(p);
+      }
+    } remove_runs{fs, &run_paths};
+    std::vector<PrefixEntry> pending;
+    uint64_t pending_tokens = 0;
+    auto spill = [&]() -> Status {
+      std::sort(pending.begin(), pending.end(), PrefixEntryLess);
+      std::string run = index_path + ".run" + std::to_string(run_paths.size());
+      std::unique_ptr<PrefixIndexWriter> w;
+      Status s = PrefixIndexWriter::Begin(run, fs, &w);
+      for (size_t i = 0; s.ok() && i < pending.size(); ++i) s = w->Add(pending[i]);
+      if (s.ok()) s = w->Finish(0);
+      if (s.ok()) run_paths.push_back(run);
+      std::unique_ptr<PrefixIndex> ix;
+      if (s.ok()) s = PrefixIndex::Open(run, fs, &ix);
+      if (!s.ok()) return s;
+      sources.push_back(std::make_unique<IndexSource>(ix.get(), [](const PrefixEntry&) { return true; }));
+      runs.push_back(std::move(ix));
+      pending.clear();
+      pending_tokens = 0;
+      return Status::OK();
+    };
+    for (const ScannedFile& f : files) {
+      if (f.indexed) continue;
+      PrefixEntry e;
+      if (!ReadFile(f, &e)) continue;
+      pending_tokens += e.tokens.size();
+      pending.push_back(std::move(e));
+      if (pending_tokens >= g_run_tokens && writer && !(st = spill()).ok()) return st;
+    }
+    std::sort(pending.begin(), pending.end(), PrefixEntryLess);
+    sources.push_back(std::make_unique<VectorSource>(std::move(pending)));
+    if (old) sources.push_back(std::make_unique<IndexSource>(old.get(), unchanged));
+    st = Merge(sources, [&](const PrefixEntry& e) -> Status {
+      ++report->indexed;
+      if (best) best->Offer(e);
+      return writer ? writer->Add(e) : Status::OK();
+    });
+    if (!st.ok()) return st;
+    report->kept = report->indexed - report->reread;
+    if (!writer) return Status::OK();
+    if (!(st = writer->Finish(digest, report->skipped)).ok()) {
+      if (!best) return st;
+      report->not_written = st.message();
+      return Status::OK();
+    }
+    report->written = true;
+    return Status::OK();
+  }
+};
+
+Status FindInPack(const std::string& path, FileSystem* fs, BestMatch* best, PrefixIndexReport* report) {
+  std::unique_ptr<PackReader> pack;
+  Status st = PackReader::Open(path, fs, &pack);
+  if (!st.ok()) return st;
+  std::vector<uint32_t> chunk_ids;
+  PrefixEntry e;
+  for (size_t i = 0; i < pack->members().size(); ++i) {
+    const PackMember& m = pack->members()[i];
+    const PackModel& model = pack->models()[m.model];
+    if (best->fingerprint && model.identity.fingerprint != *best->fingerprint) continue;
+    if (!(st = pack->ReadMember(i, &e.tokens, &chunk_ids)).ok()) return st;
+    e.path = m.name;
+    e.model_id = model.identity.model_id;
+    e.fingerprint = model.identity.fingerprint;
+    best->Offer(e);
+  }
+  report->files = report->indexed = pack->members().size();
+  return Status::OK();
+}
+
+}  // namespace
+
+void index::SetRunTokensForTesting(uint64_t tokens) { g_run_tokens = tokens ? tokens : kRunTokens; }
+
+Status IndexDirectory(const std::string& dir, FileSystem* fs, PrefixIndexReport* report) {
+  PrefixIndexReport local;
+  if (!report) report = &local;
+  *report = PrefixIndexReport{};
+  Refresh r{dir, fs ? fs : FileSystem::Default(), true, report, nullptr, /*check_all=*/true, false, nullptr};
+  return r.Run();
+}
+
+Status FindPrefix(const std::string& path, std::span<const uint32_t> query, const PrefixFindOptions& options,
+                  std::optional<PrefixMatch>* out, PrefixIndexReport* report) {
+  PrefixIndexReport local;
+  if (!report) report = &local;
+  *report = PrefixIndexReport{};
+  out->reset();
+  FileSystem* fs = options.fs ? options.fs : FileSystem::Default();
+  BestMatch best{query, options.fingerprint, std::nullopt, 0};
+  std::error_code ec;
+  if (!std::filesystem::is_directory(path, ec)) {
+    Status st = FindInPack(path, fs, &best, report);
+    if (st.ok()) *out = best.Result();
+    return st;
+  }
+  Refresh r{path, fs, options.write_index, report, &best, false, false, nullptr};
+  Status st = r.Run();
+  if (!st.ok()) return st;
+  if (r.fresh) {
+    st = r.fresh->Lookup(query, options.fingerprint, out);
+    if (!st.IsDataError()) return st;
+    // A damaged block of a current index: never trusted, rebuilt.
+    out->reset();
+    *report = PrefixIndexReport{};
+    Refresh again{path, fs, options.write_index, report, &best, false, /*distrust=*/true, nullptr};
+    if (!(st = again.Run()).ok()) return st;
+  }
+  *out = best.Result();
+  return Status::OK();
+}
+
+}  // namespace kvfile
