@@ -17,7 +17,7 @@ BUILD_ONLY=0
 if [ "${1:-}" = --build-only ]; then BUILD_ONLY=1; shift; fi  # build the targets, run none
 SECONDS_PER_TARGET=${1:-60}
 JOBS=${KVFILE_FUZZ_JOBS:-1}
-TARGETS=(read verify upgrade safetensors mooncake coli llama_state)
+TARGETS=(read verify upgrade safetensors mooncake coli llama_state pack index)
 BUILD="$KVFILE_ROOT/build-fuzz"
 OUT="$BUILD/fuzz-out"
 source "$KVFILE_ROOT/scripts/deps.sh"
