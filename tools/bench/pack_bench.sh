@@ -13,6 +13,8 @@ n=${1:-40}
 dir=${2:-./pack_bench.tmp}
 kvfile=${3:-build/kvfile}
 prefix=2048 own=256 chunk=256
+# Arithmetic on decimals (awk: no bc needed). calc EXPR [DECIMALS]
+calc() { awk "BEGIN { printf \"%.${2:-3}f\", $1 }"; }
 mkdir -p "$dir/corpus"
 trap 'rm -rf "$dir"' EXIT
 
@@ -28,11 +30,11 @@ cp_times=() pack_times=()
 for rep in 1 2 3; do
   rm -rf "$dir/copy" "$dir/c.kvpack"; sync
   t0=$(now); cp -r "$dir/corpus" "$dir/copy"; sync; t1=$(now)
-  cp_times+=("$(echo "$t1 - $t0" | bc)")
+  cp_times+=("$(calc "$t1 - $t0")")
   rm -rf "$dir/copy"; sync
   # kvfile pack syncs the pack (and its directory) before it returns.
   t0=$(now); "$kvfile" pack "$dir/corpus" -o "$dir/c.kvpack" >/dev/null; t1=$(now)
-  pack_times+=("$(echo "$t1 - $t0" | bc)")
+  pack_times+=("$(calc "$t1 - $t0")")
   [ $rep -lt 3 ] && rm -f "$dir/c.kvpack"
 done
 cp_med=$(printf '%s\n' "${cp_times[@]}" | median)
@@ -42,9 +44,18 @@ unpack_times=()
 for rep in 1 2 3; do
   rm -rf "$dir/one"; sync
   t0=$(now); "$kvfile" unpack "$dir/c.kvpack" -o "$dir/one" session0001.kv >/dev/null; t1=$(now)
-  unpack_times+=("$(echo "$t1 - $t0" | bc)")
+  unpack_times+=("$(calc "$t1 - $t0")")
 done
 unpack_med=$(printf '%s\n' "${unpack_times[@]}" | median)
+# The machine's own limit for one durable file of that size: cp of the
+# member's source .kv, then sync.
+cp1_times=()
+for rep in 1 2 3; do
+  rm -f "$dir/one.kv"; sync
+  t0=$(now); cp "$dir/corpus/session0001.kv" "$dir/one.kv"; sync; t1=$(now)
+  cp1_times+=("$(calc "$t1 - $t0")")
+done
+cp1_med=$(printf '%s\n' "${cp1_times[@]}" | median)
 member_bytes=$(stat -c %s "$dir/one/session0001.kv")
 
 rm -f "$dir/c2.kvpack" && rm -rf "$dir/one2"
@@ -68,8 +79,9 @@ formula() {  # members
 echo "corpus: $n sessions of $tokens tokens ($prefix shared), llama-3.1-8b e4m3: $dir_bytes bytes ($kv_bytes per .kv)"
 echo "cp -r + sync:      ${cp_times[*]} s  median $cp_med"
 echo "kvfile pack:       ${pack_times[*]} s  median $pack_med"
-echo "pack speed vs cp:  $(echo "scale=2; $cp_med / $pack_med" | bc)x"
-echo "unpack 1 member:   ${unpack_times[*]} s  median $unpack_med ($member_bytes bytes, $(echo "scale=0; $member_bytes / $unpack_med / 1000000" | bc) MB/s)"
+echo "pack speed vs cp:  $(calc "$cp_med / $pack_med" 2)x"
+echo "unpack 1 member:   ${unpack_times[*]} s  median $unpack_med ($member_bytes bytes, $(calc "$member_bytes / $unpack_med / 1000000" 0) MB/s)"
+echo "cp 1 .kv + sync:   ${cp1_times[*]} s  median $cp1_med; unpack speed vs cp: $(calc "$cp1_med / $unpack_med" 2)x"
 echo "peak RSS:          pack $((pack_rss / 1024)) MiB, unpack of one member $((unpack_rss / 1024)) MiB"
-echo "pack size:         $pack_bytes bytes (format arithmetic: $(formula "$n")); directory/pack $(echo "scale=2; $dir_bytes / $pack_bytes" | bc)x"
-echo "N = 1000:          directory $((1000 * kv_bytes)) bytes, pack $(formula 1000) bytes: $(echo "scale=2; 1000 * $kv_bytes / $(formula 1000)" | bc)x"
+echo "pack size:         $pack_bytes bytes (format arithmetic: $(formula "$n")); directory/pack $(calc "$dir_bytes / $pack_bytes" 2)x"
+echo "N = 1000:          directory $((1000 * kv_bytes)) bytes, pack $(formula 1000) bytes: $(calc "1000 * $kv_bytes / $(formula 1000)" 2)x"
