@@ -20,20 +20,24 @@ namespace {
 
 const __m512 kAbsMask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
 
+// _mm512_shuffle_ps on integer vectors. The immediate is a template
+// argument: clang requires a constant expression there.
+template <int kImm>
+[[gnu::always_inline]] inline __m512i ShufflePs(__m512i a, __m512i b) {
+  return _mm512_castps_si512(_mm512_shuffle_ps(_mm512_castsi512_ps(a), _mm512_castsi512_ps(b), kImm));
+}
+
 // Lane j of the result: the largest lane of v[j] (16 vectors of magnitude
 // bit patterns, compared as unsigned integers: the order of non-negative
 // floats, with Inf and NaN above every finite value). A transposing
 // reduction: within 128-bit lanes, then across them.
 [[gnu::always_inline]] inline __m512i BlockMaxima(const __m512i* v) {
-  auto shuffle = [](__m512i a, __m512i b, int imm) {
-    return _mm512_castps_si512(_mm512_shuffle_ps(_mm512_castsi512_ps(a), _mm512_castsi512_ps(b), imm));
-  };
   __m512i l1[8], l2[4], l3[2];
   for (int i = 0; i < 8; ++i) {
-    l1[i] = _mm512_max_epu32(shuffle(v[2 * i], v[2 * i + 1], 0x44), shuffle(v[2 * i], v[2 * i + 1], 0xEE));
+    l1[i] = _mm512_max_epu32(ShufflePs<0x44>(v[2 * i], v[2 * i + 1]), ShufflePs<0xEE>(v[2 * i], v[2 * i + 1]));
   }
   for (int i = 0; i < 4; ++i) {
-    l2[i] = _mm512_max_epu32(shuffle(l1[2 * i], l1[2 * i + 1], 0x88), shuffle(l1[2 * i], l1[2 * i + 1], 0xDD));
+    l2[i] = _mm512_max_epu32(ShufflePs<0x88>(l1[2 * i], l1[2 * i + 1]), ShufflePs<0xDD>(l1[2 * i], l1[2 * i + 1]));
   }
   for (int i = 0; i < 2; ++i) {
     l3[i] = _mm512_max_epu32(_mm512_shuffle_i32x4(l2[2 * i], l2[2 * i + 1], 0x88),
