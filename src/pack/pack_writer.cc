@@ -83,6 +83,7 @@ struct KVFILE_NO_EXPORT PackWriter::Impl {
   std::vector<std::unique_ptr<Reader>> more_readers;
 
   Status Write(const void* data, size_t n) {
+    if (n == 0) return Status::OK();  // an empty member's record: nothing to write (data may be null)
     Status st = file->WriteAt(offset, data, n);
     if (!st.ok()) {
       failed = true;

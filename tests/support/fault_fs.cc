@@ -28,7 +28,7 @@ class FaultFile final : public File {
     KVFILE_RETURN_IF_ERROR(fs_->MaybeFail(FsOp::kWrite, path_ + ": write at offset " + std::to_string(offset)));
     auto& d = node_->data;
     if (d.size() < offset + n) d.resize(offset + n, 0);
-    std::memcpy(d.data() + offset, buf, n);
+    if (n != 0) std::memcpy(d.data() + offset, buf, n);  // buf may be null when n is 0
     FsOp op{FsOp::kWrite, path_, "", offset, {}, 0, node_->id};
     op.data.assign(static_cast<const uint8_t*>(buf), static_cast<const uint8_t*>(buf) + n);
     fs_->Record(std::move(op));
