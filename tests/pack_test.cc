@@ -13,6 +13,7 @@
 #include "kvfile/reader.h"
 #include "kvfile/writer.h"
 #include "support/fault_fs.h"
+#include "testing_hooks.h"
 #include "support/sweep_fixtures.h"
 
 namespace kvfile {
@@ -54,42 +55,43 @@ uint16_t ToF16Small(float f) {
 // Writes a .kv at `path`: `tokens`; rows of token t are a function of
 // (seed_for(t), t), so two files with the same seed for a position hold the
 // same rows there.
+// Appends `append_tokens` tokens per Append (the last append may be shorter).
 void WriteKv(FileSystem& fs, const std::string& path, const Geometry& g, const std::vector<uint32_t>& tokens,
              const std::function<uint64_t(uint64_t)>& seed_for, uint32_t chunk_tokens = 3,
-             ModelIdentity id = {"test/model", 0x1234}) {
+             ModelIdentity id = {"test/model", 0x1234}, size_t append_tokens = 1) {
   WriterOptions wo;
   wo.fs = &fs;
   wo.chunk_tokens = chunk_tokens;
   std::unique_ptr<Writer> w;
   ASSERT_TRUE(Writer::Create(path, g, id, wo, &w).ok());
-  for (size_t t = 0; t < tokens.size(); ++t) {
-    SplitMix rng(seed_for(t) * 1000003 + t);
-    std::vector<std::vector<uint8_t>> store;
-    AppendBatch b;
-    b.tokens = std::span<const uint32_t>(tokens).subspan(t, 1);
-    for (uint32_t l = 0; l < g.layers; ++l)
-      for (const StreamSpec& s : g.streams) {
-        size_t n = s.ElementsPerToken();
-        std::vector<uint8_t> bytes;
-        if (IsFp8(s.dtype) || s.dtype == Dtype::kNvfp4) {
-          bytes.resize(n * 4);
-          for (size_t i = 0; i < n; ++i) {
-            float f = (static_cast<float>(rng.Below(2001)) - 1000.0f) / 16.0f;
-            std::memcpy(bytes.data() + 4 * i, &f, 4);
+  for (size_t first = 0; first < tokens.size(); first += append_tokens) {
+    const size_t n = std::min(append_tokens, tokens.size() - first);
+    // store[layer * streams + stream]: the rows of the batch's tokens.
+    std::vector<std::vector<uint8_t>> store(g.layers * g.streams.size());
+    for (size_t t = first; t < first + n; ++t) {
+      SplitMix rng(seed_for(t) * 1000003 + t);
+      size_t k = 0;
+      for (uint32_t l = 0; l < g.layers; ++l)
+        for (const StreamSpec& s : g.streams) {
+          std::vector<uint8_t>& bytes = store[k++];
+          for (size_t i = 0; i < s.ElementsPerToken(); ++i) {
+            if (IsFp8(s.dtype) || s.dtype == Dtype::kNvfp4) {
+              float f = (static_cast<float>(rng.Below(2001)) - 1000.0f) / 16.0f;
+              bytes.insert(bytes.end(), reinterpret_cast<uint8_t*>(&f), reinterpret_cast<uint8_t*>(&f) + 4);
+            } else {
+              float f = (static_cast<float>(rng.Below(63)) - 31.0f) / 8.0f;
+              uint16_t v = s.dtype == Dtype::kBF16 ? ToBf16(f) : ToF16Small(f);
+              bytes.insert(bytes.end(), reinterpret_cast<uint8_t*>(&v), reinterpret_cast<uint8_t*>(&v) + 2);
+            }
           }
-          store.push_back(std::move(bytes));
-          b.blocks.push_back({Dtype::kF32, store.back().data(), nullptr});
-        } else {
-          bytes.resize(n * 2);
-          for (size_t i = 0; i < n; ++i) {
-            float f = (static_cast<float>(rng.Below(63)) - 31.0f) / 8.0f;
-            uint16_t v = s.dtype == Dtype::kBF16 ? ToBf16(f) : ToF16Small(f);
-            std::memcpy(bytes.data() + 2 * i, &v, 2);
-          }
-          store.push_back(std::move(bytes));
-          b.blocks.push_back({s.dtype, store.back().data(), nullptr});
         }
-      }
+    }
+    AppendBatch b;
+    b.tokens = std::span<const uint32_t>(tokens).subspan(first, n);
+    for (size_t k = 0; k < store.size(); ++k) {
+      Dtype d = g.streams[k % g.streams.size()].dtype;
+      b.blocks.push_back({IsFp8(d) || d == Dtype::kNvfp4 ? Dtype::kF32 : d, store[k].data(), nullptr});
+    }
     ASSERT_TRUE(w->Append(b).ok());
   }
   ASSERT_TRUE(w->Close().ok());
@@ -202,6 +204,28 @@ TEST(PackTest, RoundTripMaterialisesEqualContents) {
   std::vector<uint8_t> payload;
   ASSERT_TRUE(r->ReadChunk(ids[5], &payload).ok());
   EXPECT_EQ(payload.size(), r->models()[0].payload_bytes_per_token);
+}
+
+// Materialize makes one append per pack chunk, cut at its own chunk
+// boundaries: with the same salt, a member comes back as the very bytes of a
+// source written with one append per pack chunk, whatever the two chunk
+// sizes (here 4 tokens per pack chunk, 5 per .kv chunk, 3 tokens left over
+// at the end; raw and fp8 streams, unaligned sections in the payload).
+TEST(PackTest, MaterializeWritesTheSourceBytes) {
+  FaultFs fs;
+  Geometry g = MixedGeometry();
+  g.streams.push_back({"odd", 1, 3, Dtype::kE4M3});  // 3-byte rows: later sections lie unaligned
+  hooks::SetWriterSalt(0x5EED);
+  WriteKv(fs, "/s.kv", g, Tokens(40, 23), [](uint64_t) { return 9; }, 5, {"test/model", 0x1234}, 4);
+  ASSERT_TRUE(PackFiles(fs, "/s.kvpack", {{"s.kv", "/s.kv"}}, 4).ok());
+  std::unique_ptr<PackReader> r;
+  ASSERT_TRUE(PackReader::Open("/s.kvpack", &fs, &r).ok());
+  Status st = r->Materialize(0, "/o.kv");
+  hooks::SetWriterSalt(0);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  std::vector<uint8_t> want = FileBytes(fs, "/s.kv");
+  ASSERT_FALSE(want.empty());
+  EXPECT_EQ(FileBytes(fs, "/o.kv"), want);
 }
 
 // N members share a 16-token prefix (same ids, same rows) and add 3 tokens

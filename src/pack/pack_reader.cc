@@ -3,6 +3,7 @@
 // members and chunks (checked before they are returned), materialises
 // members as .kv files and verifies the whole pack.
 #include <algorithm>
+#include <bit>
 #include <cstring>
 #include <limits>
 #include <set>
@@ -12,6 +13,7 @@
 #include "codec/row_check.h"
 #include "format/chunk_layout.h"
 #include "format/endian.h"
+#include "page_buffer.h"
 #include "kvfile/pack.h"
 #include "kvfile/writer.h"
 #include "pack/pack_format.h"
@@ -40,6 +42,15 @@ struct KVFILE_NO_EXPORT PackReader::Impl {
     if (n) KVFILE_RETURN_IF_ERROR(file->ReadAt(offset, out->data(), n));
     if (Checksum(out->data(), n) != want_checksum)
       return Damage(std::string(what) + " checksum mismatch (at offset " + std::to_string(offset) + ")");
+    return Status::OK();
+  }
+  // Reads chunk `id`'s payload into `into` (c.bytes) and checks its checksum.
+  Status ReadPayload(uint32_t id, uint8_t* into) {
+    const PackChunk& c = chunks[id];
+    KVFILE_RETURN_IF_ERROR(file->ReadAt(c.offset, into, c.bytes));
+    if (Checksum(into, c.bytes) != c.payload_checksum)
+      return Damage("chunk " + std::to_string(id) + ": payload checksum mismatch (at offset " +
+                    std::to_string(c.offset) + ")");
     return Status::OK();
   }
   Status ParseTables(const uint8_t* h);
@@ -249,8 +260,8 @@ Status PackReader::ReadChunk(uint32_t id, std::vector<uint8_t>* payload) {
   Impl& r = *impl_;
   if (id >= r.chunks.size()) return Status::InvalidArgument(r.path + ": no chunk " + std::to_string(id));
   const PackChunk& c = r.chunks[id];
-  std::string what = "chunk " + std::to_string(id) + ": payload";
-  KVFILE_RETURN_IF_ERROR(r.ReadRegion(c.offset, c.bytes, c.payload_checksum, what.c_str(), payload));
+  payload->resize(c.bytes);
+  KVFILE_RETURN_IF_ERROR(r.ReadPayload(id, payload->data()));
   const Geometry& g = r.models[c.model].geometry;
   std::vector<PayloadSection> layout = PackPayloadLayout(g, c.token_count);
   // Copies give the check host-order scales, and aligned raw rows where the
@@ -284,6 +295,12 @@ Status PackReader::ReadChunk(uint32_t id, std::vector<uint8_t>* payload) {
   return Status::OK();
 }
 
+// One pass: each chunk is read once into one reused buffer, its checksum
+// checked, and its rows handed to the writer in place (the writer checks
+// codes and values as it stages them, once). The pieces end at the
+// writer's chunk boundaries, so no piece is checked before it is staged;
+// each pack chunk stays one append, as it always was (the same append ends,
+// the same bytes).
 Status PackReader::Materialize(size_t index, const std::string& dest) {
   Impl& r = *impl_;
   if (index >= r.members.size()) return Status::InvalidArgument(r.path + ": no member " + std::to_string(index));
@@ -304,27 +321,35 @@ Status PackReader::Materialize(size_t index, const std::string& dest) {
   wo.sync = SyncMode::kClose;
   std::unique_ptr<Writer> w;
   KVFILE_RETURN_IF_ERROR(Writer::Create(replace->temp_path(), g, model.identity, wo, &w));
-  std::vector<uint8_t> payload;
-  std::vector<std::vector<uint64_t>> aligned(g.layers * g.streams.size() * 2);
+  internal::PageBuffer payload;
+  // Aligned, host-order copies, only for sections the payload holds
+  // unaligned (or scales on a big-endian host).
+  std::vector<std::vector<uint64_t>> copies(g.layers * g.streams.size() * 2);
+  uint64_t written = 0;
   for (size_t j = 0; j < ids.size(); ++j) {
-    KVFILE_RETURN_IF_ERROR(ReadChunk(ids[j], &payload));
     const PackChunk& c = r.chunks[ids[j]];
+    if (!payload.Resize(c.bytes))
+      return Status::IOError(r.path + ": cannot allocate a buffer of " + std::to_string(c.bytes) + " bytes");
+    KVFILE_RETURN_IF_ERROR(r.ReadPayload(ids[j], payload.data()));
     std::vector<PayloadSection> layout = PackPayloadLayout(g, c.token_count);
     AppendBatch batch;
-    batch.tokens = std::span<const uint32_t>(tokens).subspan(c.first_token, c.token_count);
     batch.blocks.resize(layout.size());
     for (size_t k = 0; k < layout.size(); ++k) {
       const StreamSpec& spec = g.streams[k % g.streams.size()];
       const PayloadSection& p = layout[k];
       RowBlock& b = batch.blocks[k];
       b.dtype = spec.dtype;
-      // Copies give the writer aligned rows and host-order scales.
-      aligned[2 * k].resize((p.data_bytes + 7) / 8);
-      std::memcpy(aligned[2 * k].data(), payload.data() + p.data_offset, p.data_bytes);
-      b.data = aligned[2 * k].data();
-      if (p.scales_bytes) {
-        aligned[2 * k + 1].resize((p.scales_bytes + 7) / 8);
-        float* f = reinterpret_cast<float*>(aligned[2 * k + 1].data());
+      b.data = payload.data() + p.data_offset;
+      if (p.data_offset % ElementSize(spec.dtype) != 0) {
+        copies[2 * k].resize((p.data_bytes + 7) / 8);
+        std::memcpy(copies[2 * k].data(), payload.data() + p.data_offset, p.data_bytes);
+        b.data = copies[2 * k].data();
+      }
+      if (!p.scales_bytes) continue;
+      b.scales = reinterpret_cast<const float*>(payload.data() + p.scales_offset);
+      if (std::endian::native != std::endian::little || p.scales_offset % 4 != 0) {
+        copies[2 * k + 1].resize((p.scales_bytes + 7) / 8);
+        float* f = reinterpret_cast<float*>(copies[2 * k + 1].data());
         for (uint64_t i = 0; i < p.scales_bytes / 4; ++i) {
           uint32_t bits = LoadU32(payload.data() + p.scales_offset + 4 * i);
           std::memcpy(f + i, &bits, 4);
@@ -332,7 +357,31 @@ Status PackReader::Materialize(size_t index, const std::string& dest) {
         b.scales = f;
       }
     }
-    KVFILE_RETURN_IF_ERROR(w->Append(batch));
+    for (uint32_t done = 0; done < c.token_count;) {
+      uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(ct - written % ct, c.token_count - done));
+      AppendBatch piece;
+      piece.tokens = std::span<const uint32_t>(tokens).subspan(c.first_token + done, n);
+      piece.continued = done + n < c.token_count;
+      piece.blocks = batch.blocks;
+      for (size_t k = 0; k < layout.size(); ++k) {
+        const StreamSpec& spec = g.streams[k % g.streams.size()];
+        const uint64_t rows = uint64_t{done} * spec.rows_per_token;
+        piece.blocks[k].data = static_cast<const uint8_t*>(batch.blocks[k].data) + rows * spec.row_width * ElementSize(spec.dtype);
+        if (piece.blocks[k].scales) piece.blocks[k].scales += rows;
+      }
+      Status st = w->Append(piece);
+      if (!st.ok()) {
+        // A bad code or value is the pack's damage: ReadChunk names it.
+        if (st.code() == Status::Code::kNonFinite) {
+          std::vector<uint8_t> check;
+          Status damage = ReadChunk(ids[j], &check);
+          if (!damage.ok()) return damage;
+        }
+        return st;
+      }
+      done += n;
+      written += n;
+    }
   }
   KVFILE_RETURN_IF_ERROR(w->Close());
   w.reset();

@@ -105,6 +105,33 @@ int RunPack(const PackArgs& a) {
   return kExitOk;
 }
 
+// The directories unpack creates, removed again (when still empty) if it
+// fails: a failed unpack leaves the output tree as it found it.
+class CreatedDirs {
+ public:
+  Status Create(const fs::path& dir) {
+    std::vector<fs::path> missing;
+    std::error_code ec;
+    for (fs::path p = dir; !p.empty() && !fs::exists(p, ec); p = p.parent_path()) {
+      missing.push_back(p);
+      if (p == p.parent_path()) break;
+    }
+    for (auto it = missing.rbegin(); it != missing.rend(); ++it) {
+      if (!fs::create_directory(*it, ec) && ec) return Status::IOError(it->string() + ": " + ec.message());
+      made_.push_back(*it);
+    }
+    return Status::OK();
+  }
+  int Undo(int exit_code) {
+    std::error_code ec;
+    for (auto it = made_.rbegin(); it != made_.rend(); ++it) fs::remove(*it, ec);  // only if empty
+    return exit_code;
+  }
+
+ private:
+  std::vector<fs::path> made_;
+};
+
 struct UnpackArgs {
   std::string pack;
   std::string out;
@@ -137,14 +164,18 @@ int RunUnpack(const UnpackArgs& a) {
     if (!a.force && fs::exists(outs.back(), ec))
       return ReportError(Status::InvalidArgument(outs.back() + ": file exists; use --force to replace it"));
   }
-  // Every record and chunk the chosen members use is checked before any
-  // file is written: damage writes nothing.
+  // Several members: every record and chunk they use is checked before any
+  // file is written, so damage writes nothing. One member: Materialize
+  // checks each chunk before its bytes are written and replaces the file
+  // only when all of it is written, so one pass does.
   std::set<uint32_t> checked;
   std::vector<uint32_t> tokens, ids;
   std::vector<uint8_t> payload;
   uint64_t total = 0;
   for (size_t i : chosen) {
     if (PendingSignal()) return ReportError(CheckInterrupt(a.pack));
+    total += r->members()[i].token_count;
+    if (chosen.size() == 1) break;
     st = r->ReadMember(i, &tokens, &ids);
     if (!st.ok()) return ReportError(st);
     for (uint32_t id : ids)
@@ -152,16 +183,16 @@ int RunUnpack(const UnpackArgs& a) {
         st = r->ReadChunk(id, &payload);
         if (!st.ok()) return ReportError(st);
       }
-    total += r->members()[i].token_count;
   }
   Progress progress("unpack", total);
+  CreatedDirs made;
   for (size_t k = 0; k < chosen.size(); ++k) {
-    if (PendingSignal()) return ReportError(CheckInterrupt(outs[k]));
+    if (PendingSignal()) return made.Undo(ReportError(CheckInterrupt(outs[k])));
     SetCurrentPath(outs[k]);
-    fs::create_directories(fs::path(outs[k]).parent_path(), ec);
-    if (ec) return ReportError(Status::IOError(fs::path(outs[k]).parent_path().string() + ": " + ec.message()));
+    st = made.Create(fs::path(outs[k]).parent_path());
+    if (!st.ok()) return made.Undo(ReportError(st));
     st = r->Materialize(chosen[k], outs[k]);
-    if (!st.ok()) return ReportError(st);
+    if (!st.ok()) return made.Undo(ReportError(st));
     progress.Add(r->members()[chosen[k]].token_count);
   }
   progress.Finish();
