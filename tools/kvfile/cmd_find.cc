@@ -13,6 +13,7 @@
 #include "cli_common.h"
 #include "json_output.h"
 #include "kvfile/prefix_index.h"
+#include "progress_fs.h"
 #include "signals.h"
 
 namespace kvfile::cli {
@@ -144,9 +145,12 @@ int RunIndex(const IndexArgs& a) {
   InstallSignalHandlers();
   SetCurrentPath(a.dir);
   PrefixIndexReport r;
-  Status st = IndexDirectory(a.dir, nullptr, &r);
-  if (!st.ok()) return a.json ? ReportErrorAsJson(a.dir, st) : ReportError(st);
+  // A signal stops the refresh at its next read or write; the old index stays.
+  ReadProgressFileSystem stop_fs(FileSystem::Default(), nullptr, ReadProgressFileSystem::Signals::kStop);
+  Status st = IndexDirectory(a.dir, &stop_fs, &r);
   std::string index_path = (std::filesystem::path(a.dir) / kPrefixIndexName).string();
+  if (!st.ok() && PendingSignal()) st = CheckInterrupt(index_path);
+  if (!st.ok()) return a.json ? ReportErrorAsJson(a.dir, st) : ReportError(st);
   if (a.json) {
     nlohmann::ordered_json j;
     j["path"] = index_path;

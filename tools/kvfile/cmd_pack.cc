@@ -18,6 +18,7 @@
 #include "json_output.h"
 #include "kvfile/pack.h"
 #include "progress.h"
+#include "progress_fs.h"
 #include "signals.h"
 
 namespace kvfile::cli {
@@ -75,7 +76,10 @@ int RunPack(const PackArgs& a) {
     return ReportError(Status::InvalidArgument(a.out + ": file exists; use --force to replace it"));
   uint64_t total = 0;
   for (const auto& f : files) total += fs::file_size(f.second, ec), ec.clear();
+  // A signal stops the pack at its next read or write (the temp goes).
+  ReadProgressFileSystem stop_fs(FileSystem::Default(), nullptr, ReadProgressFileSystem::Signals::kStop);
   PackWriterOptions po;
+  po.fs = &stop_fs;
   po.chunk_tokens = a.chunk_tokens;
   po.threads = a.jobs;
   if (a.dtype) {
@@ -90,13 +94,13 @@ int RunPack(const PackArgs& a) {
     if (PendingSignal()) return ReportError(CheckInterrupt(path));
     SetCurrentPath(path);
     st = w->AddFile(name, path);
-    if (!st.ok()) return ReportError(st);
+    if (!st.ok()) return ReportError(PendingSignal() ? CheckInterrupt(a.out) : st);
     progress.Add(fs::file_size(path, ec));
   }
   if (PendingSignal()) return ReportError(CheckInterrupt(a.out));
   st = w->Finish();
   progress.Finish();
-  if (!st.ok()) return ReportError(st);
+  if (!st.ok()) return ReportError(PendingSignal() ? CheckInterrupt(a.out) : st);
   const PackWriteStats& s = w->stats();
   std::printf("%s: %llu members, %llu tokens, %llu chunks stored of %llu used, %llu bytes\n", a.out.c_str(),
               static_cast<unsigned long long>(s.members), static_cast<unsigned long long>(s.tokens),
@@ -142,8 +146,11 @@ struct UnpackArgs {
 int RunUnpack(const UnpackArgs& a) {
   InstallSignalHandlers();
   SetCurrentPath(a.pack);
+  // A signal stops the unpack at its next read or write: the member being
+  // written is left as it was.
+  ReadProgressFileSystem stop_fs(FileSystem::Default(), nullptr, ReadProgressFileSystem::Signals::kStop);
   std::unique_ptr<PackReader> r;
-  Status st = PackReader::Open(a.pack, nullptr, &r);
+  Status st = PackReader::Open(a.pack, &stop_fs, &r);
   if (!st.ok()) return ReportError(st);
   std::vector<size_t> chosen;
   if (a.members.empty()) {
@@ -192,7 +199,7 @@ int RunUnpack(const UnpackArgs& a) {
     st = made.Create(fs::path(outs[k]).parent_path());
     if (!st.ok()) return made.Undo(ReportError(st));
     st = r->Materialize(chosen[k], outs[k]);
-    if (!st.ok()) return made.Undo(ReportError(st));
+    if (!st.ok()) return made.Undo(ReportError(PendingSignal() ? CheckInterrupt(outs[k]) : st));
     progress.Add(r->members()[chosen[k]].token_count);
   }
   progress.Finish();

@@ -2,7 +2,11 @@
 // A FileSystem that counts the bytes read through it into a Progress: the
 // bar of a library step that reads a whole file but reports nothing while
 // it does (repair's check, the v1 -> v2 upgrade of a writable open).
-// UpgradeProgress puts the two together for that upgrade.
+// UpgradeProgress puts the two together for that upgrade. Built with
+// StopOnSignal, it also ends a long library step at a signal (signals.h):
+// once one is pending, every read, write, sync, open and rename through it
+// fails with "PATH: interrupted by SIG...", so the step stops at its next
+// I/O and never renames a file into place after the signal.
 #pragma once
 
 #include <memory>
@@ -15,16 +19,16 @@
 namespace kvfile::cli {
 
 // Forwards everything to `base`; every successful read of a file opened
-// through it adds its bytes to *progress. Both must outlive it, and it must
-// outlive every File and Writer opened through it.
+// through it adds its bytes to *progress (when not null). Both must outlive
+// it, and it must outlive every File and Writer opened through it.
 class ReadProgressFileSystem : public FileSystem {
  public:
-  ReadProgressFileSystem(FileSystem* base, Progress* progress) : base_(base), progress_(progress) {}
+  enum class Signals { kIgnore, kStop };
+  ReadProgressFileSystem(FileSystem* base, Progress* progress, Signals signals = Signals::kIgnore)
+      : base_(base), progress_(progress), stop_(signals == Signals::kStop) {}
 
   Status Open(const std::string& path, OpenMode mode, std::unique_ptr<File>* out) override;
-  Status Rename(const std::string& from, const std::string& to, bool replace) override {
-    return base_->Rename(from, to, replace);
-  }
+  Status Rename(const std::string& from, const std::string& to, bool replace) override;
   Status Remove(const std::string& path) override { return base_->Remove(path); }
   Status SyncDir(const std::string& dir) override { return base_->SyncDir(dir); }
   Status Exists(const std::string& path, bool* exists) override { return base_->Exists(path, exists); }
@@ -43,6 +47,7 @@ class ReadProgressFileSystem : public FileSystem {
  private:
   FileSystem* base_;
   Progress* progress_;
+  bool stop_;
 };
 
 // The bar of a v1 file's upgrade to v2 by Writer::Open (append, rewind,
