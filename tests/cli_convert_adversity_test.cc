@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "kvfile/reader.h"
+#include "support/adversity.h"
 #include "support/cli_run.h"
 
 namespace kvfile {
@@ -38,7 +39,7 @@ namespace fs = std::filesystem;
 using testing::CliRun;
 using testing::Kvfile;
 using testing::ReadFile;
-using Clock = std::chrono::steady_clock;
+using testing::Tree;
 
 // One conversion path. Exports read a .kv made by `synth`; imports read
 // that .kv exported to the foreign format first (with `make`).
@@ -80,22 +81,6 @@ std::string SynthArgs(bool dsa, const std::string& size) {
     tokens = 1024, seed = 4;
   }
   return "--preset " + preset + " --tokens " + std::to_string(tokens) + " --seed " + std::to_string(seed);
-}
-
-// What a path holds: a file's bytes; a directory's names, each with its
-// bytes (files) or kind; a FIFO as such. Symlinks are not followed.
-std::string Tree(const fs::path& p) {
-  struct stat st;
-  if (::lstat(p.c_str(), &st) != 0) return "<absent>";
-  if (S_ISLNK(st.st_mode)) return "<link " + fs::read_symlink(p).string() + ">";
-  if (S_ISFIFO(st.st_mode)) return "<fifo>";
-  if (S_ISREG(st.st_mode)) return ReadFile(p);
-  std::map<std::string, std::string> entries;
-  for (const auto& e : fs::directory_iterator(p)) entries[e.path().filename().string()] = Tree(e.path());
-  std::string s = "<dir>";
-  for (const auto& [name, what] : entries)
-    s += "\n" + name + " " + std::to_string(what.size()) + "\n" + what;
-  return s;
 }
 
 // A .kv file's content without its per-file bytes (creation stamp,
@@ -145,10 +130,7 @@ class ConvertAdversity : public ::testing::TestWithParam<Path> {
     fs::create_directories(dir_ / "d");
   }
   void TearDown() override {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
+    child_.reset();  // kills a child still running
     if (mounted_) ::umount2(D("").c_str(), MNT_DETACH);
     fs::remove_all(dir_);
   }
@@ -207,46 +189,19 @@ class ConvertAdversity : public ::testing::TestWithParam<Path> {
   // Starts `kvfile ARGS` (split at spaces) with stdout to /dev/null and
   // stderr to a file.
   void Start(const std::string& args) {
-    std::vector<std::string> words;
-    for (size_t i = 0; i < args.size();) {
-      size_t j = args.find(' ', i);
-      if (j == std::string::npos) j = args.size();
-      if (j > i) words.push_back(args.substr(i, j - i));
-      i = j + 1;
-    }
     err_path_ = I("stderr.txt");
-    pid_ = kvfile::testing::StartKvfile(words, err_path_);
-    ASSERT_GE(pid_, 0);
+    child_ = std::make_unique<testing::KvfileChild>(err_path_);
+    child_->Start(args);
   }
   // Polls until a name that `before` lacks appears in d/ (the command's
   // temporary file or directory); false if the child exited first.
-  bool WaitForNewName(const std::set<std::string>& before) {
-    auto deadline = Clock::now() + std::chrono::seconds(60);
-    while (Clock::now() < deadline) {
-      for (const std::string& n : Names())
-        if (!before.count(n)) return true;
-      int status;
-      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        return false;
-      }
-      std::this_thread::sleep_for(std::chrono::microseconds(500));
-    }
-    return false;
-  }
+  bool WaitForNewName(const std::set<std::string>& before) { return child_->WaitForNewName(dir_ / "d", before); }
   // Sends `sig`; the exit status, or 1000 + the signal that ended it.
-  int SignalAndWait(int sig) {
-    EXPECT_EQ(::kill(pid_, sig), 0);
-    int status = 0;
-    EXPECT_EQ(::waitpid(pid_, &status, 0), pid_);
-    pid_ = -1;
-    if (WIFSIGNALED(status)) return 1000 + WTERMSIG(status);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  }
+  int SignalAndWait(int sig) { return child_->SignalAndWait(sig); }
 
   fs::path dir_;
   bool mounted_ = false;
-  pid_t pid_ = -1;
+  std::unique_ptr<testing::KvfileChild> child_;
   std::string err_path_;
 };
 
