@@ -241,6 +241,18 @@ TEST_F(PackAdversity, IndexSignalsLeaveTheOldIndex) {
   EXPECT_EQ(r.out, D(".kvfile-index") + ": up to date (2000 files)\n");
 }
 
+// find refreshes and writes the index as index does.
+TEST_F(PackAdversity, FindSignalsLeaveTheOldIndex) {
+  fs::copy_file(A(), D("s0.kv"));
+  ASSERT_EQ(Kvfile("index " + D("")).exit_code, 0);
+  for (int i = 1; i < 2000; ++i) fs::create_hard_link(D("s0.kv"), D("s" + std::to_string(i) + ".kv"));
+  std::unique_ptr<Reader> r;
+  ASSERT_TRUE(Reader::Open(A(), {}, &r).ok());
+  testing::WriteFile(I("q.txt"), std::to_string(r->tokens()[0]) + "\n");
+  RunSignalCase({"find " + D("") + " --tokens " + I("q.txt"), D(".kvfile-index"), SIGINT, "SIGINT"}, dir_ / "d",
+                I("err.txt"));
+}
+
 // 3. A symlinked destination: --force replaces its target whole and the
 // link stays a link (pack, unpack of a member, the index of a directory).
 TEST_F(PackAdversity, SymlinkDestinationStaysALink) {

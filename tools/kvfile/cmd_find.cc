@@ -111,7 +111,13 @@ int RunFind(const FindArgs& a) {
   const bool dir = std::filesystem::is_directory(a.path, ec);
   std::optional<PrefixMatch> m;
   PrefixIndexReport report;
+  // A signal stops the refresh of a directory's index at its next read or
+  // write; the old index stays.
+  ReadProgressFileSystem stop_fs(FileSystem::Default(), nullptr, ReadProgressFileSystem::Signals::kStop);
+  opt.fs = &stop_fs;
   st = FindPrefix(a.path, query, opt, &m, &report);
+  if (PendingSignal())
+    st = CheckInterrupt(dir ? (std::filesystem::path(a.path) / kPrefixIndexName).string() : a.path);
   if (!st.ok()) return a.json ? ReportErrorAsJson(a.path, st) : ReportError(st);
   std::string where;
   if (m) where = dir ? (std::filesystem::path(a.path) / m->path).string() : a.path + ":" + m->path;
