@@ -149,7 +149,9 @@ class KVFILE_EXPORT PackReader {
   // Reads chunk `id`'s payload into *payload (resized), checks its checksum,
   // codes, scales and raw values (spec/PACK.md section 6).
   Status ReadChunk(uint32_t id, std::vector<uint8_t>* payload);
-  // Writes member `index` as the .kv file `dest`, replaced atomically.
+  // Writes member `index` as the .kv file `dest`, replaced atomically, in
+  // one pass: each chunk is read once and checked before its rows are
+  // staged; damage anywhere leaves `dest` as it was.
   Status Materialize(size_t index, const std::string& dest);
   // Checks every record and every chunk once, and that every chunk is used
   // and stored once. Returns the first damage found.
