@@ -120,6 +120,12 @@ size_t Occurrences(const std::string& s, const std::string& what) {
   return n;
 }
 
+// A usage or environment refusal: exit 2 and exactly this error line.
+void ExpectRefusal(const CliRun& r, const std::string& line) {
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_EQ(r.err, "kvfile: error: " + line + "\n");
+}
+
 // A failure on a full disk: exit 2, one line naming `dest` (or its temporary
 // name, which starts with it) once, saying the disk is full.
 void ExpectDiskFull(const CliRun& r, const std::string& dest) {
@@ -339,8 +345,7 @@ TEST_F(PackAdversity, FifoIsRefusedAtOnce) {
   const std::string t = "timeout 20";
   ASSERT_EQ(::mkfifo(I("f.kv").c_str(), 0644), 0);
   CliRun r = Kvfile("pack " + I("f.kv") + " -o " + D("p.kvpack"), t);
-  EXPECT_EQ(r.exit_code, 2) << r.err;
-  EXPECT_EQ(r.err, "kvfile: error: " + I("f.kv") + ": not a regular file (a FIFO)\n");
+  ExpectRefusal(r, I("f.kv") + ": not a regular file (a FIFO)");
   EXPECT_EQ(DNames(), NameSet{});
   fs::create_directories(I("dir"));
   fs::copy_file(A(), I("dir/a.kv"));
@@ -352,22 +357,18 @@ TEST_F(PackAdversity, FifoIsRefusedAtOnce) {
 
   ASSERT_EQ(::mkfifo(D("q.kvpack").c_str(), 0644), 0);
   r = Kvfile("pack " + A() + " -o " + D("q.kvpack") + " --force", t);
-  EXPECT_EQ(r.exit_code, 2) << r.err;
-  EXPECT_EQ(r.err, "kvfile: error: " + D("q.kvpack") + ": not a regular file; not replaced\n");
+  ExpectRefusal(r, D("q.kvpack") + ": not a regular file; not replaced");
   EXPECT_TRUE(fs::is_fifo(D("q.kvpack")));
 
   r = Kvfile("unpack " + D("q.kvpack") + " -o " + D("u"), t);
-  EXPECT_EQ(r.exit_code, 2) << r.err;
-  EXPECT_EQ(r.err, "kvfile: error: " + D("q.kvpack") + ": not a regular file (a FIFO)\n");
+  ExpectRefusal(r, D("q.kvpack") + ": not a regular file (a FIFO)");
   fs::create_directories(D("u"));
   ASSERT_EQ(::mkfifo(D("u/a.kv").c_str(), 0644), 0);
   r = Kvfile("unpack " + D("p.kvpack") + " -o " + D("u") + " --force", t);
-  EXPECT_EQ(r.exit_code, 2) << r.err;
-  EXPECT_EQ(r.err, "kvfile: error: " + D("u/a.kv") + ": not a regular file; not replaced\n");
+  ExpectRefusal(r, D("u/a.kv") + ": not a regular file; not replaced");
   EXPECT_TRUE(fs::is_fifo(D("u/a.kv")));
   r = Kvfile("unpack " + D("p.kvpack") + " -o " + D("q.kvpack"), t);
-  EXPECT_EQ(r.exit_code, 2) << r.err;
-  EXPECT_EQ(r.err, "kvfile: error: " + D("q.kvpack") + ": exists and is not a directory\n");
+  ExpectRefusal(r, D("q.kvpack") + ": exists and is not a directory");
   EXPECT_EQ(DNames(), (NameSet{"p.kvpack", "q.kvpack", "u"}));
   EXPECT_EQ(Names(dir_ / "d/u"), NameSet{"a.kv"});
 
@@ -381,8 +382,7 @@ TEST_F(PackAdversity, FifoIsRefusedAtOnce) {
   fs::remove(D("u/.kvfile-index"));
   ASSERT_EQ(::mkfifo(D("u/.kvfile-index").c_str(), 0644), 0);
   r = Kvfile("index " + D("u"), t);
-  EXPECT_EQ(r.exit_code, 2) << r.err;
-  EXPECT_EQ(r.err, "kvfile: error: " + D("u/.kvfile-index") + ": not a regular file; not replaced\n");
+  ExpectRefusal(r, D("u/.kvfile-index") + ": not a regular file; not replaced");
   EXPECT_TRUE(fs::is_fifo(D("u/.kvfile-index")));
 }
 
@@ -399,8 +399,7 @@ class PackAdversityLock : public PackAdversity {
     ASSERT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);
     CliRun r = Kvfile(args);
     ::close(fd);
-    EXPECT_EQ(r.exit_code, 2) << r.err;
-    EXPECT_EQ(r.err, "kvfile: error: " + locked + ": another writer has the file open; not replaced\n");
+    ExpectRefusal(r, locked + ": another writer has the file open; not replaced");
     EXPECT_TRUE(ReadFile(locked) == before);
   }
 };
