@@ -28,6 +28,7 @@
 #include "kvfile/presets.h"
 #include "kvfile/reader.h"
 #include "kvfile/safetensors.h"
+#include "synth_data.h"
 
 namespace {
 
@@ -94,8 +95,8 @@ struct Snap {
   std::vector<uint32_t> tokens;
   uint32_t nominal = 0;
   std::vector<kvfile::ChunkInfo> chunks;
-  std::vector<std::string> data;           // [l * S + s]: codes, or raw stored elements
-  std::vector<std::vector<float>> scales;  // fp8 streams
+  std::vector<std::string> data;           // [l * S + s]: codes (nvfp4: + block scales), or raw elements
+  std::vector<std::vector<float>> scales;  // fp8 and nvfp4 streams
 };
 
 Snap TakeSnap(const std::string& path) {
@@ -116,7 +117,13 @@ Snap TakeSnap(const std::string& path) {
       uint64_t rows = T * spec.rows_per_token;
       std::string d(rows * spec.row_width * kvfile::ElementSize(spec.dtype), '\0');
       std::vector<float> sc;
-      if (kvfile::IsFp8(spec.dtype)) {
+      if (kvfile::IsNvfp4(spec.dtype)) {  // the codes, then the block scales; a scale per token
+        const uint64_t e = spec.ElementsPerToken();
+        d.resize(T * (e / 2 + e / 16));
+        sc.resize(T);
+        auto* p = reinterpret_cast<uint8_t*>(d.data());
+        st = r->ReadCodes(l, k, 0, T, p, p + T * e / 2, sc.data());
+      } else if (kvfile::IsFp8(spec.dtype)) {
         sc.resize(rows);
         st = r->ReadCodes(l, k, 0, T, reinterpret_cast<uint8_t*>(d.data()), sc.data());
       } else {
@@ -1246,6 +1253,165 @@ TEST_F(CliVerbsTest, EveryVerbHasHelpWithAnExample) {
     EXPECT_EQ(h.exit_code, 0) << verb;
     EXPECT_NE(h.out.find(std::string("Example: kvfile ") + verb), std::string::npos) << verb;
   }
+}
+
+// ---- nvfp4 through synth, append and import ------------------------------------------------------
+
+// An nvfp4 stream's data for tokens [0, T): per token e/2 code bytes, then
+// (after all codes) e/16 block scales, as one string; and the T row scales.
+struct Nvfp4Data {
+  std::string codes;
+  std::vector<float> scales;
+  bool operator==(const Nvfp4Data&) const = default;
+};
+
+// What the codec makes of T tokens of `in` rows of e elements each.
+Nvfp4Data Nvfp4Of(Dtype in, const void* src, uint64_t T, uint64_t e) {
+  Nvfp4Data d{std::string(T * (e / 2 + e / 16), '\0'), std::vector<float>(T)};
+  auto* p = reinterpret_cast<uint8_t*>(d.codes.data());
+  size_t bad;
+  EXPECT_TRUE(kvfile::codec::QuantizeNvfp4Rows(in, src, T, e, p, p + T * e / 2, d.scales.data(), &bad));
+  return d;
+}
+
+// What the file stores for (layer, stream), through Reader::ReadCodes.
+Nvfp4Data StoredNvfp4(const std::string& path, uint32_t layer, uint32_t stream) {
+  std::unique_ptr<kvfile::Reader> r;
+  EXPECT_TRUE(kvfile::Reader::Open(path, {}, &r).ok()) << path;
+  if (!r) return {};
+  const uint64_t T = r->token_count(), e = r->geometry().streams[stream].ElementsPerToken();
+  Nvfp4Data d{std::string(T * (e / 2 + e / 16), '\0'), std::vector<float>(T)};
+  auto* p = reinterpret_cast<uint8_t*>(d.codes.data());
+  kvfile::Status st = r->ReadCodes(layer, stream, 0, T, p, p + T * e / 2, d.scales.data());
+  EXPECT_TRUE(st.ok()) << st.message();
+  return d;
+}
+
+// synth --dtype nvfp4 stores what the codec makes of the generator's bf16
+// rows; --check compares them (and tells a file whose codes came another way).
+TEST_F(CliVerbsTest, SynthWritesAndChecksNvfp4) {
+  CliRun r = Kvfile("synth " + P("n.kv") + " --preset tiny --tokens 40 --chunk-tokens 16 --dtype nvfp4 --seed 7");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "wrote " + P("n.kv") + ": 40 tokens of tiny (nvfp4), seed 7\n");
+  kvfile::Geometry g;
+  ASSERT_TRUE(kvfile::GetPreset("tiny", Dtype::kNvfp4, &g).ok());
+  Snap n = TakeSnap(P("n.kv"));
+  EXPECT_EQ(n.g, g);
+  for (uint32_t l = 0; l < g.layers; ++l)
+    for (uint32_t s = 0; s < g.streams.size(); ++s) {
+      const uint64_t e = g.streams[s].ElementsPerToken();
+      std::vector<uint16_t> bf16(40 * e);
+      kvfile::synth::GenerateRows(g, 7, l, s, 0, 40, bf16.data());
+      EXPECT_TRUE(StoredNvfp4(P("n.kv"), l, s) == Nvfp4Of(Dtype::kBF16, bf16.data(), 40, e)) << l << " " << s;
+    }
+  r = Kvfile("synth --check " + P("n.kv"));
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, P("n.kv") + ": ok, all 40 tokens match the synthetic data of seed 7\n");
+  // The same session quantized from its e4m3 codes instead: other codes.
+  Synth("e.kv", "--preset tiny --tokens 40 --seed 7");
+  ASSERT_EQ(Kvfile("convert " + P("e.kv") + " " + P("x.kv") + " --dtype nvfp4").exit_code, 0);
+  r = Kvfile("synth --check " + P("x.kv"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err, "kvfile: error: " + P("x.kv") +
+                       ": layer 0 stream 'k' tokens [0, 40): stored codes differ from the regenerated data\n");
+  r = Kvfile("synth " + P("y.kv") + " --dtype nvfp5");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_FALSE(fs::exists(P("y.kv")));
+}
+
+// k [2 rows x 8] and v [1 x 16] per token: 16 elements, one nvfp4 block each.
+struct Nvfp4Input {
+  uint32_t layers = 2;
+  uint64_t tokens;
+  std::vector<int32_t> ids;
+  std::vector<float> k, v;
+  Nvfp4Input(uint64_t n, uint32_t seed) : tokens(n) {
+    for (uint64_t t = 0; t < n; ++t) ids.push_back(static_cast<int32_t>(500 + seed * 100 + t));
+    k.resize(layers * n * 16);
+    v.resize(layers * n * 16);
+    for (size_t i = 0; i < k.size(); ++i) k[i] = std::sin(0.29f * static_cast<float>(i + seed)) * 4.0f;
+    for (size_t i = 0; i < v.size(); ++i) v[i] = std::cos(0.13f * static_cast<float>(i * seed + 3)) * 90.0f;
+  }
+  void Write(const std::string& path) const {
+    WriteSt(path,
+            {{"tokens", "I32", {tokens}, Bytes(ids)},
+             {"k", "F32", {layers, tokens, 2, 8}, Bytes(k)},
+             {"v", "F32", {layers, tokens, 1, 16}, Bytes(v)}},
+            kMeta);
+  }
+  // The f32 rows of (layer, stream): k is stream 0, v stream 1.
+  const float* Rows(uint32_t layer, uint32_t stream) const {
+    return (stream == 0 ? k : v).data() + uint64_t{layer} * tokens * 16;
+  }
+};
+
+// append --dtype nvfp4: values are quantized by the codec into a new nvfp4
+// FILE, later appends extend it; fp8 codes are decoded and requantized,
+// nvfp4 codes (export --codes) go in exactly; a dtype that is not the
+// file's is refused with FILE untouched.
+TEST_F(CliVerbsTest, AppendsIntoNvfp4Streams) {
+  Nvfp4Input first(9, 1), second(6, 2);
+  first.Write(P("1.safetensors"));
+  second.Write(P("2.safetensors"));
+  CliRun r = Kvfile("append " + P("s.kv") + " " + P("1.safetensors") + " --dtype nvfp4 --chunk-tokens 4");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, P("s.kv") + ": created; appended 9 tokens from " + P("1.safetensors") + " (9 in total)\n");
+  r = Kvfile("append " + P("s.kv") + " " + P("2.safetensors"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  Snap s = TakeSnap(P("s.kv"));
+  ASSERT_EQ(s.tokens.size(), 15u);
+  EXPECT_EQ(s.g.streams[0], (kvfile::StreamSpec{"k", 2, 8, Dtype::kNvfp4}));
+  EXPECT_EQ(s.g.streams[1], (kvfile::StreamSpec{"v", 1, 16, Dtype::kNvfp4}));
+  std::vector<Nvfp4Data> want(4);
+  for (uint32_t l = 0; l < 2; ++l)
+    for (uint32_t k = 0; k < 2; ++k) {
+      std::vector<float> rows(first.Rows(l, k), first.Rows(l, k) + 9 * 16);
+      rows.insert(rows.end(), second.Rows(l, k), second.Rows(l, k) + 6 * 16);
+      want[l * 2 + k] = Nvfp4Of(Dtype::kF32, rows.data(), 15, 16);
+      EXPECT_TRUE(StoredNvfp4(P("s.kv"), l, k) == want[l * 2 + k]) << l << " " << k;
+    }
+  // Refused: another quantized --dtype for the nvfp4 FILE.
+  std::string before = ReadFile(P("s.kv"));
+  r = Kvfile("append " + P("s.kv") + " " + P("2.safetensors") + " --dtype e4m3");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err, "kvfile: error: " + P("s.kv") + ": stream 'k' dtype: file has nvfp4, expected e4m3 (from " +
+                       P("2.safetensors") + ")\n");
+  EXPECT_TRUE(ReadFile(P("s.kv")) == before);
+  // e4m3 codes of the same geometry: decoded to f32, then quantized to nvfp4.
+  ASSERT_EQ(Kvfile("append " + P("e.kv") + " " + P("2.safetensors")).exit_code, 0);
+  ASSERT_EQ(Kvfile("convert " + P("e.kv") + " " + P("e.safetensors") + " --codes").exit_code, 0);
+  ASSERT_EQ(Kvfile("append " + P("s.kv") + " " + P("e.safetensors") + " --dtype nvfp4").exit_code, 0);
+  // The file's own nvfp4 codes: appended exactly.
+  ASSERT_EQ(Kvfile("convert " + P("s.kv") + " " + P("n.safetensors") + " --codes").exit_code, 0);
+  r = Kvfile("append " + P("s.kv") + " " + P("n.safetensors"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, P("s.kv") + ": appended 21 tokens from " + P("n.safetensors") + " (42 in total)\n");
+  std::unique_ptr<kvfile::Reader> er;
+  ASSERT_TRUE(kvfile::Reader::Open(P("e.kv"), {}, &er).ok());
+  for (uint32_t l = 0; l < 2; ++l)
+    for (uint32_t k = 0; k < 2; ++k) {
+      std::vector<float> decoded(6 * 16);
+      ASSERT_TRUE(er->ReadRows(l, k, 0, 6, Dtype::kF32, decoded.data()).ok());
+      std::vector<float> rows(first.Rows(l, k), first.Rows(l, k) + 9 * 16);
+      rows.insert(rows.end(), second.Rows(l, k), second.Rows(l, k) + 6 * 16);
+      rows.insert(rows.end(), decoded.begin(), decoded.end());
+      Nvfp4Data once = Nvfp4Of(Dtype::kF32, rows.data(), 21, 16);
+      // Tokens [21, 42) are tokens [0, 21) again: codes, block scales, scales.
+      const uint64_t c = 21 * 8, b = 21;
+      Nvfp4Data twice{once.codes.substr(0, c) + once.codes.substr(0, c) + once.codes.substr(c, b) +
+                          once.codes.substr(c, b),
+                      once.scales};
+      twice.scales.insert(twice.scales.end(), once.scales.begin(), once.scales.end());
+      EXPECT_TRUE(StoredNvfp4(P("s.kv"), l, k) == twice) << l << " " << k;
+    }
+  // A new nvfp4 FILE needs rows of a multiple of 16 elements: refused.
+  Input narrow(3, 1);  // k 2 x 4, v 1 x 8
+  narrow.Write(P("narrow.safetensors"), kMeta);
+  r = Kvfile("append " + P("w.kv") + " " + P("narrow.safetensors") + " --dtype nvfp4");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err.find("kvfile: error: " + P("narrow.safetensors") + ": "), 0u) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1);
+  EXPECT_FALSE(fs::exists(P("w.kv")));
 }
 
 }  // namespace
