@@ -1414,4 +1414,126 @@ TEST_F(CliVerbsTest, AppendsIntoNvfp4Streams) {
   EXPECT_FALSE(fs::exists(P("w.kv")));
 }
 
+// export --codes of an nvfp4 file and its import give back every code,
+// block scale and row scale, the geometry (kvfile.shape.<stream>) and the
+// export's bytes; --dtype e4m3 decodes them first. Inputs that break the
+// three tensors' rules are refused with one line and no output.
+TEST_F(CliVerbsTest, ImportsNvfp4CodesExactly) {
+  Synth("a.kv", "--preset tiny --tokens 70 --chunk-tokens 16 --dtype nvfp4 --seed 3");
+  ASSERT_EQ(Kvfile("convert " + P("a.kv") + " " + P("a.safetensors") + " --codes").exit_code, 0);
+  StFile st = ReadSt(P("a.safetensors"));
+  EXPECT_EQ(st.header.at("__metadata__").at("kvfile.shape.k"), "2x16");
+  EXPECT_EQ(st.header.at("__metadata__").at("kvfile.shape.v"), "2x16");
+  CliRun r = Kvfile("convert " + P("a.safetensors") + " " + P("b.kv") + " --chunk-tokens 16");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, P("a.safetensors") + " -> " + P("b.kv") + ": 70 tokens; k nvfp4, v nvfp4; 16 tokens per chunk; " +
+                       std::to_string(fs::file_size(P("b.kv"))) + " bytes\n");
+  Snap a = TakeSnap(P("a.kv")), b = TakeSnap(P("b.kv"));
+  ExpectSameContents(a, b);
+  EXPECT_EQ(b.chunks.size(), a.chunks.size());
+  r = Kvfile("verify " + P("b.kv"));
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_EQ(Kvfile("convert " + P("b.kv") + " " + P("b.safetensors") + " --codes").exit_code, 0);
+  EXPECT_TRUE(ReadFile(P("b.safetensors")) == ReadFile(P("a.safetensors")));
+  // Appended to the file they came from: its tokens twice.
+  ASSERT_EQ(Kvfile("append " + P("b.kv") + " " + P("a.safetensors")).exit_code, 0);
+  Snap b2 = TakeSnap(P("b.kv"));
+  for (size_t i = 0; i < a.data.size(); ++i) {
+    const size_t codes = 70 * 16;  // 70 tokens of 32 elements: 16 bytes of codes each
+    EXPECT_TRUE(b2.data[i] == a.data[i].substr(0, codes) + a.data[i].substr(0, codes) + a.data[i].substr(codes) +
+                                  a.data[i].substr(codes))
+        << i;
+  }
+  // Into e4m3: the decoded nvfp4 values, quantized by the fp8 codec.
+  ASSERT_EQ(Kvfile("convert " + P("a.safetensors") + " " + P("e.kv") + " --dtype e4m3").exit_code, 0);
+  Snap e = TakeSnap(P("e.kv"));
+  std::unique_ptr<kvfile::Reader> ar;
+  ASSERT_TRUE(kvfile::Reader::Open(P("a.kv"), {}, &ar).ok());
+  for (size_t i = 0; i < e.data.size(); ++i) {
+    std::vector<float> f32(70 * 32);
+    ASSERT_TRUE(ar->ReadRows(static_cast<uint32_t>(i / 2), static_cast<uint32_t>(i % 2), 0, 70, Dtype::kF32,
+                             f32.data())
+                    .ok());
+    auto [codes, scales] = Quantized(Dtype::kE4M3, Dtype::kF32, f32.data(), 70 * 2, 16);
+    EXPECT_TRUE(e.data[i] == codes) << i;
+    EXPECT_EQ(e.scales[i], scales) << i;
+  }
+
+  // Variants of a.safetensors, k's tensors changed.
+  auto tensor = [&](const std::string& name, const std::string& dtype, std::vector<uint64_t> shape,
+                    std::string bytes = "") {
+    return StTensor{name, dtype, std::move(shape), bytes.empty() ? st.Tensor(name) : bytes};
+  };
+  const StTensor tokens = tensor("tokens", "I64", {70});
+  const StTensor v_codes = tensor("v.codes", "U8", {2, 70, 16}), v_blocks = tensor("v.block_scales", "F8_E4M3", {2, 70, 2}),
+                 v_scales = tensor("v.scales", "F32", {2, 70});
+  const json meta = {{"kvfile.model", "synthetic/tiny"}, {"kvfile.fingerprint", "0000000000000003"}};
+  auto write_k = [&](const std::string& file, const std::vector<StTensor>& k, const json& m) {
+    std::vector<StTensor> all = {tokens};
+    all.insert(all.end(), k.begin(), k.end());
+    all.insert(all.end(), {v_codes, v_blocks, v_scales});
+    WriteSt(P(file), all, m);
+  };
+  const StTensor k_codes = tensor("k.codes", "U8", {2, 70, 16}), k_blocks = tensor("k.block_scales", "F8_E4M3", {2, 70, 2}),
+                 k_scales = tensor("k.scales", "F32", {2, 70});
+  // No kvfile.shape.k: k is one row of 32 per token; same codes.
+  write_k("flat.safetensors", {k_codes, k_blocks, k_scales}, meta);
+  ASSERT_EQ(Kvfile("convert " + P("flat.safetensors") + " " + P("flat.kv")).exit_code, 0);
+  Snap flat = TakeSnap(P("flat.kv"));
+  EXPECT_EQ(flat.g.streams[0], (kvfile::StreamSpec{"k", 1, 32, Dtype::kNvfp4}));
+  EXPECT_EQ(flat.g.streams[1], (kvfile::StreamSpec{"v", 1, 32, Dtype::kNvfp4}));
+  for (size_t i = 0; i < a.data.size(); ++i) EXPECT_TRUE(flat.data[i] == a.data[i] && flat.scales[i] == a.scales[i]);
+
+  auto refused = [&](const std::string& file, int code, const std::string& err) {
+    for (const std::string& verb : {"convert " + P(file) + " " + P("out.kv"), "append " + P("out.kv") + " " + P(file)}) {
+      CliRun x = Kvfile(verb);
+      EXPECT_EQ(x.exit_code, code) << verb;
+      EXPECT_EQ(x.err, "kvfile: error: " + P(file) + ": " + err + "\n") << verb;
+      EXPECT_EQ(x.out, "");
+      EXPECT_FALSE(fs::exists(P("out.kv"))) << verb;
+    }
+  };
+  const json with_shape = {{"kvfile.shape.k", "2x16"}};
+  write_k("i8.safetensors", {tensor("k.codes", "I8", {2, 70, 16}), k_blocks, k_scales}, with_shape);
+  refused("i8.safetensors", 2, "tensor 'k.codes' is I8; nvfp4 codes (beside block scales) must be U8");
+  write_k("e5.safetensors", {k_codes, tensor("k.block_scales", "F8_E5M2", {2, 70, 2}), k_scales}, with_shape);
+  refused("e5.safetensors", 2, "tensor 'k.block_scales' is F8_E5M2; block scales must be F8_E4M3");
+  write_k("bf.safetensors", {k_codes, k_blocks, tensor("k.scales", "BF16", {2, 140}, st.Tensor("k.scales"))}, with_shape);
+  refused("bf.safetensors", 2, "tensor 'k.scales' is BF16; scales must be F32");
+  write_k("odd.safetensors", {tensor("k.codes", "U8", {2, 70, 12}, st.Tensor("k.codes").substr(0, 2 * 70 * 12)),
+                              k_blocks, k_scales}, with_shape);
+  refused("odd.safetensors", 2,
+          "tensor 'k.codes' has shape [2, 70, 12]; expected [layers, tokens, n / 2], n = rows_per_token * row_width "
+          "a multiple of 16");
+  write_k("blocks.safetensors", {k_codes, tensor("k.block_scales", "F8_E4M3", {2, 70, 1},
+                                                 st.Tensor("k.block_scales").substr(0, 140)), k_scales}, with_shape);
+  refused("blocks.safetensors", 2, "tensor 'k.block_scales' has shape [2, 70, 1]; expected [2, 70, 2]");
+  write_k("scales.safetensors", {k_codes, k_blocks, tensor("k.scales", "F32", {2, 70, 1})}, with_shape);
+  refused("scales.safetensors", 2, "tensor 'k.scales' has shape [2, 70, 1]; expected [2, 70]");
+  write_k("meta.safetensors", {k_codes, k_blocks, k_scales}, {{"kvfile.shape.k", "3x10"}});
+  refused("meta.safetensors", 2,
+          "__metadata__ 'kvfile.shape.k' is '3x10'; expected ROWSxWIDTH with ROWS * WIDTH = 32 (the elements of a "
+          "token)");
+  write_k("lone.safetensors", {k_blocks}, with_shape);
+  refused("lone.safetensors", 2, "stream 'k': 'k.block_scales' without 'k.codes'");
+  write_k("u8.safetensors", {k_codes, k_scales}, with_shape);
+  refused("u8.safetensors", 2,
+          "tensor 'k.codes' is U8; codes must be F8_E4M3 or F8_E5M2 (U8: nvfp4 codes, with 'k.block_scales')");
+  // An invalid block scale (bit 7 set) of layer 1, token 69: data at fault.
+  std::string bad_blocks = st.Tensor("k.block_scales");
+  bad_blocks[bad_blocks.size() - 1] = '\x80';
+  write_k("bad.safetensors", {k_codes, tensor("k.block_scales", "F8_E4M3", {2, 70, 2}, bad_blocks), k_scales},
+          with_shape);
+  CliRun x = Kvfile("append " + P("out.kv") + " " + P("bad.safetensors"));
+  EXPECT_EQ(x.exit_code, 1);
+  EXPECT_EQ(x.err, "kvfile: error: " + P("bad.safetensors") +
+                       ": tensor 'k.block_scales': layer 1, token 69: invalid block scale (bit 7 set, or 0x7F)\n");
+  x = Kvfile("convert " + P("bad.safetensors") + " " + P("out.kv"));
+  EXPECT_EQ(x.exit_code, 1);
+  EXPECT_EQ(std::count(x.err.begin(), x.err.end(), '\n'), 1) << x.err;
+  EXPECT_EQ(x.err.find("kvfile: error: " + P("bad.safetensors") + ": "), 0u) << x.err;
+  EXPECT_FALSE(fs::exists(P("out.kv")));
+  EXPECT_TRUE(Leftovers(".kvtmp").empty());
+}
+
 }  // namespace
