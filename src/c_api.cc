@@ -276,8 +276,8 @@ const char* kvfile_status_name(kvfile_status status) {
 }
 
 size_t kvfile_dtype_size(kvfile_dtype dtype) {
-  if (!IsDtype(dtype) || dtype == KVFILE_NVFP4) return 0;
-  return kvfile::ElementSize(static_cast<Dtype>(dtype));
+  if (!IsDtype(dtype)) return 0;
+  return kvfile::ElementSize(static_cast<Dtype>(dtype));  // 0 for KVFILE_NVFP4
 }
 
 kvfile_status kvfile_preset(const char* name, kvfile_dtype fp8_dtype, kvfile_geometry* out) {
