@@ -12,6 +12,7 @@
 #include "kvfile/pack.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -216,6 +217,39 @@ unsigned ReadThreads(unsigned threads) {
   return std::max(1u, std::thread::hardware_concurrency());
 }
 
+// kvfile_rows2 begins with kvfile_rows' fields, at the same offsets.
+static_assert(offsetof(kvfile_rows2, dtype) == offsetof(kvfile_rows, dtype) &&
+              offsetof(kvfile_rows2, data) == offsetof(kvfile_rows, data) &&
+              offsetof(kvfile_rows2, scales) == offsetof(kvfile_rows, scales) &&
+              offsetof(kvfile_rows2, block_scales) == sizeof(kvfile_rows));
+
+const uint8_t* BlockScalesOf(const kvfile_rows&) { return nullptr; }
+const uint8_t* BlockScalesOf(const kvfile_rows2& b) { return b.block_scales; }
+
+// kvfile_writer_append and kvfile_writer_append2 (`function` names it).
+template <typename Rows>
+kvfile_status Append(const char* function, kvfile_writer* writer, const uint32_t* tokens, size_t token_count,
+                     const Rows* blocks, size_t block_count) {
+  if (writer == nullptr) return NullArgument(function, "writer");
+  if (tokens == nullptr && token_count > 0) return NullArgument(function, "tokens");
+  if (blocks == nullptr && block_count > 0) return NullArgument(function, "blocks");
+  kvfile::AppendBatch batch;
+  batch.tokens = std::span<const uint32_t>(tokens, token_count);
+  batch.blocks.reserve(block_count);
+  for (size_t i = 0; i < block_count; ++i) {
+    auto refuse = [&](const std::string& what) {
+      return Fail(KVFILE_INVALID_ARGUMENT, std::string(function) + ": block " + std::to_string(i) + what);
+    };
+    if (!IsDtype(blocks[i].dtype))
+      return refuse(" has an invalid dtype " + std::to_string(static_cast<int>(blocks[i].dtype)));
+    const uint8_t* block_scales = BlockScalesOf(blocks[i]);
+    if (block_scales != nullptr && blocks[i].dtype != KVFILE_NVFP4)
+      return refuse(" has block_scales but is not KVFILE_NVFP4 codes");
+    batch.blocks.push_back({static_cast<Dtype>(blocks[i].dtype), blocks[i].data, blocks[i].scales, block_scales});
+  }
+  return Report(writer->impl->Append(batch));
+}
+
 }  // namespace
 
 extern "C" {
@@ -242,8 +276,8 @@ const char* kvfile_status_name(kvfile_status status) {
 }
 
 size_t kvfile_dtype_size(kvfile_dtype dtype) {
-  if (!IsDtype(dtype) || dtype == KVFILE_NVFP4) return 0;
-  return kvfile::ElementSize(static_cast<Dtype>(dtype));
+  if (!IsDtype(dtype)) return 0;
+  return kvfile::ElementSize(static_cast<Dtype>(dtype));  // 0 for KVFILE_NVFP4
 }
 
 kvfile_status kvfile_preset(const char* name, kvfile_dtype fp8_dtype, kvfile_geometry* out) {
@@ -294,22 +328,12 @@ kvfile_status kvfile_writer_open(const char* path, const kvfile_writer_options* 
 
 kvfile_status kvfile_writer_append(kvfile_writer* writer, const uint32_t* tokens, size_t token_count,
                                    const kvfile_rows* blocks, size_t block_count) {
-  return Guarded([&] {
-    if (writer == nullptr) return NullArgument("kvfile_writer_append", "writer");
-    if (tokens == nullptr && token_count > 0) return NullArgument("kvfile_writer_append", "tokens");
-    if (blocks == nullptr && block_count > 0) return NullArgument("kvfile_writer_append", "blocks");
-    kvfile::AppendBatch batch;
-    batch.tokens = std::span<const uint32_t>(tokens, token_count);
-    batch.blocks.reserve(block_count);
-    for (size_t i = 0; i < block_count; ++i) {
-      if (!IsDtype(blocks[i].dtype))
-        return Fail(KVFILE_INVALID_ARGUMENT, "kvfile_writer_append: block " + std::to_string(i) +
-                                                 " has an invalid dtype " +
-                                                 std::to_string(static_cast<int>(blocks[i].dtype)));
-      batch.blocks.push_back({static_cast<Dtype>(blocks[i].dtype), blocks[i].data, blocks[i].scales});
-    }
-    return Report(writer->impl->Append(batch));
-  });
+  return Guarded([&] { return Append("kvfile_writer_append", writer, tokens, token_count, blocks, block_count); });
+}
+
+kvfile_status kvfile_writer_append2(kvfile_writer* writer, const uint32_t* tokens, size_t token_count,
+                                    const kvfile_rows2* blocks, size_t block_count) {
+  return Guarded([&] { return Append("kvfile_writer_append2", writer, tokens, token_count, blocks, block_count); });
 }
 
 kvfile_status kvfile_writer_sync(kvfile_writer* writer) {

@@ -100,7 +100,7 @@ Status ChunkBuilder::Stage(const AppendBatch& b, uint64_t from, uint32_t n, uint
         KVFILE_RETURN_IF_ERROR(StageNvfp4(blk, layer, s, sec, from, n, first));
         continue;
       }
-      size_t in_elem = blk.dtype == Dtype::kF32 ? 4 : IsFp8(blk.dtype) ? 1 : 2;
+      size_t in_elem = ElementSize(blk.dtype);
       const uint8_t* src = static_cast<const uint8_t*>(blk.data) + src_row * spec.row_width * in_elem;
       uint8_t* dst = base + sec.offset + rows_before * spec.row_width * ElementSize(spec.dtype);
       if (IsFp8(spec.dtype)) {

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <charconv>
 #include <cstdio>
 #include <cstring>
 #include <optional>
@@ -540,6 +541,7 @@ Status SafetensorsWriter::Close() {
 // ---- The kvfile convention --------------------------------------------------------------
 
 Dtype KvStream::source_dtype() const {
+  if (block_scales) return Dtype::kNvfp4;
   const TensorInfo* t = codes ? codes : values;
   return KvDtypeOf(t->dtype).value_or(Dtype::kBF16);
 }
@@ -582,6 +584,50 @@ bool EndsWith(std::string_view s, std::string_view suffix) {
   return s.size() > suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
 }
 
+// The shape [layers, tokens, rows_per_token, row_width] of an nvfp4 stream's
+// three tensors: codes U8 [layers, tokens, n / 2] (n = rows_per_token *
+// row_width, a multiple of 16), block scales F8_E4M3 [layers, tokens, n / 16],
+// scales F32 [layers, tokens]; rows x width from __metadata__
+// "kvfile.shape.<stream>" ("ROWSxWIDTH"), else 1 x n.
+Status Nvfp4Shape(const Header& h, const KvStream& s, std::vector<uint64_t>* shape) {
+  const TensorInfo& c = *s.codes;
+  const TensorInfo& b = *s.block_scales;
+  const TensorInfo& sc = *s.scales;
+  auto wrong_dtype = [](const TensorInfo& t, const char* want) {
+    return Status::InvalidArgument("tensor " + Quote(t.name) + " is " + DTypeName(t.dtype) + "; " + want);
+  };
+  if (c.dtype != DType::kU8) return wrong_dtype(c, "nvfp4 codes (beside block scales) must be U8");
+  if (b.dtype != DType::kF8E4M3) return wrong_dtype(b, "block scales must be F8_E4M3");
+  if (sc.dtype != DType::kF32) return wrong_dtype(sc, "scales must be F32");
+  if (c.shape.size() != 3 || c.shape[2] == 0 || c.shape[2] % 8 != 0)
+    return Status::InvalidArgument("tensor " + Quote(c.name) + " has shape " + ShapeText(c.shape) +
+                                   "; expected [layers, tokens, n / 2], n = rows_per_token * row_width a "
+                                   "multiple of 16");
+  const uint64_t n = c.shape[2] * 2;
+  for (auto [t, want] : {std::pair{&b, std::vector<uint64_t>{c.shape[0], c.shape[1], n / 16}},
+                         std::pair{&sc, std::vector<uint64_t>{c.shape[0], c.shape[1]}}})
+    if (t->shape != want)
+      return Status::InvalidArgument("tensor " + Quote(t->name) + " has shape " + ShapeText(t->shape) +
+                                     "; expected " + ShapeText(want));
+  uint64_t rows = 1, width = n;
+  const std::string key = "kvfile.shape." + s.name;
+  if (auto it = h.metadata.find(key); it != h.metadata.end()) {
+    const std::string& v = it->second;
+    const char* end = v.data() + v.size();
+    auto r = std::from_chars(v.data(), end, rows);
+    bool ok = r.ec == std::errc() && r.ptr != end && *r.ptr == 'x';
+    if (ok) {
+      auto w = std::from_chars(r.ptr + 1, end, width);
+      ok = w.ec == std::errc() && w.ptr == end && rows != 0 && n % rows == 0 && width == n / rows;
+    }
+    if (!ok)
+      return Status::InvalidArgument("__metadata__ " + Quote(key) + " is " + Quote(v) + "; expected ROWSxWIDTH with " +
+                                     "ROWS * WIDTH = " + std::to_string(n) + " (the elements of a token)");
+  }
+  *shape = {c.shape[0], c.shape[1], rows, width};
+  return Status::OK();
+}
+
 }  // namespace
 
 Status DescribeKv(const Header& h, KvTensors* out) {
@@ -604,14 +650,15 @@ Status DescribeKv(const Header& h, KvTensors* out) {
       continue;
     }
     std::string base = t.name;
-    int kind = 0;  // 0 values, 1 codes, 2 scales
+    int kind = 0;  // 0 values, 1 codes, 2 scales, 3 block scales
     if (EndsWith(t.name, ".codes")) base = t.name.substr(0, t.name.size() - 6), kind = 1;
+    else if (EndsWith(t.name, ".block_scales")) base = t.name.substr(0, t.name.size() - 13), kind = 3;
     else if (EndsWith(t.name, ".scales")) base = t.name.substr(0, t.name.size() - 7), kind = 2;
     if (!format::IsValidStreamName(base))
       return Status::InvalidArgument("tensor " + Quote(t.name) + ": " + Quote(base) +
                                      " is not a stream name (1-31 characters of [a-z0-9_.-])");
     KvStream& s = stream_named(base);
-    (kind == 0 ? s.values : kind == 1 ? s.codes : s.scales) = &t;
+    (kind == 0 ? s.values : kind == 1 ? s.codes : kind == 2 ? s.scales : s.block_scales) = &t;
   }
   if (kv.token_ids == nullptr) return Status::InvalidArgument("no 'tokens' tensor");
   if (kv.streams.empty()) return Status::InvalidArgument("no stream tensors");
@@ -619,12 +666,13 @@ Status DescribeKv(const Header& h, KvTensors* out) {
   bool first = true;
   for (KvStream& s : kv.streams) {
     std::string where = "stream " + Quote(s.name);
-    if (s.values && (s.codes || s.scales))
+    if (s.values && (s.codes || s.scales || s.block_scales))
       return Status::InvalidArgument(where + ": both " + Quote(s.name) + " and " +
-                                     Quote(s.name + (s.codes ? ".codes" : ".scales")) + " are present");
+                                     Quote(s.name + (s.codes ? ".codes" : s.scales ? ".scales" : ".block_scales")) +
+                                     " are present");
     if (!s.values && !s.codes)
-      return Status::InvalidArgument(where + ": " + Quote(s.name + ".scales") + " without " +
-                                     Quote(s.name + ".codes"));
+      return Status::InvalidArgument(where + ": " + Quote(s.name + (s.scales ? ".scales" : ".block_scales")) +
+                                     " without " + Quote(s.name + ".codes"));
     if (s.codes && !s.scales)
       return Status::InvalidArgument(where + ": " + Quote(s.name + ".codes") + " without " +
                                      Quote(s.name + ".scales"));
@@ -633,36 +681,41 @@ Status DescribeKv(const Header& h, KvTensors* out) {
     if (s.values && (!kd || IsFp8(*kd)))
       return Status::InvalidArgument("tensor " + Quote(t.name) + " is " + DTypeName(t.dtype) +
                                      "; stream values must be BF16, F16 or F32");
-    if (s.codes && (!kd || !IsFp8(*kd)))
+    if (s.codes && !s.block_scales && (!kd || !IsFp8(*kd)))
       return Status::InvalidArgument("tensor " + Quote(t.name) + " is " + DTypeName(t.dtype) +
-                                     "; codes must be F8_E4M3 or F8_E5M2");
-    if (t.shape.size() != 4)
+                                     "; codes must be F8_E4M3 or F8_E5M2" +
+                                     (t.dtype == DType::kU8 ? " (U8: nvfp4 codes, with " +
+                                                                  Quote(s.name + ".block_scales") + ")"
+                                                            : std::string()));
+    std::vector<uint64_t> shape = t.shape;  // [layers, tokens, rows_per_token, row_width]
+    if (s.block_scales) KVFILE_RETURN_IF_ERROR(Nvfp4Shape(h, s, &shape));
+    if (shape.size() != 4)
       return Status::InvalidArgument("tensor " + Quote(t.name) + " has shape " + ShapeText(t.shape) +
                                      "; expected [layers, tokens, rows_per_token, row_width]");
-    if (t.shape[0] == 0 || t.shape[0] > format::kMaxLayers)
-      return Status::InvalidArgument("tensor " + Quote(t.name) + ": " + std::to_string(t.shape[0]) +
+    if (shape[0] == 0 || shape[0] > format::kMaxLayers)
+      return Status::InvalidArgument("tensor " + Quote(t.name) + ": " + std::to_string(shape[0]) +
                                      " layers, outside 1.." + std::to_string(format::kMaxLayers));
-    if (t.shape[2] == 0 || t.shape[2] > format::kMaxRowsPerToken)
-      return Status::InvalidArgument("tensor " + Quote(t.name) + ": " + std::to_string(t.shape[2]) +
+    if (shape[2] == 0 || shape[2] > format::kMaxRowsPerToken)
+      return Status::InvalidArgument("tensor " + Quote(t.name) + ": " + std::to_string(shape[2]) +
                                      " rows per token, outside 1.." + std::to_string(format::kMaxRowsPerToken));
-    if (t.shape[3] == 0 || t.shape[3] > format::kMaxRowWidth)
-      return Status::InvalidArgument("tensor " + Quote(t.name) + ": row width " + std::to_string(t.shape[3]) +
+    if (shape[3] == 0 || shape[3] > format::kMaxRowWidth)
+      return Status::InvalidArgument("tensor " + Quote(t.name) + ": row width " + std::to_string(shape[3]) +
                                      " outside 1.." + std::to_string(format::kMaxRowWidth));
-    if (first) kv.layers = static_cast<uint32_t>(t.shape[0]);
+    if (first) kv.layers = static_cast<uint32_t>(shape[0]);
     first = false;
-    if (t.shape[0] != kv.layers)
-      return Status::InvalidArgument("tensor " + Quote(t.name) + " has " + std::to_string(t.shape[0]) +
+    if (shape[0] != kv.layers)
+      return Status::InvalidArgument("tensor " + Quote(t.name) + " has " + std::to_string(shape[0]) +
                                      " layers; the other streams have " + std::to_string(kv.layers));
-    if (t.shape[1] != kv.tokens)
-      return Status::InvalidArgument("tensor " + Quote(t.name) + " has " + std::to_string(t.shape[1]) +
+    if (shape[1] != kv.tokens)
+      return Status::InvalidArgument("tensor " + Quote(t.name) + " has " + std::to_string(shape[1]) +
                                      " tokens; 'tokens' has " + std::to_string(kv.tokens));
-    s.rows_per_token = static_cast<uint32_t>(t.shape[2]);
-    s.row_width = static_cast<uint32_t>(t.shape[3]);
-    if (s.scales) {
+    s.rows_per_token = static_cast<uint32_t>(shape[2]);
+    s.row_width = static_cast<uint32_t>(shape[3]);
+    if (s.scales && !s.block_scales) {
       if (s.scales->dtype != DType::kF32)
         return Status::InvalidArgument("tensor " + Quote(s.scales->name) + " is " + DTypeName(s.scales->dtype) +
                                        "; scales must be F32");
-      std::vector<uint64_t> want = {t.shape[0], t.shape[1], t.shape[2]};
+      std::vector<uint64_t> want = {shape[0], shape[1], shape[2]};
       if (s.scales->shape != want)
         return Status::InvalidArgument("tensor " + Quote(s.scales->name) + " has shape " +
                                        ShapeText(s.scales->shape) + "; expected " + ShapeText(want));
@@ -706,6 +759,16 @@ Status ReadTokenIds(SafetensorsFile& f, const KvTensors& kv, std::vector<uint32_
 
 Status ReadStreamSlab(SafetensorsFile& f, const KvTensors& kv, const KvStream& s, uint32_t layer,
                       uint64_t t0, uint64_t n, std::vector<uint8_t>* data, std::vector<float>* scales) {
+  if (s.block_scales) {
+    // nvfp4: one row per token; the codes, then the block scales, in data.
+    const uint64_t e = uint64_t{s.rows_per_token} * s.row_width;
+    const uint64_t first = uint64_t{layer} * kv.tokens + t0;
+    data->resize(n * (e / 2 + e / 16));
+    scales->resize(n);
+    KVFILE_RETURN_IF_ERROR(f.Read(*s.codes, first * e / 2, data->data(), n * e / 2));
+    KVFILE_RETURN_IF_ERROR(f.Read(*s.block_scales, first * e / 16, data->data() + n * e / 2, n * e / 16));
+    return f.Read(*s.scales, first * 4, scales->data(), n * 4);
+  }
   const TensorInfo& t = s.codes ? *s.codes : *s.values;
   uint64_t per_token = uint64_t{s.rows_per_token} * s.row_width * DTypeSize(t.dtype);
   uint64_t first = uint64_t{layer} * kv.tokens + t0;
@@ -731,12 +794,22 @@ Status CheckValues(SafetensorsFile& f, const KvTensors& kv) {
       for (uint64_t t0 = 0; t0 < kv.tokens; t0 += block) {
         uint64_t n = std::min(block, kv.tokens - t0);
         KVFILE_RETURN_IF_ERROR(ReadStreamSlab(f, kv, s, l, t0, n, &data, &scales));
+        // An nvfp4 row is a token's elements, so a fault names no row.
+        const bool nvfp4 = IsNvfp4(dt);
         auto where = [&](uint64_t row, const std::string& tensor) {
           return f.path() + ": tensor " + Quote(tensor) + ": layer " + std::to_string(l) + ", token " +
-                 std::to_string(t0 + row / s.rows_per_token) + ", row " + std::to_string(row % s.rows_per_token);
+                 (nvfp4 ? std::to_string(t0 + row)
+                        : std::to_string(t0 + row / s.rows_per_token) + ", row " +
+                              std::to_string(row % s.rows_per_token));
         };
         codec::RowCheck rc =
-            codec::CheckRows(dt, data.data(), s.codes ? scales.data() : nullptr, n * s.rows_per_token, s.row_width);
+            nvfp4 ? codec::CheckRows(dt, data.data(), scales.data(), n, elems_per_token,
+                                     data.data() + n * elems_per_token / 2)
+                  : codec::CheckRows(dt, data.data(), s.codes ? scales.data() : nullptr, n * s.rows_per_token,
+                                     s.row_width);
+        if (rc.fault == codec::RowFault::kInvalidBlockScale)
+          return Status::NonFinite(where(rc.row, s.block_scales->name) +
+                                   ": invalid block scale (bit 7 set, or 0x7F)");
         if (rc.fault == codec::RowFault::kNonFiniteCode)
           return Status::NonFinite(where(rc.row, t.name) + ": non-finite code");
         if (rc.fault == codec::RowFault::kInvalidScale)
@@ -774,25 +847,33 @@ Status AppendAll(SafetensorsFile& f, const KvTensors& kv, std::span<const uint32
         size_t i = l * S + s;
         KVFILE_RETURN_IF_ERROR(ReadStreamSlab(f, kv, src, l, t0, n, &data[i], &scales[i]));
         Dtype from = src.source_dtype();
+        // nvfp4 codes: one row per token, the block scales after the codes.
+        const bool nvfp4 = IsNvfp4(from);
+        const uint64_t rows = nvfp4 ? n : n * spec.rows_per_token;
+        const uint64_t width = nvfp4 ? spec.ElementsPerToken() : spec.row_width;
+        const uint8_t* block_scales = nvfp4 ? data[i].data() + rows * width / 2 : nullptr;
         if (!src.is_codes()) {
           batch.blocks.push_back({from, data[i].data(), nullptr});
         } else if (from == spec.dtype) {
-          batch.blocks.push_back({from, data[i].data(), scales[i].data()});
+          batch.blocks.push_back({from, data[i].data(), scales[i].data(), block_scales});
         } else {
-          // Codes of the other fp8 dtype (or into a raw stream): decode to
-          // f32 and let the writer quantize or convert. The decoder wants
+          // Codes of another quantized dtype (or into a raw stream): decode
+          // to f32 and let the writer quantize or convert. The decoder wants
           // valid codes and scales.
-          uint64_t rows = n * spec.rows_per_token;
-          uint64_t elems = rows * spec.row_width;
-          codec::RowCheck rc = codec::CheckRows(from, data[i].data(), scales[i].data(), rows, spec.row_width);
+          codec::RowCheck rc = codec::CheckRows(from, data[i].data(), scales[i].data(), rows, width, block_scales);
           if (!rc.ok())
             return Status::NonFinite(f.path() + ": stream " + Quote(src.name) + ": layer " + std::to_string(l) +
-                                     ", token " + std::to_string(t0 + rc.row / spec.rows_per_token) +
-                                     (rc.fault == codec::RowFault::kNonFiniteCode ? ": non-finite code"
-                                                                                  : ": invalid scale"));
-          decoded[i].resize(elems);
-          codec::DequantizeRows(from, data[i].data(), scales[i].data(), rows, spec.row_width,
-                                Dtype::kF32, decoded[i].data());
+                                     ", token " + std::to_string(t0 + (nvfp4 ? rc.row : rc.row / spec.rows_per_token)) +
+                                     (rc.fault == codec::RowFault::kNonFiniteCode       ? ": non-finite code"
+                                      : rc.fault == codec::RowFault::kInvalidBlockScale ? ": invalid block scale"
+                                                                                        : ": invalid scale"));
+          decoded[i].resize(rows * width);
+          if (nvfp4)
+            codec::DequantizeNvfp4Rows(data[i].data(), block_scales, scales[i].data(), rows, width, Dtype::kF32,
+                                       decoded[i].data());
+          else
+            codec::DequantizeRows(from, data[i].data(), scales[i].data(), rows, width, Dtype::kF32,
+                                  decoded[i].data());
           batch.blocks.push_back({Dtype::kF32, decoded[i].data(), nullptr});
         }
       }

@@ -612,6 +612,90 @@ static void test_nvfp4(void) {
   kvfile_reader_close(r);
 }
 
+/* Pre-quantized nvfp4 codes through kvfile_rows2 / kvfile_writer_append2:
+ * the codes, block scales and row scales read from nv.kv (test_nvfp4) are
+ * stored exactly, beside f32 rows of the other stream; block scales with
+ * another dtype, a missing or invalid block scale fail the whole append. */
+static void test_nvfp4_codes_append(void) {
+  enum { kCodes = kTokens * kPerToken / 2, kBlocks = kTokens * kPerToken / 16 };
+  static uint8_t codes[kLayers][kCodes], blocks[kLayers][kBlocks];
+  static float scales[kLayers][kTokens];
+  kvfile_reader* r = NULL;
+  CHECK_STATUS(kvfile_reader_open(in_dir(dir, "nv.kv"), &r), KVFILE_OK);
+  for (uint32_t l = 0; l < kLayers; ++l)
+    CHECK_STATUS(kvfile_reader_read_nvfp4_codes(r, l, 0, 0, kTokens, codes[l], kCodes, blocks[l], kBlocks, scales[l],
+                                                kTokens),
+                 KVFILE_OK);
+  kvfile_reader_close(r);
+  kvfile_geometry g;
+  CHECK_STATUS(kvfile_preset("tiny", KVFILE_NVFP4, &g), KVFILE_OK);
+  const char* path = in_dir(dir, "nv2.kv");
+  kvfile_writer* w = NULL;
+  CHECK_STATUS(kvfile_writer_create(path, &g, "test/nv", 1, NULL, &w), KVFILE_OK);
+  uint32_t ids[kTokens];
+  for (int t = 0; t < kTokens; ++t) ids[t] = token_id(t);
+  kvfile_rows2 rows[kLayers * kStreams];
+  for (int l = 0; l < kLayers; ++l) {
+    kvfile_rows2 k = {KVFILE_NVFP4, codes[l], scales[l], blocks[l]};
+    kvfile_rows2 v = {KVFILE_F32, rows_f32[l * kStreams + 1], NULL, NULL};
+    rows[l * kStreams] = k;
+    rows[l * kStreams + 1] = v;
+  }
+  /* Refused, nothing appended: block scales on f32 rows; none for codes; an
+   * invalid block scale (bit 7 set) in the last token of layer 1. */
+  rows[1].block_scales = blocks[0];
+  CHECK_STATUS(kvfile_writer_append2(w, ids, kTokens, rows, kLayers * kStreams), KVFILE_INVALID_ARGUMENT);
+  CHECK_CONTAINS(kvfile_last_error(), "kvfile_writer_append2: block 1 has block_scales but is not KVFILE_NVFP4 codes");
+  rows[1].block_scales = NULL;
+  rows[2].block_scales = NULL;
+  CHECK_STATUS(kvfile_writer_append2(w, ids, kTokens, rows, kLayers * kStreams), KVFILE_INVALID_ARGUMENT);
+  CHECK_CONTAINS(kvfile_last_error(), "nvfp4 codes given without block scales");
+  rows[2].block_scales = blocks[1];
+  uint8_t saved = blocks[1][kBlocks - 1];
+  blocks[1][kBlocks - 1] = 0x80;
+  CHECK_STATUS(kvfile_writer_append2(w, ids, kTokens, rows, kLayers * kStreams), KVFILE_NON_FINITE);
+  CHECK_CONTAINS(kvfile_last_error(), "layer 1");
+  blocks[1][kBlocks - 1] = saved;
+  uint64_t count = 99;
+  CHECK_STATUS(kvfile_writer_token_count(w, &count), KVFILE_OK);
+  CHECK(count == 0);
+  CHECK_STATUS(kvfile_writer_append2(NULL, ids, kTokens, rows, kLayers * kStreams), KVFILE_INVALID_ARGUMENT);
+  CHECK_CONTAINS(kvfile_last_error(), "kvfile_writer_append2: writer is NULL");
+  /* Two appends of 4 and 6 tokens: the codes of the second start mid-array. */
+  CHECK_STATUS(kvfile_writer_append2(w, ids, 4, rows, kLayers * kStreams), KVFILE_OK);
+  for (int l = 0; l < kLayers; ++l) {
+    kvfile_rows2 k = {KVFILE_NVFP4, codes[l] + 4 * kPerToken / 2, scales[l] + 4, blocks[l] + 4 * kPerToken / 16};
+    kvfile_rows2 v = {KVFILE_F32, rows_f32[l * kStreams + 1] + 4 * kPerToken, NULL, NULL};
+    rows[l * kStreams] = k;
+    rows[l * kStreams + 1] = v;
+  }
+  CHECK_STATUS(kvfile_writer_append2(w, ids + 4, kTokens - 4, rows, kLayers * kStreams), KVFILE_OK);
+  CHECK_STATUS(kvfile_writer_close(w), KVFILE_OK);
+  /* Every stored byte is the given one; v as quantized from the same rows. */
+  static uint8_t got_codes[kCodes], got_blocks[kBlocks], want_codes[kCodes], want_blocks[kBlocks];
+  static float got_scales[kTokens], want_scales[kTokens];
+  kvfile_reader* a = NULL;
+  CHECK_STATUS(kvfile_reader_open(path, &a), KVFILE_OK);
+  CHECK_STATUS(kvfile_reader_open(in_dir(dir, "nv.kv"), &r), KVFILE_OK);
+  for (uint32_t l = 0; l < kLayers; ++l) {
+    CHECK_STATUS(kvfile_reader_read_nvfp4_codes(a, l, 0, 0, kTokens, got_codes, kCodes, got_blocks, kBlocks,
+                                                got_scales, kTokens),
+                 KVFILE_OK);
+    CHECK(memcmp(got_codes, codes[l], kCodes) == 0 && memcmp(got_blocks, blocks[l], kBlocks) == 0 &&
+          memcmp(got_scales, scales[l], sizeof got_scales) == 0);
+    CHECK_STATUS(kvfile_reader_read_nvfp4_codes(a, l, 1, 0, kTokens, got_codes, kCodes, got_blocks, kBlocks,
+                                                got_scales, kTokens),
+                 KVFILE_OK);
+    CHECK_STATUS(kvfile_reader_read_nvfp4_codes(r, l, 1, 0, kTokens, want_codes, kCodes, want_blocks, kBlocks,
+                                                want_scales, kTokens),
+                 KVFILE_OK);
+    CHECK(memcmp(got_codes, want_codes, kCodes) == 0 && memcmp(got_blocks, want_blocks, kBlocks) == 0 &&
+          memcmp(got_scales, want_scales, sizeof got_scales) == 0);
+  }
+  kvfile_reader_close(r);
+  kvfile_reader_close(a);
+}
+
 int main(int argc, char** argv) {
   if (argc != 2) {
     fprintf(stderr, "usage: c_api_test DIR\n");
@@ -629,5 +713,6 @@ int main(int argc, char** argv) {
   test_verify_and_damage();
   test_explicit_geometry();
   test_nvfp4();
+  test_nvfp4_codes_append();
   return check_summary("c_api_test");
 }

@@ -28,6 +28,7 @@
 #include "kvfile/presets.h"
 #include "kvfile/reader.h"
 #include "kvfile/safetensors.h"
+#include "synth_data.h"
 
 namespace {
 
@@ -94,8 +95,8 @@ struct Snap {
   std::vector<uint32_t> tokens;
   uint32_t nominal = 0;
   std::vector<kvfile::ChunkInfo> chunks;
-  std::vector<std::string> data;           // [l * S + s]: codes, or raw stored elements
-  std::vector<std::vector<float>> scales;  // fp8 streams
+  std::vector<std::string> data;           // [l * S + s]: codes (nvfp4: + block scales), or raw elements
+  std::vector<std::vector<float>> scales;  // fp8 and nvfp4 streams
 };
 
 Snap TakeSnap(const std::string& path) {
@@ -116,7 +117,13 @@ Snap TakeSnap(const std::string& path) {
       uint64_t rows = T * spec.rows_per_token;
       std::string d(rows * spec.row_width * kvfile::ElementSize(spec.dtype), '\0');
       std::vector<float> sc;
-      if (kvfile::IsFp8(spec.dtype)) {
+      if (kvfile::IsNvfp4(spec.dtype)) {  // the codes, then the block scales; a scale per token
+        const uint64_t e = spec.ElementsPerToken();
+        d.resize(T * (e / 2 + e / 16));
+        sc.resize(T);
+        auto* p = reinterpret_cast<uint8_t*>(d.data());
+        st = r->ReadCodes(l, k, 0, T, p, p + T * e / 2, sc.data());
+      } else if (kvfile::IsFp8(spec.dtype)) {
         sc.resize(rows);
         st = r->ReadCodes(l, k, 0, T, reinterpret_cast<uint8_t*>(d.data()), sc.data());
       } else {
@@ -1246,6 +1253,287 @@ TEST_F(CliVerbsTest, EveryVerbHasHelpWithAnExample) {
     EXPECT_EQ(h.exit_code, 0) << verb;
     EXPECT_NE(h.out.find(std::string("Example: kvfile ") + verb), std::string::npos) << verb;
   }
+}
+
+// ---- nvfp4 through synth, append and import ------------------------------------------------------
+
+// An nvfp4 stream's data for tokens [0, T): per token e/2 code bytes, then
+// (after all codes) e/16 block scales, as one string; and the T row scales.
+struct Nvfp4Data {
+  std::string codes;
+  std::vector<float> scales;
+  bool operator==(const Nvfp4Data&) const = default;
+};
+
+// What the codec makes of T tokens of `in` rows of e elements each.
+Nvfp4Data Nvfp4Of(Dtype in, const void* src, uint64_t T, uint64_t e) {
+  Nvfp4Data d{std::string(T * (e / 2 + e / 16), '\0'), std::vector<float>(T)};
+  auto* p = reinterpret_cast<uint8_t*>(d.codes.data());
+  size_t bad;
+  EXPECT_TRUE(kvfile::codec::QuantizeNvfp4Rows(in, src, T, e, p, p + T * e / 2, d.scales.data(), &bad));
+  return d;
+}
+
+// What the file stores for (layer, stream), through Reader::ReadCodes.
+Nvfp4Data StoredNvfp4(const std::string& path, uint32_t layer, uint32_t stream) {
+  std::unique_ptr<kvfile::Reader> r;
+  EXPECT_TRUE(kvfile::Reader::Open(path, {}, &r).ok()) << path;
+  if (!r) return {};
+  const uint64_t T = r->token_count(), e = r->geometry().streams[stream].ElementsPerToken();
+  Nvfp4Data d{std::string(T * (e / 2 + e / 16), '\0'), std::vector<float>(T)};
+  auto* p = reinterpret_cast<uint8_t*>(d.codes.data());
+  kvfile::Status st = r->ReadCodes(layer, stream, 0, T, p, p + T * e / 2, d.scales.data());
+  EXPECT_TRUE(st.ok()) << st.message();
+  return d;
+}
+
+// synth --dtype nvfp4 stores what the codec makes of the generator's bf16
+// rows; --check compares them (and tells a file whose codes came another way).
+TEST_F(CliVerbsTest, SynthWritesAndChecksNvfp4) {
+  CliRun r = Kvfile("synth " + P("n.kv") + " --preset tiny --tokens 40 --chunk-tokens 16 --dtype nvfp4 --seed 7");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "wrote " + P("n.kv") + ": 40 tokens of tiny (nvfp4), seed 7\n");
+  kvfile::Geometry g;
+  ASSERT_TRUE(kvfile::GetPreset("tiny", Dtype::kNvfp4, &g).ok());
+  Snap n = TakeSnap(P("n.kv"));
+  EXPECT_EQ(n.g, g);
+  for (uint32_t l = 0; l < g.layers; ++l)
+    for (uint32_t s = 0; s < g.streams.size(); ++s) {
+      const uint64_t e = g.streams[s].ElementsPerToken();
+      std::vector<uint16_t> bf16(40 * e);
+      kvfile::synth::GenerateRows(g, 7, l, s, 0, 40, bf16.data());
+      EXPECT_TRUE(StoredNvfp4(P("n.kv"), l, s) == Nvfp4Of(Dtype::kBF16, bf16.data(), 40, e)) << l << " " << s;
+    }
+  r = Kvfile("synth --check " + P("n.kv"));
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, P("n.kv") + ": ok, all 40 tokens match the synthetic data of seed 7\n");
+  // The same session quantized from its e4m3 codes instead: other codes.
+  Synth("e.kv", "--preset tiny --tokens 40 --seed 7");
+  ASSERT_EQ(Kvfile("convert " + P("e.kv") + " " + P("x.kv") + " --dtype nvfp4").exit_code, 0);
+  r = Kvfile("synth --check " + P("x.kv"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err, "kvfile: error: " + P("x.kv") +
+                       ": layer 0 stream 'k' tokens [0, 40): stored codes differ from the regenerated data\n");
+  r = Kvfile("synth " + P("y.kv") + " --dtype nvfp5");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_FALSE(fs::exists(P("y.kv")));
+}
+
+// k [2 rows x 8] and v [1 x 16] per token: 16 elements, one nvfp4 block each.
+struct Nvfp4Input {
+  uint32_t layers = 2;
+  uint64_t tokens;
+  std::vector<int32_t> ids;
+  std::vector<float> k, v;
+  Nvfp4Input(uint64_t n, uint32_t seed) : tokens(n) {
+    for (uint64_t t = 0; t < n; ++t) ids.push_back(static_cast<int32_t>(500 + seed * 100 + t));
+    k.resize(layers * n * 16);
+    v.resize(layers * n * 16);
+    for (size_t i = 0; i < k.size(); ++i) k[i] = std::sin(0.29f * static_cast<float>(i + seed)) * 4.0f;
+    for (size_t i = 0; i < v.size(); ++i) v[i] = std::cos(0.13f * static_cast<float>(i * seed + 3)) * 90.0f;
+  }
+  void Write(const std::string& path) const {
+    WriteSt(path,
+            {{"tokens", "I32", {tokens}, Bytes(ids)},
+             {"k", "F32", {layers, tokens, 2, 8}, Bytes(k)},
+             {"v", "F32", {layers, tokens, 1, 16}, Bytes(v)}},
+            kMeta);
+  }
+  // The f32 rows of (layer, stream): k is stream 0, v stream 1.
+  const float* Rows(uint32_t layer, uint32_t stream) const {
+    return (stream == 0 ? k : v).data() + uint64_t{layer} * tokens * 16;
+  }
+};
+
+// append --dtype nvfp4: values are quantized by the codec into a new nvfp4
+// FILE, later appends extend it; fp8 codes are decoded and requantized,
+// nvfp4 codes (export --codes) go in exactly; a dtype that is not the
+// file's is refused with FILE untouched.
+TEST_F(CliVerbsTest, AppendsIntoNvfp4Streams) {
+  Nvfp4Input first(9, 1), second(6, 2);
+  first.Write(P("1.safetensors"));
+  second.Write(P("2.safetensors"));
+  CliRun r = Kvfile("append " + P("s.kv") + " " + P("1.safetensors") + " --dtype nvfp4 --chunk-tokens 4");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, P("s.kv") + ": created; appended 9 tokens from " + P("1.safetensors") + " (9 in total)\n");
+  r = Kvfile("append " + P("s.kv") + " " + P("2.safetensors"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  Snap s = TakeSnap(P("s.kv"));
+  ASSERT_EQ(s.tokens.size(), 15u);
+  EXPECT_EQ(s.g.streams[0], (kvfile::StreamSpec{"k", 2, 8, Dtype::kNvfp4}));
+  EXPECT_EQ(s.g.streams[1], (kvfile::StreamSpec{"v", 1, 16, Dtype::kNvfp4}));
+  std::vector<Nvfp4Data> want(4);
+  for (uint32_t l = 0; l < 2; ++l)
+    for (uint32_t k = 0; k < 2; ++k) {
+      std::vector<float> rows(first.Rows(l, k), first.Rows(l, k) + 9 * 16);
+      rows.insert(rows.end(), second.Rows(l, k), second.Rows(l, k) + 6 * 16);
+      want[l * 2 + k] = Nvfp4Of(Dtype::kF32, rows.data(), 15, 16);
+      EXPECT_TRUE(StoredNvfp4(P("s.kv"), l, k) == want[l * 2 + k]) << l << " " << k;
+    }
+  // Refused: another quantized --dtype for the nvfp4 FILE.
+  std::string before = ReadFile(P("s.kv"));
+  r = Kvfile("append " + P("s.kv") + " " + P("2.safetensors") + " --dtype e4m3");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err, "kvfile: error: " + P("s.kv") + ": stream 'k' dtype: file has nvfp4, expected e4m3 (from " +
+                       P("2.safetensors") + ")\n");
+  EXPECT_TRUE(ReadFile(P("s.kv")) == before);
+  // e4m3 codes of the same geometry: decoded to f32, then quantized to nvfp4.
+  ASSERT_EQ(Kvfile("append " + P("e.kv") + " " + P("2.safetensors")).exit_code, 0);
+  ASSERT_EQ(Kvfile("convert " + P("e.kv") + " " + P("e.safetensors") + " --codes").exit_code, 0);
+  ASSERT_EQ(Kvfile("append " + P("s.kv") + " " + P("e.safetensors") + " --dtype nvfp4").exit_code, 0);
+  // The file's own nvfp4 codes: appended exactly.
+  ASSERT_EQ(Kvfile("convert " + P("s.kv") + " " + P("n.safetensors") + " --codes").exit_code, 0);
+  r = Kvfile("append " + P("s.kv") + " " + P("n.safetensors"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, P("s.kv") + ": appended 21 tokens from " + P("n.safetensors") + " (42 in total)\n");
+  std::unique_ptr<kvfile::Reader> er;
+  ASSERT_TRUE(kvfile::Reader::Open(P("e.kv"), {}, &er).ok());
+  for (uint32_t l = 0; l < 2; ++l)
+    for (uint32_t k = 0; k < 2; ++k) {
+      std::vector<float> decoded(6 * 16);
+      ASSERT_TRUE(er->ReadRows(l, k, 0, 6, Dtype::kF32, decoded.data()).ok());
+      std::vector<float> rows(first.Rows(l, k), first.Rows(l, k) + 9 * 16);
+      rows.insert(rows.end(), second.Rows(l, k), second.Rows(l, k) + 6 * 16);
+      rows.insert(rows.end(), decoded.begin(), decoded.end());
+      Nvfp4Data once = Nvfp4Of(Dtype::kF32, rows.data(), 21, 16);
+      // Tokens [21, 42) are tokens [0, 21) again: codes, block scales, scales.
+      const uint64_t c = 21 * 8, b = 21;
+      Nvfp4Data twice{once.codes.substr(0, c) + once.codes.substr(0, c) + once.codes.substr(c, b) +
+                          once.codes.substr(c, b),
+                      once.scales};
+      twice.scales.insert(twice.scales.end(), once.scales.begin(), once.scales.end());
+      EXPECT_TRUE(StoredNvfp4(P("s.kv"), l, k) == twice) << l << " " << k;
+    }
+  // A new nvfp4 FILE needs rows of a multiple of 16 elements: refused.
+  Input narrow(3, 1);  // k 2 x 4, v 1 x 8
+  narrow.Write(P("narrow.safetensors"), kMeta);
+  r = Kvfile("append " + P("w.kv") + " " + P("narrow.safetensors") + " --dtype nvfp4");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err.find("kvfile: error: " + P("narrow.safetensors") + ": "), 0u) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1);
+  EXPECT_FALSE(fs::exists(P("w.kv")));
+}
+
+// export --codes of an nvfp4 file and its import give back every code,
+// block scale and row scale, the geometry (kvfile.shape.<stream>) and the
+// export's bytes; --dtype e4m3 decodes them first. Inputs that break the
+// three tensors' rules are refused with one line and no output.
+TEST_F(CliVerbsTest, ImportsNvfp4CodesExactly) {
+  Synth("a.kv", "--preset tiny --tokens 70 --chunk-tokens 16 --dtype nvfp4 --seed 3");
+  ASSERT_EQ(Kvfile("convert " + P("a.kv") + " " + P("a.safetensors") + " --codes").exit_code, 0);
+  StFile st = ReadSt(P("a.safetensors"));
+  EXPECT_EQ(st.header.at("__metadata__").at("kvfile.shape.k"), "2x16");
+  EXPECT_EQ(st.header.at("__metadata__").at("kvfile.shape.v"), "2x16");
+  CliRun r = Kvfile("convert " + P("a.safetensors") + " " + P("b.kv") + " --chunk-tokens 16");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, P("a.safetensors") + " -> " + P("b.kv") + ": 70 tokens; k nvfp4, v nvfp4; 16 tokens per chunk; " +
+                       std::to_string(fs::file_size(P("b.kv"))) + " bytes\n");
+  Snap a = TakeSnap(P("a.kv")), b = TakeSnap(P("b.kv"));
+  ExpectSameContents(a, b);
+  EXPECT_EQ(b.chunks.size(), a.chunks.size());
+  r = Kvfile("verify " + P("b.kv"));
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_EQ(Kvfile("convert " + P("b.kv") + " " + P("b.safetensors") + " --codes").exit_code, 0);
+  EXPECT_TRUE(ReadFile(P("b.safetensors")) == ReadFile(P("a.safetensors")));
+  // Appended to the file they came from: its tokens twice.
+  ASSERT_EQ(Kvfile("append " + P("b.kv") + " " + P("a.safetensors")).exit_code, 0);
+  Snap b2 = TakeSnap(P("b.kv"));
+  for (size_t i = 0; i < a.data.size(); ++i) {
+    const size_t codes = 70 * 16;  // 70 tokens of 32 elements: 16 bytes of codes each
+    EXPECT_TRUE(b2.data[i] == a.data[i].substr(0, codes) + a.data[i].substr(0, codes) + a.data[i].substr(codes) +
+                                  a.data[i].substr(codes))
+        << i;
+  }
+  // Into e4m3: the decoded nvfp4 values, quantized by the fp8 codec.
+  ASSERT_EQ(Kvfile("convert " + P("a.safetensors") + " " + P("e.kv") + " --dtype e4m3").exit_code, 0);
+  Snap e = TakeSnap(P("e.kv"));
+  std::unique_ptr<kvfile::Reader> ar;
+  ASSERT_TRUE(kvfile::Reader::Open(P("a.kv"), {}, &ar).ok());
+  for (size_t i = 0; i < e.data.size(); ++i) {
+    std::vector<float> f32(70 * 32);
+    ASSERT_TRUE(ar->ReadRows(static_cast<uint32_t>(i / 2), static_cast<uint32_t>(i % 2), 0, 70, Dtype::kF32,
+                             f32.data())
+                    .ok());
+    auto [codes, scales] = Quantized(Dtype::kE4M3, Dtype::kF32, f32.data(), 70 * 2, 16);
+    EXPECT_TRUE(e.data[i] == codes) << i;
+    EXPECT_EQ(e.scales[i], scales) << i;
+  }
+
+  // Variants of a.safetensors, k's tensors changed.
+  auto tensor = [&](const std::string& name, const std::string& dtype, std::vector<uint64_t> shape,
+                    std::string bytes = "") {
+    return StTensor{name, dtype, std::move(shape), bytes.empty() ? st.Tensor(name) : bytes};
+  };
+  const StTensor tokens = tensor("tokens", "I64", {70});
+  const StTensor v_codes = tensor("v.codes", "U8", {2, 70, 16}), v_blocks = tensor("v.block_scales", "F8_E4M3", {2, 70, 2}),
+                 v_scales = tensor("v.scales", "F32", {2, 70});
+  const json meta = {{"kvfile.model", "synthetic/tiny"}, {"kvfile.fingerprint", "0000000000000003"}};
+  auto write_k = [&](const std::string& file, const std::vector<StTensor>& k, const json& m) {
+    std::vector<StTensor> all = {tokens};
+    all.insert(all.end(), k.begin(), k.end());
+    all.insert(all.end(), {v_codes, v_blocks, v_scales});
+    WriteSt(P(file), all, m);
+  };
+  const StTensor k_codes = tensor("k.codes", "U8", {2, 70, 16}), k_blocks = tensor("k.block_scales", "F8_E4M3", {2, 70, 2}),
+                 k_scales = tensor("k.scales", "F32", {2, 70});
+  // No kvfile.shape.k: k is one row of 32 per token; same codes.
+  write_k("flat.safetensors", {k_codes, k_blocks, k_scales}, meta);
+  ASSERT_EQ(Kvfile("convert " + P("flat.safetensors") + " " + P("flat.kv")).exit_code, 0);
+  Snap flat = TakeSnap(P("flat.kv"));
+  EXPECT_EQ(flat.g.streams[0], (kvfile::StreamSpec{"k", 1, 32, Dtype::kNvfp4}));
+  EXPECT_EQ(flat.g.streams[1], (kvfile::StreamSpec{"v", 1, 32, Dtype::kNvfp4}));
+  for (size_t i = 0; i < a.data.size(); ++i) EXPECT_TRUE(flat.data[i] == a.data[i] && flat.scales[i] == a.scales[i]);
+
+  auto refused = [&](const std::string& file, int code, const std::string& err) {
+    for (const std::string& verb : {"convert " + P(file) + " " + P("out.kv"), "append " + P("out.kv") + " " + P(file)}) {
+      CliRun x = Kvfile(verb);
+      EXPECT_EQ(x.exit_code, code) << verb;
+      EXPECT_EQ(x.err, "kvfile: error: " + P(file) + ": " + err + "\n") << verb;
+      EXPECT_EQ(x.out, "");
+      EXPECT_FALSE(fs::exists(P("out.kv"))) << verb;
+    }
+  };
+  const json with_shape = {{"kvfile.shape.k", "2x16"}};
+  write_k("i8.safetensors", {tensor("k.codes", "I8", {2, 70, 16}), k_blocks, k_scales}, with_shape);
+  refused("i8.safetensors", 2, "tensor 'k.codes' is I8; nvfp4 codes (beside block scales) must be U8");
+  write_k("e5.safetensors", {k_codes, tensor("k.block_scales", "F8_E5M2", {2, 70, 2}), k_scales}, with_shape);
+  refused("e5.safetensors", 2, "tensor 'k.block_scales' is F8_E5M2; block scales must be F8_E4M3");
+  write_k("bf.safetensors", {k_codes, k_blocks, tensor("k.scales", "BF16", {2, 140}, st.Tensor("k.scales"))}, with_shape);
+  refused("bf.safetensors", 2, "tensor 'k.scales' is BF16; scales must be F32");
+  write_k("odd.safetensors", {tensor("k.codes", "U8", {2, 70, 12}, st.Tensor("k.codes").substr(0, 2 * 70 * 12)),
+                              k_blocks, k_scales}, with_shape);
+  refused("odd.safetensors", 2,
+          "tensor 'k.codes' has shape [2, 70, 12]; expected [layers, tokens, n / 2], n = rows_per_token * row_width "
+          "a multiple of 16");
+  write_k("blocks.safetensors", {k_codes, tensor("k.block_scales", "F8_E4M3", {2, 70, 1},
+                                                 st.Tensor("k.block_scales").substr(0, 140)), k_scales}, with_shape);
+  refused("blocks.safetensors", 2, "tensor 'k.block_scales' has shape [2, 70, 1]; expected [2, 70, 2]");
+  write_k("scales.safetensors", {k_codes, k_blocks, tensor("k.scales", "F32", {2, 70, 1})}, with_shape);
+  refused("scales.safetensors", 2, "tensor 'k.scales' has shape [2, 70, 1]; expected [2, 70]");
+  write_k("meta.safetensors", {k_codes, k_blocks, k_scales}, {{"kvfile.shape.k", "3x10"}});
+  refused("meta.safetensors", 2,
+          "__metadata__ 'kvfile.shape.k' is '3x10'; expected ROWSxWIDTH with ROWS * WIDTH = 32 (the elements of a "
+          "token)");
+  write_k("lone.safetensors", {k_blocks}, with_shape);
+  refused("lone.safetensors", 2, "stream 'k': 'k.block_scales' without 'k.codes'");
+  write_k("u8.safetensors", {k_codes, k_scales}, with_shape);
+  refused("u8.safetensors", 2,
+          "tensor 'k.codes' is U8; codes must be F8_E4M3 or F8_E5M2 (U8: nvfp4 codes, with 'k.block_scales')");
+  // An invalid block scale (bit 7 set) of layer 1, token 69: data at fault.
+  std::string bad_blocks = st.Tensor("k.block_scales");
+  bad_blocks[bad_blocks.size() - 1] = '\x80';
+  write_k("bad.safetensors", {k_codes, tensor("k.block_scales", "F8_E4M3", {2, 70, 2}, bad_blocks), k_scales},
+          with_shape);
+  CliRun x = Kvfile("append " + P("out.kv") + " " + P("bad.safetensors"));
+  EXPECT_EQ(x.exit_code, 1);
+  EXPECT_EQ(x.err, "kvfile: error: " + P("bad.safetensors") +
+                       ": tensor 'k.block_scales': layer 1, token 69: invalid block scale (bit 7 set, or 0x7F)\n");
+  x = Kvfile("convert " + P("bad.safetensors") + " " + P("out.kv"));
+  EXPECT_EQ(x.exit_code, 1);
+  EXPECT_EQ(std::count(x.err.begin(), x.err.end(), '\n'), 1) << x.err;
+  EXPECT_EQ(x.err.find("kvfile: error: " + P("bad.safetensors") + ": "), 0u) << x.err;
+  EXPECT_FALSE(fs::exists(P("out.kv")));
+  EXPECT_TRUE(Leftovers(".kvtmp").empty());
 }
 
 }  // namespace

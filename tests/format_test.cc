@@ -198,6 +198,7 @@ TEST(Dtype, NamesAndSizes) {
   EXPECT_EQ(ElementSize(Dtype::kBF16), 2u);
   EXPECT_EQ(ElementSize(Dtype::kF16), 2u);
   EXPECT_EQ(ElementSize(Dtype::kF32), 4u);
+  EXPECT_EQ(ElementSize(Dtype::kNvfp4), 0u);  // no whole byte: CodeBytes
   // The values are on disk.
   EXPECT_EQ(static_cast<int>(Dtype::kE4M3), 1);
   EXPECT_EQ(static_cast<int>(Dtype::kE5M2), 2);

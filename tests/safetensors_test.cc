@@ -486,6 +486,29 @@ TEST(SafetensorsConvention, DescribesStreamsAndRefusesViolations) {
   EXPECT_TRUE(bad(good, 108, "'kvfile.fingerprint' is '12'; expected 16 hex digits", "{\"kvfile.fingerprint\":\"12\"}"));
   EXPECT_TRUE(bad(good, 108, "expected 16 hex digits", "{\"kvfile.fingerprint\":\"000000000000000g\"}"));
   EXPECT_TRUE(bad(good, 108, "a model id has at most 255", "{\"kvfile.model\":\"" + std::string(256, 'm') + "\"}"));
+
+  // nvfp4: codes U8 [2,3,16], block scales F8_E4M3 [2,3,2], scales F32 [2,3];
+  // rows x width from __metadata__ kvfile.shape.k, else 1 x 32.
+  std::string nv = T("tokens", "I32", "[3]", 0, 12) + "," + T("k.codes", "U8", "[2,3,16]", 12, 108) + "," +
+                   T("k.block_scales", "F8_E4M3", "[2,3,2]", 108, 120) + "," + T("k.scales", "F32", "[2,3]", 120, 144);
+  ASSERT_TRUE(describe(nv, 144, &kv, &h, "{\"kvfile.shape.k\":\"2x16\"}").ok());
+  ASSERT_EQ(kv.streams.size(), 1u);
+  EXPECT_EQ(kv.streams[0].source_dtype(), kvfile::Dtype::kNvfp4);
+  EXPECT_TRUE(kv.streams[0].is_codes());
+  EXPECT_EQ(kv.streams[0].rows_per_token, 2u);
+  EXPECT_EQ(kv.streams[0].row_width, 16u);
+  EXPECT_EQ(kv.layers, 2u);
+  ASSERT_TRUE(describe(nv, 144, &kv, &h).ok());
+  EXPECT_EQ(kv.streams[0].rows_per_token, 1u);
+  EXPECT_EQ(kv.streams[0].row_width, 32u);
+  for (const char* shape : {"2x16x1", "0x32", "x32", "32x", "3x10", "64x0", "-2x-16", "18446744073709551616x1"})
+    EXPECT_TRUE(bad(nv, 144, "__metadata__ 'kvfile.shape.k' is '" + std::string(shape) +
+                                 "'; expected ROWSxWIDTH with ROWS * WIDTH = 32",
+                    "{\"kvfile.shape.k\":\"" + std::string(shape) + "\"}"))
+        << shape;
+  EXPECT_TRUE(bad(T("tokens", "I32", "[3]", 0, 12) + "," + T("k", "BF16", "[2,3,2,16]", 12, 396) + "," +
+                      T("k.block_scales", "F8_E4M3", "[2,3,2]", 396, 408),
+                  408, "stream 'k': both 'k' and 'k.block_scales' are present"));
 }
 
 TEST_F(SafetensorsFileTest, TokenIdsAreCheckedAndValuesScanned) {

@@ -10,6 +10,7 @@
 #include <pybind11/stl.h>
 #include <pybind11/stl/filesystem.h>
 
+#include <array>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -187,12 +188,12 @@ class PyReader {
   }
 
   BulkSelection SelectBulk(const Geometry& g, py::handle streams, py::handle layers, uint64_t start,
-                           std::optional<uint64_t> stop, unsigned threads, bool fp8_only) {
+                           std::optional<uint64_t> stop, unsigned threads, bool quantized_only) {
     BulkSelection sel;
     const bool v1 = guarded_.Inspect([](Reader& r) { return r.major_version() == 1; });
     if (streams.is_none()) {
       for (uint32_t i = 0; i < g.streams.size(); ++i)
-        if (!fp8_only || v1 || kvfile::IsFp8(g.streams[i].dtype)) sel.streams.push_back(i);
+        if (!quantized_only || v1 || kvfile::IsQuantized(g.streams[i].dtype)) sel.streams.push_back(i);
     } else {
       for (py::handle s : streams) sel.streams.push_back(StreamIndex(g, s));
     }
@@ -263,13 +264,17 @@ class PyReader {
     const Geometry g = GetGeometry();
     const BulkSelection sel = SelectBulk(g, streams, layers, start, stop, threads, true);
     if (!out.is_none() && !py::isinstance<py::dict>(out))
-      throw py::type_error("out must be a dict {stream: (codes, scales)}");
+      throw py::type_error("out must be a dict {stream: (codes, scales)}, (codes, block_scales, scales) for nvfp4");
     py::dict result;
     std::vector<std::unique_ptr<WritableBuffer>> held;
     std::vector<CodesTarget> targets;
     const auto tokens = static_cast<py::ssize_t>(sel.end - sel.begin);
     for (uint32_t s : sel.streams) {
       const StreamSpec& spec = g.streams[s];
+      if (spec.dtype == Dtype::kNvfp4) {
+        result[py::str(spec.name)] = Nvfp4Targets(spec, s, sel, OutEntry(out, spec.name), &held, &targets);
+        continue;
+      }
       py::object codes_out = py::none(), scales_out = py::none();
       if (py::object given = OutEntry(out, spec.name); !given.is_none()) {
         auto pair = given.cast<std::pair<py::object, py::object>>();
@@ -290,6 +295,37 @@ class PyReader {
     }
     guarded_.Run([&](Reader& r) { return r.ReadManyCodes(targets, sel.begin, sel.end, sel.threads, v1_quantize_as); });
     return result;
+  }
+
+  // codes_all's destinations of an nvfp4 stream: (codes [layers, tokens,
+  // n/2], block_scales [layers, tokens, n/16], scales [layers, tokens]),
+  // n = rows*width, from `given` (a 3-tuple of buffers) or new arrays.
+  static py::tuple Nvfp4Targets(const StreamSpec& spec, uint32_t s, const BulkSelection& sel, py::handle given,
+                                std::vector<std::unique_ptr<WritableBuffer>>* held, std::vector<CodesTarget>* targets) {
+    std::array<py::object, 3> outs = {py::none(), py::none(), py::none()};
+    if (!given.is_none()) {
+      auto t = given.cast<py::tuple>();
+      if (t.size() != 3)
+        throw py::type_error("out['" + spec.name + "'] must be (codes, block_scales, scales): the stream is nvfp4");
+      for (size_t i = 0; i < 3; ++i) outs[i] = t[i];
+    }
+    const auto tokens = static_cast<py::ssize_t>(sel.end - sel.begin);
+    const auto n = static_cast<py::ssize_t>(spec.ElementsPerToken());
+    const std::string what = "out['" + spec.name + "']";
+    void *codes = nullptr, *blocks = nullptr, *scales = nullptr;
+    py::object c = Destination(outs[0], what + "[0]", py::dtype::of<uint8_t>(), {sel.layer_count, tokens, n / 2},
+                               held, &codes);
+    py::object b = Destination(outs[1], what + "[1]", py::dtype::of<uint8_t>(), {sel.layer_count, tokens, n / 16},
+                               held, &blocks);
+    py::object sc = Destination(outs[2], what + "[2]", py::dtype::of<float>(), {sel.layer_count, tokens}, held,
+                                &scales);
+    for (uint32_t i = 0; i < sel.layer_count; ++i) {
+      CodesTarget t{sel.first_layer + i, s, static_cast<uint8_t*>(codes) + i * tokens * (n / 2),
+                    static_cast<float*>(scales) + i * tokens};
+      t.block_scales = static_cast<uint8_t*>(blocks) + i * tokens * (n / 16);
+      targets->push_back(t);
+    }
+    return py::make_tuple(c, b, sc);
   }
 
   py::list Chunks() {
@@ -380,8 +416,11 @@ void BindReader(py::module_& m) {
            py::arg("threads") = 0, py::arg("out") = py::none(), py::arg("streams") = py::none(),
            py::arg("layers") = py::none(), py::arg("v1_as") = "e4m3",
            "Bulk codes: {stream name: (uint8 codes [layers, tokens, rows, width], float32 scales [layers, "
-           "tokens, rows])}, as read_all reads rows; streams defaults to every fp8 stream (every stream "
-           "of a v1 file, quantized as v1_as). out: {stream: (codes buffer, scales buffer)}.")
+           "tokens, rows])}, as read_all reads rows; an nvfp4 stream's entry is (uint8 codes [layers, tokens, "
+           "rows*width/2], uint8 block_scales [layers, tokens, rows*width/16], float32 scales [layers, tokens]) "
+           "as codes() gives it; streams defaults to every fp8 and nvfp4 stream (every stream of a v1 file, "
+           "quantized as v1_as). out: {stream: (codes buffer, scales buffer)}, (codes, block_scales, scales) "
+           "buffers for nvfp4.")
       .def_property_readonly("tokens", [](PyReader& self) { return TokenArray(self.Tokens()); },
                              "The token ids, a numpy uint32 array.")
       .def("__len__", &PyReader::TokenCount)

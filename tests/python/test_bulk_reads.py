@@ -170,6 +170,49 @@ def test_v1_file_codes_are_quantized_as_asked(tmp_path):
                 assert got[name][1].tobytes() == want[1].tobytes()
 
 
+NVFP4_MIXED = {"layers": 3, "streams": [
+    {"name": "k", "rows_per_token": 2, "row_width": 16, "dtype": "nvfp4"},
+    {"name": "v", "rows_per_token": 1, "row_width": 8, "dtype": "e4m3"},
+    {"name": "idx", "rows_per_token": 1, "row_width": 4, "dtype": "bf16"},
+]}
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_codes_all_of_nvfp4_streams_equals_codes(tmp_path, threads):
+    """codes_all gives an nvfp4 stream's (codes, block_scales, scales) as
+    codes() does, layer after layer; out= takes three buffers for it."""
+    path = tmp_path / "n.kv"
+    rng = np.random.default_rng(11)
+    with kvfile.create(path, NVFP4_MIXED, chunk_tokens=4) as w:
+        w.append(list(range(19)), {s["name"]: (rng.standard_normal((3, 19, s["rows_per_token"], s["row_width"])) *
+                                              (i + 1) * 3).astype(np.float32)
+                                   for i, s in enumerate(NVFP4_MIXED["streams"])})
+    with kvfile.open(path) as r:
+        got = r.codes_all(start=3, stop=17, threads=threads)
+        assert sorted(got) == ["k", "v"]  # the quantized streams
+        codes, blocks, scales = got["k"]
+        assert codes.shape == (3, 14, 16) and codes.dtype == np.uint8
+        assert blocks.shape == (3, 14, 2) and blocks.dtype == np.uint8
+        assert scales.shape == (3, 14) and scales.dtype == np.float32
+        want = r.codes("k", start=3, stop=17)
+        for a, b in zip(got["k"], want):
+            assert a.tobytes() == b.tobytes()
+        assert got["v"][0].tobytes() == r.codes("v", start=3, stop=17)[0].tobytes()
+        assert len(np.unique(blocks)) > 4 and (codes != 0).any()  # real data, not zeros
+        layer2 = r.codes_all(layers=(2, 3), streams=["k"])["k"]
+        for a, b in zip(layer2, r.codes("k", layer=2)):
+            assert a[0].tobytes() == b.tobytes()
+        out = (np.full((3, 19, 16), 9, np.uint8), np.full((3, 19, 2), 9, np.uint8), np.full((3, 19), 9, np.float32))
+        returned = r.codes_all(streams=["k"], out={"k": out})["k"]
+        assert all(a is b for a, b in zip(returned, out))
+        for a, b in zip(out, r.codes("k")):
+            assert a.tobytes() == b.tobytes()
+        with pytest.raises(TypeError, match=re.escape("out['k'] must be (codes, block_scales, scales)")):
+            r.codes_all(streams=["k"], out={"k": out[:2]})
+        with pytest.raises(ValueError, match=re.escape("out['k'][1]: the buffer holds 57 bytes")):
+            r.codes_all(streams=["k"], out={"k": (out[0], np.zeros(57, np.uint8), out[2])})
+
+
 def bf16_rne(x):
     """float32 -> bf16 bits, round to nearest even (x finite)."""
     u = x.view(np.uint32).astype(np.uint64)

@@ -47,9 +47,9 @@ SyncMode ParseSync(const std::string& s) {
 }
 
 // The geometry the input asks for, in `order` (indexes into kv.streams).
-// A stream's dtype: --dtype for fp8 streams if given; else the codes'
-// dtype for codes; else the existing file's dtype for that stream (`file`,
-// may be null), else e4m3.
+// A stream's dtype: --dtype for quantized (fp8, nvfp4) streams if given;
+// else the codes' dtype for codes; else the existing file's dtype for that
+// stream (`file`, may be null), else e4m3.
 // Streams named in `keep_raw` of a new FILE are stored raw (bf16).
 Geometry WantedGeometry(const KvTensors& kv, const std::vector<size_t>& order, std::optional<Dtype> dtype,
                         const Geometry* file, const std::vector<std::string>& keep_raw) {
@@ -60,7 +60,7 @@ Geometry WantedGeometry(const KvTensors& kv, const std::vector<size_t>& order, s
     StreamSpec spec{s.name, s.rows_per_token, s.row_width, Dtype::kE4M3};
     std::optional<uint32_t> in_file = file ? file->FindStream(s.name) : std::nullopt;
     if (s.is_codes()) spec.dtype = dtype.value_or(s.source_dtype());
-    else if (in_file && !IsFp8(file->streams[*in_file].dtype)) spec.dtype = file->streams[*in_file].dtype;
+    else if (in_file && !IsQuantized(file->streams[*in_file].dtype)) spec.dtype = file->streams[*in_file].dtype;
     else if (dtype) spec.dtype = *dtype;
     else if (in_file) spec.dtype = file->streams[*in_file].dtype;
     if (!file && std::find(keep_raw.begin(), keep_raw.end(), s.name) != keep_raw.end()) spec.dtype = Dtype::kBF16;
@@ -84,9 +84,10 @@ int RunAppend(const AppendArgs& a) {
   InstallSignalHandlers();
   SetCurrentPath(a.path);
   std::optional<Dtype> dtype;
-  if (a.dtype) dtype = *a.dtype == "e5m2" ? Dtype::kE5M2 : Dtype::kE4M3;
+  if (a.dtype) dtype = *a.dtype == "e5m2" ? Dtype::kE5M2 : *a.dtype == "nvfp4" ? Dtype::kNvfp4 : Dtype::kE4M3;
+  // The upgrade of a v1 FILE writes fp8 only: --dtype nvfp4 leaves it e4m3.
   Dtype upgrade = a.upgrade_dtype ? (*a.upgrade_dtype == "e5m2" ? Dtype::kE5M2 : Dtype::kE4M3)
-                                  : dtype.value_or(Dtype::kE4M3);
+                                  : dtype && IsFp8(*dtype) ? *dtype : Dtype::kE4M3;
   std::unique_ptr<SafetensorsFile> in;
   Status st = SafetensorsFile::Open(a.input, nullptr, &in);
   if (!st.ok()) return ReportError(st);
@@ -218,7 +219,7 @@ void RegisterAppend(CLI::App& app, int* exit_code) {
       "append",
       "Append the tokens of a safetensors file to a .kv file, creating FILE with the input's geometry\n"
       "if it does not exist. Input: one tensor per stream [layers, tokens, rows, width] (BF16, F16, F32),\n"
-      "or <stream>.codes + <stream>.scales; a 'tokens' tensor; __metadata__ kvfile.model and\n"
+      "or <stream>.codes + <stream>.scales (nvfp4: + <stream>.block_scales); a 'tokens' tensor; __metadata__ kvfile.model and\n"
       "kvfile.fingerprint. Streams are matched by name. A model or geometry mismatch, or a non-finite\n"
       "value, is refused before anything is written (exit 1, FILE untouched). A v1 FILE is upgraded to\n"
       "v2 first (its streams quantized to --upgrade-dtype, except --keep-raw ones); stderr says so.\n"
@@ -230,11 +231,11 @@ void RegisterAppend(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--model", args->model, "model id (default: the input's kvfile.model)");
   cmd->add_option("--dtype", args->dtype,
-                  "fp8 dtype of a new FILE's streams (default e4m3; codes keep theirs); "
-                  "for an existing FILE it must match")
-      ->check(CLI::IsMember({"e4m3", "e5m2"}));
+                  "quantized dtype of a new FILE's streams (default e4m3; nvfp4: the 4-bit tier; codes keep "
+                  "theirs); for an existing FILE it must match")
+      ->check(CLI::IsMember({"e4m3", "e5m2", "nvfp4"}));
   cmd->add_option("--upgrade-dtype", args->upgrade_dtype,
-                  "a v1 FILE is upgraded to v2 first: the fp8 dtype of its streams (default: --dtype, else e4m3)")
+                  "a v1 FILE is upgraded to v2 first: the fp8 dtype of its streams (default: --dtype if fp8, else e4m3)")
       ->check(CLI::IsMember({"e4m3", "e5m2"}));
   cmd->add_option("--keep-raw", args->keep_raw,
                   "streams kept raw by the upgrade of a v1 FILE, or stored raw (bf16) in a new FILE; comma separated")

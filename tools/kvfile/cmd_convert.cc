@@ -360,6 +360,10 @@ Status Export(const std::string& in, const std::string& tmp, const Plan& p, std:
   }
   std::map<std::string, std::string> metadata = {{"kvfile.model", r->identity().model_id},
                                                  {"kvfile.fingerprint", safetensors::FingerprintHex(r->identity().fingerprint)}};
+  // An nvfp4 stream's codes are per token: its rows x width travel here.
+  for (const StreamSpec& spec : g.streams)
+    if (p.codes && IsNvfp4(spec.dtype))
+      metadata["kvfile.shape." + spec.name] = std::to_string(spec.rows_per_token) + "x" + std::to_string(spec.row_width);
   std::unique_ptr<SafetensorsWriter> w;
   KVFILE_RETURN_IF_ERROR(SafetensorsWriter::Create(tmp, std::move(tensors), metadata, nullptr, &w));
   {

@@ -52,9 +52,9 @@ void GenerateAll(const Geometry& g, uint64_t seed, uint64_t first, uint64_t n,
 int RunSynth(const SynthArgs& a) {
   InstallSignalHandlers();
   SetCurrentPath(a.path);
-  Dtype fp8 = a.dtype == "e5m2" ? Dtype::kE5M2 : Dtype::kE4M3;
+  Dtype quantized = a.dtype == "e5m2" ? Dtype::kE5M2 : a.dtype == "nvfp4" ? Dtype::kNvfp4 : Dtype::kE4M3;
   Geometry g;
-  Status st = GetPreset(a.preset, fp8, &g);
+  Status st = GetPreset(a.preset, quantized, &g);
   if (!st.ok()) return ReportError(st);
   // The session is written under a temporary name and replaces FILE only
   // when complete: a failure leaves FILE as it was (or absent).
@@ -136,7 +136,24 @@ int RunCheck(const SynthArgs& a) {
         const auto& in = blocks[l * S + s];
         std::string where = a.path + ": layer " + std::to_string(l) + " stream '" + spec.name +
                             "' tokens [" + std::to_string(first) + ", " + std::to_string(first + n) + ")";
-        if (IsFp8(spec.dtype)) {
+        if (IsNvfp4(spec.dtype)) {
+          // One nvfp4 row per token: codes, then block scales, in one buffer.
+          const uint64_t width = spec.ElementsPerToken();
+          want_codes.resize(n * (width / 2 + width / 16));
+          have_codes.resize(want_codes.size());
+          want_scales.resize(n);
+          have_scales.resize(n);
+          size_t bad;
+          codec::QuantizeNvfp4Rows(Dtype::kBF16, in.data(), n, width, want_codes.data(),
+                                   want_codes.data() + n * width / 2, want_scales.data(), &bad);
+          st = r->ReadCodes(l, s, first, first + n, have_codes.data(), have_codes.data() + n * width / 2,
+                            have_scales.data());
+          if (!st.ok()) return ReportError(st);
+          if (want_codes != have_codes)
+            return ReportError(Status::Corruption(where + ": stored codes differ from the regenerated data"));
+          if (std::memcmp(want_scales.data(), have_scales.data(), n * 4) != 0)
+            return ReportError(Status::Corruption(where + ": stored scales differ from the regenerated data"));
+        } else if (IsFp8(spec.dtype)) {
           want_codes.resize(elems);
           want_scales.resize(rows);
           have_codes.resize(elems);
@@ -192,7 +209,9 @@ void RegisterSynth(CLI::App& app, int* exit_code) {
       ->check(Count(0, uint64_t{1} << 32));
   cmd->add_option("--prefix-seed", args->prefix_seed, "the seed of the --prefix-tokens (default 0)")
       ->check(Count(0, UINT64_MAX));
-  cmd->add_option("--dtype", args->dtype, "fp8 storage dtype")->check(CLI::IsMember({"e4m3", "e5m2"}))->capture_default_str();
+  cmd->add_option("--dtype", args->dtype, "quantized storage dtype (nvfp4: the 4-bit tier, format 2.2)")
+      ->check(CLI::IsMember({"e4m3", "e5m2", "nvfp4"}))
+      ->capture_default_str();
   cmd->add_option("--chunk-tokens", args->chunk_tokens, "tokens per chunk")->check(Count(1, 65536))->capture_default_str();
   cmd->add_flag("--check", args->check, "regenerate the data and compare every stored code and scale");
   cmd->add_flag("--force", args->force, "replace FILE if it exists");

@@ -79,7 +79,8 @@ typedef enum kvfile_dtype {
   KVFILE_F16 = 4,  /* IEEE binary16, as uint16_t bit patterns */
   KVFILE_F32 = 5,  /* IEEE binary32, as float */
   KVFILE_NVFP4 = 6, /* nvfp4 (format 2.2): per token, rows * width E2M1 codes two a byte, one E4M3
-                     * block scale per 16 elements, one f32 scale (kvfile_reader_read_nvfp4_codes) */
+                     * block scale per 16 elements, one f32 scale (kvfile_reader_read_nvfp4_codes,
+                     * kvfile_writer_append2) */
   KVFILE_DTYPE_RANGE_MIN_ = -0x7FFFFFFF - 1, /* not dtypes: see "Enum ranges" above */
   KVFILE_DTYPE_RANGE_MAX_ = 0x7FFFFFFF
 } kvfile_dtype;
@@ -163,9 +164,9 @@ KVFILE_EXPORT kvfile_status kvfile_writer_open(const char* path, const kvfile_wr
  * dtype equal to the stream's own fp8 dtype: `data` holds that many codes
  *   (one byte each) and `scales` tokens * rows_per_token positive finite
  *   f32 scales: stored exactly as given.
- * An nvfp4 stream takes rows (bf16, f16, f32) only through this API:
+ * An nvfp4 stream takes rows (bf16, f16, f32) only through this struct:
  *   KVFILE_NVFP4 codes are refused (KVFILE_INVALID_ARGUMENT), as they need
- *   block scales this struct has no room for. */
+ *   block scales it has no room for (kvfile_rows2 has). */
 typedef struct kvfile_rows {
   kvfile_dtype dtype;
   const void* data;
@@ -181,6 +182,28 @@ typedef struct kvfile_rows {
 KVFILE_EXPORT kvfile_status kvfile_writer_append(kvfile_writer* writer, const uint32_t* tokens,
                                    size_t token_count, const kvfile_rows* blocks,
                                    size_t block_count);
+
+/* kvfile_rows with room for an nvfp4 stream's block scales: dtype, data and
+ * scales as in kvfile_rows (the same offsets), and
+ * dtype KVFILE_NVFP4 (pre-quantized codes of an nvfp4 stream): per token,
+ *   `data` holds rows_per_token * row_width / 2 bytes of packed E2M1 codes
+ *   (low nibble first), `block_scales` rows_per_token * row_width / 16 E4M3
+ *   block scale codes and `scales` one f32 row scale, token after token (as
+ *   kvfile_reader_read_nvfp4_codes gives them): stored exactly as given,
+ *   after the checks of spec/CODEC.md 14.6.
+ * For every other dtype block_scales must be NULL. */
+typedef struct kvfile_rows2 {
+  kvfile_dtype dtype;
+  const void* data;
+  const float* scales;
+  const uint8_t* block_scales;
+} kvfile_rows2;
+
+/* kvfile_writer_append with kvfile_rows2 blocks: the same rules, and nvfp4
+ * codes too. */
+KVFILE_EXPORT kvfile_status kvfile_writer_append2(kvfile_writer* writer, const uint32_t* tokens,
+                                                  size_t token_count, const kvfile_rows2* blocks,
+                                                  size_t block_count);
 
 /* Writes what is staged and makes every appended token durable. */
 KVFILE_EXPORT kvfile_status kvfile_writer_sync(kvfile_writer* writer);

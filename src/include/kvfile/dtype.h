@@ -32,10 +32,11 @@ inline constexpr bool IsFp8(Dtype d) { return d == Dtype::kE4M3 || d == Dtype::k
 inline constexpr bool IsNvfp4(Dtype d) { return d == Dtype::kNvfp4; }
 // Stored as codes and scales (fp8 or nvfp4), not as raw values.
 inline constexpr bool IsQuantized(Dtype d) { return IsFp8(d) || IsNvfp4(d); }
-// Bytes per stored element (an fp8 code is one byte; scales not counted).
-// nvfp4 gives 1, an upper bound (two codes share a byte): use CodeBytes.
+// Bytes per element of a dtype whose elements are whole bytes (an fp8 code
+// is one byte; scales not counted); 0 for nvfp4, whose two codes share a
+// byte: CodeBytes is the one rule for the bytes of stored elements.
 inline constexpr size_t ElementSize(Dtype d) {
-  return d == Dtype::kF32 ? 4 : (d == Dtype::kBF16 || d == Dtype::kF16) ? 2 : 1;
+  return d == Dtype::kF32 ? 4 : (d == Dtype::kBF16 || d == Dtype::kF16) ? 2 : IsNvfp4(d) ? 0 : 1;
 }
 // Bytes of n stored elements, scales not counted: n / 2 for nvfp4 (n even),
 // else n * ElementSize(d).

@@ -22,8 +22,13 @@
 // named by the stream, shaped [layers, tokens, rows_per_token, row_width],
 // BF16, F16 or F32; or, for an fp8 stream, "<stream>.codes" (F8_E4M3 or
 // F8_E5M2, same shape) and "<stream>.scales" (F32, [layers, tokens,
-// rows_per_token]); a tensor "tokens" (I32, I64 or U32, [tokens]); and the
-// __metadata__ keys "kvfile.model" and "kvfile.fingerprint" (16 hex digits).
+// rows_per_token]); for an nvfp4 stream, "<stream>.codes" (U8, packed,
+// [layers, tokens, n / 2] with n = rows_per_token * row_width),
+// "<stream>.block_scales" (F8_E4M3, [layers, tokens, n / 16]) and
+// "<stream>.scales" (F32, [layers, tokens]), its rows x width in the
+// __metadata__ key "kvfile.shape.<stream>" ("8x128"; absent: 1 x n); a
+// tensor "tokens" (I32, I64 or U32, [tokens]); and the __metadata__ keys
+// "kvfile.model" and "kvfile.fingerprint" (16 hex digits).
 // A file that is valid safetensors but does not follow it gets
 // kInvalidArgument.
 #pragma once
@@ -145,7 +150,9 @@ class KVFILE_EXPORT SafetensorsWriter {
 // ---- The kvfile convention -------------------------------------------------------
 
 // The tensors of one stream: either `values` (decoded, BF16/F16/F32) or
-// `codes` + `scales` (fp8 codes and their per-row scales).
+// `codes` + `scales` (fp8 codes and their per-row scales), or `codes` +
+// `block_scales` + `scales` (nvfp4: packed codes, E4M3 block scales, one
+// scale per token).
 struct KVFILE_EXPORT KvStream {
   std::string name;
   uint32_t rows_per_token = 0;
@@ -153,10 +160,11 @@ struct KVFILE_EXPORT KvStream {
   const TensorInfo* values = nullptr;
   const TensorInfo* codes = nullptr;
   const TensorInfo* scales = nullptr;
+  const TensorInfo* block_scales = nullptr;  // nvfp4 only
 
   bool is_codes() const { return codes != nullptr; }
   // The kvfile dtype of what the file holds: kBF16/kF16/kF32 for values,
-  // kE4M3/kE5M2 for codes.
+  // kE4M3/kE5M2 for fp8 codes, kNvfp4 for nvfp4 codes.
   Dtype source_dtype() const;
 };
 
@@ -176,20 +184,22 @@ KVFILE_EXPORT Status DescribeKv(const Header& h, KvTensors* out);
 KVFILE_EXPORT Status ReadTokenIds(SafetensorsFile& f, const KvTensors& kv, std::vector<uint32_t>* out);
 
 // Scans every value of every stream: finite values; for codes, no NaN (or
-// e5m2 infinity) code and every scale a finite number > 0. kNonFinite
-// naming the tensor, layer, token and row of the first bad one.
+// e5m2 infinity) code, every block scale valid (nvfp4) and every scale a
+// finite number > 0. kNonFinite naming the tensor, layer, token and row
+// (not for nvfp4, whose row is the token) of the first bad one.
 KVFILE_EXPORT Status CheckValues(SafetensorsFile& f, const KvTensors& kv);
 
 // Reads tokens [t0, t0 + n) of `layer` of a stream's values or codes (and
-// scales) into the buffers, resized as needed.
+// scales) into the buffers, resized as needed. nvfp4: `data` holds the
+// codes and then the block scales, `scales` one scale per token.
 KVFILE_EXPORT Status ReadStreamSlab(SafetensorsFile& f, const KvTensors& kv, const KvStream& s, uint32_t layer,
                       uint64_t t0, uint64_t n, std::vector<uint8_t>* data, std::vector<float>* scales);
 
 // Appends every token of the file to `w`. stream_of[i] is the index in
 // kv.streams of the writer's stream i. Values go in as they are (the writer
-// quantizes or converts them); codes of the writer stream's own fp8 dtype go
-// in exactly, as pre-quantized rows; codes of another dtype are decoded to
-// f32 first. `block_tokens` tokens per Append() call, all of them one
+// quantizes or converts them); codes of the writer stream's own dtype (fp8
+// or nvfp4) go in exactly, as pre-quantized rows; codes of another dtype are
+// decoded to f32 first. `block_tokens` tokens per Append() call, all of them one
 // append (AppendBatch::continued): on failure, none of it stays. `between`,
 // if set, is called after each call; a non-OK status it returns (the CLI's
 // "interrupted by a signal") ends the loop, with the append unfinished, and
