@@ -124,10 +124,10 @@ __m256i ThresholdBits(__m512d d, const Threshold& t) {
 
 // The block scales, divisors and element thresholds (spec/CODEC.md 14.3
 // steps 4-6) of up to 16 blocks whose maxima are in bmax[0, count): codes to
-// block_scales, thresholds to x[i][block] (f32; +Inf for a zero block scale,
-// whose codes are signed zeros).
-[[gnu::always_inline]] inline void BlockScales(const float* bmax, size_t count, float scale, uint8_t* block_scales,
-                                               float (*x)[16]) {
+// block_scales, threshold i of block b to lane b of x[i] (f32 bit patterns;
+// +Inf for a zero block scale, whose codes are signed zeros).
+[[gnu::always_inline]] inline void BlockThresholds(const float* bmax, size_t count, float scale,
+                                                   uint8_t* block_scales, __m512i (&x)[7]) {
   const __mmask16 k = static_cast<__mmask16>((1u << count) - 1u);
   const __m512 s = _mm512_set1_ps(scale);
   const __m512 relative = _mm512_div_ps(_mm512_maskz_loadu_ps(k, bmax), s);
@@ -140,7 +140,7 @@ __m256i ThresholdBits(__m512d d, const Threshold& t) {
   for (int i = 0; i < 7; ++i) {
     const __m512i bits = _mm512_inserti64x4(_mm512_castsi256_si512(ThresholdBits(lo, kThresholds[i])),
                                             ThresholdBits(hi, kThresholds[i]), 1);
-    _mm512_storeu_si512(x[i], _mm512_mask_mov_epi32(bits, zero, _mm512_set1_epi32(0x7F800000)));
+    x[i] = _mm512_mask_mov_epi32(bits, zero, _mm512_set1_epi32(0x7F800000));
   }
 }
 
@@ -157,43 +157,141 @@ __m256i ThresholdBits(__m512d d, const Threshold& t) {
   return _mm512_or_si512(m, sign);
 }
 
-// The packed codes of `count` bf16 blocks (at most 16) with their
-// thresholds x, two blocks per vector in the bf16 patterns themselves: a
-// bf16 magnitude reaches the f32 threshold X exactly when its pattern is at
-// least X's pattern rounded up to 16 bits (patterns of non-negative values
-// order as the values do).
-[[gnu::always_inline]] inline void Bf16Codes(const uint16_t* src, size_t count, const float (*x)[16],
-                                             uint8_t* packed) {
-  __m512i t[7];
-  for (int i = 0; i < 7; ++i) {
-    const __m512i bits = _mm512_load_si512(x[i]);
-    t[i] = _mm512_castsi256_si512(
-        _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32(0xFFFF)), 16)));
-  }
-  const __m512i one = _mm512_set1_epi16(1);
-  // Lanes 0-15: block j's threshold, lanes 16-31: block j + 1's.
-  __m512i index = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(1), 1);
-  for (size_t j = 0; j < count; j += 2) {
-    const __mmask32 k = count - j >= 2 ? ~__mmask32{0} : __mmask32{0xFFFF};
-    const __m512i raw = _mm512_maskz_loadu_epi16(k, src + j * kBlock);
-    const __m512i a = _mm512_and_si512(raw, _mm512_set1_epi16(0x7FFF));
-    __m512i m = _mm512_setzero_si512();
-    for (int i = 0; i < 7; ++i) {
-      m = _mm512_mask_add_epi16(m, _mm512_cmpge_epu16_mask(a, _mm512_permutexvar_epi16(index, t[i])), m, one);
+// Word indices: the even words of two vectors, then their odd words.
+alignas(64) constexpr uint16_t kEvenWords[32] = {0,  2,  4,  6,  8,  10, 12, 14, 16, 18, 20,
+                                                 22, 24, 26, 28, 30, 32, 34, 36, 38, 40, 42,
+                                                 44, 46, 48, 50, 52, 54, 56, 58, 60, 62};
+alignas(64) constexpr uint16_t kOddWords[32] = {1,  3,  5,  7,  9,  11, 13, 15, 17, 19, 21,
+                                                23, 25, 27, 29, 31, 33, 35, 37, 39, 41, 43,
+                                                45, 47, 49, 51, 53, 55, 57, 59, 61, 63};
+
+// max(word 2k, word 2k + 1) of a (k < 16), then of b: every block of 2^w
+// words in a and b becomes 2^(w-1) words, in order.
+[[gnu::always_inline]] inline __m512i PairMax(__m512i a, __m512i b) {
+  const __m512i even = _mm512_load_si512(kEvenWords), odd = _mm512_load_si512(kOddWords);
+  return _mm512_max_epu16(_mm512_permutex2var_epi16(a, even, b), _mm512_permutex2var_epi16(a, odd, b));
+}
+
+// The magnitude patterns' maxima of up to 16 bf16 blocks at src, as f32
+// bit patterns in lane order (0 past count). Patterns of non-negative
+// values order as the values do, Inf and NaN above every finite one.
+[[gnu::always_inline]] inline __m512i Bf16BlockMaxima(const uint16_t* src, size_t count) {
+  const __m512i mag = _mm512_set1_epi16(0x7FFF);
+  __m512i v[8];
+  for (size_t p = 0; p < 8; ++p) {
+    if (count == 16) {
+      v[p] = _mm512_and_si512(_mm512_loadu_si512(src + p * 2 * kBlock), mag);
+    } else {
+      const size_t left = count > 2 * p ? count - 2 * p : 0;
+      const __mmask32 k = left >= 2 ? ~__mmask32{0} : left == 1 ? __mmask32{0xFFFF} : __mmask32{0};
+      v[p] = _mm512_and_si512(_mm512_maskz_loadu_epi16(k, src + p * 2 * kBlock), mag);
     }
+  }
+  const __m512i w0 = PairMax(PairMax(v[0], v[1]), PairMax(v[2], v[3]));
+  const __m512i w1 = PairMax(PairMax(v[4], v[5]), PairMax(v[6], v[7]));
+  const __m512i u = PairMax(PairMax(w0, w1), _mm512_setzero_si512());
+  return _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(u)), 16);
+}
+
+// Word 8b + i of table q: threshold i (1-7) of block 4q + b, from lane
+// 4q + b of p[i / 2] (thresholds 2k and 2k + 1 in its low and high halves).
+alignas(64) constexpr uint16_t kTableWords[32] = {
+    0, 16, 32, 48, 0, 16, 32, 48, 1, 17, 33, 49, 1, 17, 33, 49,
+    2, 18, 34, 50, 2, 18, 34, 50, 3, 19, 35, 51, 3, 19, 35, 51,
+};
+
+// The thresholds of 16 blocks (x, as from BlockThresholds) rounded up to
+// bf16 patterns (a bf16 magnitude reaches the f32 threshold X exactly when
+// its pattern is at least X's pattern rounded up to 16 bits), as four
+// tables of four blocks: word 8b + i of tables[q] is threshold i of block
+// 4q + b (word 8b is not used).
+[[gnu::always_inline]] inline void Bf16Tables(const __m512i (&x)[7], __m512i* tables) {
+  __m256i t[8];
+  t[0] = _mm256_setzero_si256();
+  for (int i = 0; i < 7; ++i) {
+    t[i + 1] = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_add_epi32(x[i], _mm512_set1_epi32(0xFFFF)), 16));
+  }
+  __m512i p[4];
+  for (int k = 0; k < 4; ++k) p[k] = _mm512_inserti64x4(_mm512_castsi256_si512(t[2 * k]), t[2 * k + 1], 1);
+  __m512i index = _mm512_load_si512(kTableWords);
+  for (int q = 0; q < 4; ++q) {
+    const __m512i lo = _mm512_permutex2var_epi16(p[0], index, p[1]);  // thresholds 0-3
+    const __m512i hi = _mm512_permutex2var_epi16(p[2], index, p[3]);  // thresholds 4-7
+    tables[q] = _mm512_mask_blend_epi16(0xF0F0F0F0u, lo, hi);
+    index = _mm512_add_epi16(index, _mm512_set1_epi16(4));
+  }
+}
+
+// The packed codes of `count` bf16 blocks (at most 16) with their threshold
+// tables, two blocks per vector. A magnitude's code is the number of the
+// block's seven (non-decreasing) thresholds it reaches, found by a binary
+// search: threshold 4, then m + 2, then m + 1.
+[[gnu::always_inline]] inline void Bf16Codes(const uint16_t* src, size_t count, const __m512i* tables,
+                                             uint8_t* packed) {
+  // Lanes 0-15 look up block j's words of its table, lanes 16-31 block j + 1's.
+  const __m512i base[2] = {_mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(8), 1),
+                           _mm512_inserti64x4(_mm512_set1_epi16(16), _mm256_set1_epi16(24), 1)};
+  const __m512i one = _mm512_set1_epi16(1), two = _mm512_set1_epi16(2), four = _mm512_set1_epi16(4);
+  for (size_t j = 0; j < count; j += 2) {
+    const __m512i table = tables[j / 4];
+    const __m512i b = base[(j / 2) % 2];
+    const bool pair = count - j >= 2;
+    const __m512i raw = pair ? _mm512_loadu_si512(src + j * kBlock)
+                             : _mm512_maskz_loadu_epi16(__mmask32{0xFFFF}, src + j * kBlock);
+    const __m512i a = _mm512_and_si512(raw, _mm512_set1_epi16(0x7FFF));
+    __m512i m = _mm512_maskz_mov_epi16(
+        _mm512_cmpge_epu16_mask(a, _mm512_permutexvar_epi16(_mm512_add_epi16(b, four), table)), four);
+    const __m512i t2 = _mm512_permutexvar_epi16(_mm512_add_epi16(_mm512_add_epi16(b, two), m), table);
+    m = _mm512_mask_add_epi16(m, _mm512_cmpge_epu16_mask(a, t2), m, two);
+    const __m512i t1 = _mm512_permutexvar_epi16(_mm512_add_epi16(_mm512_add_epi16(b, one), m), table);
+    m = _mm512_mask_add_epi16(m, _mm512_cmpge_epu16_mask(a, t1), m, one);
     // m | (sign bit moved to bit 3): (raw >> 12) & 8.
     const __m512i codes = _mm512_ternarylogic_epi32(m, _mm512_srli_epi16(raw, 12), _mm512_set1_epi16(8), 0xF8);
     // Two codes in each 32-bit lane: even element bits 0-3, odd 16-19.
     const __m128i bytes = _mm512_cvtepi32_epi8(_mm512_or_si512(codes, _mm512_srli_epi32(codes, 12)));
-    if (count - j >= 2) {
+    if (pair) {
       _mm_storeu_si128(reinterpret_cast<__m128i*>(packed + j * kBlock / 2), bytes);
     } else {
       _mm_storel_epi64(reinterpret_cast<__m128i*>(packed + j * kBlock / 2), bytes);
     }
-    index = _mm512_add_epi16(index, _mm512_set1_epi16(2));
   }
 }
 
+// bf16 rows: block maxima and finiteness in one pass over the 16-bit
+// patterns, then, up to 128 blocks at a time, the thresholds of each 16
+// (independent of each other, so that they overlap) and the codes.
+bool QuantizeRowBf16(const uint16_t* src, size_t n, uint8_t* packed, uint8_t* block_scales,
+                     float* row_scale, float* scratch) {
+  const size_t blocks = n / kBlock;
+  __m512i vmax = _mm512_setzero_si512();
+  for (size_t g = 0; g < blocks; g += 16) {
+    const __m512i m = Bf16BlockMaxima(src + g * kBlock, blocks - g < 16 ? blocks - g : 16);
+    _mm512_storeu_si512(scratch + g, m);
+    vmax = _mm512_max_epu32(vmax, m);
+  }
+  const uint32_t amax = _mm512_reduce_max_epu32(vmax);
+  if (amax >= 0x7F800000u) return false;
+  float amax_f;
+  std::memcpy(&amax_f, &amax, sizeof amax_f);
+  const float scale = RowScale(amax_f);
+  *row_scale = scale;
+  alignas(64) __m512i tables[8][4];
+  for (size_t c = 0; c < blocks; c += 128) {
+    const size_t end = blocks - c < 128 ? blocks : c + 128;
+    for (size_t g = c; g < end; g += 16) {
+      __m512i x[7];
+      BlockThresholds(scratch + g, end - g < 16 ? end - g : 16, scale, block_scales + g, x);
+      Bf16Tables(x, tables[(g - c) / 16]);
+    }
+    for (size_t g = c; g < end; g += 16) {
+      Bf16Codes(src + g * kBlock, end - g < 16 ? end - g : 16, tables[(g - c) / 16], packed + g * kBlock / 2);
+    }
+  }
+  return true;
+}
+
+// f32 and f16 rows: block maxima in one pass, then thresholds and codes in
+// f32 lanes, one block per vector.
 template <Dtype kDt>
 bool QuantizeRowT(const void* src, size_t n, uint8_t* packed, uint8_t* block_scales,
                   float* row_scale, float* scratch) {
@@ -226,17 +324,15 @@ bool QuantizeRowT(const void* src, size_t n, uint8_t* packed, uint8_t* block_sca
   for (size_t c = 0; c < blocks; c += 128) {
     const size_t end = blocks - c < 128 ? blocks : c + 128;
     for (size_t g = c; g < end; g += 16) {
-      BlockScales(scratch + g, end - g < 16 ? end - g : 16, scale, block_scales + g, x[(g - c) / 16]);
+      __m512i t[7];
+      BlockThresholds(scratch + g, end - g < 16 ? end - g : 16, scale, block_scales + g, t);
+      for (int i = 0; i < 7; ++i) _mm512_store_si512(x[(g - c) / 16][i], t[i]);
     }
     for (size_t g = c; g < end; g += 16) {
       const size_t count = end - g < 16 ? end - g : 16;
       const float(*t)[16] = x[(g - c) / 16];
-      if constexpr (kDt == Dtype::kBF16) {
-        Bf16Codes(static_cast<const uint16_t*>(src) + g * kBlock, count, t, packed + g * kBlock / 2);
-      } else {
-        for (size_t j = 0; j < count; ++j) {
-          StorePacked(packed + (g + j) * kBlock / 2, BlockCodes(Load16<kDt>(src, (g + j) * kBlock), t, j));
-        }
+      for (size_t j = 0; j < count; ++j) {
+        StorePacked(packed + (g + j) * kBlock / 2, BlockCodes(Load16<kDt>(src, (g + j) * kBlock), t, j));
       }
     }
   }
@@ -247,7 +343,7 @@ bool QuantizeRowAvx512(Dtype src_dtype, const void* src, size_t n, uint8_t* pack
                        uint8_t* block_scales, float* row_scale, float* scratch) {
   switch (src_dtype) {
     case Dtype::kBF16:
-      return QuantizeRowT<Dtype::kBF16>(src, n, packed, block_scales, row_scale, scratch);
+      return QuantizeRowBf16(static_cast<const uint16_t*>(src), n, packed, block_scales, row_scale, scratch);
     case Dtype::kF16:
       return QuantizeRowT<Dtype::kF16>(src, n, packed, block_scales, row_scale, scratch);
     default:
