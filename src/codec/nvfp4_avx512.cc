@@ -112,7 +112,8 @@ constexpr Threshold kThresholds[7] = {
 };
 
 // X of one threshold for 8 divisors (double lanes): the least f32 >= (or >)
-// midpoint * D, as an f32 bit pattern (+Inf when no finite f32 is).
+// midpoint * D, as an f32 bit pattern (+Inf when no finite f32 is; for
+// D = +Inf, +Inf or, strict, the NaN pattern above it).
 __m256i ThresholdBits(__m512d d, const Threshold& t) {
   const __m512d p = _mm512_mul_pd(d, _mm512_set1_pd(t.midpoint));
   if (t.strict) {  // the f32 at or below the product, plus one ulp
@@ -122,25 +123,50 @@ __m256i ThresholdBits(__m512d d, const Threshold& t) {
   return _mm256_castps_si256(_mm512_cvt_roundpd_ps(p, _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC));
 }
 
-// The block scales, divisors and element thresholds (spec/CODEC.md 14.3
-// steps 4-6) of up to 16 blocks whose maxima are in bmax[0, count): codes to
-// block_scales, threshold i of block b to lane b of x[i] (f32 bit patterns;
-// +Inf for a zero block scale, whose codes are signed zeros).
-[[gnu::always_inline]] inline void BlockThresholds(const float* bmax, size_t count, float scale,
-                                                   uint8_t* block_scales, __m512i (&x)[7]) {
+// The same threshold for bf16 elements, in the low 16 bits of each 32-bit
+// lane: X's pattern rounded up to 16 bits (a bf16 magnitude reaches X
+// exactly when its pattern is at least that: patterns of non-negative
+// values order as the values do). For a strict X = below + 1 ulp that is
+// (below >> 16) + 1.
+__m256i Bf16ThresholdBits(__m512d d, const Threshold& t) {
+  const __m512d p = _mm512_mul_pd(d, _mm512_set1_pd(t.midpoint));
+  if (t.strict) {
+    const __m256 below = _mm512_cvt_roundpd_ps(p, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    return _mm256_add_epi32(_mm256_srli_epi32(_mm256_castps_si256(below), 16), _mm256_set1_epi32(1));
+  }
+  const __m256 above = _mm512_cvt_roundpd_ps(p, _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC);
+  return _mm256_srli_epi32(_mm256_add_epi32(_mm256_castps_si256(above), _mm256_set1_epi32(0xFFFF)), 16);
+}
+
+// The block scales and divisors (spec/CODEC.md 14.3 steps 4-5) of up to 16
+// blocks whose maxima are in bmax[0, count): codes to block_scales, the
+// divisors of blocks 0-7 to *lo and 8-15 to *hi (double lanes). A zero block
+// scale gets the divisor +Inf: no finite element reaches any of its
+// thresholds, so its codes are signed zeros, as the reference's are.
+[[gnu::always_inline]] inline void BlockDivisors(const float* bmax, size_t count, float scale,
+                                                 uint8_t* block_scales, __m512d* lo, __m512d* hi) {
   const __mmask16 k = static_cast<__mmask16>((1u << count) - 1u);
   const __m512 s = _mm512_set1_ps(scale);
   const __m512 relative = _mm512_div_ps(_mm512_maskz_loadu_ps(k, bmax), s);
   const __m512i codes = E4M3Codes(_mm512_div_ps(relative, _mm512_set1_ps(kE2M1Max)));
   _mm_mask_storeu_epi8(block_scales, k, _mm512_cvtepi32_epi8(codes));
-  const __m512 divisor = _mm512_mul_ps(E4M3Values(codes), s);
   const __mmask16 zero = _mm512_cmpeq_epi32_mask(codes, _mm512_setzero_si512());
-  const __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(divisor));
-  const __m512d hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(divisor), 1)));
+  const __m512 divisor = _mm512_mask_mov_ps(_mm512_mul_ps(E4M3Values(codes), s), zero,
+                                            _mm512_castsi512_ps(_mm512_set1_epi32(0x7F800000)));
+  *lo = _mm512_cvtps_pd(_mm512_castps512_ps256(divisor));
+  *hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(divisor), 1)));
+}
+
+// The block scales and element thresholds (steps 4-6) of up to 16 blocks:
+// threshold i of block b to lane b of x[i] (f32 bit patterns).
+[[gnu::always_inline]] inline void BlockThresholds(const float* bmax, size_t count, float scale,
+                                                   uint8_t* block_scales, __m512i (&x)[7]) {
+  __m512d lo, hi;
+  BlockDivisors(bmax, count, scale, block_scales, &lo, &hi);
+#pragma GCC unroll 7
   for (int i = 0; i < 7; ++i) {
-    const __m512i bits = _mm512_inserti64x4(_mm512_castsi256_si512(ThresholdBits(lo, kThresholds[i])),
-                                            ThresholdBits(hi, kThresholds[i]), 1);
-    x[i] = _mm512_mask_mov_epi32(bits, zero, _mm512_set1_epi32(0x7F800000));
+    x[i] = _mm512_inserti64x4(_mm512_castsi256_si512(ThresholdBits(lo, kThresholds[i])),
+                              ThresholdBits(hi, kThresholds[i]), 1);
   }
 }
 
@@ -150,6 +176,7 @@ __m256i ThresholdBits(__m512d d, const Threshold& t) {
   const __m512 a = _mm512_and_ps(v, kAbsMask);
   const __m512i one = _mm512_set1_epi32(1);
   __m512i m = _mm512_setzero_si512();
+#pragma GCC unroll 7
   for (int i = 0; i < 7; ++i) {
     m = _mm512_mask_add_epi32(m, _mm512_cmp_ps_mask(a, _mm512_set1_ps(x[i][j]), _CMP_GE_OQ), m, one);
   }
@@ -178,10 +205,12 @@ alignas(64) constexpr uint16_t kOddWords[32] = {1,  3,  5,  7,  9,  11, 13, 15, 
 [[gnu::always_inline]] inline __m512i Bf16BlockMaxima(const uint16_t* src, size_t count) {
   const __m512i mag = _mm512_set1_epi16(0x7FFF);
   __m512i v[8];
-  for (size_t p = 0; p < 8; ++p) {
-    if (count == 16) {
-      v[p] = _mm512_and_si512(_mm512_loadu_si512(src + p * 2 * kBlock), mag);
-    } else {
+  if (count == 16) {
+#pragma GCC unroll 8
+    for (size_t p = 0; p < 8; ++p) v[p] = _mm512_and_si512(_mm512_loadu_si512(src + p * 2 * kBlock), mag);
+  } else {
+#pragma GCC unroll 8
+    for (size_t p = 0; p < 8; ++p) {
       const size_t left = count > 2 * p ? count - 2 * p : 0;
       const __mmask32 k = left >= 2 ? ~__mmask32{0} : left == 1 ? __mmask32{0xFFFF} : __mmask32{0};
       v[p] = _mm512_and_si512(_mm512_maskz_loadu_epi16(k, src + p * 2 * kBlock), mag);
@@ -193,32 +222,41 @@ alignas(64) constexpr uint16_t kOddWords[32] = {1,  3,  5,  7,  9,  11, 13, 15, 
   return _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(u)), 16);
 }
 
-// Word 8b + i of table q: threshold i (1-7) of block 4q + b, from lane
-// 4q + b of p[i / 2] (thresholds 2k and 2k + 1 in its low and high halves).
+// Word 8b + i of a table: threshold i (1-7) of its block b (0-3), from
+// word 16 * (i % 2) + b of p[i / 2] (see Bf16Tables) plus the table's
+// first word there.
 alignas(64) constexpr uint16_t kTableWords[32] = {
     0, 16, 32, 48, 0, 16, 32, 48, 1, 17, 33, 49, 1, 17, 33, 49,
     2, 18, 34, 50, 2, 18, 34, 50, 3, 19, 35, 51, 3, 19, 35, 51,
 };
 
-// The thresholds of 16 blocks (x, as from BlockThresholds) rounded up to
-// bf16 patterns (a bf16 magnitude reaches the f32 threshold X exactly when
-// its pattern is at least X's pattern rounded up to 16 bits), as four
-// tables of four blocks: word 8b + i of tables[q] is threshold i of block
-// 4q + b (word 8b is not used).
-[[gnu::always_inline]] inline void Bf16Tables(const __m512i (&x)[7], __m512i* tables) {
+// The block scales and bf16 element thresholds (Bf16ThresholdBits) of up to
+// 16 blocks, as four tables of four blocks: word 8b + i of tables[q] is
+// threshold i of block 4q + b (word 8b is not used).
+[[gnu::always_inline]] inline void Bf16Tables(const float* bmax, size_t count, float scale, uint8_t* block_scales,
+                                              __m512i* tables) {
+  __m512d lo, hi;
+  BlockDivisors(bmax, count, scale, block_scales, &lo, &hi);
+  // t[i]: threshold i of each block, in 16-bit words ordered (packus works
+  // within 128-bit lanes) blocks 0-3, 8-11, 4-7, 12-15.
   __m256i t[8];
   t[0] = _mm256_setzero_si256();
+#pragma GCC unroll 7
   for (int i = 0; i < 7; ++i) {
-    t[i + 1] = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_add_epi32(x[i], _mm512_set1_epi32(0xFFFF)), 16));
+    t[i + 1] = _mm256_packus_epi32(Bf16ThresholdBits(lo, kThresholds[i]), Bf16ThresholdBits(hi, kThresholds[i]));
   }
+  // p[k]: thresholds 2k (words 0-15) and 2k + 1 (words 16-31).
   __m512i p[4];
+#pragma GCC unroll 4
   for (int k = 0; k < 4; ++k) p[k] = _mm512_inserti64x4(_mm512_castsi256_si512(t[2 * k]), t[2 * k + 1], 1);
-  __m512i index = _mm512_load_si512(kTableWords);
+  const __m512i index = _mm512_load_si512(kTableWords);
+  constexpr short kFirstWord[4] = {0, 8, 4, 12};  // of blocks 0, 4, 8, 12 in t[i]
+#pragma GCC unroll 4
   for (int q = 0; q < 4; ++q) {
-    const __m512i lo = _mm512_permutex2var_epi16(p[0], index, p[1]);  // thresholds 0-3
-    const __m512i hi = _mm512_permutex2var_epi16(p[2], index, p[3]);  // thresholds 4-7
-    tables[q] = _mm512_mask_blend_epi16(0xF0F0F0F0u, lo, hi);
-    index = _mm512_add_epi16(index, _mm512_set1_epi16(4));
+    const __m512i at = _mm512_add_epi16(index, _mm512_set1_epi16(kFirstWord[q]));
+    const __m512i low = _mm512_permutex2var_epi16(p[0], at, p[1]);   // thresholds 0-3
+    const __m512i high = _mm512_permutex2var_epi16(p[2], at, p[3]);  // thresholds 4-7
+    tables[q] = _mm512_mask_blend_epi16(0xF0F0F0F0u, low, high);
   }
 }
 
@@ -247,8 +285,8 @@ alignas(64) constexpr uint16_t kTableWords[32] = {
     m = _mm512_mask_add_epi16(m, _mm512_cmpge_epu16_mask(a, t1), m, one);
     // m | (sign bit moved to bit 3): (raw >> 12) & 8.
     const __m512i codes = _mm512_ternarylogic_epi32(m, _mm512_srli_epi16(raw, 12), _mm512_set1_epi16(8), 0xF8);
-    // Two codes in each 32-bit lane: even element bits 0-3, odd 16-19.
-    const __m128i bytes = _mm512_cvtepi32_epi8(_mm512_or_si512(codes, _mm512_srli_epi32(codes, 12)));
+    // Each 32-bit lane: its even element's code plus 16 times its odd one's.
+    const __m128i bytes = _mm512_cvtepi32_epi8(_mm512_madd_epi16(codes, _mm512_set1_epi32(0x00100001)));
     if (pair) {
       _mm_storeu_si128(reinterpret_cast<__m128i*>(packed + j * kBlock / 2), bytes);
     } else {
@@ -279,11 +317,15 @@ bool QuantizeRowBf16(const uint16_t* src, size_t n, uint8_t* packed, uint8_t* bl
   for (size_t c = 0; c < blocks; c += 128) {
     const size_t end = blocks - c < 128 ? blocks : c + 128;
     for (size_t g = c; g < end; g += 16) {
-      __m512i x[7];
-      BlockThresholds(scratch + g, end - g < 16 ? end - g : 16, scale, block_scales + g, x);
-      Bf16Tables(x, tables[(g - c) / 16]);
+      Bf16Tables(scratch + g, end - g < 16 ? end - g : 16, scale, block_scales + g, tables[(g - c) / 16]);
     }
     for (size_t g = c; g < end; g += 16) {
+      // The same bytes of the next row (callers quantize rows in order),
+      // while this one is in registers and L1: pass 1 then finds them in
+      // cache. (A prefetch past the buffer's end is harmless.)
+      for (size_t line = 0; line < 16 * kBlock * 2; line += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(src + n + g * kBlock) + line, _MM_HINT_T0);
+      }
       Bf16Codes(src + g * kBlock, end - g < 16 ? end - g : 16, tables[(g - c) / 16], packed + g * kBlock / 2);
     }
   }
@@ -326,6 +368,7 @@ bool QuantizeRowT(const void* src, size_t n, uint8_t* packed, uint8_t* block_sca
     for (size_t g = c; g < end; g += 16) {
       __m512i t[7];
       BlockThresholds(scratch + g, end - g < 16 ? end - g : 16, scale, block_scales + g, t);
+#pragma GCC unroll 7
       for (int i = 0; i < 7; ++i) _mm512_store_si512(x[(g - c) / 16][i], t[i]);
     }
     for (size_t g = c; g < end; g += 16) {
