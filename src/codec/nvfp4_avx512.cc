@@ -260,33 +260,60 @@ alignas(64) constexpr uint16_t kTableWords[32] = {
   }
 }
 
+// The codes of two bf16 blocks (raw patterns) under their table (blocks 0
+// and 1 of it, or 2 and 3), as one packed byte per 32-bit lane. A
+// magnitude's code is the number of the block's seven (non-decreasing)
+// thresholds it reaches, found by a binary search: threshold 4, then m + 2,
+// then m + 1.
+[[gnu::always_inline]] inline __m512i Bf16PairCodes(__m512i raw, __m512i table, bool second_pair) {
+  // Lanes 0-15 look up their block's words of the table, lanes 16-31 the
+  // next block's: blocks 0 and 1 of the table, or 2 and 3.
+  const __m512i base = second_pair ? _mm512_inserti64x4(_mm512_set1_epi16(16), _mm256_set1_epi16(24), 1)
+                                   : _mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(8), 1);
+  const __m512i one = _mm512_set1_epi16(1), two = _mm512_set1_epi16(2), four = _mm512_set1_epi16(4);
+  const __m512i a = _mm512_and_si512(raw, _mm512_set1_epi16(0x7FFF));
+  __m512i m = _mm512_maskz_mov_epi16(
+      _mm512_cmpge_epu16_mask(a, _mm512_permutexvar_epi16(_mm512_add_epi16(base, four), table)), four);
+  const __m512i t2 = _mm512_permutexvar_epi16(_mm512_add_epi16(_mm512_add_epi16(base, two), m), table);
+  m = _mm512_mask_add_epi16(m, _mm512_cmpge_epu16_mask(a, t2), m, two);
+  const __m512i t1 = _mm512_permutexvar_epi16(_mm512_add_epi16(_mm512_add_epi16(base, one), m), table);
+  m = _mm512_mask_add_epi16(m, _mm512_cmpge_epu16_mask(a, t1), m, one);
+  // m | (sign bit moved to bit 3): (raw >> 12) & 8.
+  const __m512i codes = _mm512_ternarylogic_epi32(m, _mm512_srli_epi16(raw, 12), _mm512_set1_epi16(8), 0xF8);
+  // Each 32-bit lane: its even element's code plus 16 times its odd one's.
+  return _mm512_madd_epi16(codes, _mm512_set1_epi32(0x00100001));
+}
+
+// The packed bytes of 8 blocks from Bf16PairCodes of blocks 0-1, 2-3, 4-5
+// and 6-7 (one byte per 32-bit lane): two packs leave, in each 128-bit
+// lane L, 4 bytes of each vector (its lanes 4L .. 4L + 3), which one
+// permutation of 32-bit groups puts in order.
+[[gnu::always_inline]] inline void StorePacked64(uint8_t* out, __m512i c0, __m512i c1, __m512i c2, __m512i c3) {
+  const __m512i bytes = _mm512_packus_epi16(_mm512_packus_epi32(c0, c1), _mm512_packus_epi32(c2, c3));
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  _mm512_storeu_si512(out, _mm512_permutexvar_epi32(order, bytes));
+}
+
 // The packed codes of `count` bf16 blocks (at most 16) with their threshold
-// tables, two blocks per vector. A magnitude's code is the number of the
-// block's seven (non-decreasing) thresholds it reaches, found by a binary
-// search: threshold 4, then m + 2, then m + 1.
+// tables, two blocks per vector.
 [[gnu::always_inline]] inline void Bf16Codes(const uint16_t* src, size_t count, const __m512i* tables,
                                              uint8_t* packed) {
-  // Lanes 0-15 look up block j's words of its table, lanes 16-31 block j + 1's.
-  const __m512i base[2] = {_mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(8), 1),
-                           _mm512_inserti64x4(_mm512_set1_epi16(16), _mm256_set1_epi16(24), 1)};
-  const __m512i one = _mm512_set1_epi16(1), two = _mm512_set1_epi16(2), four = _mm512_set1_epi16(4);
+  if (count == 16) {
+#pragma GCC unroll 2
+    for (size_t h = 0; h < 2; ++h) {
+      __m512i c[4];
+#pragma GCC unroll 4
+      for (size_t j = 0; j < 4; ++j) {
+        c[j] = Bf16PairCodes(_mm512_loadu_si512(src + (8 * h + 2 * j) * kBlock), tables[2 * h + j / 2], j % 2 == 1);
+      }
+      StorePacked64(packed + 8 * h * kBlock / 2, c[0], c[1], c[2], c[3]);
+    }
+    return;
+  }
   for (size_t j = 0; j < count; j += 2) {
-    const __m512i table = tables[j / 4];
-    const __m512i b = base[(j / 2) % 2];
     const bool pair = count - j >= 2;
-    const __m512i raw = pair ? _mm512_loadu_si512(src + j * kBlock)
-                             : _mm512_maskz_loadu_epi16(__mmask32{0xFFFF}, src + j * kBlock);
-    const __m512i a = _mm512_and_si512(raw, _mm512_set1_epi16(0x7FFF));
-    __m512i m = _mm512_maskz_mov_epi16(
-        _mm512_cmpge_epu16_mask(a, _mm512_permutexvar_epi16(_mm512_add_epi16(b, four), table)), four);
-    const __m512i t2 = _mm512_permutexvar_epi16(_mm512_add_epi16(_mm512_add_epi16(b, two), m), table);
-    m = _mm512_mask_add_epi16(m, _mm512_cmpge_epu16_mask(a, t2), m, two);
-    const __m512i t1 = _mm512_permutexvar_epi16(_mm512_add_epi16(_mm512_add_epi16(b, one), m), table);
-    m = _mm512_mask_add_epi16(m, _mm512_cmpge_epu16_mask(a, t1), m, one);
-    // m | (sign bit moved to bit 3): (raw >> 12) & 8.
-    const __m512i codes = _mm512_ternarylogic_epi32(m, _mm512_srli_epi16(raw, 12), _mm512_set1_epi16(8), 0xF8);
-    // Each 32-bit lane: its even element's code plus 16 times its odd one's.
-    const __m128i bytes = _mm512_cvtepi32_epi8(_mm512_madd_epi16(codes, _mm512_set1_epi32(0x00100001)));
+    const __m512i raw = _mm512_maskz_loadu_epi16(pair ? ~__mmask32{0} : __mmask32{0xFFFF}, src + j * kBlock);
+    const __m128i bytes = _mm512_cvtepi32_epi8(Bf16PairCodes(raw, tables[j / 4], (j / 2) % 2 == 1));
     if (pair) {
       _mm_storeu_si128(reinterpret_cast<__m128i*>(packed + j * kBlock / 2), bytes);
     } else {
