@@ -46,21 +46,6 @@ template <int kImm>
   return _mm512_max_epu32(_mm512_shuffle_i32x4(l3[0], l3[1], 0x88), _mm512_shuffle_i32x4(l3[0], l3[1], 0xDD));
 }
 
-template <Dtype kDt>
-__m512 Load16(const void* src, size_t i) {
-  if constexpr (kDt == Dtype::kF32) {
-    return _mm512_loadu_ps(static_cast<const float*>(src) + i);
-  } else {
-    const __m256i h =
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(src) + i));
-    if constexpr (kDt == Dtype::kBF16) {
-      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-    } else {
-      return _mm512_cvtph_ps(h);
-    }
-  }
-}
-
 // Two codes a byte, low nibble first: 16 lanes -> 8 bytes. Each 64-bit lane
 // holds an even element's code in bits 0-3 and the next one's in bits 32-35.
 void StorePacked(uint8_t* out, __m512i codes) {
@@ -199,10 +184,12 @@ alignas(64) constexpr uint16_t kOddWords[32] = {1,  3,  5,  7,  9,  11, 13, 15, 
   return _mm512_max_epu16(_mm512_permutex2var_epi16(a, even, b), _mm512_permutex2var_epi16(a, odd, b));
 }
 
-// The magnitude patterns' maxima of up to 16 bf16 blocks at src, as f32
-// bit patterns in lane order (0 past count). Patterns of non-negative
-// values order as the values do, Inf and NaN above every finite one.
-[[gnu::always_inline]] inline __m512i Bf16BlockMaxima(const uint16_t* src, size_t count) {
+// The magnitude patterns' maxima of up to 16 blocks of bf16 or f16 at src,
+// as f32 bit patterns in lane order (0 past count). Patterns of
+// non-negative values order as the values do, Inf and NaN above every
+// finite one.
+template <Dtype kDt>
+[[gnu::always_inline]] inline __m512i HalfBlockMaxima(const uint16_t* src, size_t count) {
   const __m512i mag = _mm512_set1_epi16(0x7FFF);
   __m512i v[8];
   if (count == 16) {
@@ -219,32 +206,48 @@ alignas(64) constexpr uint16_t kOddWords[32] = {1,  3,  5,  7,  9,  11, 13, 15, 
   const __m512i w0 = PairMax(PairMax(v[0], v[1]), PairMax(v[2], v[3]));
   const __m512i w1 = PairMax(PairMax(v[4], v[5]), PairMax(v[6], v[7]));
   const __m512i u = PairMax(PairMax(w0, w1), _mm512_setzero_si512());
-  return _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(u)), 16);
+  if constexpr (kDt == Dtype::kBF16) return _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(u)), 16);
+  return _mm512_castps_si512(_mm512_cvtph_ps(_mm512_castsi512_si256(u)));
 }
 
 // Word 8b + i of a table: threshold i (1-7) of its block b (0-3), from
-// word 16 * (i % 2) + b of p[i / 2] (see Bf16Tables) plus the table's
+// word 16 * (i % 2) + b of p[i / 2] (see HalfTables) plus the table's
 // first word there.
 alignas(64) constexpr uint16_t kTableWords[32] = {
     0, 16, 32, 48, 0, 16, 32, 48, 1, 17, 33, 49, 1, 17, 33, 49,
     2, 18, 34, 50, 2, 18, 34, 50, 3, 19, 35, 51, 3, 19, 35, 51,
 };
 
-// The block scales and bf16 element thresholds (Bf16ThresholdBits) of up to
-// 16 blocks, as four tables of four blocks: word 8b + i of tables[q] is
+// Threshold t of 16 blocks (divisors lo, hi) for bf16 or f16 elements, in
+// 16-bit words ordered as _mm256_packus_epi32 leaves them (it works within
+// 128-bit lanes): blocks 0-3, 8-11, 4-7, 12-15.
+template <Dtype kDt>
+[[gnu::always_inline]] inline __m256i HalfThresholds(__m512d lo, __m512d hi, const Threshold& t) {
+  if constexpr (kDt == Dtype::kBF16) {
+    return _mm256_packus_epi32(Bf16ThresholdBits(lo, t), Bf16ThresholdBits(hi, t));
+  } else {
+    // An f16 reaches X exactly when it is at least the least f16 at or
+    // above X: X converted rounding up (+Inf past the range; a NaN X stays
+    // a NaN, above every finite pattern too).
+    constexpr int kUp = _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC;
+    const __m128i l = _mm256_cvtps_ph(_mm256_castsi256_ps(ThresholdBits(lo, t)), kUp);
+    const __m128i h = _mm256_cvtps_ph(_mm256_castsi256_ps(ThresholdBits(hi, t)), kUp);
+    return _mm256_set_m128i(_mm_unpackhi_epi64(l, h), _mm_unpacklo_epi64(l, h));
+  }
+}
+
+// The block scales and the bf16 or f16 element thresholds of up to 16
+// blocks, as four tables of four blocks: word 8b + i of tables[q] is
 // threshold i of block 4q + b (word 8b is not used).
-[[gnu::always_inline]] inline void Bf16Tables(const float* bmax, size_t count, float scale, uint8_t* block_scales,
+template <Dtype kDt>
+[[gnu::always_inline]] inline void HalfTables(const float* bmax, size_t count, float scale, uint8_t* block_scales,
                                               __m512i* tables) {
   __m512d lo, hi;
   BlockDivisors(bmax, count, scale, block_scales, &lo, &hi);
-  // t[i]: threshold i of each block, in 16-bit words ordered (packus works
-  // within 128-bit lanes) blocks 0-3, 8-11, 4-7, 12-15.
   __m256i t[8];
   t[0] = _mm256_setzero_si256();
 #pragma GCC unroll 7
-  for (int i = 0; i < 7; ++i) {
-    t[i + 1] = _mm256_packus_epi32(Bf16ThresholdBits(lo, kThresholds[i]), Bf16ThresholdBits(hi, kThresholds[i]));
-  }
+  for (int i = 0; i < 7; ++i) t[i + 1] = HalfThresholds<kDt>(lo, hi, kThresholds[i]);
   // p[k]: thresholds 2k (words 0-15) and 2k + 1 (words 16-31).
   __m512i p[4];
 #pragma GCC unroll 4
@@ -260,12 +263,12 @@ alignas(64) constexpr uint16_t kTableWords[32] = {
   }
 }
 
-// The codes of two bf16 blocks (raw patterns) under their table (blocks 0
+// The codes of two bf16 or f16 blocks (raw patterns) under their table (blocks 0
 // and 1 of it, or 2 and 3), as one packed byte per 32-bit lane. A
 // magnitude's code is the number of the block's seven (non-decreasing)
 // thresholds it reaches, found by a binary search: threshold 4, then m + 2,
 // then m + 1.
-[[gnu::always_inline]] inline __m512i Bf16PairCodes(__m512i raw, __m512i table, bool second_pair) {
+[[gnu::always_inline]] inline __m512i HalfPairCodes(__m512i raw, __m512i table, bool second_pair) {
   // Lanes 0-15 look up their block's words of the table, lanes 16-31 the
   // next block's: blocks 0 and 1 of the table, or 2 and 3.
   const __m512i base = second_pair ? _mm512_inserti64x4(_mm512_set1_epi16(16), _mm256_set1_epi16(24), 1)
@@ -284,7 +287,7 @@ alignas(64) constexpr uint16_t kTableWords[32] = {
   return _mm512_madd_epi16(codes, _mm512_set1_epi32(0x00100001));
 }
 
-// The packed bytes of 8 blocks from Bf16PairCodes of blocks 0-1, 2-3, 4-5
+// The packed bytes of 8 blocks from HalfPairCodes of blocks 0-1, 2-3, 4-5
 // and 6-7 (one byte per 32-bit lane): two packs leave, in each 128-bit
 // lane L, 4 bytes of each vector (its lanes 4L .. 4L + 3), which one
 // permutation of 32-bit groups puts in order.
@@ -294,9 +297,9 @@ alignas(64) constexpr uint16_t kTableWords[32] = {
   _mm512_storeu_si512(out, _mm512_permutexvar_epi32(order, bytes));
 }
 
-// The packed codes of `count` bf16 blocks (at most 16) with their threshold
-// tables, two blocks per vector.
-[[gnu::always_inline]] inline void Bf16Codes(const uint16_t* src, size_t count, const __m512i* tables,
+// The packed codes of `count` bf16 or f16 blocks (at most 16) with their
+// threshold tables, two blocks per vector.
+[[gnu::always_inline]] inline void HalfCodes(const uint16_t* src, size_t count, const __m512i* tables,
                                              uint8_t* packed) {
   if (count == 16) {
 #pragma GCC unroll 2
@@ -304,7 +307,7 @@ alignas(64) constexpr uint16_t kTableWords[32] = {
       __m512i c[4];
 #pragma GCC unroll 4
       for (size_t j = 0; j < 4; ++j) {
-        c[j] = Bf16PairCodes(_mm512_loadu_si512(src + (8 * h + 2 * j) * kBlock), tables[2 * h + j / 2], j % 2 == 1);
+        c[j] = HalfPairCodes(_mm512_loadu_si512(src + (8 * h + 2 * j) * kBlock), tables[2 * h + j / 2], j % 2 == 1);
       }
       StorePacked64(packed + 8 * h * kBlock / 2, c[0], c[1], c[2], c[3]);
     }
@@ -313,7 +316,7 @@ alignas(64) constexpr uint16_t kTableWords[32] = {
   for (size_t j = 0; j < count; j += 2) {
     const bool pair = count - j >= 2;
     const __m512i raw = _mm512_maskz_loadu_epi16(pair ? ~__mmask32{0} : __mmask32{0xFFFF}, src + j * kBlock);
-    const __m128i bytes = _mm512_cvtepi32_epi8(Bf16PairCodes(raw, tables[j / 4], (j / 2) % 2 == 1));
+    const __m128i bytes = _mm512_cvtepi32_epi8(HalfPairCodes(raw, tables[j / 4], (j / 2) % 2 == 1));
     if (pair) {
       _mm_storeu_si128(reinterpret_cast<__m128i*>(packed + j * kBlock / 2), bytes);
     } else {
@@ -322,15 +325,16 @@ alignas(64) constexpr uint16_t kTableWords[32] = {
   }
 }
 
-// bf16 rows: block maxima and finiteness in one pass over the 16-bit
-// patterns, then, up to 128 blocks at a time, the thresholds of each 16
-// (independent of each other, so that they overlap) and the codes.
-bool QuantizeRowBf16(const uint16_t* src, size_t n, uint8_t* packed, uint8_t* block_scales,
+// bf16 and f16 rows: block maxima and finiteness in one pass over the
+// 16-bit patterns, then, up to 128 blocks at a time, the thresholds of each
+// 16 (independent of each other, so that they overlap) and the codes.
+template <Dtype kDt>
+bool QuantizeRowHalf(const uint16_t* src, size_t n, uint8_t* packed, uint8_t* block_scales,
                      float* row_scale, float* scratch) {
   const size_t blocks = n / kBlock;
   __m512i vmax = _mm512_setzero_si512();
   for (size_t g = 0; g < blocks; g += 16) {
-    const __m512i m = Bf16BlockMaxima(src + g * kBlock, blocks - g < 16 ? blocks - g : 16);
+    const __m512i m = HalfBlockMaxima<kDt>(src + g * kBlock, blocks - g < 16 ? blocks - g : 16);
     _mm512_storeu_si512(scratch + g, m);
     vmax = _mm512_max_epu32(vmax, m);
   }
@@ -344,7 +348,7 @@ bool QuantizeRowBf16(const uint16_t* src, size_t n, uint8_t* packed, uint8_t* bl
   for (size_t c = 0; c < blocks; c += 128) {
     const size_t end = blocks - c < 128 ? blocks : c + 128;
     for (size_t g = c; g < end; g += 16) {
-      Bf16Tables(scratch + g, end - g < 16 ? end - g : 16, scale, block_scales + g, tables[(g - c) / 16]);
+      HalfTables<kDt>(scratch + g, end - g < 16 ? end - g : 16, scale, block_scales + g, tables[(g - c) / 16]);
     }
     for (size_t g = c; g < end; g += 16) {
       // The same bytes of the next row (callers quantize rows in order),
@@ -353,16 +357,15 @@ bool QuantizeRowBf16(const uint16_t* src, size_t n, uint8_t* packed, uint8_t* bl
       for (size_t line = 0; line < 16 * kBlock * 2; line += 64) {
         _mm_prefetch(reinterpret_cast<const char*>(src + n + g * kBlock) + line, _MM_HINT_T0);
       }
-      Bf16Codes(src + g * kBlock, end - g < 16 ? end - g : 16, tables[(g - c) / 16], packed + g * kBlock / 2);
+      HalfCodes(src + g * kBlock, end - g < 16 ? end - g : 16, tables[(g - c) / 16], packed + g * kBlock / 2);
     }
   }
   return true;
 }
 
-// f32 and f16 rows: block maxima in one pass, then thresholds and codes in
-// f32 lanes, one block per vector.
-template <Dtype kDt>
-bool QuantizeRowT(const void* src, size_t n, uint8_t* packed, uint8_t* block_scales,
+// f32 rows: block maxima in one pass, then thresholds and codes, one block
+// per vector.
+bool QuantizeRowF32(const float* src, size_t n, uint8_t* packed, uint8_t* block_scales,
                   float* row_scale, float* scratch) {
   // Pass 1, 16 blocks at a time: each block's largest magnitude (to
   // scratch), the row's, and finiteness (an Inf or NaN pattern is above
@@ -372,8 +375,9 @@ bool QuantizeRowT(const void* src, size_t n, uint8_t* packed, uint8_t* block_sca
   __m512i v[16];
   for (size_t g = 0; g < blocks; g += 16) {
     const size_t count = blocks - g < 16 ? blocks - g : 16;
+#pragma GCC unroll 16
     for (size_t j = 0; j < 16; ++j) {
-      v[j] = j < count ? _mm512_and_si512(_mm512_castps_si512(Load16<kDt>(src, (g + j) * kBlock)),
+      v[j] = j < count ? _mm512_and_si512(_mm512_castps_si512(_mm512_loadu_ps(src + (g + j) * kBlock)),
                                           _mm512_castps_si512(kAbsMask))
                        : _mm512_setzero_si512();
     }
@@ -401,8 +405,12 @@ bool QuantizeRowT(const void* src, size_t n, uint8_t* packed, uint8_t* block_sca
     for (size_t g = c; g < end; g += 16) {
       const size_t count = end - g < 16 ? end - g : 16;
       const float(*t)[16] = x[(g - c) / 16];
+      // The same bytes of the next row, as in QuantizeRowHalf.
+      for (size_t line = 0; line < 16 * kBlock * sizeof(float); line += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(src + n + g * kBlock) + line, _MM_HINT_T0);
+      }
       for (size_t j = 0; j < count; ++j) {
-        StorePacked(packed + (g + j) * kBlock / 2, BlockCodes(Load16<kDt>(src, (g + j) * kBlock), t, j));
+        StorePacked(packed + (g + j) * kBlock / 2, BlockCodes(_mm512_loadu_ps(src + (g + j) * kBlock), t, j));
       }
     }
   }
@@ -413,11 +421,13 @@ bool QuantizeRowAvx512(Dtype src_dtype, const void* src, size_t n, uint8_t* pack
                        uint8_t* block_scales, float* row_scale, float* scratch) {
   switch (src_dtype) {
     case Dtype::kBF16:
-      return QuantizeRowBf16(static_cast<const uint16_t*>(src), n, packed, block_scales, row_scale, scratch);
+      return QuantizeRowHalf<Dtype::kBF16>(static_cast<const uint16_t*>(src), n, packed, block_scales, row_scale,
+                                           scratch);
     case Dtype::kF16:
-      return QuantizeRowT<Dtype::kF16>(src, n, packed, block_scales, row_scale, scratch);
+      return QuantizeRowHalf<Dtype::kF16>(static_cast<const uint16_t*>(src), n, packed, block_scales, row_scale,
+                                          scratch);
     default:
-      return QuantizeRowT<Dtype::kF32>(src, n, packed, block_scales, row_scale, scratch);
+      return QuantizeRowF32(static_cast<const float*>(src), n, packed, block_scales, row_scale, scratch);
   }
 }
 
