@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// NVFP4 row kernels for AVX-512 (F, BW, VL, DQ): one 16-element block is one
-// vector. Compiled with the AVX-512 flags and called only after the
-// dispatcher has checked them. Bit-identical to nvfp4_scalar.cc.
+// NVFP4 row kernels for AVX-512 (F, BW, VL, DQ): a 16-element block is one
+// vector of f32, two blocks one vector of bf16 or f16 patterns. Compiled with
+// the AVX-512 flags and called only after the dispatcher has checked them.
+// Bit-identical to nvfp4_scalar.cc.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #ifndef __clang__  // GCC 12's AVX-512 headers (see codec_avx512.cc)
@@ -307,6 +308,17 @@ template <Dtype kDt>
   }
 }
 
+// The row scale from the block maxima's largest pattern in vmax (f32 bit
+// patterns): false when that is Inf or NaN (a non-finite element).
+[[gnu::always_inline]] inline bool RowScaleOf(__m512i vmax, float* scale) {
+  const uint32_t amax = _mm512_reduce_max_epu32(vmax);
+  if (amax >= 0x7F800000u) return false;
+  float amax_f;
+  std::memcpy(&amax_f, &amax, sizeof amax_f);
+  *scale = RowScale(amax_f);
+  return true;
+}
+
 // bf16 and f16 rows: block maxima and finiteness in one pass over the
 // 16-bit patterns, then, up to 128 blocks at a time, the thresholds of each
 // 16 (independent of each other, so that they overlap) and the codes.
@@ -320,11 +332,8 @@ bool QuantizeRowHalf(const uint16_t* src, size_t n, uint8_t* packed, uint8_t* bl
     _mm512_storeu_si512(scratch + g, m);
     vmax = _mm512_max_epu32(vmax, m);
   }
-  const uint32_t amax = _mm512_reduce_max_epu32(vmax);
-  if (amax >= 0x7F800000u) return false;
-  float amax_f;
-  std::memcpy(&amax_f, &amax, sizeof amax_f);
-  const float scale = RowScale(amax_f);
+  float scale;
+  if (!RowScaleOf(vmax, &scale)) return false;
   *row_scale = scale;
   alignas(64) __m512i tables[8][4];
   for (size_t c = 0; c < blocks; c += 128) {
@@ -367,11 +376,8 @@ bool QuantizeRowF32(const float* src, size_t n, uint8_t* packed, uint8_t* block_
     _mm512_storeu_si512(scratch + g, m);
     vmax = _mm512_max_epu32(vmax, m);
   }
-  const uint32_t amax = _mm512_reduce_max_epu32(vmax);
-  if (amax >= 0x7F800000u) return false;
-  float amax_f;
-  std::memcpy(&amax_f, &amax, sizeof amax_f);
-  const float scale = RowScale(amax_f);
+  float scale;
+  if (!RowScaleOf(vmax, &scale)) return false;
   *row_scale = scale;
   // Pass 2, up to 128 blocks at a time: the scales and thresholds of each
   // 16 (independent of each other, so that they overlap), then the codes.
