@@ -77,7 +77,8 @@ __m256i BlockCodes8(__m256 v, const uint32_t (*x)[8], size_t j) {
   const __m256 a = _mm256_and_ps(v, AbsMask());
   __m256i m = _mm256_setzero_si256();
   for (int i = 0; i < 7; ++i) {
-    const __m256 reached = _mm256_cmp_ps(a, _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(x[i][j]))), _CMP_GE_OQ);
+    const __m256 threshold = _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(x[i][j])));
+    const __m256 reached = _mm256_cmp_ps(a, threshold, _CMP_GE_OQ);
     m = _mm256_sub_epi32(m, _mm256_castps_si256(reached));
   }
   return _mm256_or_si256(m, SignZeros(v));
@@ -87,9 +88,11 @@ __m256i BlockCodes8(__m256 v, const uint32_t (*x)[8], size_t j) {
 // bmax[0, count): block scale codes to block_scales, threshold i of block j
 // (f32 bit patterns) to t[i][j]. A zero block scale gets the divisor +Inf,
 // whose thresholds no finite element reaches (its codes are signed zeros).
-void BlockThresholds8(const float* bmax, size_t count, float scale, uint8_t* block_scales, uint32_t (*t)[8]) {
+void BlockThresholds8(const float* bmax, size_t count, float scale, uint8_t* block_scales,
+                      uint32_t (*t)[8]) {
   const __m256 s = _mm256_set1_ps(scale);
-  const __m256i codes = E4M3Codes(_mm256_div_ps(_mm256_div_ps(_mm256_loadu_ps(bmax), s), _mm256_set1_ps(kE2M1Max)));
+  const __m256 relative = _mm256_div_ps(_mm256_loadu_ps(bmax), s);
+  const __m256i codes = E4M3Codes(_mm256_div_ps(relative, _mm256_set1_ps(kE2M1Max)));
   alignas(32) int32_t code[8];
   _mm256_store_si256(reinterpret_cast<__m256i*>(code), codes);
   for (size_t j = 0; j < count; ++j) block_scales[j] = static_cast<uint8_t>(code[j]);
@@ -155,12 +158,14 @@ bool QuantizeRowHalfAvx2(const uint16_t* src, size_t n, uint8_t* packed, uint8_t
   const size_t blocks = n / kBlock;
   uint16_t amax = 0;
   for (size_t b = 0; b < blocks; ++b) {
-    const uint16_t m = ReduceMaxU16(_mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + b * kBlock)), mag));
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + b * kBlock));
+    const uint16_t m = ReduceMaxU16(_mm256_and_si256(v, mag));
     amax = m > amax ? m : amax;
     bmax[b] = kDt == Dtype::kBF16 ? BitsToFloat(static_cast<uint32_t>(m) << 16) : _cvtsh_ss(m);
   }
   if (amax >= (kDt == Dtype::kBF16 ? 0x7F80 : 0x7C00)) return false;  // Inf or NaN
-  const float scale = RowScale(kDt == Dtype::kBF16 ? BitsToFloat(static_cast<uint32_t>(amax) << 16) : _cvtsh_ss(amax));
+  const float scale =
+      RowScale(kDt == Dtype::kBF16 ? BitsToFloat(static_cast<uint32_t>(amax) << 16) : _cvtsh_ss(amax));
   *row_scale = scale;
   for (size_t g = 0; g < blocks; g += 8) {
     const size_t count = blocks - g < 8 ? blocks - g : 8;

@@ -55,10 +55,16 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--isa") {
-      isa = value == "scalar" ? Isa::kScalar : value == "avx2" ? Isa::kAvx2 : value == "avx512" ? Isa::kAvx512 : Isa::kBest;
+      isa = value == "scalar"   ? Isa::kScalar
+            : value == "avx2"   ? Isa::kAvx2
+            : value == "avx512" ? Isa::kAvx512
+                                : Isa::kBest;
       if (isa == Isa::kBest) return Usage();
     } else if (flag == "--dtype") {
-      dtype = value == "bf16" ? Dtype::kBF16 : value == "f16" ? Dtype::kF16 : value == "f32" ? Dtype::kF32 : Dtype::kE4M3;
+      dtype = value == "bf16"  ? Dtype::kBF16
+              : value == "f16" ? Dtype::kF16
+              : value == "f32" ? Dtype::kF32
+                               : Dtype::kE4M3;  // not a source dtype: refused below
       if (dtype == Dtype::kE4M3) return Usage();
     } else if (flag == "--runs") {
       runs = std::atoi(value.c_str());
