@@ -358,6 +358,64 @@ TEST(Nvfp4Paths, ElementsAroundEveryThresholdMatchTheReference) {
   }
 }
 
+// bf16 and f16 rows (the AVX-512 path compares 16-bit patterns with
+// thresholds rounded up to the dtype): elements at and a few patterns
+// around t * D for every decision threshold t, in rows of 36 blocks (two
+// full groups of 16 and four more), block maxima from the row's amax down
+// to 2^-30 of it, zero blocks, all-zero rows and, for f16, subnormal rows.
+// Every path gives the reference's bytes.
+TEST(Nvfp4Paths, SixteenBitElementsAroundEveryThresholdMatchTheReference) {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> unit(0.0f, 1.0f);
+  constexpr size_t kRows = 400, kN = 36 * kBlock;
+  const float kT[] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, 6.0f};
+  for (Dtype dt : {Dtype::kBF16, Dtype::kF16}) {
+    const auto narrow = [dt](float v) {
+      uint16_t h;
+      ConvertRaw(Dtype::kF32, &v, 1, dt, &h);
+      return h;
+    };
+    const auto widen = [dt](uint16_t h) {
+      float v;
+      ConvertRaw(dt, &h, 1, Dtype::kF32, &v);
+      return v;
+    };
+    // Row maxima 2^-20 .. 2^15 for f16 (subnormal at the bottom), 2^-40 .. 2^41 for bf16.
+    const int lowest = dt == Dtype::kF16 ? -20 : -40, span = dt == Dtype::kF16 ? 35 : 81;
+    std::vector<uint16_t> rows(kRows * kN);
+    for (size_t r = 0; r < kRows; ++r) {
+      uint16_t* row = &rows[r * kN];
+      if (r % 37 == 0) {  // an all-zero row, signs mixed
+        for (size_t i = 0; i < kN; ++i) row[i] = (i % 3 == 0) ? 0x8000 : 0;
+        continue;
+      }
+      const float amax = widen(narrow(std::ldexp(1.0f + unit(rng), lowest + static_cast<int>(r % span))));
+      const float scale = RowScale(amax);
+      for (size_t b = 0; b < kN / kBlock; ++b) {
+        uint16_t* block = row + b * kBlock;
+        float bmax = b == r % 36 ? amax : widen(narrow(amax * std::ldexp(unit(rng), -static_cast<int>(rng() % 31))));
+        if (r % 9 == 1 && b == 3) bmax = 0;
+        const uint16_t top = narrow(bmax);
+        block[0] = static_cast<uint16_t>(top | ((rng() & 1) << 15));
+        const float d = BlockDivisor(BlockScaleCode(bmax, scale), scale);
+        for (size_t i = 1; i < kBlock; ++i) {
+          int h = narrow(kT[rng() % 8] * d) + static_cast<int>(rng() % 5) - 2;
+          h = h < 0 ? 0 : h > top ? top : h;
+          block[i] = static_cast<uint16_t>(h | ((rng() & 1) << 15));
+        }
+      }
+    }
+    const Quantized ref = QuantizeWith(Isa::kScalar, dt, rows.data(), kRows, kN);
+    for (Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
+      if (!IsaSupported(isa)) continue;
+      const Quantized q = QuantizeWith(isa, dt, rows.data(), kRows, kN);
+      EXPECT_EQ(q.codes, ref.codes) << IsaName(isa) << " src " << int(dt);
+      EXPECT_EQ(q.blocks, ref.blocks) << IsaName(isa) << " src " << int(dt);
+      EXPECT_EQ(0, std::memcmp(q.scales.data(), ref.scales.data(), kRows * 4)) << IsaName(isa);
+    }
+  }
+}
+
 TEST(Nvfp4Paths, EveryCodeAndBlockScaleDecodesAlike) {
   // All 256 byte values as packed pairs under every valid block scale.
   std::vector<uint8_t> packed(128 * 8), blocks(128);

@@ -75,6 +75,25 @@ struct Kernels {
   void (*dequantize_row)(const uint8_t* packed, const uint8_t* block_scales, float row_scale,
                          size_t n, Dtype dst_dtype, void* out, float* scratch);
 };
+
+// The element decisions of the vector paths, which do not divide. A code's
+// magnitude is the number of the seven conditions below that fl(|x| / D)
+// meets (spec/CODEC.md 14.2: ties go to the even code). Each is a condition on the real quotient |x| / D,
+// against the midpoint next to the threshold t (t and every such midpoint
+// fit in 25 bits, D in 24: their product is exact in double):
+//   q > t  <=>  |x| / D > t + ulp(t) / 2 (a tie rounds to t, whose last
+//   mantissa bit is 0);  q >= t  <=>  |x| / D >= t - ulp(t) / 2.
+// So each condition is |x| >= X, X the least f32 above (or at) the exact
+// product: no division per element, and the same codes as the reference.
+struct Threshold {
+  double midpoint;
+  bool strict;
+};
+inline constexpr Threshold kThresholds[7] = {
+    {0.25 + 0x1p-26, true},  {0.75 - 0x1p-25, false}, {1.25 + 0x1p-24, true}, {1.75 - 0x1p-24, false},
+    {2.5 + 0x1p-23, true},   {3.5 - 0x1p-23, false},  {5.0 + 0x1p-22, true},
+};
+
 extern const Kernels kScalarKernels;
 extern const Kernels kAvx2Kernels;
 extern const Kernels kAvx512Kernels;
