@@ -91,7 +91,7 @@ int RunPack(const PackArgs& a) {
   if (!st.ok()) return ReportError(st);
   Progress progress("pack", total);
   for (const auto& [name, path] : files) {
-    if (PendingSignal()) return ReportError(CheckInterrupt(path));
+    if (PendingSignal()) return ReportError(CheckInterrupt(a.out));
     SetCurrentPath(path);
     st = w->AddFile(name, path);
     if (!st.ok()) return ReportError(PendingSignal() ? CheckInterrupt(a.out) : st);
