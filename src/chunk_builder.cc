@@ -28,6 +28,24 @@ const char* RowFaultText(codec::RowFault f) {
 
 }  // namespace
 
+uint64_t SealSection(const SectionLayout& sec, uint8_t* bytes) {
+  uint64_t pad_begin = sec.offset;
+  for (const SectionLayout::Part& part : sec.parts()) {
+    if (part.bytes == 0) continue;
+    std::memset(bytes + (pad_begin - sec.offset), 0, part.offset - pad_begin);
+    pad_begin = part.offset + part.bytes;
+  }
+  std::memset(bytes + (pad_begin - sec.offset), 0, sec.end - pad_begin);
+  return Checksum(bytes, sec.end - sec.offset);
+}
+
+void SealHead(const ChunkLayout& layout, const ChunkHeader& head, uint8_t* bytes) {
+  uint64_t tokens_end = layout.tokens_offset + 4ull * head.token_count;
+  std::memset(bytes + tokens_end, 0, layout.head_checksum_offset - tokens_end);
+  EncodeChunkHeader(head, std::span<uint8_t, ch::kHeaderSize>(bytes, ch::kHeaderSize));
+  StoreU64(bytes + layout.head_checksum_offset, Checksum(bytes, layout.head_checksum_offset));
+}
+
 Status ChunkBuilder::Init(const Geometry* g, uint32_t chunk_tokens) {
   g_ = g;
   staged_ = 0;
@@ -200,25 +218,13 @@ Status ChunkBuilder::Seal(ChunkHeader head, std::span<const uint8_t>* chunk) {
   }
   // Zero every padding byte: the staging buffer is reused, and padding is
   // part of what the checksums cover.
-  uint64_t tokens_end = layout->tokens_offset + 4ull * staged_;
-  std::memset(base + tokens_end, 0, layout->head_checksum_offset - tokens_end);
-  for (const SectionLayout& sec : layout->sections) {
-    uint64_t pad_begin = sec.offset;
-    for (const SectionLayout::Part& part : sec.parts()) {
-      if (part.bytes == 0) continue;
-      std::memset(base + pad_begin, 0, part.offset - pad_begin);
-      pad_begin = part.offset + part.bytes;
-    }
-    std::memset(base + pad_begin, 0, sec.end - pad_begin);
+  for (size_t i = 0; i < layout->sections.size(); ++i) {
+    const SectionLayout& sec = layout->sections[i];
+    StoreU64(base + layout->section_checksums_offset + 8 * i, SealSection(sec, base + sec.offset));
   }
   head.token_count = staged_;
   head.chunk_bytes = layout->chunk_bytes;
-  EncodeChunkHeader(head, std::span<uint8_t, ch::kHeaderSize>(base, ch::kHeaderSize));
-  for (size_t i = 0; i < layout->sections.size(); ++i) {
-    const SectionLayout& sec = layout->sections[i];
-    StoreU64(base + layout->section_checksums_offset + 8 * i, Checksum(base + sec.offset, sec.end - sec.offset));
-  }
-  StoreU64(base + layout->head_checksum_offset, Checksum(base, layout->head_checksum_offset));
+  SealHead(*layout, head, base);
   *chunk = std::span<const uint8_t>(base, layout->chunk_bytes);
   return Status::OK();
 }

@@ -19,6 +19,19 @@
 
 namespace kvfile::internal {
 
+// The two steps of sealing a chunk, shared by ChunkBuilder::Seal and by
+// DirectChunk (direct_chunk.h), which writes chunks without staging them.
+//
+// Zeroes the padding of one section, whose bytes [sec.offset, sec.end) of
+// the chunk are at `bytes` (its arrays already in place), and returns the
+// section's checksum.
+uint64_t SealSection(const format::SectionLayout& sec, uint8_t* bytes);
+// Completes the head at `bytes` ([0, layout.head_bytes) of the chunk): the
+// section checksums and head.token_count token ids must be in place; this
+// zeroes the padding after the tokens, encodes `head` (its token_count and
+// chunk_bytes must be the layout's) and stores the head checksum.
+void SealHead(const format::ChunkLayout& layout, const format::ChunkHeader& head, uint8_t* bytes);
+
 class ChunkBuilder {
  public:
   // Layout for chunks of `chunk_tokens` tokens of geometry `g` (kept by

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,7 @@
 #include "chunk_builder.h"
 #include "commit_log.h"
 #include "file_scan.h"
+#include "write_behind.h"
 
 namespace kvfile {
 
@@ -31,6 +33,7 @@ struct KVFILE_NO_EXPORT Writer::Impl {
   format::FileHeader header;
   internal::ChunkBuilder builder;
   internal::CommitLog log;
+  internal::WriteBehind write_behind;  // direct chunks' early writeback
 
   // The chunk write in flight (File::SubmitWrite), if any: its buffer is
   // the builder's other one. `syncs`: it has a linked fdatasync.
@@ -86,6 +89,13 @@ struct KVFILE_NO_EXPORT Writer::Impl {
   uint64_t CommitTarget() const;
   Status AbandonAppend(Status why);
 
+  // direct_chunk.cc: chunks a caller writes whole into the file, without
+  // staging (DirectChunk). Begin: the head of the next chunk, of n tokens,
+  // at the end (nothing may be staged); End: counts that chunk, every byte
+  // of it written, as the sequence's next n tokens, which end an append.
+  Status BeginDirectChunk(uint32_t n, format::ChunkHeader* head);
+  Status EndDirectChunk(const format::ChunkHeader& head, std::span<const uint32_t> chunk_tokens);
+
   // writer_recovery.cc
   Status Recover(const internal::ScanResult& scan);
   void CutBackAfterFailure();
@@ -100,6 +110,11 @@ struct KVFILE_NO_EXPORT Writer::Impl {
 };
 
 namespace internal {
+
+// The library's parts that work with a writer's insides (DirectChunk).
+struct WriterAccess {
+  static Writer::Impl& Of(Writer& w) { return *w.impl_; }
+};
 
 // A new file's header (salt left 0).
 format::FileHeader NewHeader(const Geometry& geometry, const ModelIdentity& identity, uint32_t chunk_tokens,

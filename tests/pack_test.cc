@@ -209,23 +209,121 @@ TEST(PackTest, RoundTripMaterialisesEqualContents) {
 // Materialize makes one append per pack chunk, cut at its own chunk
 // boundaries: with the same salt, a member comes back as the very bytes of a
 // source written with one append per pack chunk, whatever the two chunk
-// sizes (here 4 tokens per pack chunk, 5 per .kv chunk, 3 tokens left over
-// at the end; raw and fp8 streams, unaligned sections in the payload).
+// sizes (4 tokens per pack chunk; .kv chunks of 5, 4, 8 and 12; 3 tokens
+// left over at the end; raw and fp8 streams, unaligned sections in the
+// payload). A .kv chunk size that is a multiple of the pack's takes the
+// direct path (PackReader::Impl::MaterializeDirect), which writes each
+// section, then the head, where the staged path writes each chunk whole:
+// the count of writes tells which path ran.
 TEST(PackTest, MaterializeWritesTheSourceBytes) {
-  FaultFs fs;
-  Geometry g = MixedGeometry();
-  g.streams.push_back({"odd", 1, 3, Dtype::kE4M3});  // 3-byte rows: later sections lie unaligned
-  hooks::SetWriterSalt(0x5EED);
-  WriteKv(fs, "/s.kv", g, Tokens(40, 23), [](uint64_t) { return 9; }, 5, {"test/model", 0x1234}, 4);
-  ASSERT_TRUE(PackFiles(fs, "/s.kvpack", {{"s.kv", "/s.kv"}}, 4).ok());
+  for (uint32_t kv_chunk : {5u, 4u, 8u, 12u}) {
+    SCOPED_TRACE("kv chunk " + std::to_string(kv_chunk));
+    FaultFs fs;
+    Geometry g = MixedGeometry();
+    g.streams.push_back({"odd", 1, 3, Dtype::kE4M3});  // 3-byte rows: later sections lie unaligned
+    hooks::SetWriterSalt(0x5EED);
+    WriteKv(fs, "/s.kv", g, Tokens(40, 23), [](uint64_t) { return 9; }, kv_chunk, {"test/model", 0x1234}, 4);
+    ASSERT_TRUE(PackFiles(fs, "/s.kvpack", {{"s.kv", "/s.kv"}}, 4).ok());
+    std::unique_ptr<PackReader> r;
+    ASSERT_TRUE(PackReader::Open("/s.kvpack", &fs, &r).ok());
+    const size_t ops = fs.log().size();
+    Status st = r->Materialize(0, "/o.kv");
+    hooks::SetWriterSalt(0);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    std::vector<uint8_t> want = FileBytes(fs, "/s.kv");
+    ASSERT_FALSE(want.empty());
+    EXPECT_EQ(FileBytes(fs, "/o.kv"), want);
+    size_t writes = 0;
+    for (size_t i = ops; i < fs.log().size(); ++i) writes += fs.log()[i].kind == FsOp::kWrite;
+    const size_t chunks = (23 + kv_chunk - 1) / kv_chunk, sections = g.layers * g.streams.size();
+    // The header and the commit record, and the chunks.
+    EXPECT_EQ(writes, 2 + (kv_chunk % 4 == 0 ? chunks * (sections + 1) : chunks));
+  }
+}
+
+// Rewrites byte `at` of chunk `id`'s payload in a pack image and mends every
+// checksum over it (the payload's, the chunk table's, the header's): a pack
+// from a hostile writer, whose checksums all hold.
+void ForgePayloadByte(std::vector<uint8_t>& img, const PackChunk& c, uint32_t id, uint64_t at, uint8_t v) {
+  auto u64 = [&img](size_t o) {
+    uint64_t x;
+    std::memcpy(&x, img.data() + o, 8);
+    return x;
+  };
+  auto put = [&img](size_t o, uint64_t x) { std::memcpy(img.data() + o, &x, 8); };
+  img[c.offset + at] = v;
+  const uint64_t chunks_at = u64(32) + u64(40) * 1304;  // data_end + models x 1304 (spec/PACK.md)
+  put(chunks_at + 48ull * id + 32, XXH3_64bits(img.data() + c.offset, c.bytes));
+  put(80, XXH3_64bits(img.data() + chunks_at, u64(48) * 48));
+  put(120, XXH3_64bits(img.data(), 120));
+}
+
+// Sets the first member's source chunk size in a pack image, with the index
+// and header checksums mended.
+void SetSourceChunkTokens(std::vector<uint8_t>& img, uint32_t tokens) {
+  auto u64 = [&img](size_t o) {
+    uint64_t x;
+    std::memcpy(&x, img.data() + o, 8);
+    return x;
+  };
+  const uint64_t index_at = u64(32) + u64(40) * 1304 + u64(48) * 48 + u64(64);  // after models, chunks, names
+  std::memcpy(img.data() + index_at + 40, &tokens, 4);
+  uint64_t x = XXH3_64bits(img.data() + index_at, u64(56) * 64);
+  std::memcpy(img.data() + 96, &x, 8);
+  x = XXH3_64bits(img.data(), 120);
+  std::memcpy(img.data() + 120, &x, 8);
+}
+
+// Damage found while a member is written, on both paths (.kv chunks of 4
+// tokens: direct; of 5: staged): a flipped payload byte is a checksum
+// mismatch; a forged code or scale with every checksum mended is named as
+// the row check names it. Each leaves no file and no temporary file.
+TEST(PackTest, MaterializeNamesDamageOnBothPaths) {
+  FaultFs base;
+  Geometry g = MixedGeometry();  // k: e4m3, 2 rows of 8; v: e5m2; idx: bf16
+  WriteKv(base, "/s.kv", g, Tokens(40, 23), [](uint64_t) { return 9; }, 4);
+  ASSERT_TRUE(PackFiles(base, "/s.kvpack", {{"s.kv", "/s.kv"}}, 4).ok());
+  std::vector<uint8_t> good = FileBytes(base, "/s.kvpack");
   std::unique_ptr<PackReader> r;
-  ASSERT_TRUE(PackReader::Open("/s.kvpack", &fs, &r).ok());
-  Status st = r->Materialize(0, "/o.kv");
-  hooks::SetWriterSalt(0);
-  ASSERT_TRUE(st.ok()) << st.ToString();
-  std::vector<uint8_t> want = FileBytes(fs, "/s.kv");
-  ASSERT_FALSE(want.empty());
-  EXPECT_EQ(FileBytes(fs, "/o.kv"), want);
+  ASSERT_TRUE(PackReader::Open("/s.kvpack", &base, &r).ok());
+  std::vector<uint32_t> tokens, ids;
+  ASSERT_TRUE(r->ReadMember(0, &tokens, &ids).ok());
+  const uint32_t id = ids[2];  // the member's third pack chunk
+  const PackChunk c = r->chunks()[id];
+  const std::vector<PayloadSection> layout = PackPayloadLayout(g, c.token_count);
+  const std::string name = "chunk " + std::to_string(id);
+  struct Case {
+    std::string what;
+    std::vector<uint8_t> image;
+    std::string message;
+  };
+  std::vector<Case> cases;
+  std::vector<uint8_t> flipped = good;
+  flipped[c.offset + layout[4].data_offset + 5] ^= 0x10;  // layer 1, stream 'v'
+  cases.push_back({"flipped byte", flipped, name + ": payload checksum mismatch (at offset " +
+                                               std::to_string(c.offset) + ")"});
+  std::vector<uint8_t> nan_code = good;
+  ForgePayloadByte(nan_code, c, id, layout[3].data_offset + 9, 0x7F);  // layer 1, stream 'k': e4m3 NaN
+  cases.push_back({"NaN code", nan_code, name + " layer 1 stream 'k': non-finite code"});
+  std::vector<uint8_t> zero_scale = good;
+  for (int b = 0; b < 4; ++b) ForgePayloadByte(zero_scale, c, id, layout[1].scales_offset + 4 + b, 0);
+  cases.push_back({"zero scale", zero_scale, name + " layer 0 stream 'v': invalid scale"});
+  for (const Case& k : cases)
+    for (uint32_t kv_chunk : {4u, 5u}) {
+      SCOPED_TRACE(k.what + ", kv chunk " + std::to_string(kv_chunk));
+      std::vector<uint8_t> image = k.image;
+      if (kv_chunk == 5) SetSourceChunkTokens(image, 5);  // the staged path
+      FaultFs fs2({{"/p.kvpack", image}});
+      std::unique_ptr<PackReader> pr;
+      ASSERT_TRUE(PackReader::Open("/p.kvpack", &fs2, &pr).ok());
+      ASSERT_EQ(pr->members()[0].source_chunk_tokens, kv_chunk);
+      Status st = pr->Materialize(0, "/out/o.kv");
+      ASSERT_EQ(st.code(), Status::Code::kCorruption) << st.ToString();
+      EXPECT_EQ(st.message(), "/p.kvpack: " + k.message);
+      std::vector<uint8_t> check;
+      EXPECT_EQ(pr->ReadChunk(id, &check).message(), "/p.kvpack: " + k.message);
+      EXPECT_EQ(fs2.Image().size(), 1u) << "a file or temporary file was left";
+    }
 }
 
 // N members share a 16-token prefix (same ids, same rows) and add 3 tokens

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <new>
 
 #include "format/endian.h"
 #include "format/kv_format.h"
@@ -26,6 +27,14 @@ uint64_t ChainHash(uint64_t previous, std::span<const uint32_t> tokens) {
 }
 
 uint64_t Checksum(const uint8_t* data, size_t n) { return XXH3_64bits(data, n); }
+
+ChecksumStream::ChecksumStream() : state_(XXH3_createState()) {
+  if (state_ == nullptr) throw std::bad_alloc();
+  XXH3_64bits_reset(state_);
+}
+ChecksumStream::~ChecksumStream() { XXH3_freeState(state_); }
+void ChecksumStream::Update(const uint8_t* data, size_t n) { XXH3_64bits_update(state_, data, n); }
+uint64_t ChecksumStream::Digest() const { return XXH3_64bits_digest(state_); }
 
 void EncodeModel(const PackModel& m, uint8_t* out) {
   std::memset(out, 0, kModelEntryBytes);

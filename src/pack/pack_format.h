@@ -12,6 +12,8 @@
 #include "kvfile/pack.h"
 #include "kvfile/status.h"
 
+struct XXH3_state_s;
+
 namespace kvfile::pack {
 
 // "\x89KVP\r\n\x1a\n": the .kv magic's idea with P for pack.
@@ -95,6 +97,19 @@ uint64_t PayloadBytesPerToken(const Geometry& g);
 // The chain hash of `tokens` (u32 little-endian) after `previous`.
 uint64_t ChainHash(uint64_t previous, std::span<const uint32_t> tokens);
 uint64_t Checksum(const uint8_t* data, size_t n);
+// The same checksum over bytes that arrive in pieces, in order.
+class ChecksumStream {
+ public:
+  ChecksumStream();
+  ~ChecksumStream();
+  ChecksumStream(const ChecksumStream&) = delete;
+  ChecksumStream& operator=(const ChecksumStream&) = delete;
+  void Update(const uint8_t* data, size_t n);
+  uint64_t Digest() const;
+
+ private:
+  XXH3_state_s* state_;
+};
 
 void EncodeModel(const PackModel& m, uint8_t* out);  // kModelEntryBytes
 // Checks every rule of spec/PACK.md section 3; messages name the entry.

@@ -6,11 +6,13 @@
 #include <bit>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <set>
 #include <tuple>
 
 #include "atomic_replace.h"
 #include "codec/row_check.h"
+#include "direct_chunk.h"
 #include "format/chunk_layout.h"
 #include "format/endian.h"
 #include "page_buffer.h"
@@ -53,6 +55,17 @@ struct KVFILE_NO_EXPORT PackReader::Impl {
                     std::to_string(c.offset) + ")");
     return Status::OK();
   }
+  // A chunk whose payload checksum holds but whose rows the row check
+  // refuses.
+  Status RowDamage(uint32_t id, uint32_t layer, const StreamSpec& spec, codec::RowFault fault) const {
+    return Damage("chunk " + std::to_string(id) + " layer " + std::to_string(layer) + " stream '" + spec.name +
+                  "': " +
+                  (fault == codec::RowFault::kNonFiniteCode  ? "non-finite code"
+                   : fault == codec::RowFault::kInvalidScale ? "invalid scale"
+                                                             : "non-finite value"));
+  }
+  Status MaterializeDirect(const PackMember& m, std::span<const uint32_t> tokens, std::span<const uint32_t> ids,
+                           uint32_t ct, Writer& w);
   Status ParseTables(const uint8_t* h);
   Status CheckTiling() const;
 };
@@ -285,19 +298,108 @@ Status PackReader::ReadChunk(uint32_t id, std::vector<uint8_t>* payload) {
         std::memcpy(&scales[i], &bits, 4);
       }
       codec::RowCheck rc = codec::CheckRows(spec.dtype, rows_at, scales.data(), rows, spec.row_width);
-      if (!rc.ok())
-        return r.Damage("chunk " + std::to_string(id) + " layer " + std::to_string(l) + " stream '" + spec.name +
-                        "': " +
-                        (rc.fault == codec::RowFault::kNonFiniteCode  ? "non-finite code"
-                         : rc.fault == codec::RowFault::kInvalidScale ? "invalid scale"
-                                                                       : "non-finite value"));
+      if (!rc.ok()) return r.RowDamage(id, l, spec, rc.fault);
     }
   return Status::OK();
 }
 
-// One pass: each chunk is read once into one reused buffer, its checksum
-// checked, and its rows handed to the writer in place (the writer checks
-// codes and values as it stages them, once). The pieces end at the
+// Unpack's direct path, taken where every chunk of the .kv file holds whole
+// pack chunks (its chunk size a multiple of the pack's): each section of a
+// .kv chunk is read from the pack straight into its place in one reused
+// section-sized buffer (each pack chunk's rows, then its scales), checked,
+// sealed and written (DirectChunk); no chunk-sized buffer, no staging copy.
+// The pack chunks' checksums are computed as their sections pass, in
+// payload order, and checked before the .kv chunk's head is written; a
+// mismatch (named first) or a bad row fails the unpack and the temporary
+// file goes. The file is the bytes the staged path writes: one append per
+// pack chunk, so each .kv chunk ends an append.
+Status PackReader::Impl::MaterializeDirect(const PackMember& m, std::span<const uint32_t> tokens,
+                                           std::span<const uint32_t> ids, uint32_t ct, Writer& w) {
+  const Geometry& g = models[m.model].geometry;
+  const uint64_t c_tokens = models[m.model].chunk_tokens;
+  const size_t streams = g.streams.size();
+  // Two section buffers: one is filled while the other is written.
+  internal::PageBuffer buffers[2];
+  std::vector<float> host_scales;  // big-endian hosts only
+  for (uint64_t first = 0; first < m.token_count; first += ct) {
+    const uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(ct, m.token_count - first));
+    internal::DirectChunk dc;
+    KVFILE_RETURN_IF_ERROR(dc.Begin(w, n));
+    const format::ChunkLayout& cl = dc.layout();
+    // The pack chunks [p0, p1) of the member hold exactly these tokens.
+    const size_t p0 = first / c_tokens, p1 = (first + n + c_tokens - 1) / c_tokens;
+    std::vector<std::vector<PayloadSection>> payload;
+    std::vector<std::unique_ptr<pack::ChecksumStream>> sums;
+    for (size_t p = p0; p < p1; ++p) {
+      payload.push_back(PackPayloadLayout(g, chunks[ids[p]].token_count));
+      sums.push_back(std::make_unique<pack::ChecksumStream>());
+    }
+    uint64_t largest = 0;
+    for (const format::SectionLayout& sec : cl.sections) largest = std::max(largest, sec.end - sec.offset);
+    for (internal::PageBuffer& b : buffers)
+      if (!b.Resize(largest))
+        return Status::IOError(path + ": cannot allocate a buffer of " + std::to_string(largest) + " bytes");
+    std::optional<std::pair<size_t, codec::RowFault>> bad;  // (section, fault) of the first bad row
+    uint32_t bad_id = 0;
+    for (size_t k = 0; k < cl.sections.size(); ++k) {
+      const format::SectionLayout& sec = cl.sections[k];
+      const StreamSpec& spec = g.streams[k % streams];
+      // The write of section k - 2 from this buffer is complete: the
+      // previous section waited for it.
+      uint8_t* base = buffers[k % 2].data();
+      const uint64_t token_bytes = uint64_t{spec.rows_per_token} * spec.row_width * ElementSize(spec.dtype);
+      for (size_t p = p0; p < p1; ++p) {
+        const PackChunk& c = chunks[ids[p]];
+        const PayloadSection& ps = payload[p - p0][k];
+        const uint64_t at = c.first_token - first;  // the pack chunk's first token in this .kv chunk
+        uint8_t* rows = base + at * token_bytes;
+        KVFILE_RETURN_IF_ERROR(file->ReadAt(c.offset + ps.data_offset, rows, ps.data_bytes));
+        sums[p - p0]->Update(rows, ps.data_bytes);
+        if (!ps.scales_bytes) continue;
+        uint8_t* scales = base + (sec.scales_offset - sec.offset) + at * 4 * spec.rows_per_token;
+        KVFILE_RETURN_IF_ERROR(file->ReadAt(c.offset + ps.scales_offset, scales, ps.scales_bytes));
+        sums[p - p0]->Update(scales, ps.scales_bytes);
+      }
+      if (!bad) {
+        const float* scales = nullptr;
+        if (sec.scales_bytes) {
+          scales = reinterpret_cast<const float*>(base + (sec.scales_offset - sec.offset));
+          if constexpr (std::endian::native != std::endian::little) {
+            host_scales.resize(sec.scales_bytes / 4);
+            for (size_t i = 0; i < host_scales.size(); ++i) {
+              uint32_t bits = LoadU32(base + (sec.scales_offset - sec.offset) + 4 * i);
+              std::memcpy(&host_scales[i], &bits, 4);
+            }
+            scales = host_scales.data();
+          }
+        }
+        codec::RowCheck rc =
+            codec::CheckRows(spec.dtype, base, scales, size_t{n} * spec.rows_per_token, spec.row_width);
+        if (!rc.ok()) {
+          bad.emplace(k, rc.fault);
+          bad_id = ids[(first + rc.row / spec.rows_per_token) / c_tokens];
+        }
+      }
+      KVFILE_RETURN_IF_ERROR(dc.Wait());
+      KVFILE_RETURN_IF_ERROR(dc.WriteSection(k, base));
+    }
+    for (size_t p = p0; p < p1; ++p) {
+      const PackChunk& c = chunks[ids[p]];
+      if (sums[p - p0]->Digest() != c.payload_checksum)
+        return Damage("chunk " + std::to_string(ids[p]) + ": payload checksum mismatch (at offset " +
+                      std::to_string(c.offset) + ")");
+    }
+    if (bad) return RowDamage(bad_id, static_cast<uint32_t>(bad->first / streams), g.streams[bad->first % streams],
+                              bad->second);
+    KVFILE_RETURN_IF_ERROR(dc.Finish(tokens.subspan(first, n)));
+  }
+  return Status::OK();
+}
+
+// One pass. Where the .kv chunks hold whole pack chunks, the direct path
+// above. Otherwise each chunk is read once into one reused buffer, its
+// checksum checked, and its rows handed to the writer in place (the writer
+// checks codes and values as it stages them, once). The pieces end at the
 // writer's chunk boundaries, so no piece is checked before it is staged;
 // each pack chunk stays one append, as it always was (the same append ends,
 // the same bytes).
@@ -321,6 +423,12 @@ Status PackReader::Materialize(size_t index, const std::string& dest) {
   wo.sync = SyncMode::kClose;
   std::unique_ptr<Writer> w;
   KVFILE_RETURN_IF_ERROR(Writer::Create(replace->temp_path(), g, model.identity, wo, &w));
+  if (ct % model.chunk_tokens == 0) {
+    KVFILE_RETURN_IF_ERROR(r.MaterializeDirect(m, tokens, ids, ct, *w));
+    KVFILE_RETURN_IF_ERROR(w->Close());
+    w.reset();
+    return replace->Commit();
+  }
   internal::PageBuffer payload;
   // Aligned, host-order copies, only for sections the payload holds
   // unaligned (or scales on a big-endian host).

@@ -16,7 +16,8 @@ prefix=2048 own=256 chunk=256
 # Arithmetic on decimals (awk: no bc needed). calc EXPR [DECIMALS]
 calc() { awk "BEGIN { printf \"%.${2:-3}f\", $1 }"; }
 mkdir -p "$dir/corpus"
-trap 'rm -rf "$dir"' EXIT
+shm=
+trap 'rm -rf "$dir" ${shm:+"$shm"}' EXIT
 
 for ((i = 1; i <= n; i++)); do
   "$kvfile" synth "$dir/corpus/$(printf 'session%04d.kv' "$i")" --preset llama-3.1-8b \
@@ -57,6 +58,23 @@ for rep in 1 2 3; do
 done
 cp1_med=$(printf '%s\n' "${cp1_times[@]}" | median)
 member_bytes=$(stat -c %s "$dir/one/session0001.kv")
+# The same two in memory, where no disk limits either: unpack into tmpfs
+# against cp into tmpfs (skipped without /dev/shm room for two members).
+shm_line="in memory (tmpfs): skipped (no room in /dev/shm)"
+if [ -d /dev/shm ] && [ "$(df --output=avail -B1 /dev/shm 2>/dev/null | tail -1)" -gt $((3 * member_bytes)) ]; then
+  shm=$(mktemp -d /dev/shm/pack_bench.XXXXXX)
+  shm_unpack=() shm_cp=()
+  for rep in 1 2 3; do
+    rm -rf "$shm/one" "$shm/one.kv"
+    t0=$(now); "$kvfile" unpack "$dir/c.kvpack" -o "$shm/one" session0001.kv >/dev/null; t1=$(now)
+    shm_unpack+=("$(calc "$t1 - $t0")")
+    t0=$(now); cp "$dir/corpus/session0001.kv" "$shm/one.kv"; t1=$(now)
+    shm_cp+=("$(calc "$t1 - $t0")")
+  done
+  rm -rf "$shm"
+  su=$(printf '%s\n' "${shm_unpack[@]}" | median) sc=$(printf '%s\n' "${shm_cp[@]}" | median)
+  shm_line="in memory (tmpfs): unpack ${shm_unpack[*]} s median $su, cp ${shm_cp[*]} s median $sc; unpack vs cp: $(calc "$sc / $su" 2)x"
+fi
 
 rm -f "$dir/c2.kvpack" && rm -rf "$dir/one2"
 pack_rss=$( { /usr/bin/time -f '%M' "$kvfile" pack "$dir/corpus" -o "$dir/c2.kvpack" >/dev/null; } 2>&1 | tail -1)
@@ -82,6 +100,7 @@ echo "kvfile pack:       ${pack_times[*]} s  median $pack_med"
 echo "pack speed vs cp:  $(calc "$cp_med / $pack_med" 2)x"
 echo "unpack 1 member:   ${unpack_times[*]} s  median $unpack_med ($member_bytes bytes, $(calc "$member_bytes / $unpack_med / 1000000" 0) MB/s)"
 echo "cp 1 .kv + sync:   ${cp1_times[*]} s  median $cp1_med; unpack speed vs cp: $(calc "$cp1_med / $unpack_med" 2)x"
+echo "$shm_line"
 echo "peak RSS:          pack $((pack_rss / 1024)) MiB, unpack of one member $((unpack_rss / 1024)) MiB"
 echo "pack size:         $pack_bytes bytes (format arithmetic: $(formula "$n")); directory/pack $(calc "$dir_bytes / $pack_bytes" 2)x"
 echo "N = 1000:          directory $((1000 * kv_bytes)) bytes, pack $(formula 1000) bytes: $(calc "1000 * $kv_bytes / $(formula 1000)" 2)x"

@@ -20,6 +20,10 @@
 
 namespace kvfile {
 
+namespace internal {
+struct WriterAccess;  // the library's own parts: access to the writer behind the API
+}
+
 enum class SyncMode {
   kNone,   // never fsync on its own; only an explicit Sync() makes data durable
   kChunk,  // every chunk is durable (and committed) before the append returns
@@ -155,6 +159,7 @@ class KVFILE_EXPORT Writer {
   const std::string& path() const;
 
  private:
+  friend struct internal::WriterAccess;
   struct Impl;  // defined hidden: not exported
   KVFILE_NO_EXPORT explicit Writer(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;

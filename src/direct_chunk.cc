@@ -1,0 +1,99 @@
+// SPDX-License-Identifier: Apache-2.0
+// DirectChunk (see direct_chunk.h) and the writer's side of it.
+#include "direct_chunk.h"
+
+#include "chunk_builder.h"
+#include "format/endian.h"
+#include "writer_impl.h"
+
+namespace kvfile {
+
+using namespace kvfile::format;
+
+Status Writer::Impl::BeginDirectChunk(uint32_t n, ChunkHeader* head) {
+  KVFILE_RETURN_IF_ERROR(CheckUsable());
+  if (builder.staged() != 0 || append_open)
+    return Status::Failed(path + ": a chunk written whole needs an empty staging buffer");
+  if (n == 0 || n > builder.capacity())
+    return Status::InvalidArgument(path + ": a chunk of " + std::to_string(n) + " tokens; this writer's hold 1.." +
+                                   std::to_string(builder.capacity()));
+  // The earlier chunk's write must be complete: this one goes after it.
+  KVFILE_RETURN_IF_ERROR(WaitInFlight());
+  ChunkHeader ch;
+  ch.salt = header.salt;
+  ch.first_token = disk_tokens;
+  ch.chunk_offset = end;
+  ch.epoch = log.durable().epoch;
+  // Its last token ends an append (FORMAT.md 5.3).
+  if (append_ends) ch.append_end = n;
+  ch.token_count = n;
+  *head = ch;
+  return Status::OK();
+}
+
+Status Writer::Impl::EndDirectChunk(const ChunkHeader& head, std::span<const uint32_t> chunk_tokens) {
+  tokens.insert(tokens.end(), chunk_tokens.begin(), chunk_tokens.end());
+  append_end = tokens.size();
+  if (append_ends) disk_append_end = append_end;
+  log.DataWritten();
+  chunks.push_back({end, head.chunk_bytes, disk_tokens});
+  end += head.chunk_bytes;
+  disk_tokens += head.token_count;
+  if (options.sync == SyncMode::kChunk) return CommitDurably();
+  return Status::OK();
+}
+
+namespace internal {
+
+Status DirectChunk::Begin(Writer& w, uint32_t n) {
+  writer_ = &w;
+  auto& impl = WriterAccess::Of(w);
+  KVFILE_RETURN_IF_ERROR(impl.BeginDirectChunk(n, &head_));
+  KVFILE_RETURN_IF_ERROR(ComputeChunkLayout(impl.g(), n, &layout_).WithContext(impl.path));
+  head_.chunk_bytes = layout_.chunk_bytes;
+  checksums_.assign(layout_.sections.size(), 0);
+  sections_written_ = 0;
+  return Status::OK();
+}
+
+Status DirectChunk::WriteSection(size_t i, uint8_t* bytes) {
+  auto& impl = WriterAccess::Of(*writer_);
+  const SectionLayout& sec = layout_.sections[i];
+  checksums_[i] = SealSection(sec, bytes);
+  Status st = impl.file->SubmitWrite(head_.chunk_offset + sec.offset, bytes, sec.end - sec.offset, false);
+  if (!st.ok()) {
+    (void)impl.file->WaitWrites();  // the buffers are the caller's again only after this
+    return impl.Fail(st);
+  }
+  ++sections_written_;
+  return Status::OK();
+}
+
+Status DirectChunk::Wait() {
+  auto& impl = WriterAccess::Of(*writer_);
+  Status st = impl.file->WaitWrites();
+  if (!st.ok()) return impl.Fail(st);
+  return Status::OK();
+}
+
+Status DirectChunk::Finish(std::span<const uint32_t> tokens) {
+  auto& impl = WriterAccess::Of(*writer_);
+  if (sections_written_ != layout_.sections.size() || tokens.size() != head_.token_count)
+    return Status::InvalidArgument(impl.path + ": a chunk finished before all its sections were written");
+  KVFILE_RETURN_IF_ERROR(Wait());
+  head_bytes_.resize(layout_.head_bytes);
+  uint8_t* h = head_bytes_.data();
+  for (size_t i = 0; i < checksums_.size(); ++i) StoreU64(h + layout_.section_checksums_offset + 8 * i, checksums_[i]);
+  for (size_t i = 0; i < tokens.size(); ++i) StoreU32(h + layout_.tokens_offset + 4 * i, tokens[i]);
+  SealHead(layout_, head_, h);
+  Status st = impl.file->WriteAt(head_.chunk_offset, h, layout_.head_bytes);
+  if (!st.ok()) return impl.Fail(st);
+  // The whole chunk is written: its writeback can start while the caller
+  // prepares the next one.
+  impl.write_behind.Start(*impl.file, impl.path, head_.chunk_offset, layout_.chunk_bytes);
+  return impl.EndDirectChunk(head_, tokens);
+}
+
+}  // namespace internal
+
+}  // namespace kvfile

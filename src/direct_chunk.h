@@ -1,0 +1,54 @@
+// SPDX-License-Identifier: Apache-2.0
+// DirectChunk: one chunk written straight into a writer's file, section by
+// section, without staging. For a caller whose rows are already in the
+// file's dtypes and checked (unpack of a pack member,
+// PackReader::Materialize): the rows go from the caller's buffer to the
+// file with no staging copy and no chunk-sized buffer.
+//
+// The chunk's bytes are sealed as ChunkBuilder seals them (SealSection,
+// SealHead); the chunk joins the writer's sequence only at Finish(), as the
+// next tokens, ending one append; what makes it durable and committed is
+// the writer's (its sync mode, Sync(), Close()). Finish() also asks the
+// kernel to start writing the chunk back (write_behind.h), so the disk
+// works while the next chunk is prepared. A failed write leaves the writer
+// unusable, as a failed chunk write does.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "format/chunk_layout.h"
+#include "format/header.h"
+#include "kvfile/writer.h"
+
+namespace kvfile::internal {
+
+class DirectChunk {
+ public:
+  // Starts the next chunk of `w`, of `n` tokens (1 .. the writer's chunk
+  // size), at the file's end. Nothing may be staged in `w`.
+  Status Begin(Writer& w, uint32_t n);
+  const format::ChunkLayout& layout() const { return layout_; }
+  // Queues the write of section i: `bytes` holds the section's [offset,
+  // end) with its arrays in place; its padding is zeroed here, then it is
+  // checksummed. The bytes must stay untouched until Wait() or Finish()
+  // returns (so a caller fills one buffer while the other is written).
+  Status WriteSection(size_t i, uint8_t* bytes);
+  // Waits for the sections queued so far.
+  Status Wait();
+  // Once every section is queued: waits for them, writes the head, with
+  // `tokens` (the chunk's n token ids), and counts the chunk in the
+  // writer's sequence.
+  Status Finish(std::span<const uint32_t> tokens);
+
+ private:
+  Writer* writer_ = nullptr;
+  format::ChunkLayout layout_;
+  format::ChunkHeader head_;
+  std::vector<uint64_t> checksums_;
+  size_t sections_written_ = 0;
+  std::vector<uint8_t> head_bytes_;
+};
+
+}  // namespace kvfile::internal
