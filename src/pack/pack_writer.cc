@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include "atomic_replace.h"
+#include "write_behind.h"
 #include "format/endian.h"
 #include "format/kv_format.h"
 #include "kvfile/codec.h"
@@ -90,8 +91,17 @@ struct KVFILE_NO_EXPORT PackWriter::Impl {
       return st;
     }
     offset += n;
+    // Every 8 MiB written, the kernel starts writing them to the disk while
+    // the next chunks are read (write_behind.h); the sync at Finish stays.
+    hinted = std::min(hinted, offset - n);  // a refused member's bytes are written over
+    if (offset - hinted >= (uint64_t{8} << 20)) {
+      write_behind.Start(*file, replace->temp_path(), hinted, offset - hinted);
+      hinted = offset;
+    }
     return Status::OK();
   }
+  uint64_t hinted = pack::kHeaderBytes;  // bytes before this have had their writeback hint
+  internal::WriteBehind write_behind;
   Status ModelFor(const Reader& r, uint32_t* model);
   Geometry StoredGeometry(const Reader& r) const;
   Status FillPayload(Reader& r, const PackModel& m, uint64_t begin, uint32_t tokens);
