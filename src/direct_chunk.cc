@@ -56,12 +56,20 @@ Status DirectChunk::Begin(Writer& w, uint32_t n) {
   return Status::OK();
 }
 
+DirectChunk::~DirectChunk() {
+  if (queued_) (void)WriterAccess::Of(*writer_).file->WaitWrites();
+}
+
 Status DirectChunk::WriteSection(size_t i, uint8_t* bytes) {
   auto& impl = WriterAccess::Of(*writer_);
+  if (i != sections_written_)
+    return Status::InvalidArgument(impl.path + ": section " + std::to_string(i) + " written out of order");
   const SectionLayout& sec = layout_.sections[i];
   checksums_[i] = SealSection(sec, bytes);
+  queued_ = true;
   Status st = impl.file->SubmitWrite(head_.chunk_offset + sec.offset, bytes, sec.end - sec.offset, false);
   if (!st.ok()) {
+    queued_ = false;
     (void)impl.file->WaitWrites();  // the buffers are the caller's again only after this
     return impl.Fail(st);
   }
@@ -71,6 +79,7 @@ Status DirectChunk::WriteSection(size_t i, uint8_t* bytes) {
 
 Status DirectChunk::Wait() {
   auto& impl = WriterAccess::Of(*writer_);
+  queued_ = false;
   Status st = impl.file->WaitWrites();
   if (!st.ok()) return impl.Fail(st);
   return Status::OK();
@@ -78,8 +87,11 @@ Status DirectChunk::Wait() {
 
 Status DirectChunk::Finish(std::span<const uint32_t> tokens) {
   auto& impl = WriterAccess::Of(*writer_);
-  if (sections_written_ != layout_.sections.size() || tokens.size() != head_.token_count)
+  if (sections_written_ != layout_.sections.size())
     return Status::InvalidArgument(impl.path + ": a chunk finished before all its sections were written");
+  if (tokens.size() != head_.token_count)
+    return Status::InvalidArgument(impl.path + ": a chunk of " + std::to_string(head_.token_count) + " tokens given " +
+                                   std::to_string(tokens.size()) + " token ids");
   KVFILE_RETURN_IF_ERROR(Wait());
   head_bytes_.resize(layout_.head_bytes);
   uint8_t* h = head_bytes_.data();

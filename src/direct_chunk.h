@@ -26,14 +26,24 @@ namespace kvfile::internal {
 
 class DirectChunk {
  public:
+  DirectChunk() = default;
+  DirectChunk(const DirectChunk&) = delete;
+  DirectChunk& operator=(const DirectChunk&) = delete;
+  // Waits for sections still queued (a chunk abandoned on an error): their
+  // buffers are the caller's again only after that. The chunk does not
+  // count; its bytes lie past the writer's end, where the next chunk or a
+  // cut at the next open goes.
+  ~DirectChunk();
+
   // Starts the next chunk of `w`, of `n` tokens (1 .. the writer's chunk
   // size), at the file's end. Nothing may be staged in `w`.
   Status Begin(Writer& w, uint32_t n);
   const format::ChunkLayout& layout() const { return layout_; }
-  // Queues the write of section i: `bytes` holds the section's [offset,
-  // end) with its arrays in place; its padding is zeroed here, then it is
-  // checksummed. The bytes must stay untouched until Wait() or Finish()
-  // returns (so a caller fills one buffer while the other is written).
+  // Queues the write of section i (sections in order, from 0): `bytes`
+  // holds the section's [offset, end) with its arrays in place; its padding
+  // is zeroed here, then it is checksummed. The bytes must stay untouched
+  // until Wait() or Finish() returns, or the DirectChunk is destroyed (so a
+  // caller fills one buffer while the other is written).
   Status WriteSection(size_t i, uint8_t* bytes);
   // Waits for the sections queued so far.
   Status Wait();
@@ -48,6 +58,7 @@ class DirectChunk {
   format::ChunkHeader head_;
   std::vector<uint64_t> checksums_;
   size_t sections_written_ = 0;
+  bool queued_ = false;  // sections queued since the last wait
   std::vector<uint8_t> head_bytes_;
 };
 

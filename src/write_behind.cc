@@ -8,8 +8,12 @@
 
 namespace kvfile::internal {
 
-WriteBehind::~WriteBehind() {
+WriteBehind::~WriteBehind() { Release(); }
+
+void WriteBehind::Release() {
   if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  tried_ = true;
 }
 
 void WriteBehind::Start(File& file, const std::string& path, uint64_t offset, uint64_t n) {

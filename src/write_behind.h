@@ -29,6 +29,8 @@ class WriteBehind {
   // now (a writer's file may have been created under another name), whose
   // bytes there are all written (none still queued).
   void Start(File& file, const std::string& path, uint64_t offset, uint64_t n);
+  // Closes the second descriptor (the writer closes its file); hints stop.
+  void Release();
 
  private:
   int fd_ = -1;

@@ -386,6 +386,7 @@ Status Writer::Close() {
   if (!st.ok() && !w.failure.ok()) w.CutBackAfterFailure();
   w.closed = true;
   w.file.reset();
+  w.write_behind.Release();
   if (st.ok() && dropped > 0)
     return Status::Failed(w.path + ": closed with an unfinished append; its " + std::to_string(dropped) +
                           " tokens were dropped");

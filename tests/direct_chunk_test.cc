@@ -187,6 +187,96 @@ TEST(DirectChunkTest, FailedWriteStopsTheWriter) {
   EXPECT_EQ(std::vector<uint32_t>(r->tokens().begin(), r->tokens().end()), Rows(g, 0, 8).tokens);
 }
 
+// A file system whose queued writes happen only at WaitWrites, as
+// io_uring's may: a buffer handed to SubmitWrite is read later.
+class DeferringFs : public FaultFs {
+ public:
+  Status Open(const std::string& path, OpenMode mode, std::unique_ptr<File>* out) override {
+    std::unique_ptr<File> base;
+    KVFILE_RETURN_IF_ERROR(FaultFs::Open(path, mode, &base));
+    *out = std::make_unique<Deferring>(std::move(base), this);
+    return Status::OK();
+  }
+  size_t pending = 0;  // writes queued and not yet done, over every file
+
+ private:
+  class Deferring : public File {
+   public:
+    Deferring(std::unique_ptr<File> base, DeferringFs* fs) : base_(std::move(base)), fs_(fs) {}
+    ~Deferring() override { fs_->pending -= queue_.size(); }
+    Status ReadAt(uint64_t offset, void* buf, size_t n) override { return base_->ReadAt(offset, buf, n); }
+    Status WriteAt(uint64_t offset, const void* buf, size_t n) override { return base_->WriteAt(offset, buf, n); }
+    Status Sync() override { return base_->Sync(); }
+    Status Truncate(uint64_t size) override { return base_->Truncate(size); }
+    Status Size(uint64_t* size) override { return base_->Size(size); }
+    Status LockExclusive() override { return base_->LockExclusive(); }
+    Status Id(FileId* id) override { return base_->Id(id); }
+    Status SubmitWrite(uint64_t offset, const void* buf, size_t n, bool sync_after) override {
+      queue_.push_back({offset, buf, n, sync_after});
+      ++fs_->pending;
+      return Status::OK();
+    }
+    Status WaitWrites() override {
+      Status first;
+      for (const Queued& q : queue_) {
+        Status st = base_->WriteAt(q.offset, q.buf, q.n);
+        if (st.ok() && q.sync) st = base_->Sync();
+        if (first.ok()) first = st;
+      }
+      fs_->pending -= queue_.size();
+      queue_.clear();
+      return first;
+    }
+    const char* backend() const override { return "deferring"; }
+    const std::string& path() const override { return base_->path(); }
+
+   private:
+    struct Queued {
+      uint64_t offset;
+      const void* buf;
+      size_t n;
+      bool sync;
+    };
+    std::unique_ptr<File> base_;
+    DeferringFs* fs_;
+    std::vector<Queued> queue_;
+  };
+};
+
+// Sections go in order; a chunk abandoned with a section still queued (an
+// error on the caller's side) waits for it before its caller may free the
+// buffer; the abandoned chunk does not count.
+TEST(DirectChunkTest, AbandonedChunkWaitsForItsQueuedSections) {
+  const Geometry g = Mixed();
+  DeferringFs fs;
+  WriterOptions wo;
+  wo.fs = &fs;
+  wo.chunk_tokens = 8;
+  std::unique_ptr<Writer> w;
+  ASSERT_TRUE(Writer::Create("/a.kv", g, {"test/direct", 7}, wo, &w).ok());
+  ASSERT_TRUE(WriteDirect(*w, Rows(g, 0, 8), 8).ok());
+  EXPECT_EQ(fs.pending, 0u);
+  Rows rows(g, 8, 8);
+  ChunkLayout layout;
+  ASSERT_TRUE(format::ComputeChunkLayout(g, 8, &layout).ok());
+  std::vector<uint8_t> s0 = rows.Section(layout, 0), s1 = rows.Section(layout, 1);
+  {
+    DirectChunk dc;  // destroyed before s0 and s1: their queued writes must be done by then
+    ASSERT_TRUE(dc.Begin(*w, 8).ok());
+    EXPECT_EQ(dc.WriteSection(1, s1.data()).code(), Status::Code::kInvalidArgument);
+    ASSERT_TRUE(dc.WriteSection(0, s0.data()).ok());
+    EXPECT_EQ(fs.pending, 1u);
+  }
+  EXPECT_EQ(fs.pending, 0u);
+  EXPECT_EQ(w->token_count(), 8u);
+  ASSERT_TRUE(w->Close().ok());
+  ReaderOptions ro;
+  ro.fs = &fs;
+  std::unique_ptr<Reader> r;
+  ASSERT_TRUE(Reader::Open("/a.kv", ro, &r).ok());
+  EXPECT_EQ(r->token_count(), 8u);
+}
+
 // The descriptors this process holds open on `path`.
 int OpenDescriptorsOn(const std::string& path) {
   int n = 0;

@@ -33,6 +33,7 @@ ChecksumStream::ChecksumStream() : state_(XXH3_createState()) {
   XXH3_64bits_reset(state_);
 }
 ChecksumStream::~ChecksumStream() { XXH3_freeState(state_); }
+void ChecksumStream::Reset() { XXH3_64bits_reset(state_); }
 void ChecksumStream::Update(const uint8_t* data, size_t n) { XXH3_64bits_update(state_, data, n); }
 uint64_t ChecksumStream::Digest() const { return XXH3_64bits_digest(state_); }
 

@@ -104,6 +104,7 @@ class ChecksumStream {
   ~ChecksumStream();
   ChecksumStream(const ChecksumStream&) = delete;
   ChecksumStream& operator=(const ChecksumStream&) = delete;
+  void Reset();  // back to no bytes
   void Update(const uint8_t* data, size_t n);
   uint64_t Digest() const;
 

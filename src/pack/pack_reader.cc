@@ -64,8 +64,11 @@ struct KVFILE_NO_EXPORT PackReader::Impl {
                    : fault == codec::RowFault::kInvalidScale ? "invalid scale"
                                                              : "non-finite value"));
   }
-  Status MaterializeDirect(const PackMember& m, std::span<const uint32_t> tokens, std::span<const uint32_t> ids,
-                           uint32_t ct, Writer& w);
+  // Unpack's direct path: where the .kv chunk size is a multiple of the
+  // pack's and the pieces it reads are large (UseDirectPath).
+  bool UseDirectPath(const PackMember& m, uint32_t ct) const;
+  Status MaterializeDirect(PackReader& self, const PackMember& m, std::span<const uint32_t> tokens,
+                           std::span<const uint32_t> ids, uint32_t ct, Writer& w);
   Status ParseTables(const uint8_t* h);
   Status CheckTiling() const;
 };
@@ -303,95 +306,106 @@ Status PackReader::ReadChunk(uint32_t id, std::vector<uint8_t>* payload) {
   return Status::OK();
 }
 
-// Unpack's direct path, taken where every chunk of the .kv file holds whole
-// pack chunks (its chunk size a multiple of the pack's): each section of a
-// .kv chunk is read from the pack straight into its place in one reused
-// section-sized buffer (each pack chunk's rows, then its scales), checked,
-// sealed and written (DirectChunk); no chunk-sized buffer, no staging copy.
-// The pack chunks' checksums are computed as their sections pass, in
-// payload order, and checked before the .kv chunk's head is written; a
-// mismatch (named first) or a bad row fails the unpack and the temporary
-// file goes. The file is the bytes the staged path writes: one append per
-// pack chunk, so each .kv chunk ends an append.
-Status PackReader::Impl::MaterializeDirect(const PackMember& m, std::span<const uint32_t> tokens,
+// The direct path reads one piece per (pack chunk, section) and scales
+// part: it is taken where every .kv chunk holds whole pack chunks and the
+// pieces average at least 64 KiB, so the reads stay few and large (a
+// geometry of many tiny sections, or tiny pack chunks, is staged instead).
+bool PackReader::Impl::UseDirectPath(const PackMember& m, uint32_t ct) const {
+  const PackModel& model = models[m.model];
+  const uint64_t sections = uint64_t{model.geometry.layers} * model.geometry.streams.size();
+  return ct % model.chunk_tokens == 0 &&
+         model.chunk_tokens * model.payload_bytes_per_token / sections >= (uint64_t{64} << 10);
+}
+
+// Unpack's direct path (UseDirectPath says where): each section of a .kv
+// chunk is read from the pack straight into its place in one of two
+// section-sized buffers (each pack chunk's rows, then its scales; one
+// buffer is filled while the other is written), checked, sealed and written
+// (DirectChunk); no chunk-sized buffer, no staging copy. The pack chunks'
+// checksums are computed as their bytes pass, in payload order, and
+// compared before the .kv chunk's head is written. On any fault the pack
+// chunks of that .kv chunk are checked again in order by ReadChunk, so the
+// error is the one the staged path gives; the unpack fails and the
+// temporary file goes. The file is the bytes the staged path writes: one
+// append per pack chunk, so each .kv chunk ends an append.
+Status PackReader::Impl::MaterializeDirect(PackReader& self, const PackMember& m, std::span<const uint32_t> tokens,
                                            std::span<const uint32_t> ids, uint32_t ct, Writer& w) {
   const Geometry& g = models[m.model].geometry;
   const uint64_t c_tokens = models[m.model].chunk_tokens;
-  const size_t streams = g.streams.size();
-  // Two section buffers: one is filled while the other is written.
+  // The payload layout of a whole pack chunk, and of the member's last one.
+  const std::vector<PayloadSection> full = PackPayloadLayout(g, static_cast<uint32_t>(c_tokens));
+  std::vector<PayloadSection> tail;
   internal::PageBuffer buffers[2];
+  std::vector<std::unique_ptr<pack::ChecksumStream>> sums;
   std::vector<float> host_scales;  // big-endian hosts only
   for (uint64_t first = 0; first < m.token_count; first += ct) {
     const uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(ct, m.token_count - first));
-    internal::DirectChunk dc;
-    KVFILE_RETURN_IF_ERROR(dc.Begin(w, n));
-    const format::ChunkLayout& cl = dc.layout();
-    // The pack chunks [p0, p1) of the member hold exactly these tokens.
+    // The pack chunks [p0, p1) of the member hold exactly these tokens
+    // (ReadMember checked their token ranges).
     const size_t p0 = first / c_tokens, p1 = (first + n + c_tokens - 1) / c_tokens;
-    std::vector<std::vector<PayloadSection>> payload;
-    std::vector<std::unique_ptr<pack::ChecksumStream>> sums;
-    for (size_t p = p0; p < p1; ++p) {
-      payload.push_back(PackPayloadLayout(g, chunks[ids[p]].token_count));
-      sums.push_back(std::make_unique<pack::ChecksumStream>());
-    }
-    uint64_t largest = 0;
-    for (const format::SectionLayout& sec : cl.sections) largest = std::max(largest, sec.end - sec.offset);
-    for (internal::PageBuffer& b : buffers)
-      if (!b.Resize(largest))
-        return Status::IOError(path + ": cannot allocate a buffer of " + std::to_string(largest) + " bytes");
-    std::optional<std::pair<size_t, codec::RowFault>> bad;  // (section, fault) of the first bad row
-    uint32_t bad_id = 0;
-    for (size_t k = 0; k < cl.sections.size(); ++k) {
-      const format::SectionLayout& sec = cl.sections[k];
-      const StreamSpec& spec = g.streams[k % streams];
-      // The write of section k - 2 from this buffer is complete: the
-      // previous section waited for it.
-      uint8_t* base = buffers[k % 2].data();
-      const uint64_t token_bytes = uint64_t{spec.rows_per_token} * spec.row_width * ElementSize(spec.dtype);
-      for (size_t p = p0; p < p1; ++p) {
-        const PackChunk& c = chunks[ids[p]];
-        const PayloadSection& ps = payload[p - p0][k];
-        const uint64_t at = c.first_token - first;  // the pack chunk's first token in this .kv chunk
-        uint8_t* rows = base + at * token_bytes;
-        KVFILE_RETURN_IF_ERROR(file->ReadAt(c.offset + ps.data_offset, rows, ps.data_bytes));
-        sums[p - p0]->Update(rows, ps.data_bytes);
-        if (!ps.scales_bytes) continue;
-        uint8_t* scales = base + (sec.scales_offset - sec.offset) + at * 4 * spec.rows_per_token;
-        KVFILE_RETURN_IF_ERROR(file->ReadAt(c.offset + ps.scales_offset, scales, ps.scales_bytes));
-        sums[p - p0]->Update(scales, ps.scales_bytes);
-      }
-      if (!bad) {
-        const float* scales = nullptr;
-        if (sec.scales_bytes) {
-          scales = reinterpret_cast<const float*>(base + (sec.scales_offset - sec.offset));
-          if constexpr (std::endian::native != std::endian::little) {
-            host_scales.resize(sec.scales_bytes / 4);
-            for (size_t i = 0; i < host_scales.size(); ++i) {
-              uint32_t bits = LoadU32(base + (sec.scales_offset - sec.offset) + 4 * i);
-              std::memcpy(&host_scales[i], &bits, 4);
+    while (sums.size() < p1 - p0) sums.push_back(std::make_unique<pack::ChecksumStream>());
+    for (size_t p = p0; p < p1; ++p) sums[p - p0]->Reset();
+    bool fault = false;
+    {
+      internal::DirectChunk dc;  // destroyed before the buffers its writes read
+      KVFILE_RETURN_IF_ERROR(dc.Begin(w, n));
+      const format::ChunkLayout& cl = dc.layout();
+      uint64_t largest = 0;
+      for (const format::SectionLayout& sec : cl.sections) largest = std::max(largest, sec.end - sec.offset);
+      for (internal::PageBuffer& b : buffers)
+        if (!b.Resize(largest))
+          return Status::IOError(path + ": cannot allocate a buffer of " + std::to_string(largest) + " bytes");
+      for (size_t k = 0; k < cl.sections.size(); ++k) {
+        const format::SectionLayout& sec = cl.sections[k];
+        const StreamSpec& spec = g.streams[k % g.streams.size()];
+        // The write of section k - 2 from this buffer is complete: the
+        // previous section waited for it.
+        uint8_t* base = buffers[k % 2].data();
+        // Per token, as the chunk layout sizes the section's arrays.
+        const uint64_t data_per_token = sec.data_bytes / n, scales_per_token = sec.scales_bytes / n;
+        for (size_t p = p0; p < p1; ++p) {
+          const PackChunk& c = chunks[ids[p]];
+          if (c.token_count != c_tokens && tail.empty()) tail = PackPayloadLayout(g, c.token_count);
+          const PayloadSection& ps = (c.token_count == c_tokens ? full : tail)[k];
+          if (ps.data_bytes != c.token_count * data_per_token || ps.scales_bytes != c.token_count * scales_per_token)
+            return Status::Unsupported(path + ": stream '" + spec.name + "' is laid out differently in a pack and a .kv chunk");
+          const uint64_t at = c.first_token - first;  // the pack chunk's first token in this .kv chunk
+          uint8_t* rows = base + at * data_per_token;
+          KVFILE_RETURN_IF_ERROR(file->ReadAt(c.offset + ps.data_offset, rows, ps.data_bytes));
+          sums[p - p0]->Update(rows, ps.data_bytes);
+          if (!ps.scales_bytes) continue;
+          uint8_t* scales = base + (sec.scales_offset - sec.offset) + at * scales_per_token;
+          KVFILE_RETURN_IF_ERROR(file->ReadAt(c.offset + ps.scales_offset, scales, ps.scales_bytes));
+          sums[p - p0]->Update(scales, ps.scales_bytes);
+        }
+        if (!fault) {
+          const float* scales = nullptr;
+          if (sec.scales_bytes) {
+            scales = reinterpret_cast<const float*>(base + (sec.scales_offset - sec.offset));
+            if constexpr (std::endian::native != std::endian::little) {
+              host_scales.resize(sec.scales_bytes / 4);
+              for (size_t i = 0; i < host_scales.size(); ++i) {
+                uint32_t bits = LoadU32(base + (sec.scales_offset - sec.offset) + 4 * i);
+                std::memcpy(&host_scales[i], &bits, 4);
+              }
+              scales = host_scales.data();
             }
-            scales = host_scales.data();
           }
+          fault = !codec::CheckRows(spec.dtype, base, scales, size_t{n} * spec.rows_per_token, spec.row_width).ok();
         }
-        codec::RowCheck rc =
-            codec::CheckRows(spec.dtype, base, scales, size_t{n} * spec.rows_per_token, spec.row_width);
-        if (!rc.ok()) {
-          bad.emplace(k, rc.fault);
-          bad_id = ids[(first + rc.row / spec.rows_per_token) / c_tokens];
-        }
+        KVFILE_RETURN_IF_ERROR(dc.Wait());
+        KVFILE_RETURN_IF_ERROR(dc.WriteSection(k, base));
       }
-      KVFILE_RETURN_IF_ERROR(dc.Wait());
-      KVFILE_RETURN_IF_ERROR(dc.WriteSection(k, base));
+      for (size_t p = p0; p < p1; ++p) fault |= sums[p - p0]->Digest() != chunks[ids[p]].payload_checksum;
+      if (!fault) {
+        KVFILE_RETURN_IF_ERROR(dc.Finish(tokens.subspan(first, n)));
+        continue;
+      }
     }
-    for (size_t p = p0; p < p1; ++p) {
-      const PackChunk& c = chunks[ids[p]];
-      if (sums[p - p0]->Digest() != c.payload_checksum)
-        return Damage("chunk " + std::to_string(ids[p]) + ": payload checksum mismatch (at offset " +
-                      std::to_string(c.offset) + ")");
-    }
-    if (bad) return RowDamage(bad_id, static_cast<uint32_t>(bad->first / streams), g.streams[bad->first % streams],
-                              bad->second);
-    KVFILE_RETURN_IF_ERROR(dc.Finish(tokens.subspan(first, n)));
+    std::vector<uint8_t> check;
+    for (size_t p = p0; p < p1; ++p) KVFILE_RETURN_IF_ERROR(self.ReadChunk(ids[p], &check));
+    return Damage("chunks " + std::to_string(ids[p0]) + ".." + std::to_string(ids[p1 - 1]) +
+                  " changed while they were read");
   }
   return Status::OK();
 }
@@ -423,8 +437,8 @@ Status PackReader::Materialize(size_t index, const std::string& dest) {
   wo.sync = SyncMode::kClose;
   std::unique_ptr<Writer> w;
   KVFILE_RETURN_IF_ERROR(Writer::Create(replace->temp_path(), g, model.identity, wo, &w));
-  if (ct % model.chunk_tokens == 0) {
-    KVFILE_RETURN_IF_ERROR(r.MaterializeDirect(m, tokens, ids, ct, *w));
+  if (r.UseDirectPath(m, ct)) {
+    KVFILE_RETURN_IF_ERROR(r.MaterializeDirect(*this, m, tokens, ids, ct, *w));
     KVFILE_RETURN_IF_ERROR(w->Close());
     w.reset();
     return replace->Commit();
