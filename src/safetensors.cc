@@ -878,10 +878,13 @@ Status AppendAll(SafetensorsFile& f, const KvTensors& kv, std::span<const uint32
         }
       }
     }
+    // The last Append finishes (commits) the append: `between` comes
+    // before it, so that a stop it asks for leaves none of the append.
+    if (between && !batch.continued) KVFILE_RETURN_IF_ERROR(between());
     Status st = w.Append(batch);
     // The writer's I/O errors name the file written, not this input.
     if (!st.ok()) return st.code() == Status::Code::kIOError ? st : st.WithContext(f.path());
-    if (between) KVFILE_RETURN_IF_ERROR(between());
+    if (between && batch.continued) KVFILE_RETURN_IF_ERROR(between());
   }
   return Status::OK();
 }

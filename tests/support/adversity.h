@@ -92,13 +92,13 @@ class KvfileChild {
     pid_ = StartKvfile(words, err_path_);
     ASSERT_GE(pid_, 0);
   }
-  // Polls until a name that `before` lacks appears in `dir` (the command's
-  // temporary file); false if the child exited first.
-  bool WaitForNewName(const std::filesystem::path& dir, const std::set<std::string>& before) {
+  // Polls `started` until it is true (up to 60 s); false if the child
+  // exited first.
+  template <typename Pred>
+  bool WaitUntil(Pred started) {
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
     while (std::chrono::steady_clock::now() < deadline) {
-      for (const std::string& n : Names(dir))
-        if (!before.count(n)) return true;
+      if (started()) return true;
       int status;
       if (::waitpid(pid_, &status, WNOHANG) == pid_) {
         pid_ = -1;
@@ -108,9 +108,34 @@ class KvfileChild {
     }
     return false;
   }
-  // Sends `sig`; the exit status, or 1000 + the signal that ended it.
+  // Polls until a name that `before` lacks appears in `dir` (the command's
+  // temporary file); false if the child exited first.
+  bool WaitForNewName(const std::filesystem::path& dir, const std::set<std::string>& before) {
+    return WaitUntil([&] {
+      for (const std::string& n : Names(dir))
+        if (!before.count(n)) return true;
+      return false;
+    });
+  }
+  // Stops the child where it is (SIGSTOP), so that a signal sent next
+  // lands at that point however loaded the machine; false if it had
+  // exited. SignalAndWait continues it.
+  bool Freeze() {
+    int status = 0;
+    if (::kill(pid_, SIGSTOP) != 0 || ::waitpid(pid_, &status, WUNTRACED) != pid_) return false;
+    if (!WIFSTOPPED(status)) {
+      pid_ = -1;
+      return false;
+    }
+    frozen_ = true;
+    return true;
+  }
+  // Sends `sig` (and SIGCONT after it if frozen: the handler runs as the
+  // child goes on); the exit status, or 1000 + the signal that ended it.
   int SignalAndWait(int sig) {
     EXPECT_EQ(::kill(pid_, sig), 0);
+    if (frozen_) ::kill(pid_, SIGCONT);
+    frozen_ = false;
     int status = 0;
     EXPECT_EQ(::waitpid(pid_, &status, 0), pid_);
     pid_ = -1;
@@ -122,6 +147,7 @@ class KvfileChild {
  private:
   std::string err_path_;
   pid_t pid_ = -1;
+  bool frozen_ = false;
 };
 
 }  // namespace kvfile::testing

@@ -69,6 +69,21 @@ Geometry WantedGeometry(const KvTensors& kv, const std::vector<size_t>& order, s
   return g;
 }
 
+// A v1 FILE's upgrade quantizes its streams to fp8 only: an append that
+// asks for nvfp4 (--dtype nvfp4, or nvfp4 codes) in one of them is refused
+// before the open, so the upgrade never runs for it (exit 2).
+Status CheckUpgradeCanHold(const std::string& path, const std::string& input, const Geometry& upgraded,
+                           const Geometry& want) {
+  for (const StreamSpec& s : want.streams) {
+    std::optional<uint32_t> k = upgraded.FindStream(s.name);
+    if (k && IsNvfp4(s.dtype) && IsFp8(upgraded.streams[*k].dtype))
+      return Status::InvalidArgument(path + ": stream '" + s.name + "' would be appended as nvfp4 (from " + input +
+                                     "), but a v1 file is upgraded to e4m3 or e5m2 first; write an nvfp4 copy "
+                                     "with `kvfile convert --dtype nvfp4` and append to that");
+  }
+  return Status::OK();
+}
+
 // An append that failed or was interrupted is dropped whole by the
 // library: AppendAll's batches are one append (AppendBatch::continued), a
 // failed batch drops it, and Close() drops one left unfinished (an
@@ -129,6 +144,10 @@ int RunAppend(const AppendArgs& a) {
     for (size_t i = 0; i < kv.streams.size(); ++i)
       if (std::find(order.begin(), order.end(), i) == order.end()) order.push_back(i);
     Geometry want = WantedGeometry(kv, order, dtype, &file_geometry, a.keep_raw);
+    if (!old_format.empty()) {
+      st = CheckUpgradeCanHold(a.path, a.input, file_geometry, want);
+      if (!st.ok()) return ReportError(st);
+    }
     id = r->identity();
     ModelIdentity want_id{a.model ? *a.model : kv.model_id.value_or(id.model_id), kv.fingerprint.value_or(id.fingerprint)};
     st = CheckExpected(id, file_geometry, want_id, want);

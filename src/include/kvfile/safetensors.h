@@ -201,7 +201,8 @@ KVFILE_EXPORT Status ReadStreamSlab(SafetensorsFile& f, const KvTensors& kv, con
 // or nvfp4) go in exactly, as pre-quantized rows; codes of another dtype are
 // decoded to f32 first. `block_tokens` tokens per Append() call, all of them one
 // append (AppendBatch::continued): on failure, none of it stays. `between`,
-// if set, is called after each call; a non-OK status it returns (the CLI's
+// if set, is called after each call but the last and before the last (the
+// one that finishes the append); a non-OK status it returns (the CLI's
 // "interrupted by a signal") ends the loop, with the append unfinished, and
 // is returned.
 KVFILE_EXPORT Status AppendAll(SafetensorsFile& f, const KvTensors& kv, std::span<const uint32_t> token_ids,
