@@ -142,6 +142,7 @@ void ExpectDiskFull(const CliRun& r, const std::string& dest) {
 // unchanged.
 TEST_F(PackAdversity, FullDiskLeavesEveryFileAsItWas) {
   const std::string pack = Pack("p", {{"a.kv", A()}, {"mid.kv", Mid()}});
+  const std::string big_pack = Pack("big", {{"big.kv", Big()}});
   if (!MountSmall()) GTEST_SKIP() << "cannot mount a tmpfs here: " << std::strerror(errno);
   ASSERT_EQ(Kvfile("pack " + A() + " -o " + D("p.kvpack")).exit_code, 0);
   std::string before = ReadFile(D("p.kvpack"));
@@ -160,6 +161,15 @@ TEST_F(PackAdversity, FullDiskLeavesEveryFileAsItWas) {
   EXPECT_FALSE(ReadFile(D("a.kv")) == old_a);  // replaced: a new file
   EXPECT_EQ(KvContent(D("a.kv")), KvContent(A()));
   EXPECT_EQ(DNames(), (NameSet{"a.kv", "p.kvpack"}));
+  // A member of llama-3.1-8b geometry goes the direct path (sections
+  // written straight from the pack, docs/packs.md): the same outcome.
+  fs::copy_file(A(), D("big.kv"));
+  const std::string old_big = ReadFile(D("big.kv"));
+  ExpectDiskFull(Kvfile("unpack " + big_pack + " -o " + D("") + " big.kv --force"), D("big.kv"));
+  EXPECT_TRUE(ReadFile(D("big.kv")) == old_big);
+  ExpectDiskFull(Kvfile("unpack " + big_pack + " -o " + D("z") + " big.kv"), D("z/big.kv"));
+  EXPECT_EQ(DNames(), (NameSet{"a.kv", "big.kv", "p.kvpack"}));
+  fs::remove(D("big.kv"));
 
   // index: a new file to index, and the disk filled up to the last byte.
   fs::remove(D("p.kvpack"));
