@@ -8,7 +8,6 @@
 #include "direct_chunk.h"
 
 #include <gtest/gtest.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
