@@ -454,6 +454,68 @@ TEST(ConvertAdversityMooncake, ReplacesOnlyItsOwnDirectory) {
   fs::remove_all(dir);
 }
 
+// Bytes a process has read so far (/proc/PID/io rchar); -1 if gone.
+long long BytesRead(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/io");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("rchar:", 0) == 0) return std::stoll(line.substr(6));
+  return -1;
+}
+
+// Issue 27, class 4: an import from a Mooncake directory that a real
+// `kvfile convert --force` replaces while the import reads its records.
+// The importer is frozen (SIGSTOP) after it has read the manifest and about
+// a tenth of the records, the directory is replaced by an export of
+// another file of the same model (fingerprint) and token count, whose
+// records have the same names, and the importer goes on:
+// it refuses (exit 2: no data is at fault, another process changed the
+// input) with one line naming the directory, and writes nothing. It read
+// the rest of the records from the new directory and wrote a .kv equal to
+// neither export, exit 0.
+TEST(ConvertAdversityMooncake, ImportRefusesADirectoryReplacedWhileItIsRead) {
+  fs::path dir = fs::path(::testing::TempDir()) / ("kvfile_convadv_mcswap_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  auto p = [&dir](const std::string& n) { return (dir / n).string(); };
+  for (const char* seed : {"1", "2"})
+    ASSERT_EQ(Kvfile("-q synth " + p(std::string("s") + seed + ".kv") +
+                     " --preset llama-3.1-8b --tokens 256 --chunk-tokens 16 --prefix-tokens 16 --prefix-seed 9 --seed " +
+                     seed)
+                  .exit_code,
+              0);
+  ASSERT_EQ(Kvfile("-q convert " + p("s1.kv") + " " + p("mc") + " --format mooncake").exit_code, 0);
+  uint64_t manifest = fs::file_size(fs::path(p("mc")) / "manifest.json"), records = 0;
+  for (const auto& e : fs::directory_iterator(p("mc"))) records += fs::file_size(e.path());
+  records -= manifest;
+  ASSERT_GT(records, uint64_t{16} << 20);  // 1,024 records of 20 KiB: reading them takes a while
+  const std::string tree = Tree(p("mc"));
+
+  testing::KvfileChild child(p("err"));
+  // Reads through pread, which /proc/PID/io counts (io_uring's are not).
+  ::setenv("KVFILE_IO", "posix", 1);
+  child.Start("convert " + p("mc") + " " + p("out.kv"));
+  ::unsetenv("KVFILE_IO");
+  // The manifest is read twice (the format's detection, then the import).
+  const long long mid = static_cast<long long>(2 * manifest + records / 10);
+  ASSERT_TRUE(child.WaitUntil([&] { return BytesRead(child.pid()) >= mid; })) << child.err();
+  ASSERT_TRUE(child.Freeze());
+  ASSERT_LT(BytesRead(child.pid()), static_cast<long long>(2 * manifest + records * 9 / 10))
+      << "the importer was not frozen while it read the records";
+  CliRun swap = Kvfile("-q convert " + p("s2.kv") + " " + p("mc") + " --format mooncake --force");
+  ASSERT_EQ(swap.exit_code, 0) << swap.err;
+  ASSERT_FALSE(Tree(p("mc")) == tree);
+  EXPECT_EQ(child.SignalAndWait(SIGCONT), 2);
+  EXPECT_EQ(child.err(), "kvfile: error: " + p("mc") +
+                             ": changed while it was read (another process replaced or removed it); not converted\n");
+  std::set<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.insert(e.path().filename().string());
+  EXPECT_EQ(names, (std::set<std::string>{"err", "mc", "s1.kv", "s2.kv"}));
+  // Undisturbed, the import of either directory succeeds.
+  CliRun again = Kvfile("-q convert " + p("mc") + " " + p("out.kv"));
+  EXPECT_EQ(again.exit_code, 0) << again.err;
+  fs::remove_all(dir);
+}
+
 // What killed Mooncake exports leave beside OUT, by hand (no process
 // 999999999 exists): a partial temporary tree, and an old tree renamed
 // aside by the fallback's first rename with OUT missing. The next export

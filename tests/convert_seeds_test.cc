@@ -188,6 +188,54 @@ TEST_F(ConvertSeeds, MooncakeDamageIsExitOneAndWritesNothing) {
   EXPECT_FALSE(fs::exists(P("b.kv")));
 }
 
+// A 24 MB manifest, valid, whose bulk is a key the import does not use
+// (8,000,000 empty objects): it is skipped unread, and the import
+// succeeds with memory about the manifest's own size. Read as a DOM it
+// took 854 MiB (an object per "{}"). And 120,000 record entries after the
+// real ones, the first naming a stream the manifest does not list: refused
+// with the line that names the record's fault, memory again bounded.
+TEST_F(ConvertSeeds, BigManifestIsReadWithBoundedMemory) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  constexpr long kPeakMib = 400;
+#else
+  constexpr long kPeakMib = 160;  // the text and the fields kept, once each
+#endif
+  ASSERT_EQ(Kvfile("synth " + P("a.kv") + " --preset tiny --tokens 20 --seed 5").exit_code, 0);
+  ASSERT_EQ(Kvfile("convert " + P("a.kv") + " " + P("mc") + " --format mooncake").exit_code, 0);
+  const fs::path manifest = fs::path(P("mc")) / "manifest.json";
+  const std::string text = ReadFile(manifest);
+  ASSERT_EQ(text[0], '{');
+  {
+    std::ofstream out(manifest, std::ios::trunc);
+    out << "{\"padding\": [{}";
+    for (int i = 1; i < 8000000; ++i) out << ",{}";
+    out << "]," << text.substr(1);
+  }
+  ASSERT_GT(fs::file_size(manifest), uint64_t{22} << 20);
+  testing::MeasuredRun r = testing::KvfileMeasuringPeak({"convert", P("mc"), P("b.kv")});
+  std::printf("24 MB manifest of empty objects: peak %ld MiB\n", r.peak_mib);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.err, "");
+  EXPECT_LT(r.peak_mib, kPeakMib);
+  ExpectSameCodes(P("a.kv"), P("b.kv"));
+
+  nlohmann::json m = nlohmann::json::parse(text);
+  nlohmann::json extra = m["records"][0];
+  extra["stream"] = "zz";
+  for (int i = 0; i < 120000; ++i) {
+    extra["key"] = "padding/" + std::to_string(i);
+    m["records"].push_back(extra);
+  }
+  { std::ofstream(manifest, std::ios::trunc) << m.dump(1); }
+  ASSERT_GT(fs::file_size(manifest), uint64_t{20} << 20);
+  r = testing::KvfileMeasuringPeak({"convert", P("mc"), P("c.kv")});
+  std::printf("24 MB manifest of records: peak %ld MiB\n", r.peak_mib);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err, "kvfile: error: " + manifest.string() + ": a record of stream 'zz', which \"streams\" does not list\n");
+  EXPECT_LT(r.peak_mib, kPeakMib);
+  EXPECT_FALSE(fs::exists(P("c.kv")));
+}
+
 TEST_F(ConvertSeeds, MooncakeOutputRules) {
   ASSERT_EQ(Kvfile("synth " + P("a.kv") + " --preset tiny --tokens 20 --seed 5").exit_code, 0);
   ASSERT_EQ(Kvfile("convert " + P("a.kv") + " " + P("mc") + " --format mooncake").exit_code, 0);

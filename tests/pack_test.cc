@@ -1,18 +1,25 @@
 // SPDX-License-Identifier: Apache-2.0
 // Tests of .kvpack archives (src/include/kvfile/pack.h, spec/PACK.md): round
 // trips, deduplication, damage sweeps and crash safety, all in a FaultFs.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 #include <cerrno>
 #include <cmath>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <cstring>
 
 #include "kvfile/pack.h"
 #include "kvfile/reader.h"
 #include "kvfile/writer.h"
+#include "pack/pack_format.h"
 #include "support/fault_fs.h"
+#include "support/peak_memory.h"
 #include "testing_hooks.h"
 #include "support/sweep_fixtures.h"
 
@@ -644,6 +651,187 @@ TEST(PackTest, RefusedMemberLeavesNoTrace) {
   EXPECT_EQ(w->stats().members, 1u);
   ASSERT_TRUE(PackFiles(fs, "/without.kvpack", {{"b.kv", "/b.kv"}}, 4).ok());
   EXPECT_EQ(FileBytes(fs, "/with.kvpack"), FileBytes(fs, "/without.kvpack"));
+}
+
+}  // namespace
+}  // namespace kvfile
+
+namespace kvfile {
+namespace {
+
+// Issue 27, classes 1 and 2: what opening a pack costs follows the bytes the
+// file holds, not the counts its header claims.
+
+uint64_t HeaderU64(const std::vector<uint8_t>& img, size_t at) {
+  uint64_t v;
+  std::memcpy(&v, img.data() + at, 8);
+  return v;
+}
+
+void SetHeaderU64(std::vector<uint8_t>& img, size_t at, uint64_t v) { std::memcpy(img.data() + at, &v, 8); }
+
+void ResealHeader(std::vector<uint8_t>& img) { SetHeaderU64(img, 120, XXH3_64bits(img.data(), 120)); }
+
+// SmallPack with `extra` model entries inserted after its one model (the
+// chunks and members keep using model 0), every checksum recomputed.
+std::vector<uint8_t> WithModels(const std::vector<uint8_t>& pack, const std::vector<PackModel>& extra) {
+  const uint64_t data_end = HeaderU64(pack, 32);
+  const uint64_t table_end = data_end + pack::kModelEntryBytes * HeaderU64(pack, 40);
+  std::vector<uint8_t> entries(extra.size() * pack::kModelEntryBytes);
+  for (size_t i = 0; i < extra.size(); ++i) pack::EncodeModel(extra[i], entries.data() + i * pack::kModelEntryBytes);
+  std::vector<uint8_t> img = pack;
+  img.insert(img.begin() + static_cast<ptrdiff_t>(table_end), entries.begin(), entries.end());
+  const uint64_t models = HeaderU64(pack, 40) + extra.size();
+  SetHeaderU64(img, 40, models);
+  SetHeaderU64(img, 72, XXH3_64bits(img.data() + data_end, models * pack::kModelEntryBytes));
+  SetHeaderU64(img, 104, img.size());
+  ResealHeader(img);
+  return img;
+}
+
+// 24,000 models that differ only in their last stream's row width, at the
+// end of the entry: comparing each with every earlier one (what the reader
+// did) scans 24,000^2 / 2 x ~1,260 bytes, 4 s of CPU and more on any
+// machine; sorting them takes milliseconds.
+std::vector<PackModel> ManyModels(size_t n) {
+  std::vector<PackModel> models(n);
+  for (size_t i = 0; i < n; ++i) {
+    PackModel& m = models[i];
+    m.identity.model_id = "many";
+    m.identity.fingerprint = 7;
+    m.chunk_tokens = 4;
+    m.geometry.layers = 1;
+    for (int s = 0; s < 16; ++s) m.geometry.streams.push_back({"s" + std::to_string(s), 1, 8, Dtype::kBF16});
+    m.geometry.streams.back().row_width = static_cast<uint32_t>(8 + i);
+  }
+  return models;
+}
+
+double CpuSeconds(const std::function<void()>& f) {
+  timespec a{}, b{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &a);
+  f();
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &b);
+  return double(b.tv_sec - a.tv_sec) + double(b.tv_nsec - a.tv_nsec) * 1e-9;
+}
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr double kModelsCpuSeconds = 10.0;  // sanitizers: the old check took minutes
+#else
+constexpr double kModelsCpuSeconds = 1.0;   // idle: about 0.05 s; the old check: 4 s and more
+#endif
+
+TEST(PackTest, ManyModelsOpenInTimeProportionalToTheirCount) {
+  FaultFs base;
+  const std::vector<uint8_t> small = SmallPack(base);
+  std::vector<PackModel> extra = ManyModels(24000);
+  FaultFs fs({{"/p.kvpack", WithModels(small, extra)}});
+  std::unique_ptr<PackReader> r;
+  Status st;
+  double cpu = CpuSeconds([&] { st = PackReader::Open("/p.kvpack", &fs, &r); });
+  std::printf("open of a pack of 24,001 models: %.3f s of CPU\n", cpu);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(r->models().size(), 24001u);
+  EXPECT_LT(cpu, kModelsCpuSeconds);
+  ASSERT_TRUE(r->Verify(nullptr).ok());
+
+  // Duplicates are still found, the first one in table order, named with
+  // the first model it repeats (chunk_tokens does not count): the models
+  // are 0 (SmallPack's) and 1.. (extra[0]..).
+  extra[23990] = extra[17];
+  extra[23990].chunk_tokens = 8;
+  extra[23995] = extra[3];
+  extra[23999] = extra[3];
+  FaultFs dup({{"/p.kvpack", WithModels(small, extra)}});
+  cpu = CpuSeconds([&] { st = PackReader::Open("/p.kvpack", &dup, &r); });
+  EXPECT_EQ(st.code(), Status::Code::kCorruption);
+  EXPECT_EQ(st.message(), "/p.kvpack: models 18 and 23991 are the same");
+  EXPECT_LT(cpu, kModelsCpuSeconds);
+  // A model that fails its own rules before its duplicate is reached is
+  // reported as such (the order of the checks is the table's).
+  extra[500].geometry.streams[0].row_width = 0;
+  FaultFs bad({{"/p.kvpack", WithModels(small, extra)}});
+  st = PackReader::Open("/p.kvpack", &bad, &r);
+  EXPECT_EQ(st.code(), Status::Code::kCorruption);
+  EXPECT_EQ(st.message().rfind("/p.kvpack: model 501: ", 0), 0u) << st.message();
+}
+
+// A sparse pack on disk: `image` with `hole` zero bytes inserted at
+// `at` (a hole of the file, made by ftruncate and writing past it).
+std::string WriteWithHole(const std::string& path, const std::vector<uint8_t>& image, uint64_t at, uint64_t hole) {
+  int fd = ::open(path.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0644);
+  EXPECT_GE(fd, 0);
+  EXPECT_EQ(::pwrite(fd, image.data(), at, 0), static_cast<ssize_t>(at));
+  EXPECT_EQ(::ftruncate(fd, static_cast<off_t>(at + hole)), 0);
+  const uint64_t rest = image.size() - at;
+  EXPECT_EQ(::pwrite(fd, image.data() + at, rest, static_cast<off_t>(at + hole)), static_cast<ssize_t>(rest));
+  ::close(fd);
+  return path;
+}
+
+// Opens the pack in a child process: the open's line ("ok" if it opened)
+// and the child's peak RSS growth over the open.
+testing::ChildCost OpenInChild(const std::string& path) {
+  return testing::RunInChild([&path] {
+    std::unique_ptr<PackReader> r;
+    Status st = PackReader::Open(path, nullptr, &r);
+    return st.ok() ? std::string("ok") : st.message();
+  });
+}
+
+constexpr uint64_t kHole = uint64_t{512} << 20;
+
+class PackHoleTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = ::testing::TempDir() + "kvfile_pack_hole_" + std::to_string(::getpid());
+    std::filesystem::create_directories(dir_);
+    FaultFs fs;
+    pack_ = SmallPack(fs);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string dir_;
+  std::vector<uint8_t> pack_;
+};
+
+// A names region of 512 MiB, a hole after the two names (the header says
+// so, its checksum recomputed): refused from the header's counts, before
+// anything is read or allocated for it (it cost 517 MiB, refused by the
+// names checksum).
+TEST_F(PackHoleTest, NamesRegionLargerThanItsNamesIsRefusedFromTheHeader) {
+  std::vector<uint8_t> img = pack_;
+  const uint64_t names = HeaderU64(img, 64), members = HeaderU64(img, 56);
+  const uint64_t index_at = img.size() - 64 * members;
+  SetHeaderU64(img, 64, names + kHole);
+  SetHeaderU64(img, 104, img.size() + kHole);
+  ResealHeader(img);
+  std::string path = WriteWithHole(dir_ + "/names.kvpack", img, index_at, kHole);
+  testing::ChildCost c = OpenInChild(path);
+  EXPECT_EQ(c.result, path + ": the names region is " + std::to_string(names + kHole) +
+                         " bytes, more than 2 names of at most 4096 bytes hold");
+  EXPECT_GE(c.growth_mib, 0);
+  EXPECT_LT(c.growth_mib, testing::kSmallGrowthMib);
+}
+
+// A model table of 512 MiB more entries, a hole (the count and the file
+// size agree, so only the checksum can refuse it): its checksum is taken
+// piece by piece before the table is allocated.
+TEST_F(PackHoleTest, HoleInTheModelTableIsRefusedWithBoundedMemory) {
+  std::vector<uint8_t> img = pack_;
+  const uint64_t data_end = HeaderU64(img, 32), models = HeaderU64(img, 40);
+  const uint64_t extra = kHole / pack::kModelEntryBytes, hole = extra * pack::kModelEntryBytes;
+  SetHeaderU64(img, 40, models + extra);
+  SetHeaderU64(img, 104, img.size() + hole);
+  ResealHeader(img);
+  std::string path = WriteWithHole(dir_ + "/models.kvpack", img, data_end + models * pack::kModelEntryBytes, hole);
+  testing::ChildCost c = OpenInChild(path);
+  EXPECT_EQ(c.result, path + ": model table checksum mismatch (at offset " + std::to_string(data_end) + ")");
+  EXPECT_GE(c.growth_mib, 0);
+  EXPECT_LT(c.growth_mib, testing::kSmallGrowthMib);
+  // The same pack without the hole opens (the test's image is sound).
+  std::string sound = dir_ + "/sound.kvpack";
+  WriteWithHole(sound, pack_, pack_.size(), 0);
+  EXPECT_EQ(OpenInChild(sound).result, "ok");
 }
 
 }  // namespace

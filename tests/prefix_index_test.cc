@@ -15,6 +15,7 @@
 #include "kvfile/prefix_index.h"
 #include "support/fault_fs.h"
 #include "support/kv_test_util.h"
+#include "support/peak_memory.h"
 #include "support/scratch_dir.h"
 #include "support/tiny_kv.h"
 
@@ -232,6 +233,62 @@ TEST_F(PrefixIndexTest, EveryTruncationAndBitFlipIsDetected) {
       Status st = OpenAndReadAll(path, &f);
       ASSERT_TRUE(st.IsDataError()) << "flip at " << off << " bit " << bit << ": " << st.ToString();
     }
+}
+
+// A header whose tables are holes of a sparse file: 2^24 entries of
+// restart interval 16 in 2^24 groups, the blocks exactly as large as that
+// many minimal entries need, so every count agrees with the file's size
+// (1.5 GiB, all hole) and only the checksums can refuse it. The block
+// table (24 MiB) is checked piece by piece before anything of its size is
+// allocated; the tables cost 408 MiB when they were read whole first.
+TEST_F(PrefixIndexTest, SparseTablesAreRefusedWithBoundedMemory) {
+  index::Header h;
+  h.entry_count = uint64_t{1} << 24;
+  h.restart_interval = 16;
+  h.blocks_bytes = h.entry_count * (index::kEntryFixedBytes + 1);
+  h.block_count = h.entry_count / 16;
+  h.group_count = h.entry_count;
+  h.block_table_checksum = 1;
+  h.group_table_checksum = 1;
+  h.file_bytes = index::kHeaderBytes + h.blocks_bytes + h.block_count * index::kBlockEntryBytes +
+                 h.group_count * index::kGroupEntryBytes;
+  test::Bytes head(index::kHeaderBytes);
+  index::EncodeHeader(h, head.data());
+  const std::string path = P("sparse.kvindex");
+  WriteFileBytes(path, head);
+  std::filesystem::resize_file(path, h.file_bytes);
+  testing::ChildCost c = testing::RunInChild([&path] {
+    std::unique_ptr<PrefixIndex> ix;
+    Status st = PrefixIndex::Open(path, nullptr, &ix);
+    return st.ok() ? std::string("ok") : st.message();
+  });
+  EXPECT_EQ(c.result, path + ": index block table checksum mismatch");
+  EXPECT_GE(c.growth_mib, 0);
+  EXPECT_LT(c.growth_mib, testing::kSmallGrowthMib);
+}
+
+// More entries than the blocks' bytes can hold (each takes at least 65),
+// or more groups than entries: refused from the header, before the tables
+// are read.
+TEST_F(PrefixIndexTest, CountsTheBlocksCannotHoldAreRefusedFromTheHeader) {
+  for (auto [entries, groups] : {std::pair<uint64_t, uint64_t>{1601, 1}, {1600, 1601}}) {
+    index::Header h;
+    h.entry_count = entries;
+    h.restart_interval = 16;
+    h.blocks_bytes = 1600 * (index::kEntryFixedBytes + 1);
+    h.block_count = (entries + 15) / 16;
+    h.group_count = groups;
+    h.file_bytes = index::kHeaderBytes + h.blocks_bytes + h.block_count * index::kBlockEntryBytes +
+                   h.group_count * index::kGroupEntryBytes;
+    test::Bytes img(h.file_bytes);
+    index::EncodeHeader(h, img.data());
+    testing::FaultFs fs({{"/ix", img}});
+    std::unique_ptr<PrefixIndex> ix;
+    Status st = PrefixIndex::Open("/ix", &fs, &ix);
+    EXPECT_EQ(st.code(), Status::Code::kCorruption);
+    EXPECT_EQ(st.message(), "/ix: index claims " + std::to_string(entries) + " entries in " + std::to_string(groups) +
+                                " groups, more than 104000 bytes of blocks hold");
+  }
 }
 
 // ---- directories ----

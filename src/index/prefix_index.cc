@@ -15,6 +15,7 @@
 // >= q[0, L). Entries with equal tokens follow in path order.
 #include <algorithm>
 
+#include "checked_read.h"
 #include "index/index_format.h"
 #include "kvfile/prefix_index.h"
 
@@ -39,12 +40,11 @@ struct KVFILE_NO_EXPORT PrefixIndex::Impl {
   Status LoadBlock(uint64_t b) {
     if (b == cached_block) return Status::OK();
     const BlockRef& ref = blocks[b];
-    buffer.resize(ref.bytes);
     std::string where = path + ": index block " + std::to_string(b);
-    Status st = file->ReadAt(ref.offset, buffer.data(), buffer.size());
+    bool match = false;
+    Status st = internal::ReadChecked(*file, ref.offset, ref.bytes, ref.checksum, &buffer, &match);
     if (!st.ok()) return st;
-    if (index::Checksum(buffer.data(), buffer.size()) != ref.checksum)
-      return Status::Corruption(where + ": checksum mismatch");
+    if (!match) return Status::Corruption(where + ": checksum mismatch");
     cached_block = UINT64_MAX;
     st = index::DecodeBlock(where, buffer, ref.entries, &cached);
     if (!st.ok()) return st;
@@ -133,16 +133,31 @@ Status PrefixIndex::Open(const std::string& path, FileSystem* fs, std::unique_pt
   if (h.block_count != (h.entry_count + k - 1) / k)
     return Status::Corruption(path + ": index has " + std::to_string(h.block_count) + " blocks for " +
                               std::to_string(h.entry_count) + " entries");
-  std::vector<uint8_t> tables(size - index::kHeaderBytes - h.blocks_bytes);
-  if (!(st = impl->file->ReadAt(index::kHeaderBytes + h.blocks_bytes, tables.data(), tables.size())).ok()) return st;
-  size_t block_table = h.block_count * index::kBlockEntryBytes;
-  if (index::Checksum(tables.data(), block_table) != h.block_table_checksum)
-    return Status::Corruption(path + ": index block table checksum mismatch");
-  if (index::Checksum(tables.data() + block_table, tables.size() - block_table) != h.group_table_checksum)
-    return Status::Corruption(path + ": index group table checksum mismatch");
+  // Every entry takes at least its fixed part and a one-byte path in the
+  // blocks, and every group at least one entry: the counts are bounded by
+  // the blocks' bytes before the tables are read.
+  if (h.entry_count > h.blocks_bytes / (index::kEntryFixedBytes + 1) || h.group_count > h.entry_count)
+    return Status::Corruption(path + ": index claims " + std::to_string(h.entry_count) + " entries in " +
+                              std::to_string(h.group_count) + " groups, more than " +
+                              std::to_string(h.blocks_bytes) + " bytes of blocks hold");
+  // Each table is allocated only once its checksum holds (ReadChecked).
+  const uint64_t block_table = h.block_count * index::kBlockEntryBytes;
+  std::vector<uint8_t> blocks_raw, groups_raw;
+  bool match = false;
+  if (!(st = internal::ReadChecked(*impl->file, index::kHeaderBytes + h.blocks_bytes, block_table,
+                                   h.block_table_checksum, &blocks_raw, &match)).ok())
+    return st;
+  if (!match) return Status::Corruption(path + ": index block table checksum mismatch");
+  if (!(st = internal::ReadChecked(*impl->file, index::kHeaderBytes + h.blocks_bytes + block_table,
+                                   h.group_count * index::kGroupEntryBytes, h.group_table_checksum, &groups_raw,
+                                   &match)).ok())
+    return st;
+  if (!match) return Status::Corruption(path + ": index group table checksum mismatch");
   uint64_t at = index::kHeaderBytes;
+  impl->blocks.reserve(h.block_count);
+  impl->groups.reserve(h.group_count);
   for (uint64_t b = 0; b < h.block_count; ++b) {
-    BlockRef ref = index::DecodeBlockRef(tables.data() + b * index::kBlockEntryBytes);
+    BlockRef ref = index::DecodeBlockRef(blocks_raw.data() + b * index::kBlockEntryBytes);
     uint64_t want = b + 1 < h.block_count ? k : h.entry_count - b * k;
     // Minimal entry: fixed part and a one-byte path.
     if (ref.offset != at || ref.entries != want || ref.bytes < ref.entries * (index::kEntryFixedBytes + 1) ||
@@ -154,7 +169,7 @@ Status PrefixIndex::Open(const std::string& path, FileSystem* fs, std::unique_pt
   if (at != index::kHeaderBytes + h.blocks_bytes) return Status::Corruption(path + ": index blocks do not fill their region");
   uint64_t next = 0;
   for (uint64_t g = 0; g < h.group_count; ++g) {
-    Group gr = index::DecodeGroup(tables.data() + block_table + g * index::kGroupEntryBytes);
+    Group gr = index::DecodeGroup(groups_raw.data() + g * index::kGroupEntryBytes);
     if (gr.first != next || gr.count == 0 || gr.count > h.entry_count - next ||
         (g > 0 && gr.fingerprint <= impl->groups.back().fingerprint))
       return Status::Corruption(path + ": index group " + std::to_string(g) + " does not follow the one before");

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -66,6 +67,31 @@ inline pid_t StartKvfile(const std::vector<std::string>& args, const std::string
   argv.push_back(nullptr);
   ::execv(bin.c_str(), argv.data());
   ::_exit(127);
+}
+
+// Runs `kvfile ARGS...` (StartKvfile) and waits: its exit status, its
+// stderr and its own peak resident set in MiB, as wait4 reports it.
+struct MeasuredRun {
+  int exit_code = -1;
+  std::string err;
+  long peak_mib = 0;
+};
+inline MeasuredRun KvfileMeasuringPeak(const std::vector<std::string>& args) {
+  static int counter = 0;
+  std::string err_path = ::testing::TempDir() + "kvfile_cli_peak_" + std::to_string(::getpid()) + "_" +
+                         std::to_string(++counter);
+  MeasuredRun r;
+  pid_t pid = StartKvfile(args, err_path);
+  int status = 0;
+  rusage usage{};
+  if (pid > 0 && ::wait4(pid, &status, 0, &usage) == pid) {
+    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    r.peak_mib = usage.ru_maxrss / 1024;
+  }
+  std::ifstream e(err_path);
+  r.err.assign(std::istreambuf_iterator<char>(e), {});
+  std::filesystem::remove(err_path);
+  return r;
 }
 
 }  // namespace kvfile::testing

@@ -13,6 +13,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -145,14 +146,222 @@ bool Rename2(const std::string& from, const std::string& to, unsigned flags) {
 
 }  // namespace
 
+namespace {
+
+// One record entry of manifest.json as read: its fields, each kept only
+// when it has the JSON type the import needs (its range is checked later).
+struct ManifestRecord {
+  enum : unsigned { kLayer = 1, kGroup = 2, kBegin = 4, kEnd = 8, kStream = 16, kKey = 32, kFile = 64, kAll = 127 };
+  unsigned have = 0;
+  uint64_t layer = 0, group = 0, begin = 0, end = 0;
+  std::string stream, key, file;
+};
+
+// What an import uses of manifest.json, read as a stream of events
+// (nlohmann's SAX interface, as safetensors::ParseHeader reads a header):
+// the small top-level values as JSON ("format", "version", "layers",
+// "streams", "model_id", "fingerprint", "tokens"), "token_ids" straight
+// into u32s and "records" into ManifestRecords; anything else is skipped
+// unread. A DOM of a 24 MB manifest took 804 MiB; this keeps about the
+// manifest's own size. A repeated key's last value counts, as in a DOM.
+class ManifestReader final : public nlohmann::json_sax<json> {
+ public:
+  enum class ArrayState { kAbsent, kArray, kOther };
+
+  bool null() override { return Value(json()); }
+  bool boolean(bool b) override { return Value(json(b)); }
+  bool number_integer(number_integer_t v) override { return Value(json(v)); }
+  bool number_unsigned(number_unsigned_t v) override { return Value(json(v)); }
+  bool number_float(number_float_t v, const string_t&) override { return Value(json(v)); }
+  bool string(string_t& s) override { return Value(json(std::move(s))); }
+  bool binary(binary_t&) override { return Value(json()); }  // not in JSON text
+  bool start_object(std::size_t) override { return Open(true); }
+  bool start_array(std::size_t) override { return Open(false); }
+  bool end_object() override { return Close(); }
+  bool end_array() override { return Close(); }
+  bool key(string_t& k) override;
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override {
+    not_object_ = true;
+    return false;
+  }
+
+  // False if the text is not JSON or not an object.
+  bool Parse(const std::vector<uint8_t>& bytes) {
+    try {
+      json::sax_parse(bytes.begin(), bytes.end(), this);
+    } catch (const std::bad_alloc&) {
+      not_object_ = true;
+    }
+    return !not_object_;
+  }
+  json& top() { return top_; }
+  ArrayState token_ids_state() const { return tokens_state_; }
+  uint64_t token_ids_seen() const { return tokens_seen_; }
+  bool token_ids_u32() const { return tokens_u32_; }
+  std::vector<uint32_t>& token_ids() { return tokens_; }
+  ArrayState records_state() const { return records_state_; }
+  std::vector<ManifestRecord>& records() { return records_; }
+
+ private:
+  enum class Mode { kNone, kKept, kTokens, kRecords, kSkipped };
+  // Values a kept key's value may hold ("streams": at most 16 of 4 fields).
+  static constexpr size_t kMaxKeptValues = 4096;
+
+  static bool IsKept(const std::string& k) {
+    for (const char* name : {"format", "version", "layers", "streams", "model_id", "fingerprint", "tokens"})
+      if (k == name) return true;
+    return false;
+  }
+  bool Value(json v);
+  void SetField(json v);  // of the record being read, from the value of inner_key_
+  bool Open(bool object);
+  bool Close();
+  json* Store(json v);
+
+  json top_ = json::object();
+  bool not_object_ = false;
+  int depth_ = 0;  // open objects and arrays
+  Mode mode_ = Mode::kNone;
+  std::string top_key_, inner_key_;
+  std::vector<json*> build_;  // containers of a kept value being built
+  size_t kept_values_ = 0;
+  ArrayState tokens_state_ = ArrayState::kAbsent, records_state_ = ArrayState::kAbsent;
+  uint64_t tokens_seen_ = 0;
+  bool tokens_u32_ = true;
+  std::vector<uint32_t> tokens_;
+  std::vector<ManifestRecord> records_;
+  ManifestRecord record_;
+  bool in_record_ = false;
+};
+
+bool ManifestReader::key(string_t& k) {
+  if (depth_ == 1) top_key_ = std::move(k);
+  else inner_key_ = std::move(k);
+  return true;
+}
+
+json* ManifestReader::Store(json v) {
+  if (++kept_values_ > kMaxKeptValues) {  // too large for what the key holds: its value counts as invalid
+    top_[top_key_] = json();
+    build_.clear();
+    mode_ = Mode::kSkipped;
+    return nullptr;
+  }
+  json& in = *build_.back();
+  if (in.is_array()) {
+    in.push_back(std::move(v));
+    return &in.back();
+  }
+  return &(in[inner_key_] = std::move(v));
+}
+
+bool ManifestReader::Value(json v) {
+  if (depth_ == 0) {
+    not_object_ = true;
+    return false;
+  }
+  if (depth_ == 1) {
+    if (top_key_ == "token_ids") tokens_state_ = ArrayState::kOther;
+    else if (top_key_ == "records") records_state_ = ArrayState::kOther;
+    else if (IsKept(top_key_)) top_[top_key_] = std::move(v);
+    return true;
+  }
+  if (mode_ == Mode::kKept) {
+    Store(std::move(v));
+  } else if (mode_ == Mode::kTokens && depth_ == 2) {
+    ++tokens_seen_;
+    if (v.is_number_unsigned() && v.get<uint64_t>() <= UINT32_MAX) tokens_.push_back(v.get<uint32_t>());
+    else tokens_u32_ = false;
+  } else if (mode_ == Mode::kRecords && depth_ == 2) {
+    records_.emplace_back();  // not an object: a record without fields
+  } else if (mode_ == Mode::kRecords && depth_ == 3) {
+    SetField(std::move(v));
+  }
+  return true;
+}
+
+void ManifestReader::SetField(json v) {
+  ManifestRecord& r = record_;
+  auto number = [&](unsigned bit, uint64_t* out) {
+    r.have &= ~bit;
+    if (v.is_number_unsigned()) *out = v.get<uint64_t>(), r.have |= bit;
+  };
+  auto text = [&](unsigned bit, std::string* out) {
+    r.have &= ~bit;
+    if (v.is_string()) *out = std::move(v.get_ref<std::string&>()), r.have |= bit;
+  };
+  if (inner_key_ == "layer") number(ManifestRecord::kLayer, &r.layer);
+  else if (inner_key_ == "group_size") number(ManifestRecord::kGroup, &r.group);
+  else if (inner_key_ == "begin") number(ManifestRecord::kBegin, &r.begin);
+  else if (inner_key_ == "end") number(ManifestRecord::kEnd, &r.end);
+  else if (inner_key_ == "stream") text(ManifestRecord::kStream, &r.stream);
+  else if (inner_key_ == "key") text(ManifestRecord::kKey, &r.key);
+  else if (inner_key_ == "file") text(ManifestRecord::kFile, &r.file);
+}
+
+bool ManifestReader::Open(bool object) {
+  int d = depth_++;
+  if (d == 0) {
+    if (!object) {
+      not_object_ = true;
+      return false;
+    }
+  } else if (d == 1) {
+    mode_ = Mode::kSkipped;
+    if (top_key_ == "token_ids") {
+      tokens_state_ = object ? ArrayState::kOther : ArrayState::kArray;
+      tokens_.clear();
+      tokens_seen_ = 0;
+      tokens_u32_ = true;
+      if (!object) mode_ = Mode::kTokens;
+    } else if (top_key_ == "records") {
+      records_state_ = object ? ArrayState::kOther : ArrayState::kArray;
+      records_.clear();
+      if (!object) mode_ = Mode::kRecords;
+    } else if (IsKept(top_key_)) {
+      json& v = top_[top_key_] = object ? json::object() : json::array();
+      build_.assign(1, &v);
+      kept_values_ = 0;
+      mode_ = Mode::kKept;
+    }
+  } else if (mode_ == Mode::kKept) {
+    if (json* c = Store(object ? json::object() : json::array())) build_.push_back(c);
+  } else if (mode_ == Mode::kTokens && d == 2) {
+    ++tokens_seen_;  // a container: not a token id
+    tokens_u32_ = false;
+  } else if (mode_ == Mode::kRecords && d == 2) {
+    record_ = {};
+    in_record_ = object;
+    if (!object) records_.emplace_back();
+  } else if (mode_ == Mode::kRecords && d == 3) {
+    SetField(json());  // a container as a field's value: the field is invalid
+  }
+  return true;
+}
+
+bool ManifestReader::Close() {
+  int d = --depth_;
+  if (mode_ == Mode::kKept && !build_.empty()) build_.pop_back();
+  if (mode_ == Mode::kRecords && d == 2 && in_record_) {
+    records_.push_back(std::move(record_));
+    in_record_ = false;
+  }
+  if (d == 1) mode_ = Mode::kNone;
+  return true;
+}
+
+}  // namespace
+
 bool IsMooncakeDir(const std::string& dir) {
   std::error_code ec;
   fs::path m = fs::path(dir) / kManifest;
   if (!fs::is_regular_file(m, ec)) return false;
   std::vector<uint8_t> bytes;
   if (!ReadWhole(m.string(), kMaxManifestBytes, &bytes).ok()) return false;
-  json j = json::parse(bytes.begin(), bytes.end(), nullptr, false);
-  return j.is_object() && j.contains("format") && j["format"] == kManifestFormat;
+  ManifestReader reader;
+  if (!reader.Parse(bytes)) return false;
+  const json& j = reader.top();
+  return j.contains("format") && j["format"] == kManifestFormat;
 }
 
 // ---- .kv -> directory ----------------------------------------------------------------------
@@ -346,13 +555,104 @@ bool GetUint(const json& j, const char* key, T max, T* out) {
   return true;
 }
 
+// The input directory of an import, opened once: the manifest and every
+// record are opened relative to it (openat), so they all come from the
+// directory the import began with, whatever another process renames over
+// its path meanwhile (an export with --force exchanges whole directories,
+// then removes the old one). Unchanged() tells whether the path still names
+// that directory and the directory still exists: a record gone from it, or
+// a path that names another directory by the end, makes the import refuse
+// rather than write a file from either.
+class ImportDir {
+ public:
+  ~ImportDir() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Status Open(const std::string& path) {
+    path_ = path;
+    fd_ = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd_ < 0) return ErrnoStatus(path, errno);
+    if (::fstat(fd_, &st_) != 0) return ErrnoStatus(path + ": stat", errno);
+    return Status::OK();
+  }
+  std::string PathOf(const std::string& name) const { return (fs::path(path_) / name).string(); }
+  bool Exists(const std::string& name) const {
+    struct stat st;
+    return ::fstatat(fd_, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0;
+  }
+  // As ReadWhole, for the file `name` of the directory.
+  Status Read(const std::string& name, uint64_t limit, std::vector<uint8_t>* out) const {
+    const std::string path = PathOf(name);
+    int fd = ::openat(fd_, name.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);  // a FIFO does not block
+    if (fd < 0) return ErrnoStatus(path, errno);
+    struct stat st;
+    Status s = ::fstat(fd, &st) != 0 ? ErrnoStatus(path + ": stat", errno)
+               : !S_ISREG(st.st_mode) ? NotRegular(path)
+               : static_cast<uint64_t>(st.st_size) > limit
+                   ? Status::Corruption(path + ": " + std::to_string(st.st_size) + " bytes; expected " +
+                                        std::to_string(limit))
+                   : Status::OK();
+    if (s.ok()) {
+      out->resize(static_cast<size_t>(st.st_size));
+      for (size_t at = 0; s.ok() && at < out->size();) {
+        ssize_t n = ::pread(fd, out->data() + at, out->size() - at, static_cast<off_t>(at));
+        if (n > 0) at += static_cast<size_t>(n);
+        else if (n == 0) s = Status::Corruption(path + ": unexpected end of file");
+        else if (errno != EINTR) s = ErrnoStatus(path, errno);
+      }
+    }
+    ::close(fd);
+    return s;
+  }
+  // The file system's refusal of a file that is not a regular one ("not a
+  // regular file (a FIFO)"), asked of it by path, so that the wording has
+  // one owner.
+  static Status NotRegular(const std::string& path) {
+    std::unique_ptr<File> f;
+    Status st = FileSystem::Default()->Open(path, OpenMode::kRead, &f);
+    return st.ok() ? Status::InvalidArgument(path + ": not a regular file") : st;
+  }
+  // Busy (exit 2: no data is at fault) if the path names another directory
+  // now, or this one was removed.
+  Status Unchanged() const {
+    struct stat now, still;
+    if (::stat(path_.c_str(), &now) != 0 || now.st_dev != st_.st_dev || now.st_ino != st_.st_ino ||
+        ::fstat(fd_, &still) != 0 || still.st_nlink == 0)
+      return Status::Busy(path_ + ": changed while it was read (another process replaced or removed it); not converted");
+    return Status::OK();
+  }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  struct stat st_ {};
+};
+
+Status ImportFrom(const SeedConvertArgs& a, const ImportDir& dir, const std::string& tmp, std::string* line,
+                  std::string* note);
+
 Status Import(const SeedConvertArgs& a, const std::string& tmp, std::string* line, std::string* note) {
-  std::string mpath = (fs::path(a.in) / kManifest).string();
+  ImportDir dir;
+  KVFILE_RETURN_IF_ERROR(dir.Open(a.in));
+  Status st = ImportFrom(a, dir, tmp, line, note);
+  // A failure that another process's change of the directory explains is
+  // reported as that change, and so is a success that read a directory the
+  // path no longer names.
+  Status changed = dir.Unchanged();
+  return changed.ok() ? st : changed;
+}
+
+Status ImportFrom(const SeedConvertArgs& a, const ImportDir& dir, const std::string& tmp, std::string* line,
+                  std::string* note) {
+  std::string mpath = dir.PathOf(kManifest);
   auto bad = [&mpath](const std::string& why) { return Status::Corruption(mpath + ": " + why); };
-  std::vector<uint8_t> bytes;
-  KVFILE_RETURN_IF_ERROR(ReadWhole(mpath, kMaxManifestBytes, &bytes));
-  json m = json::parse(bytes.begin(), bytes.end(), nullptr, false);
-  if (m.is_discarded() || !m.is_object()) return bad("not a JSON object");
+  ManifestReader reader;
+  {
+    std::vector<uint8_t> bytes;
+    KVFILE_RETURN_IF_ERROR(dir.Read(kManifest, kMaxManifestBytes, &bytes));
+    if (!reader.Parse(bytes)) return bad("not a JSON object");
+  }
+  json& m = reader.top();
   uint32_t version = 0;
   if (!GetUint(m, "version", UINT32_MAX, &version) || version != kManifestVersion)
     return bad("\"version\" is not 1");
@@ -381,37 +681,31 @@ Status Import(const SeedConvertArgs& a, const std::string& tmp, std::string* lin
     return bad("\"fingerprint\" is not 16 hex digits");
   uint64_t T = 0;
   if (!GetUint(m, "tokens", UINT64_MAX, &T)) return bad("\"tokens\" is not an unsigned integer");
-  if (!m.contains("token_ids") || !m["token_ids"].is_array() || m["token_ids"].size() != T)
+  if (reader.token_ids_state() != ManifestReader::ArrayState::kArray || reader.token_ids_seen() != T)
     return bad("\"token_ids\" is not an array of \"tokens\" ids");
-  std::vector<uint32_t> ids;
-  ids.reserve(T);
-  for (const json& t : m["token_ids"]) {
-    if (!t.is_number_unsigned() || t.get<uint64_t>() > UINT32_MAX) return bad("a token id is not a u32");
-    ids.push_back(t.get<uint32_t>());
-  }
+  if (!reader.token_ids_u32()) return bad("a token id is not a u32");
+  std::vector<uint32_t> ids = std::move(reader.token_ids());
   // Records by token range, then (layer, stream).
   std::map<std::pair<uint64_t, uint64_t>, std::map<std::pair<uint32_t, uint32_t>, RecordRef>> ranges;
-  if (!m.contains("records") || !m["records"].is_array()) return bad("\"records\" is not an array");
-  for (const json& rj : m["records"]) {
-    uint32_t layer = 0, group = 0;
-    uint64_t b = 0, e = 0;
-    if (!GetUint(rj, "layer", UINT32_MAX, &layer) || !GetUint(rj, "group_size", UINT32_MAX, &group) ||
-        !GetUint(rj, "begin", UINT64_MAX, &b) || !GetUint(rj, "end", UINT64_MAX, &e) || !rj.contains("stream") ||
-        !rj["stream"].is_string() || !rj.contains("key") || !rj["key"].is_string() || !rj.contains("file") ||
-        !rj["file"].is_string())
+  if (reader.records_state() != ManifestReader::ArrayState::kArray) return bad("\"records\" is not an array");
+  for (ManifestRecord& rj : reader.records()) {
+    if (rj.have != ManifestRecord::kAll || rj.layer > UINT32_MAX || rj.group > UINT32_MAX)
       return bad("a record entry lacks layer, stream, begin, end, group_size, key or file");
-    std::string stream = rj["stream"].get<std::string>(), key = rj["key"].get<std::string>();
-    std::optional<uint32_t> s = g.FindStream(stream);
-    if (!s) return bad("a record of stream '" + stream + "', which \"streams\" does not list");
+    const uint32_t layer = static_cast<uint32_t>(rj.layer), group = static_cast<uint32_t>(rj.group);
+    const uint64_t b = rj.begin, e = rj.end;
+    const std::string& key = rj.key;
+    std::optional<uint32_t> s = g.FindStream(rj.stream);
+    if (!s) return bad("a record of stream '" + rj.stream + "', which \"streams\" does not list");
     if (layer >= g.layers || b >= e || e > T || group == 0)
       return bad("record '" + key + "': layer, token range or group size out of range");
-    std::string file = rj["file"].get<std::string>();
-    if (file != mooncake::FileNameForKey(mooncake::RepresentationKey(group, key)))
-      return bad("record '" + key + "': file '" + file + "' is not the name of its representation key");
+    if (rj.file != mooncake::FileNameForKey(mooncake::RepresentationKey(group, key)))
+      return bad("record '" + key + "': file '" + rj.file + "' is not the name of its representation key");
     auto& slot = ranges[{b, e}][{layer, *s}];
     if (!slot.file.empty()) return bad("record '" + key + "': a second record for the same layer, stream and tokens");
-    slot = {file, group};
+    slot = {std::move(rj.file), group};
   }
+  reader.records().clear();
+  reader.records().shrink_to_fit();
   uint64_t next = 0;
   for (const auto& [range, recs] : ranges) {
     if (range.first != next)
@@ -442,17 +736,15 @@ Status Import(const SeedConvertArgs& a, const std::string& tmp, std::string* lin
       KVFILE_RETURN_IF_ERROR(CheckInterrupt(a.in));
       const StreamSpec& spec = g.streams[ls.second];
       size_t i = ls.first * S + ls.second;
-      std::string path = (fs::path(a.in) / ref.file).string();
+      std::string path = dir.PathOf(ref.file);
       mooncake::RecordDesc want;
       want.group_size = ref.group;
       want.shape = {n, spec.rows_per_token, spec.row_width};
       uint64_t elements = 0, size = 0;
       st = mooncake::RecordSize(want, &elements, &size);
       if (!st.ok()) return Status::Corruption(path + ": " + st.message());
-      std::error_code ec;
-      if (!fs::exists(fs::symlink_status(path, ec)))
-        return Status::Corruption(path + ": missing (the manifest lists it)");
-      KVFILE_RETURN_IF_ERROR(ReadWhole(path, size, &files[i]));
+      if (!dir.Exists(ref.file)) return Status::Corruption(path + ": missing (the manifest lists it)");
+      KVFILE_RETURN_IF_ERROR(dir.Read(ref.file, size, &files[i]));
       mooncake::RecordView v;
       st = mooncake::ParseRecord(files[i], &v);
       if (!st.ok()) return Status::Corruption(path + ": " + st.message());

@@ -1,0 +1,35 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "checked_read.h"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <memory>
+
+namespace kvfile::internal {
+
+Status ReadChecked(File& f, uint64_t offset, uint64_t n, uint64_t want, std::vector<uint8_t>* out, bool* match) {
+  out->clear();
+  *match = false;
+  if (n > kCheckedReadPiece) {
+    std::unique_ptr<XXH3_state_t, XXH_errorcode (*)(XXH3_state_t*)> state(XXH3_createState(), XXH3_freeState);
+    if (!state) return Status::IOError("out of memory");
+    XXH3_64bits_reset(state.get());
+    std::vector<uint8_t> piece(kCheckedReadPiece);
+    for (uint64_t at = 0; at < n;) {
+      const size_t k = static_cast<size_t>(std::min<uint64_t>(piece.size(), n - at));
+      KVFILE_RETURN_IF_ERROR(f.ReadAt(offset + at, piece.data(), k));
+      XXH3_64bits_update(state.get(), piece.data(), k);
+      at += k;
+    }
+    if (XXH3_64bits_digest(state.get()) != want) return Status::OK();
+  }
+  out->resize(n);
+  if (n) KVFILE_RETURN_IF_ERROR(f.ReadAt(offset, out->data(), n));
+  // Checked again: the bytes read now are the ones kept.
+  *match = XXH3_64bits(out->data(), n) == want;
+  if (!*match) out->clear();
+  return Status::OK();
+}
+
+}  // namespace kvfile::internal
