@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "file_backends.h"
 #include "support/fault_fs.h"
 #include "support/file_util.h"
 #include "support/scratch_dir.h"
@@ -196,6 +197,27 @@ TEST_F(AtomicReplaceFsTest, RefusesWhatIsNotARegularFileAtOnce) {
             P("fifo.kv") + ": not a regular file (a FIFO)");
   EXPECT_EQ(FileSystem::Default()->Open(P("dev"), OpenMode::kReadWrite, &f).message(),
             P("dev") + ": not a regular file (a character device)");
+}
+
+// A socket cannot be opened at all (open fails with ENXIO): both backends
+// refuse it by what it is, as they refuse a FIFO, and name it.
+TEST_F(AtomicReplaceFsTest, RefusesASocketByWhatItIs) {
+  const std::string path = P("sock.kv");
+  int s = testing::BindUnixSocket(path);
+  ASSERT_GE(s, 0) << path << ": " << std::strerror(errno);
+  std::vector<FileSystem*> backends = {internal::PosixFileSystemInstance()};
+  FileSystem* uring = nullptr;
+  if (internal::UringFileSystemInstance(&uring).ok()) backends.push_back(uring);
+  for (FileSystem* fs : backends)
+    for (OpenMode mode : {OpenMode::kRead, OpenMode::kReadWrite}) {
+      std::unique_ptr<File> f;
+      Status st = fs->Open(path, mode, &f);
+      EXPECT_EQ(st.code(), Status::Code::kInvalidArgument) << st.ToString();
+      EXPECT_EQ(st.message(), path + ": not a regular file (a socket)");
+    }
+  std::unique_ptr<PendingReplace> r;
+  EXPECT_EQ(PendingReplace::Begin(path, nullptr, &r).message(), path + ": not a regular file; not replaced");
+  ::close(s);
 }
 
 TEST_F(AtomicReplaceFsTest, LockedDestinationIsNotReplaced) {

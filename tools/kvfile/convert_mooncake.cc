@@ -27,6 +27,7 @@
 #include "kvfile/replace.h"
 #include "cli_common.h"
 #include "convert_seeds.h"
+#include "input_file.h"
 #include "kvfile/codec.h"
 #include "kvfile/mooncake.h"
 #include "kvfile/reader.h"
@@ -56,18 +57,6 @@ Status WriteWhole(const std::string& path, const void* data, size_t n) {
   KVFILE_RETURN_IF_ERROR(FileSystem::Default()->Open(path, OpenMode::kCreateExclusive, &f));
   KVFILE_RETURN_IF_ERROR(f->WriteAt(0, data, n));
   return f->Sync();
-}
-
-// Reads a whole file of at most `limit` bytes (kCorruption if larger).
-Status ReadWhole(const std::string& path, uint64_t limit, std::vector<uint8_t>* out) {
-  std::unique_ptr<File> f;
-  KVFILE_RETURN_IF_ERROR(FileSystem::Default()->Open(path, OpenMode::kRead, &f));
-  uint64_t size = 0;
-  KVFILE_RETURN_IF_ERROR(f->Size(&size));
-  if (size > limit)
-    return Status::Corruption(path + ": " + std::to_string(size) + " bytes; expected " + std::to_string(limit));
-  out->resize(size);
-  return f->ReadAt(0, out->data(), size);
 }
 
 void RemoveTree(const std::string& dir) {
@@ -150,7 +139,7 @@ bool IsMooncakeDir(const std::string& dir) {
   fs::path m = fs::path(dir) / kManifest;
   if (!fs::is_regular_file(m, ec)) return false;
   std::vector<uint8_t> bytes;
-  if (!ReadWhole(m.string(), kMaxManifestBytes, &bytes).ok()) return false;
+  if (!ReadWholeFile(m.string(), kMaxManifestBytes, &bytes).ok()) return false;
   json j = json::parse(bytes.begin(), bytes.end(), nullptr, false);
   return j.is_object() && j.contains("format") && j["format"] == kManifestFormat;
 }
@@ -350,7 +339,7 @@ Status Import(const SeedConvertArgs& a, const std::string& tmp, std::string* lin
   std::string mpath = (fs::path(a.in) / kManifest).string();
   auto bad = [&mpath](const std::string& why) { return Status::Corruption(mpath + ": " + why); };
   std::vector<uint8_t> bytes;
-  KVFILE_RETURN_IF_ERROR(ReadWhole(mpath, kMaxManifestBytes, &bytes));
+  KVFILE_RETURN_IF_ERROR(ReadWholeFile(mpath, kMaxManifestBytes, &bytes));
   json m = json::parse(bytes.begin(), bytes.end(), nullptr, false);
   if (m.is_discarded() || !m.is_object()) return bad("not a JSON object");
   uint32_t version = 0;
@@ -452,7 +441,7 @@ Status Import(const SeedConvertArgs& a, const std::string& tmp, std::string* lin
       std::error_code ec;
       if (!fs::exists(fs::symlink_status(path, ec)))
         return Status::Corruption(path + ": missing (the manifest lists it)");
-      KVFILE_RETURN_IF_ERROR(ReadWhole(path, size, &files[i]));
+      KVFILE_RETURN_IF_ERROR(ReadWholeFile(path, size, &files[i]));
       mooncake::RecordView v;
       st = mooncake::ParseRecord(files[i], &v);
       if (!st.ok()) return Status::Corruption(path + ": " + st.message());
