@@ -20,6 +20,7 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "file_backends.h"
@@ -278,6 +279,30 @@ TEST_F(AtomicReplaceFsTest, KeepsModeOwnerAndGroup) {
   EXPECT_EQ(st.st_uid, 4321u);
   EXPECT_EQ(st.st_gid, 8765u);
   EXPECT_EQ(ReadFile(P("x.kv")), "new");
+}
+
+// The temporary file of a creator that is gone but whose lock is still
+// held for a moment (the kernel keeps a killed process's io_uring files,
+// and their locks, until it has torn its ring down) is waited for and
+// removed. Here another thread holds the lock and lets it go after 50 ms,
+// well inside the second LockWithGrace waits.
+TEST_F(AtomicReplaceFsTest, StaleTempLockedForAMomentAfterItsCreatorDiedIsRemoved) {
+  WriteFile(P("x.kv"), "old");
+  const std::string stale = P("x.kv.kvtmp-999999999-0");  // above any pid_max
+  WriteFile(stale, "stale");
+  int fd = ::open(stale.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);
+  std::thread release([fd] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    ::close(fd);
+  });
+  std::unique_ptr<PendingReplace> r;
+  Status st = PendingReplace::Begin(P("x.kv"), nullptr, &r);
+  release.join();
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(r->removed_stale(), 1);
+  EXPECT_FALSE(fs::exists(stale));
 }
 
 // Temporary files of this destination whose creator is gone and that no
