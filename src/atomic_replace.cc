@@ -95,7 +95,8 @@ Status PendingReplace::Begin(const std::string& dest, FileSystem* fs, std::uniqu
 }
 
 // A temporary file is stale when the process its name names is gone (or
-// the name names none) and no process holds its writer lock: a live
+// the name names none) and no process holds its writer lock (a dead
+// creator's for more than LockWithGrace's second): a live
 // creator holds the lock while its Writer writes the file, and is alive
 // from the first byte to the rename. It is removed while locked, and only
 // if the name still refers to the file locked.
@@ -110,7 +111,12 @@ Status PendingReplace::RemoveStaleTemps() {
     if (pid != 0 && (pid == ::getpid() || ProcessAlive(pid))) continue;
     std::string path = dir + "/" + name;
     std::unique_ptr<File> stale;
-    if (!fs_->Open(path, OpenMode::kReadWrite, &stale).ok() || !stale->LockExclusive().ok()) continue;
+    if (!fs_->Open(path, OpenMode::kReadWrite, &stale).ok()) continue;
+    // A creator killed with io_uring requests in flight holds the lock
+    // until the kernel has torn its ring down, after the process is gone:
+    // a dead creator's lock is waited for (LockWithGrace). A name without
+    // a pid may be a live writer's: not waited for.
+    if (!(pid != 0 ? LockWithGrace(*stale) : stale->LockExclusive()).ok()) continue;
     FileId locked, named;
     if (!stale->Id(&locked).ok() || !fs_->PathId(path, &named).ok() || !(locked == named)) continue;
     KVFILE_RETURN_IF_ERROR(fs_->Remove(path));

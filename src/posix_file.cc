@@ -331,10 +331,12 @@ Status NotRegularFile(const std::string& path, unsigned mode) {
   return Status::InvalidArgument(path + ": not a regular file (" + what + ")");
 }
 
-// O_NONBLOCK so that opening a FIFO never waits for a writer; anything but
-// a regular file is then refused, and the flag is cleared again.
+// O_NONBLOCK so that opening a FIFO never waits for a writer (O_NOCTTY: a
+// terminal never becomes the controlling one); anything but a regular file
+// is then refused, and the flag is cleared again. A socket cannot be
+// opened at all (ENXIO): it is refused by what stat says it is.
 Status OpenFd(const std::string& path, OpenMode mode, int* out) {
-  int flags = O_CLOEXEC | O_NONBLOCK;
+  int flags = O_CLOEXEC | O_NONBLOCK | O_NOCTTY;
   switch (mode) {
     case OpenMode::kRead: flags |= O_RDONLY; break;
     case OpenMode::kReadWrite: flags |= O_RDWR; break;
@@ -344,8 +346,12 @@ Status OpenFd(const std::string& path, OpenMode mode, int* out) {
   do {
     fd = ::open(path.c_str(), flags, 0644);
   } while (fd < 0 && errno == EINTR);
-  if (fd < 0) return ErrnoStatus(path, errno);
   struct stat st;
+  if (fd < 0) {
+    int err = errno;
+    if (err == ENXIO && ::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) return NotRegularFile(path, st.st_mode);
+    return ErrnoStatus(path, err);
+  }
   if (::fstat(fd, &st) != 0) {
     int err = errno;
     ::close(fd);

@@ -20,8 +20,10 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "file_backends.h"
 #include "support/fault_fs.h"
 #include "support/file_util.h"
 #include "support/scratch_dir.h"
@@ -198,6 +200,27 @@ TEST_F(AtomicReplaceFsTest, RefusesWhatIsNotARegularFileAtOnce) {
             P("dev") + ": not a regular file (a character device)");
 }
 
+// A socket cannot be opened at all (open fails with ENXIO): both backends
+// refuse it by what it is, as they refuse a FIFO, and name it.
+TEST_F(AtomicReplaceFsTest, RefusesASocketByWhatItIs) {
+  const std::string path = P("sock.kv");
+  int s = testing::BindUnixSocket(path);
+  ASSERT_GE(s, 0) << path << ": " << std::strerror(errno);
+  std::vector<FileSystem*> backends = {internal::PosixFileSystemInstance()};
+  FileSystem* uring = nullptr;
+  if (internal::UringFileSystemInstance(&uring).ok()) backends.push_back(uring);
+  for (FileSystem* fs : backends)
+    for (OpenMode mode : {OpenMode::kRead, OpenMode::kReadWrite}) {
+      std::unique_ptr<File> f;
+      Status st = fs->Open(path, mode, &f);
+      EXPECT_EQ(st.code(), Status::Code::kInvalidArgument) << st.ToString();
+      EXPECT_EQ(st.message(), path + ": not a regular file (a socket)");
+    }
+  std::unique_ptr<PendingReplace> r;
+  EXPECT_EQ(PendingReplace::Begin(path, nullptr, &r).message(), path + ": not a regular file; not replaced");
+  ::close(s);
+}
+
 TEST_F(AtomicReplaceFsTest, LockedDestinationIsNotReplaced) {
   WriteFile(P("x.kv"), "old");
   std::unique_ptr<PendingReplace> r;
@@ -256,6 +279,30 @@ TEST_F(AtomicReplaceFsTest, KeepsModeOwnerAndGroup) {
   EXPECT_EQ(st.st_uid, 4321u);
   EXPECT_EQ(st.st_gid, 8765u);
   EXPECT_EQ(ReadFile(P("x.kv")), "new");
+}
+
+// The temporary file of a creator that is gone but whose lock is still
+// held for a moment (the kernel keeps a killed process's io_uring files,
+// and their locks, until it has torn its ring down) is waited for and
+// removed. Here another thread holds the lock and lets it go after 50 ms,
+// well inside the second LockWithGrace waits.
+TEST_F(AtomicReplaceFsTest, StaleTempLockedForAMomentAfterItsCreatorDiedIsRemoved) {
+  WriteFile(P("x.kv"), "old");
+  const std::string stale = P("x.kv.kvtmp-999999999-0");  // above any pid_max
+  WriteFile(stale, "stale");
+  int fd = ::open(stale.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);
+  std::thread release([fd] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    ::close(fd);
+  });
+  std::unique_ptr<PendingReplace> r;
+  Status st = PendingReplace::Begin(P("x.kv"), nullptr, &r);
+  release.join();
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(r->removed_stale(), 1);
+  EXPECT_FALSE(fs::exists(stale));
 }
 
 // Temporary files of this destination whose creator is gone and that no

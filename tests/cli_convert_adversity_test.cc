@@ -18,14 +18,12 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <set>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "kvfile/reader.h"
@@ -255,8 +253,8 @@ TEST_P(ConvertAdversity, SignalsLeaveTheOldDestinationAndStaleTempsGo) {
 
   Start(Args(big, Out(), " --force"));
   ASSERT_TRUE(WaitForNewName(only_out)) << ReadFile(err_path_);
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // mid-write
-  ASSERT_EQ(SignalAndWait(SIGKILL), 1000 + SIGKILL) << "the conversion finished before it was killed";
+  ASSERT_TRUE(child_->Freeze()) << "the conversion finished before it could be stopped";  // mid-write
+  ASSERT_EQ(SignalAndWait(SIGKILL), 1000 + SIGKILL);
   std::set<std::string> stale = Names();
   ASSERT_GT(stale.size(), 1u) << "SIGKILL left no temporary file: the kill proves nothing";
   EXPECT_TRUE(Tree(Out()) == before) << "a killed conversion changed " << Out();
@@ -272,6 +270,7 @@ TEST_P(ConvertAdversity, SignalsLeaveTheOldDestinationAndStaleTempsGo) {
   k %= 3;
   Start(Args(big, Out(), " --force"));
   ASSERT_TRUE(WaitForNewName(stale)) << ReadFile(err_path_);
+  ASSERT_TRUE(child_->Freeze()) << "the conversion finished before it could be stopped";
   EXPECT_EQ(SignalAndWait(sigs[k]), 128 + sigs[k]);
   EXPECT_EQ(ReadFile(err_path_), "kvfile: error: " + Out() + ": interrupted by " + names[k] + "\n");
   EXPECT_TRUE(Tree(Out()) == before) << "an interrupted conversion changed " << Out();

@@ -93,7 +93,7 @@ TEST_F(CliFindTest, UsageErrorsAreExitTwo) {
   EXPECT_EQ(r.err, "kvfile: error: " + P("empty.txt") + ": no token ids\n");
   r = Kvfile("find " + Corpus() + " --tokens " + P("nope.txt"));
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_EQ(r.err, "kvfile: error: " + P("nope.txt") + ": cannot open the token file\n");
+  EXPECT_EQ(r.err, "kvfile: error: " + P("nope.txt") + ": No such file or directory\n");
   r = Kvfile("find " + Corpus() + " --tokens " + P("q.txt") + " --model-fingerprint 12345678901234567");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_EQ(r.err, "kvfile: error: --model-fingerprint: '12345678901234567' is not 1 to 16 hex digits\n");

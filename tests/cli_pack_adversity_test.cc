@@ -208,7 +208,8 @@ void RunSignalCase(const SignalCase& c, const fs::path& d, const std::string& er
   KvfileChild child(err_path);
   child.Start(c.args);
   ASSERT_TRUE(child.WaitForNewName(d, names)) << child.err();
-  ASSERT_EQ(child.SignalAndWait(SIGKILL), 1000 + SIGKILL) << "it finished before it was killed";
+  ASSERT_TRUE(child.Freeze()) << "it finished before it could be stopped";  // mid-write
+  ASSERT_EQ(child.SignalAndWait(SIGKILL), 1000 + SIGKILL);
   const NameSet stale = Names(d);
   ASSERT_GT(stale.size(), names.size()) << "SIGKILL left no temporary file: the kill proves nothing";
   EXPECT_TRUE(ReadFile(c.dest) == before) << "a killed run changed " << c.dest;
@@ -219,6 +220,7 @@ void RunSignalCase(const SignalCase& c, const fs::path& d, const std::string& er
 
   child.Start(c.args);
   ASSERT_TRUE(child.WaitForNewName(d, stale)) << child.err();
+  ASSERT_TRUE(child.Freeze()) << "it finished before it could be stopped";
   EXPECT_EQ(child.SignalAndWait(c.sig), 128 + c.sig);
   EXPECT_EQ(child.err(), "kvfile: error: " + c.dest + ": interrupted by " + c.sig_name + "\n");
   EXPECT_TRUE(ReadFile(c.dest) == before) << "an interrupted run changed " << c.dest;

@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "support/adversity.h"
 #include "support/cli_run.h"
 #include "support/scratch_dir.h"
 
@@ -57,10 +58,7 @@ class CliSignalsTest : public kvfile::testing::ScratchDirTest {
     fs::create_directories(dir_ / "work");
   }
   void TearDown() override {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
+    child_.reset();  // kills a child still running
     ScratchDirTest::TearDown();
   }
   std::string W(const std::string& name) const { return (dir_ / "work" / name).string(); }
@@ -68,45 +66,23 @@ class CliSignalsTest : public kvfile::testing::ScratchDirTest {
   // Starts `kvfile ARGS...` with stdout to /dev/null and stderr to a file.
   void Start(const std::vector<std::string>& args) {
     err_path_ = P("stderr.txt");
-    pid_ = kvfile::testing::StartKvfile(args, err_path_);
-    ASSERT_GE(pid_, 0);
+    std::string joined;
+    for (const std::string& a : args) joined += (joined.empty() ? "" : " ") + a;
+    child_ = std::make_unique<kvfile::testing::KvfileChild>(err_path_);
+    child_->Start(joined);
   }
 
-  // Polls `started` every millisecond (up to 60 s); false if the child
-  // exited first or it never became true.
+  // Polls `started` (up to 60 s) and stops the child there (SIGSTOP), so
+  // that the signal sent next lands at that point however loaded the
+  // machine; false if the child exited first.
   template <typename Pred>
   bool WaitUntil(Pred started) {
-    auto deadline = Clock::now() + std::chrono::seconds(60);
-    while (Clock::now() < deadline) {
-      if (started()) return true;
-      int status;
-      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        return false;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    return false;
+    return child_->WaitUntil(started) && child_->Freeze();
   }
 
-  // Sends `sig` and waits (up to 120 s) for the exit status.
-  int SignalAndWait(int sig) {
-    EXPECT_EQ(::kill(pid_, sig), 0);
-    auto deadline = Clock::now() + std::chrono::seconds(120);
-    int status = 0;
-    while (::waitpid(pid_, &status, WNOHANG) != pid_) {
-      if (Clock::now() > deadline) {
-        ADD_FAILURE() << "kvfile did not stop within 120 s of the signal";
-        ::kill(pid_, SIGKILL);
-        ::waitpid(pid_, &status, 0);
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    pid_ = -1;
-    if (WIFSIGNALED(status)) return 1000 + WTERMSIG(status);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  }
+  // Sends `sig`, continues the child and waits for its exit status (1000 +
+  // the signal that ended it).
+  int SignalAndWait(int sig) { return child_->SignalAndWait(sig); }
 
   std::string Stderr() const { return ReadFile(err_path_); }
 
@@ -117,7 +93,7 @@ class CliSignalsTest : public kvfile::testing::ScratchDirTest {
     ASSERT_EQ(r.exit_code, 0) << r.err;
   }
 
-  pid_t pid_ = -1;
+  std::unique_ptr<kvfile::testing::KvfileChild> child_;
   std::string err_path_;
 };
 
@@ -278,7 +254,7 @@ TEST_F(CliSignalsTest, VerifyOfADirectoryInterruptedBySighup) {
   // Started: it has one of the files open.
   ASSERT_TRUE(WaitUntil([&] {
     std::error_code ec;
-    for (const auto& e : fs::directory_iterator("/proc/" + std::to_string(pid_) + "/fd", ec)) {
+    for (const auto& e : fs::directory_iterator("/proc/" + std::to_string(child_->pid()) + "/fd", ec)) {
       std::string target = fs::read_symlink(e.path(), ec).string();
       if (!ec && target.starts_with(tree)) return true;
     }

@@ -14,15 +14,14 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "kvfile/reader.h"
+#include "support/adversity.h"
 #include "support/cli_run.h"
 #include "support/file_util.h"
 #include "support/scratch_dir.h"
@@ -257,21 +256,14 @@ TEST_F(CliTransactionTest, StaleTempOfAKilledConvertIsRemoved) {
       if (n.starts_with("out.kv.kvtmp-")) found.push_back(n);
     return found;
   };
-  pid_t pid = ::fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    ::execl(KVFILE_BINARY, KVFILE_BINARY, "convert", P("big.kv").c_str(), out.c_str(), "--dtype", "e5m2",
-            static_cast<char*>(nullptr));
-    ::_exit(127);
+  {
+    testing::KvfileChild child(P("stderr.txt"));
+    child.Start("convert " + P("big.kv") + " " + out + " --dtype e5m2");
+    ASSERT_TRUE(child.WaitUntil([&] { return !temps().empty(); })) << child.err();
+    ASSERT_TRUE(child.Freeze()) << "the convert finished before it could be stopped";  // mid-write
+    ASSERT_EQ(child.SignalAndWait(SIGKILL), 1000 + SIGKILL);
   }
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (temps().empty() && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // mid-write
-  ::kill(pid, SIGKILL);
-  int status = 0;
-  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
-  ASSERT_TRUE(WIFSIGNALED(status)) << "the convert finished before it was killed";
+  fs::remove(P("stderr.txt"));
   ASSERT_FALSE(temps().empty());
   EXPECT_FALSE(fs::exists(out));
   CliRun r = Kvfile("convert " + P("a.kv") + " " + out);

@@ -52,12 +52,12 @@ inline void ExpectOneErrorLine(const CliRun& r) {
   EXPECT_EQ(r.err.rfind("kvfile: error: ", 0), 0u) << r.err;
 }
 
-// A 1 MiB tmpfs at `dir`, unmounted by the destructor; false from Mount if
-// this process may not mount one.
+// A tmpfs of `size` (1 MiB unless told) at `dir`, unmounted by the
+// destructor; false from Mount if this process may not mount one.
 class SmallTmpfs {
  public:
-  bool Mount(const std::string& dir) {
-    if (::mount("tmpfs", dir.c_str(), "tmpfs", 0, "size=1m") != 0) return false;
+  bool Mount(const std::string& dir, const std::string& size = "1m") {
+    if (::mount("tmpfs", dir.c_str(), "tmpfs", 0, ("size=" + size).c_str()) != 0) return false;
     dir_ = dir;
     return true;
   }
@@ -80,8 +80,9 @@ class KvfileChild {
       ::waitpid(pid_, nullptr, 0);
     }
   }
-  // Starts `kvfile ARGS` (split at spaces).
-  void Start(const std::string& args) {
+  // Starts `kvfile ARGS` (split at spaces), its standard input `stdin_fd`
+  // when one is given.
+  void Start(const std::string& args, int stdin_fd = -1) {
     std::vector<std::string> words;
     for (size_t i = 0; i < args.size();) {
       size_t j = args.find(' ', i);
@@ -89,9 +90,10 @@ class KvfileChild {
       if (j > i) words.push_back(args.substr(i, j - i));
       i = j + 1;
     }
-    pid_ = StartKvfile(words, err_path_);
+    pid_ = StartKvfile(words, err_path_, stdin_fd);
     ASSERT_GE(pid_, 0);
   }
+  pid_t pid() const { return pid_; }
   // Polls `started` until it is true (up to 60 s); false if the child
   // exited first.
   template <typename Pred>

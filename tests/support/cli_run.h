@@ -50,9 +50,10 @@ inline CliRun Kvfile(const std::string& args, const std::string& prefix = "") {
 }
 
 // Starts `kvfile ARGS...` without a shell and without waiting: stdout to
-// /dev/null, stderr to the file `err_path`. Returns the child's pid (-1 if
-// fork failed); the caller signals it and reaps it with waitpid.
-inline pid_t StartKvfile(const std::vector<std::string>& args, const std::string& err_path) {
+// /dev/null, stderr to the file `err_path`, stdin `stdin_fd` if not -1.
+// Returns the child's pid (-1 if fork failed); the caller signals it and
+// reaps it with waitpid.
+inline pid_t StartKvfile(const std::vector<std::string>& args, const std::string& err_path, int stdin_fd = -1) {
   pid_t pid = ::fork();
   if (pid != 0) return pid;
   int err = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -60,6 +61,7 @@ inline pid_t StartKvfile(const std::vector<std::string>& args, const std::string
   if (err < 0 || out < 0) ::_exit(127);
   ::dup2(err, 2);
   ::dup2(out, 1);
+  if (stdin_fd >= 0) ::dup2(stdin_fd, 0);
   std::vector<std::string> copy = args;
   std::string bin = KVFILE_BINARY;
   std::vector<char*> argv{bin.data()};

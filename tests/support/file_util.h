@@ -4,8 +4,13 @@
 // shell quoting, and output split into lines.
 #pragma once
 
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -14,6 +19,21 @@
 #include <vector>
 
 namespace kvfile::testing {
+
+// A Unix socket bound at `path` (which must fit sockaddr_un): its
+// descriptor, for the caller to close, or -1.
+inline int BindUnixSocket(const std::string& path) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof addr.sun_path) return -1;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  int s = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  if (s >= 0 && ::bind(s, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0) {
+    ::close(s);
+    return -1;
+  }
+  return s;
+}
 
 inline std::string ReadFile(const std::filesystem::path& p) {
   std::ifstream in(p, std::ios::binary);

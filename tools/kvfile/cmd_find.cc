@@ -6,11 +6,9 @@
 #include <charconv>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <iostream>
-#include <iterator>
 
 #include "cli_common.h"
+#include "input_file.h"
 #include "json_output.h"
 #include "kvfile/prefix_index.h"
 #include "progress_fs.h"
@@ -47,18 +45,17 @@ bool ParseHex(std::string_view s, uint64_t* out) {
   return ec == std::errc() && end == s.data() + s.size();
 }
 
+// The most bytes a token file (or standard input) may hold: about 24
+// million token ids of 10 digits and a separator.
+constexpr uint64_t kMaxTokenFileBytes = uint64_t{256} << 20;
+
 // Whitespace-separated decimal token ids from `file` (- : standard input).
+// A FIFO, device, directory or socket is refused without reading it.
 Status ReadTokens(const std::string& file, std::vector<uint32_t>* tokens) {
-  std::string text;
-  if (file == "-") {
-    text.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
-  } else {
-    std::ifstream in(file, std::ios::binary);
-    if (!in) return Status::NotFound(file + ": cannot open the token file");
-    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-    if (in.bad()) return Status::IOError(file + ": cannot read the token file");
-  }
-  const char* p = text.data();
+  std::vector<uint8_t> text;
+  KVFILE_RETURN_IF_ERROR(file == "-" ? ReadWholeStdin(kMaxTokenFileBytes, &text)
+                                     : ReadWholeFile(file, kMaxTokenFileBytes, &text));
+  const char* p = reinterpret_cast<const char*>(text.data());
   const char* end = p + text.size();
   auto space = [](char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r' || c == '\f' || c == '\v'; };
   while (true) {

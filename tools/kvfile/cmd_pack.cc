@@ -9,12 +9,12 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <optional>
 #include <set>
 
 #include "cli_common.h"
+#include "input_file.h"
 #include "json_output.h"
 #include "kvfile/pack.h"
 #include "progress.h"
@@ -264,15 +264,7 @@ int RunLs(const LsArgs& a) {
 
 }  // namespace
 
-bool IsPackFile(const std::string& path) {
-  // Only a regular file is opened: opening a FIFO would wait for a writer.
-  std::error_code ec;
-  if (!fs::is_regular_file(path, ec)) return false;
-  std::ifstream in(path, std::ios::binary);
-  char m[8] = {};
-  if (!in.read(m, 8)) return false;
-  return std::memcmp(m, "\x89KVP\r\n\x1a\n", 8) == 0;
-}
+bool IsPackFile(const std::string& path) { return FileStartsWith(path, std::string_view("\x89KVP\r\n\x1a\n", 8)); }
 
 int RunPackVerify(const std::string& path, bool json) {
   SetCurrentPath(path);

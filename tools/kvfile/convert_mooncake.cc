@@ -28,6 +28,7 @@
 #include "kvfile/replace.h"
 #include "cli_common.h"
 #include "convert_seeds.h"
+#include "input_file.h"
 #include "kvfile/codec.h"
 #include "kvfile/mooncake.h"
 #include "kvfile/reader.h"
@@ -57,18 +58,6 @@ Status WriteWhole(const std::string& path, const void* data, size_t n) {
   KVFILE_RETURN_IF_ERROR(FileSystem::Default()->Open(path, OpenMode::kCreateExclusive, &f));
   KVFILE_RETURN_IF_ERROR(f->WriteAt(0, data, n));
   return f->Sync();
-}
-
-// Reads a whole file of at most `limit` bytes (kCorruption if larger).
-Status ReadWhole(const std::string& path, uint64_t limit, std::vector<uint8_t>* out) {
-  std::unique_ptr<File> f;
-  KVFILE_RETURN_IF_ERROR(FileSystem::Default()->Open(path, OpenMode::kRead, &f));
-  uint64_t size = 0;
-  KVFILE_RETURN_IF_ERROR(f->Size(&size));
-  if (size > limit)
-    return Status::Corruption(path + ": " + std::to_string(size) + " bytes; expected " + std::to_string(limit));
-  out->resize(size);
-  return f->ReadAt(0, out->data(), size);
 }
 
 void RemoveTree(const std::string& dir) {
@@ -357,7 +346,7 @@ bool IsMooncakeDir(const std::string& dir) {
   fs::path m = fs::path(dir) / kManifest;
   if (!fs::is_regular_file(m, ec)) return false;
   std::vector<uint8_t> bytes;
-  if (!ReadWhole(m.string(), kMaxManifestBytes, &bytes).ok()) return false;
+  if (!ReadWholeFile(m.string(), kMaxManifestBytes, &bytes).ok()) return false;
   ManifestReader reader;
   if (!reader.Parse(bytes)) return false;
   const json& j = reader.top();
@@ -580,7 +569,7 @@ class ImportDir {
     struct stat st;
     return ::fstatat(fd_, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0;
   }
-  // As ReadWhole, for the file `name` of the directory.
+  // As ReadWholeFile (input_file.h), for the file `name` of the directory.
   Status Read(const std::string& name, uint64_t limit, std::vector<uint8_t>* out) const {
     const std::string path = PathOf(name);
     int fd = ::openat(fd_, name.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);  // a FIFO does not block

@@ -4,8 +4,6 @@
 #include "pack_member.h"
 
 #include <fcntl.h>
-#include <pthread.h>
-#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,6 +15,7 @@
 #include "cmd_pack.h"
 #include "kvfile/pack.h"
 #include "stdin_copy.h"
+#include "unnamed_file.h"
 
 namespace kvfile::cli {
 
@@ -44,62 +43,51 @@ PackMemberInputs::~PackMemberInputs() {
   }
 }
 
-namespace {
-
-// SIGINT, SIGTERM and SIGHUP held back while a copy has a name, so that
-// none ends the process between its creation and its unlinking; a signal
-// that arrived meanwhile is delivered when the guard ends.
-class HoldSignals {
- public:
-  HoldSignals() {
-    sigset_t set;
-    sigemptyset(&set);
-    for (int s : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&set, s);
-    pthread_sigmask(SIG_BLOCK, &set, &old_);
-  }
-  ~HoldSignals() { pthread_sigmask(SIG_SETMASK, &old_, nullptr); }
-  HoldSignals(const HoldSignals&) = delete;
-  HoldSignals& operator=(const HoldSignals&) = delete;
-
- private:
-  sigset_t old_;
-};
-
-}  // namespace
-
 Status PackMemberInputs::Resolve(const std::string& arg, std::string* opened) {
   std::string pack_path, name;
   if (!SplitPackMember(arg, &pack_path, &name)) {
     *opened = arg;
     return Status::OK();
   }
+  if (!ProcFdAvailable()) return ResolveByName(arg, pack_path, name, opened);
+  // Declared before the pack, which writes through it: it outlives it.
+  UnnamedFileSystem unnamed(FileSystem::Default(), TempDirectory() + "/kvfile-member");
+  std::unique_ptr<PackReader> pack;
+  KVFILE_RETURN_IF_ERROR(PackReader::Open(pack_path, &unnamed, &pack));
+  std::optional<size_t> index = pack->Find(name);
+  if (!index) return Status::NotFound(pack_path + ": no member '" + name + "'");
+  const std::string file = TempDirectory() + "/kvfile-member/member.kv";
+  Status st = pack->Materialize(*index, file);
+  if (!st.ok()) return RenamePath(st, file, arg);
+  Copy c;
+  c.arg = arg;
+  c.fd = ::fcntl(unnamed.Descriptor(file), F_DUPFD_CLOEXEC, 0);
+  if (c.fd < 0) return Status::IOError(arg + ": " + std::strerror(errno));
+  c.opened = ReopenPath(c.fd);
+  *opened = c.opened;
+  copies_.push_back(std::move(c));
+  return Status::OK();
+}
+
+// Without /proc the member is materialised by name in a private directory
+// and keeps that name until the verb ends (SIGKILL leaves it).
+Status PackMemberInputs::ResolveByName(const std::string& arg, const std::string& pack_path,
+                                       const std::string& name, std::string* opened) {
   std::unique_ptr<PackReader> pack;
   KVFILE_RETURN_IF_ERROR(PackReader::Open(pack_path, nullptr, &pack));
   std::optional<size_t> index = pack->Find(name);
   if (!index) return Status::NotFound(pack_path + ": no member '" + name + "'");
-  const char* env = std::getenv("TMPDIR");
-  std::string tmpl = std::string(env && *env ? env : "/tmp") + "/kvfile-member-XXXXXX";
-  HoldSignals hold;
+  std::string tmpl = TempDirectory() + "/kvfile-member-XXXXXX";
+  HoldSignals hold;  // SIGINT, SIGTERM, SIGHUP: after the copy is removed
   if (!::mkdtemp(tmpl.data()))
     return Status::IOError(arg + ": cannot create a temporary directory like " + tmpl + ": " + std::strerror(errno));
   Copy c;
   c.arg = arg;
-  const std::string file = tmpl + "/member.kv";
-  Status st = pack->Materialize(*index, file);
-  if (st.ok()) {
-    c.fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
-    if (c.fd < 0) st = Status::IOError(file + ": " + std::strerror(errno));
-  }
-  c.opened = "/proc/self/fd/" + std::to_string(c.fd);
-  if (st.ok() && ::access(c.opened.c_str(), R_OK) != 0) {
-    c.opened = c.kept = file;  // no /proc: the file keeps its name until the end
-  } else {
-    ::unlink(file.c_str());
-    ::rmdir(tmpl.c_str());
-  }
+  c.opened = c.kept = tmpl + "/member.kv";
+  Status st = pack->Materialize(*index, c.kept);
   if (!st.ok()) {
-    if (c.fd >= 0) ::close(c.fd);
-    return RenamePath(st, file, arg);
+    ::rmdir(tmpl.c_str());
+    return RenamePath(st, c.kept, arg);
   }
   *opened = c.opened;
   copies_.push_back(std::move(c));

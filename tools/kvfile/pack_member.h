@@ -2,9 +2,11 @@
 // `PACK:MEMBER` for the read-only verbs that take a .kv file (info, dump,
 // verify, the input of convert): `corpus.kvpack:docs/a.kv` names member
 // docs/a.kv of the pack corpus.kvpack. The member is materialised as a .kv
-// file in a private directory under $TMPDIR (else /tmp), which is unlinked
-// as soon as the copy is open: the verb reads it through /proc/self/fd/N,
-// so nothing is left behind whatever ends the process. Memory stays bounded
+// file without a name in $TMPDIR (else /tmp; unnamed_file.h: O_TMPFILE),
+// from its first byte: the verb reads it through /proc/self/fd/N, and the
+// kernel frees it whatever ends the process, SIGKILL included. Without
+// /proc it is written by name in a private directory, removed when the
+// verb ends (a SIGKILL leaves it). Memory stays bounded
 // (PackReader::Materialize holds one chunk and the writer's staging).
 #pragma once
 
@@ -44,6 +46,8 @@ class PackMemberInputs {
     int fd = -1;
     std::string kept;    // a copy kept by name (no /proc): removed at the end
   };
+  Status ResolveByName(const std::string& arg, const std::string& pack_path, const std::string& name,
+                       std::string* opened);
   std::vector<Copy> copies_;
 };
 

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Standard input spooled to a temporary file (see stdin_copy.h).
+// Standard input spooled to a temporary file without a name (see
+// stdin_copy.h).
 #include "stdin_copy.h"
 
 #include <fcntl.h>
@@ -12,43 +13,43 @@
 #include <string_view>
 #include <vector>
 
+#include "unnamed_file.h"
+
 namespace kvfile::cli {
 
 StdinCopy::~StdinCopy() {
+  if (fd_ >= 0) ::close(fd_);
   if (!path_.empty()) ::unlink(path_.c_str());
 }
 
 Status StdinCopy::Copy(std::string* path) {
-  const char* dir = std::getenv("TMPDIR");
-  std::string tmpl = std::string(dir && *dir ? dir : "/tmp") + "/kvfile-stdin-XXXXXX";
-  std::vector<char> name(tmpl.begin(), tmpl.end());
-  name.push_back('\0');
-  int fd = ::mkstemp(name.data());
-  if (fd < 0) return Status::IOError("-: cannot create a temporary copy in " + tmpl + ": " + std::strerror(errno));
-  path_ = name.data();
+  if (ProcFdAvailable()) {
+    KVFILE_RETURN_IF_ERROR(CreateUnnamedFile("-", &fd_));
+  } else {
+    std::string name = TempDirectory() + "/kvfile-stdin-XXXXXX";
+    fd_ = ::mkostemp(name.data(), O_CLOEXEC);
+    if (fd_ < 0) return Status::IOError("-: cannot create a temporary copy like " + name + ": " + std::strerror(errno));
+    path_ = name;
+  }
+  const std::string copy = path_.empty() ? ReopenPath(fd_) : path_;
   std::vector<char> buf(1 << 20);
   for (;;) {
     ssize_t n = ::read(STDIN_FILENO, buf.data(), buf.size());
     if (n == 0) break;
     if (n < 0) {
       if (errno == EINTR) continue;
-      int e = errno;
-      ::close(fd);
-      return Status::IOError("-: reading standard input: " + std::string(std::strerror(e)));
+      return Status::IOError("-: reading standard input: " + std::string(std::strerror(errno)));
     }
     for (ssize_t done = 0; done < n;) {
-      ssize_t w = ::write(fd, buf.data() + done, static_cast<size_t>(n - done));
+      ssize_t w = ::write(fd_, buf.data() + done, static_cast<size_t>(n - done));
       if (w < 0 && errno == EINTR) continue;
-      if (w < 0) {
-        int e = errno;
-        ::close(fd);
-        return Status::IOError("-: copying standard input to " + path_ + ": " + std::strerror(e));
-      }
+      if (w < 0)
+        return Status::IOError("-: copying standard input to a temporary file in " + TempDirectory() + ": " +
+                               std::strerror(errno));
       done += w;
     }
   }
-  ::close(fd);
-  *path = path_;
+  *path = copy;
   return Status::OK();
 }
 
