@@ -27,6 +27,9 @@ namespace kvfile {
 namespace hooks {
 struct ReaderAccess;
 }  // namespace hooks
+namespace internal {
+struct ReaderAccess;  // the library's own parts: readers sharing one open (src/reader_access.h)
+}  // namespace internal
 
 struct ReaderOptions {
   FileSystem* fs = nullptr;  // nullptr: FileSystem::Default()
@@ -127,6 +130,7 @@ class KVFILE_EXPORT Reader {
                    uint8_t* block_scales, float* row_scales);
  private:
   friend struct hooks::ReaderAccess;  // the library's tests (src/testing_hooks.h)
+  friend struct internal::ReaderAccess;
   Status VerifyChunk(size_t index);
   struct Impl;  // defined hidden: not exported
   KVFILE_NO_EXPORT explicit Reader(std::unique_ptr<Impl> impl);
