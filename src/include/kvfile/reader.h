@@ -5,7 +5,11 @@
 // section checksums, token ids); row payloads are read and checked on demand.
 // Every read validates the chunks it needs (checksums, codes, scales) before
 // it touches the caller's buffer: a failed read leaves the destination as it
-// was.
+// was. The file's state is taken once, at Open; a read of bytes that another
+// process's rewind or repair has since cut or written over fails with
+// kBusy, "PATH: changed while being read (rewound or repaired by another
+// process); read it again", not as damage (spec/RECOVERY.md, "Readers and
+// concurrent writers").
 #pragma once
 
 #include <array>
