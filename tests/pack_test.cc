@@ -660,25 +660,6 @@ TEST(PackTest, RefusedMemberLeavesNoTrace) {
 namespace kvfile {
 namespace {
 
-// The real file system, with one event injected: when `watched` is opened
-// a second time (the first open has read the file's state; the others are
-// the further threads'), `then` runs first: what another process does to
-// the file while the pack has it open.
-class BeforeSecondOpen : public testing::ForwardingFs {
- public:
-  BeforeSecondOpen(std::string watched, std::function<void()> then)
-      : watched_(std::move(watched)), then_(std::move(then)) {}
-  Status Open(const std::string& path, OpenMode mode, std::unique_ptr<File>* out) override {
-    if (path == watched_ && ++opens_ == 2) then_();
-    return base_->Open(path, mode, out);
-  }
-
- private:
-  std::string watched_;
-  std::function<void()> then_;
-  int opens_ = 0;
-};
-
 class PackConcurrentChange : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -695,11 +676,7 @@ class PackConcurrentChange : public ::testing::Test {
   // Packs a.kv with 8 threads, `event` run once the first thread has
   // opened it (and read its state).
   Status PackA(const std::function<void()>& event) {
-    bool ran = false;
-    BeforeSecondOpen fs(P("a.kv"), [&] {
-      ran = true;
-      event();
-    });
+    testing::BeforeSecondOpen fs(P("a.kv"), event);
     PackWriterOptions po;
     po.fs = &fs;
     po.chunk_tokens = 4;
@@ -707,7 +684,7 @@ class PackConcurrentChange : public ::testing::Test {
     std::unique_ptr<PackWriter> w;
     KVFILE_RETURN_IF_ERROR(PackWriter::Begin(P("a.kvpack"), po, &w));
     Status st = w->AddFile("a.kv", P("a.kv"));
-    EXPECT_TRUE(ran) << "a.kv was opened once only";
+    EXPECT_TRUE(fs.ran()) << "a.kv was opened once only";
     KVFILE_RETURN_IF_ERROR(st);
     return w->Finish();
   }

@@ -1,10 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 // A FileSystem that forwards every call to another (by default the real
-// one): a test derives from it and overrides the one call it changes.
+// one): a test derives from it and overrides the one call it changes; and
+// one such, BeforeSecondOpen, that injects another writer's change.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kvfile/file.h"
@@ -37,6 +40,26 @@ class ForwardingFs : public FileSystem {
 
  protected:
   FileSystem* base_;
+};
+
+// The real file system, with one event injected: when `watched` is opened
+// a second time (the first open has read the file's state; the second is a
+// further thread's), `then` runs first: what another process does to the
+// file while it is open.
+class BeforeSecondOpen : public ForwardingFs {
+ public:
+  BeforeSecondOpen(std::string watched, std::function<void()> then)
+      : watched_(std::move(watched)), then_(std::move(then)) {}
+  Status Open(const std::string& path, OpenMode mode, std::unique_ptr<File>* out) override {
+    if (path == watched_ && ++opens_ == 2) then_();
+    return base_->Open(path, mode, out);
+  }
+  bool ran() const { return opens_ >= 2; }
+
+ private:
+  std::string watched_;
+  std::function<void()> then_;
+  int opens_ = 0;
 };
 
 }  // namespace kvfile::testing
