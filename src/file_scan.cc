@@ -329,6 +329,40 @@ Status CheckSectionValues(const StreamSpec& spec, const SectionLayout& sec, cons
   return Status::Corruption(what + std::to_string(chunk_first_token + first + rc.row / cr.per_token));
 }
 
+namespace {
+// The bytes of both commit slots, or empty if they cannot be read.
+std::vector<uint8_t> CommitSlotBytes(File& file) {
+  std::vector<uint8_t> slots(kDataOffset - kCommitSlotOffset[0]);
+  if (!file.ReadAt(kCommitSlotOffset[0], slots.data(), slots.size()).ok()) return {};
+  return slots;
+}
+}  // namespace
+
+Status ScanSettledFile(File& file, ScanResult* out, DamageLocation* where) {
+  for (int attempt = 0;; ++attempt) {
+    const std::vector<uint8_t> before = CommitSlotBytes(file);
+    Status st = ScanFile(file, out, where);
+    const bool suspect = st.ok() ? out->tail.committed_data_missing : st.IsDataError();
+    if (!suspect || attempt == 2 || before.empty() || CommitSlotBytes(file) == before) return st;
+  }
+}
+
+Status ExplainReadFailure(File& file, const ScanResult& scan, uint64_t read_end, const std::string& path,
+                          Status error) {
+  if (!error.IsDataError()) return error;
+  const Status changed =
+      Status::Busy(path + ": changed while being read (rewound or repaired by another process); read it again");
+  uint64_t size = 0;
+  if (!file.Size(&size).ok()) return error;
+  if (size < read_end) return changed;
+  std::vector<uint8_t> fixed(kDataOffset);
+  CommitSlots now;
+  if (file.ReadAt(0, fixed.data(), fixed.size()).ok() && ReadCommitSlots(fixed, scan.header.salt, &now) &&
+      now.newest.epoch != scan.commit.epoch)
+    return changed;
+  return error;
+}
+
 Status ScanFile(File& file, ScanResult* out, DamageLocation* where) {
   DamageLocation unused;
   if (where == nullptr) where = &unused;

@@ -93,6 +93,23 @@ Status CheckSectionPadding(const format::SectionLayout& sec, const uint8_t* sect
 Status ReadAndCheckChunk(File& file, const format::Geometry& g, LayoutCache& layouts,
                          const ScannedChunk& c, const uint64_t* section_checksums, PageBuffer* buf);
 
+// ScanFile, taken again (twice more at most) when it fails on damage or
+// finds the file cut while the commit slots changed under it: a rewind or
+// repair by another process in the middle of a scan makes the chunks
+// disagree with the record it read, and the next scan reads the new state.
+Status ScanSettledFile(File& file, ScanResult* out, DamageLocation* where = nullptr);
+
+// A read of bytes up to `read_end` of a file scanned as `scan` failed with
+// a data error (`error`): tells damage from a file changed under the
+// reader. When the commit slots now hold a record of another epoch (a
+// rewind, spec/RECOVERY.md section 5) or the file ends before `read_end`
+// (a repair or a tool cut it), the bytes read were not the ones the scan
+// vouched for: the result is Status::Busy("PATH: changed while being read
+// (rewound or repaired by another process); read it again"). Otherwise,
+// or when the slots cannot be read, `error` itself.
+Status ExplainReadFailure(File& file, const ScanResult& scan, uint64_t read_end, const std::string& path,
+                          Status error);
+
 // "chunk 3 at offset 12288"
 std::string ChunkWhere(size_t index, uint64_t offset);
 

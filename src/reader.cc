@@ -8,6 +8,7 @@
 
 #include "file_scan.h"
 #include "parallel_chunks.h"
+#include "reader_access.h"
 #include "codec/nvfp4.h"
 #include "kvfile/codec.h"
 #include "format/endian.h"
@@ -25,15 +26,17 @@ struct KVFILE_NO_EXPORT Reader::Impl {
   std::string path;
   FileSystem* fs = nullptr;
   std::unique_ptr<File> file;
-  ScanResult scan;
+  // What the open found: the committed state, taken once. Shared with the
+  // readers made from this one by ReaderAccess::Share.
+  std::shared_ptr<const ScanResult> scan;
   internal::PageVector<ChunkInfo> chunk_infos;
-  CommitInfo commit;  // scan.commit, as the public type
+  CommitInfo commit;  // scan->commit, as the public type
   std::unique_ptr<internal::LayoutCache> layouts;
   internal::PageBuffer scratch;  // reused across reads: no allocation per call once warm
   // ReadMany's workers: one section buffer each, kept for the next call.
   std::vector<internal::PageBuffer> worker_buffers;
 
-  const Geometry& g() const { return scan.header.geometry; }
+  const Geometry& g() const { return scan->header.geometry; }
 
   // A piece of a read: which chunk, which of its tokens, where its section
   // landed in scratch.
@@ -90,10 +93,10 @@ Status Reader::Impl::CheckRange(uint32_t layer, uint32_t stream, uint64_t begin,
 }
 
 Status Reader::Impl::CheckTokenRange(uint64_t begin, uint64_t end) const {
-  if (begin > end || end > scan.tokens.size())
+  if (begin > end || end > scan->tokens.size())
     return Status::InvalidArgument(path + ": token range [" + std::to_string(begin) + ", " +
                                    std::to_string(end) + ") outside [0, " +
-                                   std::to_string(scan.tokens.size()) + ")");
+                                   std::to_string(scan->tokens.size()) + ")");
   return Status::OK();
 }
 
@@ -215,9 +218,11 @@ Status Reader::Impl::LoadSections(uint32_t layer, uint32_t stream, uint64_t begi
     uint8_t* buf = scratch.data() + p.scratch_offset;
     Status st = file->ReadAt(c.offset + sec.offset, buf, sec.end - sec.offset);
     if (st.ok())
-      st = CheckSection(spec, sec, buf, scan.SectionChecksums(p.chunk)[idx], c.offset + sec.offset, c.first_token,
+      st = CheckSection(spec, sec, buf, scan->SectionChecksums(p.chunk)[idx], c.offset + sec.offset, c.first_token,
                         p.first, p.count);
-    if (!st.ok()) return st.WithContext(SectionWhere(path, p.chunk, c.offset, layer, spec));
+    if (!st.ok())
+      return internal::ExplainReadFailure(*file, *scan, c.offset + sec.end, path,
+                                          st.WithContext(SectionWhere(path, p.chunk, c.offset, layer, spec)));
   }
   return Status::OK();
 }
@@ -241,9 +246,11 @@ Status Reader::Impl::ForEachCheckedSection(File& f, internal::LayoutCache& chunk
     size_t idx = static_cast<size_t>(t.layer) * g().streams.size() + t.stream;
     Status st = f.ReadAt(c.offset + sec.offset, buf->data(), bytes);
     if (st.ok())
-      st = CheckSection(spec, sec, buf->data(), scan.SectionChecksums(ci)[idx], c.offset + sec.offset,
+      st = CheckSection(spec, sec, buf->data(), scan->SectionChecksums(ci)[idx], c.offset + sec.offset,
                         c.first_token, w.first, w.count);
-    if (!st.ok()) return st.WithContext(SectionWhere(path, ci, c.offset, t.layer, spec));
+    if (!st.ok())
+      return internal::ExplainReadFailure(f, *scan, c.offset + sec.end, path,
+                                          st.WithContext(SectionWhere(path, ci, c.offset, t.layer, spec)));
     KVFILE_RETURN_IF_ERROR(use(t, spec, sec, w));
   }
   return Status::OK();
@@ -270,7 +277,7 @@ Status Reader::Impl::ReadChunkTargets(File& f, internal::LayoutCache& chunk_layo
 Status Reader::Impl::ReadChunkCodes(File& f, internal::LayoutCache& chunk_layouts, size_t ci,
                                     std::span<const CodesTarget> targets, uint64_t begin, uint64_t end,
                                     Dtype v1_quantize_as, internal::PageBuffer* buf) const {
-  const bool quantize = scan.header.major == kMajorV1;
+  const bool quantize = scan->header.major == kMajorV1;
   return ForEachCheckedSection(
       f, chunk_layouts, ci, targets, begin, end, buf,
       [&](const CodesTarget& t, const StreamSpec& spec, const SectionLayout& sec, const ChunkWindow& w) {
@@ -307,45 +314,63 @@ Status Reader::Open(const std::string& path, const ReaderOptions& options,
   impl->path = path;
   impl->fs = fs;
   KVFILE_RETURN_IF_ERROR(fs->Open(path, OpenMode::kRead, &impl->file));
-  Status st = internal::ScanFile(*impl->file, &impl->scan);
+  auto scan = std::make_shared<ScanResult>();
+  Status st = internal::ScanSettledFile(*impl->file, scan.get());
   if (!st.ok()) return st.WithContext(path);
-  const FileHeader& h = impl->scan.header;
+  impl->scan = std::move(scan);
+  const FileHeader& h = impl->scan->header;
   if (options.expect_identity || options.expect_geometry) {
     ModelIdentity want_id = options.expect_identity.value_or(h.identity);
     Geometry want_g = options.expect_geometry.value_or(h.geometry);
     st = CheckExpected(h.identity, h.geometry, want_id, want_g);
     if (!st.ok()) return st.WithContext(path);
   }
-  impl->layouts = std::make_unique<internal::LayoutCache>(&impl->scan.header.geometry);
-  impl->chunk_infos.reserve(impl->scan.chunks.size());
-  for (const auto& c : impl->scan.chunks) impl->chunk_infos.push_back(c.info);
-  const CommitRecord& cr = impl->scan.commit;
+  impl->layouts = std::make_unique<internal::LayoutCache>(&impl->scan->header.geometry);
+  impl->chunk_infos.reserve(impl->scan->chunks.size());
+  for (const auto& c : impl->scan->chunks) impl->chunk_infos.push_back(c.info);
+  const CommitRecord& cr = impl->scan->commit;
   impl->commit = CommitInfo{cr.sequence, cr.epoch, cr.tokens, cr.end, cr.chunks};
   out->reset(new Reader(std::move(impl)));
   return Status::OK();
 }
 
-uint16_t Reader::major_version() const { return impl_->scan.header.major; }
-uint16_t Reader::minor_version() const { return impl_->scan.header.minor; }
+Status internal::ReaderAccess::Share(const Reader& r, std::unique_ptr<Reader>* out) {
+  const Reader::Impl& from = *r.impl_;
+  auto impl = std::make_unique<Reader::Impl>();
+  impl->path = from.path;
+  impl->fs = from.fs;
+  std::vector<std::unique_ptr<File>> files;
+  KVFILE_RETURN_IF_ERROR(internal::OpenWorkerFiles(*from.fs, from.path, *from.file, 1, "since it was opened", &files));
+  impl->file = std::move(files[0]);
+  impl->scan = from.scan;
+  impl->layouts = std::make_unique<internal::LayoutCache>(&impl->scan->header.geometry);
+  impl->chunk_infos = from.chunk_infos;
+  impl->commit = from.commit;
+  out->reset(new Reader(std::move(impl)));
+  return Status::OK();
+}
+
+uint16_t Reader::major_version() const { return impl_->scan->header.major; }
+uint16_t Reader::minor_version() const { return impl_->scan->header.minor; }
 const Geometry& Reader::geometry() const { return impl_->g(); }
-const ModelIdentity& Reader::identity() const { return impl_->scan.header.identity; }
-uint64_t Reader::salt() const { return impl_->scan.header.salt; }
-uint32_t Reader::nominal_chunk_tokens() const { return impl_->scan.header.chunk_tokens; }
-uint32_t Reader::epoch() const { return impl_->scan.commit.epoch; }
-uint64_t Reader::token_count() const { return impl_->scan.tokens.size(); }
-std::span<const uint32_t> Reader::tokens() const { return impl_->scan.tokens; }
+const ModelIdentity& Reader::identity() const { return impl_->scan->header.identity; }
+uint64_t Reader::salt() const { return impl_->scan->header.salt; }
+uint32_t Reader::nominal_chunk_tokens() const { return impl_->scan->header.chunk_tokens; }
+uint32_t Reader::epoch() const { return impl_->scan->commit.epoch; }
+uint64_t Reader::token_count() const { return impl_->scan->tokens.size(); }
+std::span<const uint32_t> Reader::tokens() const { return impl_->scan->tokens; }
 std::span<const ChunkInfo> Reader::chunks() const { return impl_->chunk_infos; }
-const TailInfo& Reader::tail() const { return impl_->scan.tail; }
-uint64_t Reader::required_flags() const { return impl_->scan.header.required_flags; }
-uint64_t Reader::optional_flags() const { return impl_->scan.header.optional_flags; }
+const TailInfo& Reader::tail() const { return impl_->scan->tail; }
+uint64_t Reader::required_flags() const { return impl_->scan->header.required_flags; }
+uint64_t Reader::optional_flags() const { return impl_->scan->header.optional_flags; }
 const CommitInfo& Reader::commit() const { return impl_->commit; }
-int Reader::active_commit_slot() const { return impl_->scan.active_slot; }
-const std::array<CommitSlotState, 2>& Reader::commit_slots() const { return impl_->scan.slots; }
+int Reader::active_commit_slot() const { return impl_->scan->active_slot; }
+const std::array<CommitSlotState, 2>& Reader::commit_slots() const { return impl_->scan->slots; }
 const char* Reader::io_backend() const { return impl_->file->backend(); }
 const std::string& Reader::path() const { return impl_->path; }
 
 uint64_t Reader::LongestCommonPrefix(std::span<const uint32_t> prompt) const {
-  const auto& t = impl_->scan.tokens;
+  const auto& t = impl_->scan->tokens;
   auto [a, b] = std::mismatch(t.begin(), t.end(), prompt.begin(), prompt.end());
   return static_cast<uint64_t>(a - t.begin());
 }
@@ -412,7 +437,7 @@ Status Reader::ReadManyCodes(std::span<const CodesTarget> targets, uint64_t begi
                              unsigned threads, Dtype v1_quantize_as) {
   Impl& r = *impl_;
   KVFILE_RETURN_IF_ERROR(r.CheckTokenRange(begin, end));
-  const bool quantize = r.scan.header.major == kMajorV1;
+  const bool quantize = r.scan->header.major == kMajorV1;
   if (quantize && !IsFp8(v1_quantize_as))
     return Status::InvalidArgument(r.path + ": codes are e4m3 or e5m2, not " + DtypeName(v1_quantize_as));
   for (const CodesTarget& t : targets) {
@@ -458,7 +483,7 @@ Status Reader::Impl::ReadCodes(uint32_t layer, uint32_t stream, uint64_t begin, 
   Impl& r = *this;
   KVFILE_RETURN_IF_ERROR(r.CheckRange(layer, stream, begin, end));
   const StreamSpec& spec = r.g().streams[stream];
-  bool quantize = r.scan.header.major == kMajorV1;
+  bool quantize = r.scan->header.major == kMajorV1;
   const bool nvfp4_read = v1_quantize_as == Dtype::kNvfp4;
   if (quantize && !IsFp8(v1_quantize_as))
     return Status::InvalidArgument(r.path + ": codes are e4m3 or e5m2, not " + DtypeName(v1_quantize_as));
@@ -493,12 +518,13 @@ Status Reader::Impl::ReadCodes(uint32_t layer, uint32_t stream, uint64_t begin, 
 
 Status Reader::VerifyChunk(size_t index) {
   Impl& r = *impl_;
-  if (index >= r.scan.chunks.size())
+  if (index >= r.scan->chunks.size())
     return Status::InvalidArgument(r.path + ": chunk " + std::to_string(index) + " out of range");
-  const auto& c = r.scan.chunks[index];
+  const auto& c = r.scan->chunks[index];
   std::string where = r.path + ": " + internal::ChunkWhere(index, c.info.offset);
-  return internal::ReadAndCheckChunk(*r.file, r.g(), *r.layouts, c, r.scan.SectionChecksums(index), &r.scratch)
-      .WithContext(where);
+  Status st = internal::ReadAndCheckChunk(*r.file, r.g(), *r.layouts, c, r.scan->SectionChecksums(index), &r.scratch);
+  if (st.ok()) return st;
+  return internal::ExplainReadFailure(*r.file, *r.scan, c.info.offset + c.info.bytes, r.path, st.WithContext(where));
 }
 
 }  // namespace kvfile

@@ -31,7 +31,7 @@ Status VerifyFile(const std::string& path, const VerifyOptions& options, VerifyR
   KVFILE_RETURN_IF_ERROR(file->Size(&report->bytes));
   internal::ScanResult scan;
   internal::DamageLocation where;
-  Status st = internal::ScanFile(*file, &scan, &where);
+  Status st = internal::ScanSettledFile(*file, &scan, &where);
   if (!st.ok()) {
     if (!st.IsDataError()) return st.WithContext(path);
     report->findings.push_back({true, where.chunk, where.offset, st.message()});
@@ -69,6 +69,9 @@ Status VerifyFile(const std::string& path, const VerifyOptions& options, VerifyR
       if (cst.ok()) continue;
       const auto& c = scan.chunks[i];
       if (!cst.IsDataError()) return cst.WithContext(path);
+      // A file rewound or cut under verify is no damage of it.
+      Status changed = internal::ExplainReadFailure(*files[0], scan, c.info.offset + c.info.bytes, path, cst);
+      if (!changed.IsDataError()) return changed;
       report->findings.push_back({true, static_cast<int64_t>(i), static_cast<int64_t>(c.info.offset),
                                   internal::ChunkWhere(i, c.info.offset) + ": " + cst.message()});
     }

@@ -15,6 +15,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <set>
 #include <string>
 
@@ -491,6 +492,89 @@ TEST_F(PackAdversity, DamagedMemberWritesNothing) {
   r = Kvfile("unpack " + I("bad.kvpack") + " -o " + D("x/y") + " a.kv");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(KvContent(D("x/y/a.kv")), KvContent(A()));
+}
+
+// 8. An input changed by another process while `pack --jobs 8` reads it
+// (issue 27, classes 4 and 9). in/x.kv: 3000 tokens in chunks of 4 (750
+// chunks: the pack takes a moment); in/y.kv the same model and token count,
+// other rows. The pack is frozen once it has x.kv open, the change is made,
+// and the pack goes on: its member is wholly x.kv as it was before or as
+// it is after the change (the pack may have been stopped before its open
+// read the file), or it is refused with one line saying the file changed
+// (exit 2, not blaming the data), and then no pack is left.
+class PackInputChange : public PackAdversity {
+ protected:
+  std::string X() const { return I("x.kv"); }
+  std::string Synth(const std::string& name, int seed, int tokens = 3000) {
+    std::string kv = I(name + ".kv");
+    CliRun r = Kvfile("-q synth " + kv + " --preset tiny --tokens " + std::to_string(tokens) +
+                      " --chunk-tokens 4 --prefix-tokens 1 --prefix-seed 9 --seed " + std::to_string(seed));
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return kv;
+  }
+  // How many open files of process `pid` are the file at `path`.
+  static size_t OpenCount(pid_t pid, const std::string& path) {
+    struct stat want;
+    if (::stat(path.c_str(), &want) != 0) return 0;
+    size_t n = 0;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator("/proc/" + std::to_string(pid) + "/fd", ec)) {
+      struct stat st;
+      if (::stat(e.path().c_str(), &st) == 0 && st.st_dev == want.st_dev && st.st_ino == want.st_ino) ++n;
+    }
+    return n;
+  }
+  // Packs x.kv with --jobs 8, frozen while it has x.kv open for `change`;
+  // checks the outcome as said above, `refusal` being the allowed line.
+  void PackWhile(const std::function<void()>& change, const std::string& refusal) {
+    const std::string x = Synth("x", 5);
+    const std::string before = KvContent(x);
+    KvfileChild child(I("err.txt"));
+    child.Start("-q pack " + x + " -o " + D("p.kvpack") + " --jobs 8");
+    ASSERT_TRUE(child.WaitUntil([&] { return OpenCount(child.pid(), x) > 0; })) << child.err();
+    ASSERT_TRUE(child.Freeze()) << "the pack ended before it could be stopped";
+    change();
+    const int exit_code = child.SignalAndWait(SIGCONT);
+    if (exit_code == 0) {
+      ASSERT_EQ(Kvfile("-q unpack " + D("p.kvpack") + " -o " + D("out")).exit_code, 0);
+      const std::string member = KvContent(D("out/x.kv"));
+      EXPECT_TRUE(member == before || member == KvContent(x)) << "the member mixes two versions";
+    } else {
+      EXPECT_EQ(exit_code, 2) << child.err();
+      EXPECT_EQ(child.err(), "kvfile: error: " + x + ": " + refusal + "\n");
+      EXPECT_EQ(DNames(), NameSet{});
+    }
+  }
+};
+
+// Another file renamed over x.kv.
+TEST_F(PackInputChange, RenamedOver) {
+  PackWhile([&] { fs::rename(Synth("y", 6), X()); }, "the file was replaced since it was opened");
+}
+
+// A writer appends to x.kv and commits: never refused. (Before: each
+// thread opened x.kv again; any that found the longer file failed the
+// pack.)
+TEST_F(PackInputChange, AppendedTo) {
+  Synth("turn", 7, 50);
+  ASSERT_EQ(Kvfile("-q convert " + I("turn.kv") + " " + I("turn.safetensors")).exit_code, 0);
+  PackWhile(
+      [&] {
+        CliRun r = Kvfile("-q append " + X() + " " + I("turn.safetensors"));
+        ASSERT_EQ(r.exit_code, 0) << r.err;
+      },
+      "<none: the pack holds the tokens it found>");
+}
+
+// `kvfile rewind` cuts x.kv to 1 token. (Before: the reads past the new end
+// failed as damage, exit 1.)
+TEST_F(PackInputChange, Rewound) {
+  PackWhile(
+      [&] {
+        CliRun r = Kvfile("-q rewind " + X() + " --to 1");
+        ASSERT_EQ(r.exit_code, 0) << r.err;
+      },
+      "changed while being read (rewound or repaired by another process); read it again");
 }
 
 }  // namespace

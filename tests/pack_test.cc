@@ -13,6 +13,7 @@
 #include <fstream>
 #include <functional>
 #include <cstring>
+#include <filesystem>
 
 #include "kvfile/pack.h"
 #include "kvfile/reader.h"
@@ -20,6 +21,7 @@
 #include "pack/pack_format.h"
 #include "support/fault_fs.h"
 #include "support/peak_memory.h"
+#include "support/forwarding_fs.h"
 #include "testing_hooks.h"
 #include "support/sweep_fixtures.h"
 
@@ -59,19 +61,13 @@ uint16_t ToF16Small(float f) {
   return static_cast<uint16_t>(sign | ((e + 15) << 10) | static_cast<uint16_t>(m * 1024));
 }
 
-// Writes a .kv at `path`: `tokens`; rows of token t are a function of
-// (seed_for(t), t), so two files with the same seed for a position hold the
-// same rows there.
-// Appends `append_tokens` tokens per Append (the last append may be shorter).
-void WriteKv(FileSystem& fs, const std::string& path, const Geometry& g, const std::vector<uint32_t>& tokens,
-             const std::function<uint64_t(uint64_t)>& seed_for, uint32_t chunk_tokens = 3,
-             ModelIdentity id = {"test/model", 0x1234}, size_t append_tokens = 1) {
-  WriterOptions wo;
-  wo.fs = &fs;
-  wo.chunk_tokens = chunk_tokens;
-  std::unique_ptr<Writer> w;
-  ASSERT_TRUE(Writer::Create(path, g, id, wo, &w).ok());
-  for (size_t first = 0; first < tokens.size(); first += append_tokens) {
+// Appends tokens[from, end) to `w`, `append_tokens` per Append (the last
+// append may be shorter); rows of token t are a function of (seed_for(t),
+// t), so two files with the same seed for a position hold the same rows
+// there.
+void AppendKv(Writer& w, const Geometry& g, const std::vector<uint32_t>& tokens, size_t from,
+              const std::function<uint64_t(uint64_t)>& seed_for, size_t append_tokens = 1) {
+  for (size_t first = from; first < tokens.size(); first += append_tokens) {
     const size_t n = std::min(append_tokens, tokens.size() - first);
     // store[layer * streams + stream]: the rows of the batch's tokens.
     std::vector<std::vector<uint8_t>> store(g.layers * g.streams.size());
@@ -99,8 +95,20 @@ void WriteKv(FileSystem& fs, const std::string& path, const Geometry& g, const s
       Dtype d = g.streams[k % g.streams.size()].dtype;
       b.blocks.push_back({IsFp8(d) || d == Dtype::kNvfp4 ? Dtype::kF32 : d, store[k].data(), nullptr});
     }
-    ASSERT_TRUE(w->Append(b).ok());
+    ASSERT_TRUE(w.Append(b).ok());
   }
+}
+
+// Writes a .kv at `path` holding `tokens`, rows as AppendKv makes them.
+void WriteKv(FileSystem& fs, const std::string& path, const Geometry& g, const std::vector<uint32_t>& tokens,
+             const std::function<uint64_t(uint64_t)>& seed_for, uint32_t chunk_tokens = 3,
+             ModelIdentity id = {"test/model", 0x1234}, size_t append_tokens = 1) {
+  WriterOptions wo;
+  wo.fs = &fs;
+  wo.chunk_tokens = chunk_tokens;
+  std::unique_ptr<Writer> w;
+  ASSERT_TRUE(Writer::Create(path, g, id, wo, &w).ok());
+  AppendKv(*w, g, tokens, 0, seed_for, append_tokens);
   ASSERT_TRUE(w->Close().ok());
 }
 
@@ -832,6 +840,91 @@ TEST_F(PackHoleTest, HoleInTheModelTableIsRefusedWithBoundedMemory) {
   std::string sound = dir_ + "/sound.kvpack";
   WriteWithHole(sound, pack_, pack_.size(), 0);
   EXPECT_EQ(OpenInChild(sound).result, "ok");
+class PackConcurrentChange : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/kvfile_packchange_XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    // a.kv: 12 tokens in chunks of 3.
+    WriteKv(*FileSystem::Default(), P("a.kv"), MixedGeometry(), Tokens(10, 12), [](uint64_t) { return 1; });
+    std::filesystem::copy_file(P("a.kv"), P("before.kv"));
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string P(const std::string& name) const { return dir_ + "/" + name; }
+
+  // Packs a.kv with 8 threads, `event` run once the first thread has
+  // opened it (and read its state).
+  Status PackA(const std::function<void()>& event) {
+    testing::BeforeSecondOpen fs(P("a.kv"), event);
+    PackWriterOptions po;
+    po.fs = &fs;
+    po.chunk_tokens = 4;
+    po.threads = 8;
+    std::unique_ptr<PackWriter> w;
+    KVFILE_RETURN_IF_ERROR(PackWriter::Begin(P("a.kvpack"), po, &w));
+    Status st = w->AddFile("a.kv", P("a.kv"));
+    EXPECT_TRUE(fs.ran()) << "a.kv was opened once only";
+    KVFILE_RETURN_IF_ERROR(st);
+    return w->Finish();
+  }
+  // The member of a.kvpack, written out as a .kv file.
+  std::vector<uint8_t> Member() {
+    std::unique_ptr<PackReader> r;
+    EXPECT_TRUE(PackReader::Open(P("a.kvpack"), nullptr, &r).ok());
+    if (!r) return {};
+    EXPECT_TRUE(r->Materialize(0, P("member.kv")).ok());
+    return Contents(*FileSystem::Default(), P("member.kv"));
+  }
+
+  std::string dir_;
+};
+
+// A file appended to (and committed) by a writer while the pack has it
+// open: every thread reads the tokens the first open found, so the member
+// is the file as it was then. (Before, each thread opened the path again,
+// found the longer file and the pack failed.)
+TEST_F(PackConcurrentChange, AppendedFileIsPackedAsOpened) {
+  ASSERT_TRUE(PackA([&] {
+                std::unique_ptr<Writer> w;
+                ASSERT_TRUE(Writer::Open(P("a.kv"), {}, &w).ok());
+                AppendKv(*w, MixedGeometry(), Tokens(10, 17), 12, [](uint64_t) { return 1; });
+                ASSERT_TRUE(w->Close().ok());
+              }).ok());
+  std::unique_ptr<Reader> now;
+  ASSERT_TRUE(Reader::Open(P("a.kv"), {}, &now).ok());
+  ASSERT_EQ(now->token_count(), 17u);  // the append happened
+  EXPECT_EQ(Member(), Contents(*FileSystem::Default(), P("before.kv")));
+}
+
+// Another file renamed over the path while the pack has it open (same
+// model, geometry and token count, other rows): refused, never a member
+// mixing both. (Before, the other threads packed the new file's sections
+// beside the old file's.)
+TEST_F(PackConcurrentChange, FileRenamedOverIsRefused) {
+  WriteKv(*FileSystem::Default(), P("new.kv"), MixedGeometry(), Tokens(10, 12), [](uint64_t) { return 2; });
+  Status st = PackA([&] { std::filesystem::rename(P("new.kv"), P("a.kv")); });
+  EXPECT_EQ(st.code(), Status::Code::kFailed) << st.ToString();
+  EXPECT_EQ(st.message(), P("a.kv") + ": the file was replaced since it was opened");
+  EXPECT_FALSE(std::filesystem::exists(P("a.kvpack")));
+}
+
+// A file rewound and appended to again (a new epoch, new rows where the
+// old chunks were) while the pack has it open: the reads of the rewritten
+// chunks fail as a change of the file, not as damage. (Before: "payload
+// checksum mismatch", kCorruption.)
+TEST_F(PackConcurrentChange, RewoundFileIsAChangeNotDamage) {
+  Status st = PackA([&] {
+    std::unique_ptr<Writer> w;
+    ASSERT_TRUE(Writer::Open(P("a.kv"), {}, &w).ok());
+    ASSERT_TRUE(w->Rewind(2).ok());
+    AppendKv(*w, MixedGeometry(), Tokens(10, 12), 2, [](uint64_t) { return 3; });
+    ASSERT_TRUE(w->Close().ok());
+  });
+  EXPECT_EQ(st.code(), Status::Code::kBusy) << st.ToString();
+  EXPECT_EQ(st.message(),
+            P("a.kv") + ": changed while being read (rewound or repaired by another process); read it again");
+  EXPECT_FALSE(std::filesystem::exists(P("a.kvpack")));
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include "kvfile/pack.h"
 #include "kvfile/prefix_index.h"
 #include "support/fault_fs.h"
+#include "support/forwarding_fs.h"
 #include "support/kv_test_util.h"
 #include "support/peak_memory.h"
 #include "support/scratch_dir.h"
@@ -429,23 +430,12 @@ TEST_F(PrefixDirTest, UnreadableFilesAreLeftOutAndCounted) {
 }
 
 // A file system that refuses to create files: a directory it cannot write.
-class ReadOnlyFs : public FileSystem {
+class ReadOnlyFs : public testing::ForwardingFs {
  public:
   Status Open(const std::string& path, OpenMode mode, std::unique_ptr<File>* out) override {
     if (mode == OpenMode::kCreateExclusive) return Status::IOError(path + ": Permission denied");
     return base_->Open(path, mode, out);
   }
-  Status Rename(const std::string& from, const std::string& to, bool replace) override { return base_->Rename(from, to, replace); }
-  Status Remove(const std::string& path) override { return base_->Remove(path); }
-  Status SyncDir(const std::string& dir) override { return base_->SyncDir(dir); }
-  Status Exists(const std::string& path, bool* exists) override { return base_->Exists(path, exists); }
-  Status PathId(const std::string& path, FileId* id) override { return base_->PathId(path, id); }
-  Status Stat(const std::string& path, PathInfo* info) override { return base_->Stat(path, info); }
-  Status ResolveSymlinks(const std::string& path, std::string* target) override { return base_->ResolveSymlinks(path, target); }
-  Status ListDir(const std::string& dir, std::vector<std::string>* names) override { return base_->ListDir(dir, names); }
-
- private:
-  FileSystem* base_ = FileSystem::Default();
 };
 
 TEST_F(PrefixDirTest, ReadOnlyDirectoryStillAnswers) {

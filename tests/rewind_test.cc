@@ -2,6 +2,11 @@
 // Tests of Writer::Rewind (spec/RECOVERY.md section 5): the dead tokens of
 // rewound chunks are never read, and no rewind wraps the epoch counter.
 
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <functional>
+
 #include "support/fault_fs.h"
 #include "support/kv_test_util.h"
 #include "testing_hooks.h"
@@ -70,6 +75,114 @@ TEST(EpochLimit, RewindAtTheLastEpochIsRefused) {
   EXPECT_EQ(st.code(), Status::Code::kUnsupported) << st.ToString();
   EXPECT_NE(st.message().find("epoch counter is exhausted"), std::string::npos) << st.message();
   EXPECT_EQ(w->token_count(), 5u);
+}
+
+}  // namespace
+}  // namespace kvfile
+
+namespace kvfile {
+namespace {
+
+using namespace kvfile::test;
+
+// A rewind by another process while a reader has the file open (section 5
+// of spec/RECOVERY.md, "Readers"): the reader's reads of chunks past the new
+// end fail with kBusy and a line saying the file changed, never as damage;
+// damage found with no rewind (even while a writer appends) is still
+// damage.
+class RewindUnderReader : public ReadManyTest {
+ protected:
+  // Runs `change` on the file in a child process (a real other process).
+  void InChild(const std::function<void()>& change) {
+    pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      change();
+      ::_exit(::testing::Test::HasFailure() ? 1 : 0);
+    }
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the other process failed";
+  }
+  // In another process: rewinds the file to `to` tokens, then (when
+  // `seed`) appends tokens up to 37 again with other rows.
+  void RewindInChild(uint64_t to, uint64_t seed) {
+    InChild([&] {
+      std::unique_ptr<Writer> w;
+      ASSERT_OK(Writer::Open(Path(), Options(8), &w));
+      ASSERT_OK(w->Rewind(to));
+      if (seed) ASSERT_OK(w->Append(Batch(MakeSequence(q_.g, Dtype::kBF16, 37, seed), to, 37 - to)));
+      ASSERT_OK(w->Close());
+    });
+  }
+  // Writes the file (37 tokens in chunks of 8), opens a reader, then
+  // rewinds it to 10 in another process (RewindInChild).
+  std::unique_ptr<Reader> OpenThenRewind(uint64_t seed) {
+    Write();
+    auto r = Open(Path());
+    if (r) RewindInChild(10, seed);
+    return r;
+  }
+  std::string Changed() const {
+    return Path() + ": changed while being read (rewound or repaired by another process); read it again";
+  }
+  // Every way of reading tokens [24, end) (chunk 3) fails with `code` and
+  // a message that starts with `message`.
+  void ExpectReadsFail(Reader& r, uint64_t end, Code code, const std::string& message) {
+    std::vector<uint8_t> rows((end - 24) * q_.ElemsPerToken(0) * 4);
+    std::vector<std::pair<std::string, Status>> reads;
+    reads.emplace_back("ReadRows", r.ReadRows(0, 0, 24, end, Dtype::kF32, rows.data()));
+    RowsTarget t{0, 0, rows.data()};
+    for (unsigned threads : {1u, 3u})
+      reads.emplace_back("ReadMany threads " + std::to_string(threads),
+                         r.ReadMany(std::span<const RowsTarget>(&t, 1), 24, end, Dtype::kF32, threads));
+    reads.emplace_back("VerifyChunk", hooks::ReaderAccess::VerifyChunk(r, 3));
+    for (const auto& [what, st] : reads) {
+      SCOPED_TRACE(what);
+      EXPECT_EQ(st.code(), code) << st.ToString();
+      EXPECT_EQ(st.message().substr(0, message.size()), message) << st.message();
+    }
+  }
+};
+
+// Rewound to 10 and appended again: chunk 3's bytes are now a chunk of the
+// new epoch. (Before: kCorruption, "payload checksum mismatch".)
+TEST_F(RewindUnderReader, RewoundAndRewrittenIsAChange) {
+  auto r = OpenThenRewind(7);
+  ASSERT_NE(r, nullptr);
+  ExpectReadsFail(*r, 32, Code::kBusy, Changed());
+  std::vector<uint8_t> rows(8 * q_.ElemsPerToken(0) * 4);
+  EXPECT_EQ(r->ReadRows(0, 0, 24, 32, Dtype::kF32, rows.data()).message(), Changed());  // the whole line
+  // The chunks the rewind kept still read.
+  ASSERT_OK(r->ReadRows(0, 0, 0, 8, Dtype::kF32, rows.data()));
+}
+
+// Rewound to 10 only: the file now ends before chunk 3. (Before:
+// kCorruption, "unexpected end of file".)
+TEST_F(RewindUnderReader, RewoundAndCutIsAChange) {
+  auto r = OpenThenRewind(0);
+  ASSERT_NE(r, nullptr);
+  ExpectReadsFail(*r, 32, Code::kBusy, Changed());
+}
+
+// Real damage in chunk 3, and a writer appending meanwhile (a new commit
+// record of the same epoch): still damage, named as such.
+TEST_F(RewindUnderReader, DamageIsStillDamage) {
+  q_ = MakeSequence(MixedGeometry(), Dtype::kBF16, 37, 3);
+  WriteSequence(Path(), MakeSequence(q_.g, Dtype::kBF16, 30, 3), Options(8), {30});  // chunks [0,8) .. [24,30)
+  auto r = Open(Path());
+  ASSERT_NE(r, nullptr);
+  DamageSection(Path(), *r, 3, 0, 0, 1);
+  InChild([&] {
+    std::unique_ptr<Writer> w;
+    ASSERT_OK(Writer::Open(Path(), Options(8), &w));
+    ASSERT_OK(w->Append(Batch(q_, 30, 7)));
+    ASSERT_OK(w->Close());
+  });
+  ExpectReadsFail(*r, 30, Code::kCorruption, Path() + ": chunk 3 at offset ");
+  std::vector<uint8_t> rows(8 * q_.ElemsPerToken(0) * 4);
+  Status st = r->ReadRows(0, 0, 24, 30, Dtype::kF32, rows.data());
+  EXPECT_NE(st.message().find("payload checksum mismatch"), std::string::npos) << st.message();
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // and findings in chunk order whatever the thread count; the checks of
 // nvfp4 sections (block scales and row scales under a valid checksum).
 
+#include "support/forwarding_fs.h"
 #include "support/kv_test_util.h"
 
 namespace kvfile {
@@ -29,6 +30,31 @@ VerifyReport Verify(const std::string& path, unsigned threads, bool quick = fals
   EXPECT_TRUE(st.ok()) << st.ToString();
   EXPECT_TRUE(rep.opened);
   return rep;
+}
+
+// ---- VerifyFile under a rewind ------------------------------------------------------------------
+
+// A file rewound to 10 tokens and appended to again (new rows over the old
+// chunks) while verify reads it: verify fails with kBusy saying the file
+// changed, not with findings of damage. (Before: an error finding,
+// "payload checksum mismatch", for each rewritten chunk.)
+TEST_F(KvFileTest, RewindDuringVerifyIsAChange) {
+  const Sequence q = MakeSequence(Preset("tiny"), Dtype::kBF16, 40, 8);
+  WriteSequence(Path(), q, Options(4), {40});
+  testing::BeforeSecondOpen fs(Path(), [&] {
+    std::unique_ptr<Writer> w;
+    ASSERT_OK(Writer::Open(Path(), Options(4), &w));
+    ASSERT_OK(w->Rewind(10));
+    ASSERT_OK(w->Append(Batch(MakeSequence(q.g, Dtype::kBF16, 40, 9), 10, 30)));
+    ASSERT_OK(w->Close());
+  });
+  VerifyOptions o;
+  o.fs = &fs;
+  o.threads = 2;
+  VerifyReport rep;
+  Status st = VerifyFile(Path(), o, &rep);
+  EXPECT_EQ(st.code(), Code::kBusy) << st.ToString() << "\n" << Describe(rep.findings);
+  EXPECT_EQ(st.message(), Path() + ": changed while being read (rewound or repaired by another process); read it again");
 }
 
 class VerifyThreadsTest : public KvFileTest {

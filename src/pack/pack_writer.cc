@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include "atomic_replace.h"
+#include "reader_access.h"
 #include "write_behind.h"
 #include "format/endian.h"
 #include "format/kv_format.h"
@@ -79,8 +80,9 @@ struct KVFILE_NO_EXPORT PackWriter::Impl {
     std::vector<float> f32;
   };
   std::vector<Buffers> buffers{1};
-  // AddFile with options.threads > 1: more readers of the same file, one
-  // per further thread (a Reader is used by one thread at a time).
+  // AddFile with options.threads > 1: more readers of the same open file,
+  // one per further thread (a Reader is used by one thread at a time), all
+  // with the committed state the first one took (ReaderAccess::Share).
   std::vector<std::unique_ptr<Reader>> more_readers;
 
   Status Write(const void* data, size_t n) {
@@ -232,20 +234,20 @@ Status PackWriter::AddFile(const std::string& name, const std::string& kv_path) 
   ro.fs = impl_->fs;
   std::unique_ptr<Reader> r;
   KVFILE_RETURN_IF_ERROR(Reader::Open(kv_path, ro, &r));
+  // Every further thread reads the state this open took: no second scan,
+  // so a file appended to meanwhile gives the same member for any number
+  // of threads, and one renamed over the path is refused.
+  struct Release {
+    std::vector<std::unique_ptr<Reader>>& readers;
+    ~Release() { readers.clear(); }
+  } release{impl_->more_readers};
   impl_->more_readers.clear();
   for (unsigned t = 1; t < impl_->options.threads; ++t) {
-    // The same file opened again: the same committed state, or refused.
-    ro.expect_identity = r->identity();
-    ro.expect_geometry = r->geometry();
     std::unique_ptr<Reader> more;
-    KVFILE_RETURN_IF_ERROR(Reader::Open(kv_path, ro, &more));
-    if (more->token_count() != r->token_count())
-      return Status::Busy(kv_path + ": the file changed while it was being packed");
+    KVFILE_RETURN_IF_ERROR(internal::ReaderAccess::Share(*r, &more));
     impl_->more_readers.push_back(std::move(more));
   }
-  Status st = Add(name, *r);
-  impl_->more_readers.clear();
-  return st;
+  return Add(name, *r);
 }
 
 Status PackWriter::Add(const std::string& name, Reader& r) {

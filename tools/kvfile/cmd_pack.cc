@@ -302,8 +302,8 @@ void RegisterPack(CLI::App& app, int* exit_code) {
                   "streams stay raw), bf16/f16/f32 store every stream raw")
       ->check(CLI::IsMember({"e4m3", "e5m2", "bf16", "f16", "f32"}));
   cmd->add_option("--jobs", args->jobs,
-                  "threads reading and checking each input (each opens it once more); the pack's bytes are\n"
-                  "the same for any value")
+                  "threads reading and checking each input (all read the state its one open found); the\n"
+                  "pack's bytes are the same for any value")
       ->check(Count(1, 256))
       ->capture_default_str();
   cmd->add_flag("--force", args->force, "replace OUT if it exists");

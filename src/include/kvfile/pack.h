@@ -75,8 +75,11 @@ struct PackWriterOptions {
   // re-encode fp8 streams (and a version 1 file's raw streams), raw streams
   // stay raw; kBF16/kF16/kF32 store every stream raw in that dtype.
   std::optional<Dtype> dtype;
-  // AddFile: threads reading and checking each chunk's sections (each opens
-  // the file once more); the pack's bytes do not depend on it.
+  // AddFile: threads reading and checking each chunk's sections; the pack's
+  // bytes do not depend on it. The file is opened and scanned once: the
+  // further threads read the state that open found, each through a handle
+  // of the same file (one renamed over the path meanwhile: kFailed, "PATH:
+  // the file was replaced since it was opened").
   unsigned threads = 1;
 };
 

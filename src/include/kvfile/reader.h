@@ -5,7 +5,11 @@
 // section checksums, token ids); row payloads are read and checked on demand.
 // Every read validates the chunks it needs (checksums, codes, scales) before
 // it touches the caller's buffer: a failed read leaves the destination as it
-// was.
+// was. The file's state is taken once, at Open; a read of bytes that another
+// process's rewind or repair has since cut or written over fails with
+// kBusy, "PATH: changed while being read (rewound or repaired by another
+// process); read it again", not as damage (spec/RECOVERY.md, "Readers and
+// concurrent writers").
 #pragma once
 
 #include <array>
@@ -27,6 +31,9 @@ namespace kvfile {
 namespace hooks {
 struct ReaderAccess;
 }  // namespace hooks
+namespace internal {
+struct ReaderAccess;  // the library's own parts: readers sharing one open (src/reader_access.h)
+}  // namespace internal
 
 struct ReaderOptions {
   FileSystem* fs = nullptr;  // nullptr: FileSystem::Default()
@@ -127,6 +134,7 @@ class KVFILE_EXPORT Reader {
                    uint8_t* block_scales, float* row_scales);
  private:
   friend struct hooks::ReaderAccess;  // the library's tests (src/testing_hooks.h)
+  friend struct internal::ReaderAccess;
   Status VerifyChunk(size_t index);
   struct Impl;  // defined hidden: not exported
   KVFILE_NO_EXPORT explicit Reader(std::unique_ptr<Impl> impl);
