@@ -15,30 +15,32 @@ import kvfile
 
 UNDER_ASAN = "asan" in os.environ.get("LD_PRELOAD", "")
 
-# The child's prelude. limit_memory(extra): no allocation beyond `extra`
-# bytes more than the interpreter holds now can succeed, whatever the
-# kernel's overcommit policy (not under ASan, which reserves terabytes of
-# address space; there the allocator refuses sizes above 1 TiB instead).
-# attempt(call): what `call` raised, and by how much the peak RSS grew.
+# The child's prelude. attempt(call, extra): what `call` raised, and by how
+# much the peak RSS grew, with no allocation beyond `extra` bytes more than
+# the interpreter holds possible during the call, whatever the kernel's
+# overcommit policy (the soft address-space limit, lifted after; not under
+# ASan, which reserves terabytes of address space: there its allocator
+# refuses sizes above 1 TiB instead).
 PRELUDE = r'''
 import json, resource, sys
 import numpy as np
 import kvfile
 
-def limit_memory(extra):
-    if UNDER_ASAN:
-        return
-    with open("/proc/self/status") as f:
-        vm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
-    resource.setrlimit(resource.RLIMIT_AS, (vm + extra, vm + extra))
-
-def attempt(call):
+def attempt(call, extra):
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if not UNDER_ASAN:
+        with open("/proc/self/status") as f:
+            vm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
+        limit = vm + extra if hard == resource.RLIM_INFINITY else min(vm + extra, hard)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     try:
         call()
         out = {"type": None, "message": "", "value_error": False}
     except Exception as e:
         out = {"type": type(e).__name__, "message": str(e), "value_error": isinstance(e, ValueError)}
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
     out["grew_kib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
     return out
 
@@ -66,11 +68,10 @@ def run_child(tmp_path, body):
 # A stream array of the right shape that numpy cannot copy: 4 TiB of
 # bf16 patterns as a broadcast view of one element.
 APPEND_UNCOPYABLE = r'''
-limit_memory(2 << 30)
 tokens = np.broadcast_to(np.uint32(7), (2**26,))
 huge = np.broadcast_to(np.zeros((), np.uint16), (4, 2**26, 8, 1024))
 with kvfile.create("a.kv", GEOMETRY, chunk_tokens=4) as w:
-    out = attempt(lambda: w.append(tokens, {"k": huge}))
+    out = attempt(lambda: w.append(tokens, {"k": huge}), 2 << 30)
     out["len_after"] = len(w)
     w.append([1, 2], {"k": np.ones((4, 2, 8, 1024), np.uint16)})
 with kvfile.open("a.kv") as r:
@@ -93,11 +94,10 @@ def test_append_of_an_array_numpy_cannot_copy_raises_memory_error(tmp_path):
 # and one of 1 GiB that it could. Refused before any copy: the peak RSS
 # does not grow by the array's size.
 APPEND_WRONG_SHAPE = r'''
-limit_memory(2 << 30)
 tokens = np.broadcast_to(np.uint32(7), ({tokens},))
 wrong = np.broadcast_to(np.zeros((), np.uint16), (4, {tokens}, 8, 1023))
 with kvfile.create("a.kv", GEOMETRY) as w:
-    out = attempt(lambda: w.append(tokens, {{"k": wrong}}))
+    out = attempt(lambda: w.append(tokens, {{"k": wrong}}), 2 << 30)
     out["len_after"] = len(w)
 print(json.dumps(out))
 '''
@@ -116,11 +116,10 @@ def test_append_of_a_wrong_shaped_broadcast_is_refused_before_copying(tmp_path, 
 # Token ids numpy cannot copy into uint32 (2**27 ids, 512 MiB, with 256 MiB
 # to spare), with stream arrays of the right shape.
 APPEND_UNCOPYABLE_TOKENS = r'''
-limit_memory(256 << 20)
 tokens = np.broadcast_to(np.int64(7), (2**27,))
 rows = np.broadcast_to(np.zeros((), np.uint16), (4, 2**27, 8, 1024))
 with kvfile.create("a.kv", GEOMETRY) as w:
-    out = attempt(lambda: w.append(tokens, {"k": rows}))
+    out = attempt(lambda: w.append(tokens, {"k": rows}), 256 << 20)
     out["len_after"] = len(w)
 print(json.dumps(out))
 '''
@@ -138,7 +137,6 @@ def test_append_of_token_ids_numpy_cannot_copy_raises_memory_error(tmp_path):
 # mooncake_encode: values of a valid shape numpy cannot copy (2 TiB of
 # fp16), then invalid shapes and group sizes, huge and 1 GiB.
 MOONCAKE = r'''
-limit_memory(2 << 30)
 one = np.float16(1)
 cases = {
     "uncopyable": (np.broadcast_to(one, (2**40,)), 4),
@@ -146,7 +144,7 @@ cases = {
     "rank 9, 1 GiB": (np.broadcast_to(one, (2,) * 8 + (2**21,)), 4),
     "group 0, huge": (np.broadcast_to(one, (2**40,)), 0),
 }
-out = {name: attempt(lambda v=v, g=g: kvfile.mooncake_encode(v, group_size=g)) for name, (v, g) in cases.items()}
+out = {name: attempt(lambda v=v, g=g: kvfile.mooncake_encode(v, group_size=g), 2 << 30) for name, (v, g) in cases.items()}
 print(json.dumps(out))
 '''
 
