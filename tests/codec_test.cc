@@ -732,6 +732,17 @@ TEST_P(IsaTest, DequantizeOverflowClampsToMaxFinite) {
     EXPECT_EQ(bf[1], 0x8000);
     EXPECT_EQ(h[0], 0x0000);
     EXPECT_EQ(h[1], 0x8000);
+    // Also under the largest valid scale: one multiplication of finite
+    // factors, never 0 * Inf (compare nvfp4's divisor, spec/CODEC.md 14.4).
+    DequantizeRows(kind, zeros, &scale, 1, 2, Dtype::kF32, f, GetParam());
+    DequantizeRows(kind, zeros, &scale, 1, 2, Dtype::kBF16, bf, GetParam());
+    DequantizeRows(kind, zeros, &scale, 1, 2, Dtype::kF16, h, GetParam());
+    EXPECT_EQ(Bits(f[0]), 0x00000000u);
+    EXPECT_EQ(Bits(f[1]), 0x80000000u);
+    EXPECT_EQ(bf[0], 0x0000);
+    EXPECT_EQ(bf[1], 0x8000);
+    EXPECT_EQ(h[0], 0x0000);
+    EXPECT_EQ(h[1], 0x8000);
   }
 }
 

@@ -9,7 +9,10 @@
 #include <gtest/gtest.h>
 #include <zlib.h>
 
+#include <algorithm>
+#include <cfloat>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -436,6 +439,170 @@ TEST(Nvfp4Paths, EveryCodeAndBlockScaleDecodesAlike) {
     if (!IsaSupported(isa)) continue;
     DequantizeRows(packed.data(), blocks.data(), &scale, 1, 128 * 16, Dtype::kF32, out.data(), isa);
     EXPECT_EQ(0, std::memcmp(out.data(), ref.data(), ref.size() * 4)) << IsaName(isa);
+  }
+}
+
+// ---- 14.4 under extreme row scales ----
+
+uint32_t F32Bits(float x) {
+  uint32_t b;
+  std::memcpy(&b, &x, 4);
+  return b;
+}
+
+// f32 rounding (RNE) of an exact double, overflowing to +-Inf as an f32
+// multiplication does: from 2^128 - 2^103 (halfway past FLT_MAX, a tie that
+// goes to the even Inf) up.
+float RoundToF32(double x) {
+  if (std::fabs(x) >= 0x1.ffffffp127) return x < 0 ? -INFINITY : INFINITY;
+  return static_cast<float>(x);
+}
+
+// RND_bf16 and RND_f16 (spec/CODEC.md 5.1) of a finite f32, computed here
+// independently of the codec: nearest even, clamped to the finite range.
+uint16_t ReferenceBf16(float v) {
+  const uint32_t b = F32Bits(v), mag = b & 0x7FFFFFFFu;
+  const uint32_t rounded = (mag + 0x7FFFu + ((mag >> 16) & 1u)) >> 16;
+  return static_cast<uint16_t>(((b >> 16) & 0x8000u) | std::min<uint32_t>(rounded, 0x7F7Fu));
+}
+uint16_t ReferenceF16(float v) {
+  const uint16_t sign = std::signbit(v) ? 0x8000 : 0;
+  const double a = std::fabs(static_cast<double>(v));
+  if (a == 0) return sign;
+  if (a >= 65520.0) return static_cast<uint16_t>(sign | 0x7BFF);  // rounds past 65504: clamped
+  int e;
+  std::frexp(a, &e);
+  const int q = std::max(e - 11, -24);  // the f16 step at a: 11 significant bits, subnormal below 2^-14
+  const auto steps = static_cast<int>(std::nearbyint(std::ldexp(a, -q)));  // RNE, exact in double
+  return static_cast<uint16_t>(sign | (((q + 25) << 10) + steps - 1024));
+}
+
+// Row scales at the edges of 8.2's valid range: where DEC_e4m3(B) * S
+// overflows to +Inf for the larger block scales, where it just does not,
+// the largest a conforming encoder writes (amax / 2688 with amax = FLT_MAX),
+// FLT_MIN (subnormal divisors and products), and random valid patterns.
+std::vector<float> ExtremeRowScales() {
+  std::vector<float> s = {FromBits(0x7F7FFFFF),
+                          FromBits(0x7F7FFFFE),
+                          FromBits(0x7F000000),
+                          FLT_MAX / 448.0f,
+                          std::nextafter(FLT_MAX / 448.0f, INFINITY),
+                          FLT_MAX / 2688.0f,
+                          std::ldexp(1.0f, 120),
+                          1.0f,
+                          0.37f,
+                          FromBits(0x00800000),
+                          FromBits(0x00800001)};
+  std::mt19937 rng(27);
+  for (int i = 0; i < 24; ++i) s.push_back(FromBits(0x00800000u + static_cast<uint32_t>(rng() % (0x7F7FFFFFu - 0x00800000u + 1))));
+  return s;
+}
+
+// The decoded f32 of a code under block scale B and row scale S, computed
+// here from NVIDIA's element values (e2m1_to_f32.bin, e4m3_to_f32.bin made
+// with cuda_fp4.hpp / cuda_fp8.hpp) and spec/CODEC.md 14.4: D = DEC_e4m3(B) * S
+// and DEC4(code) * D, each an f32 multiplication (exact products in
+// double, rounded once); a zero code is the zero of its sign; +-Inf is
+// clamped to +-FLT_MAX (section 7 step 2).
+float ReferenceDecode(float e2m1_value, float e4m3_value, float row_scale) {
+  const float divisor = RoundToF32(static_cast<double>(e4m3_value) * row_scale);
+  if (e2m1_value == 0) return e2m1_value;
+  const float v = RoundToF32(static_cast<double>(e2m1_value) * divisor);
+  return std::isinf(v) ? std::copysign(FLT_MAX, v) : v;
+}
+
+// Every code under every valid block scale and each extreme row scale,
+// decoded by every instruction-set path into every output dtype: the same
+// bits as the reference above on each path. (Before 14.4 defined zero codes,
+// a divisor of +Inf made 0 * Inf: NaN on the scalar path, -FLT_MAX on AVX2
+// and AVX-512.)
+TEST(Nvfp4Paths, ExtremeRowScalesDecodeToTheReferenceOnEveryPath) {
+  const auto e2m1_raw = ReadVector("e2m1_to_f32.bin");
+  const auto e4m3_raw = ReadVector("e4m3_to_f32.bin");
+  ASSERT_EQ(e2m1_raw.size(), 16u * 4);
+  ASSERT_EQ(e4m3_raw.size(), 256u * 4);
+  float e2m1[16], e4m3[256];
+  std::memcpy(e2m1, e2m1_raw.data(), sizeof e2m1);
+  std::memcpy(e4m3, e4m3_raw.data(), sizeof e4m3);
+  // The codes' and block scales' values are NVIDIA's.
+  for (uint8_t c = 0; c < 16; ++c) ASSERT_EQ(F32Bits(DecodeE2M1(c)), F32Bits(e2m1[c])) << int{c};
+  for (int b = 0; b < 0x7F; ++b) {
+    ASSERT_EQ(F32Bits(DecodeElement(static_cast<uint8_t>(b), Dtype::kE4M3)), F32Bits(e4m3[b])) << b;
+  }
+
+  // One row per scale: block b has block scale b (0x00 .. 0x7E) and holds
+  // the 16 codes in order (element i of a block has code i).
+  const std::vector<float> scales = ExtremeRowScales();
+  constexpr size_t kBlocks = 0x7F, kN = kBlocks * kBlock;
+  const size_t rows = scales.size();
+  std::vector<uint8_t> packed(rows * kN / 2), blocks(rows * kBlocks);
+  for (size_t r = 0; r < rows; ++r) {
+    for (size_t b = 0; b < kBlocks; ++b) {
+      blocks[r * kBlocks + b] = static_cast<uint8_t>(b);
+      for (size_t j = 0; j < 8; ++j) packed[(r * kBlocks + b) * 8 + j] = static_cast<uint8_t>(2 * j | (2 * j + 1) << 4);
+    }
+  }
+  std::vector<float> want(rows * kN);
+  for (size_t r = 0; r < rows; ++r) {
+    for (size_t e = 0; e < kN; ++e) want[r * kN + e] = ReferenceDecode(e2m1[e % 16], e4m3[e / 16], scales[r]);
+  }
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    if (!IsaSupported(isa)) {
+      std::printf("skipped: %s not supported here\n", IsaName(isa));
+      continue;
+    }
+    for (Dtype dt : {Dtype::kF32, Dtype::kBF16, Dtype::kF16}) {
+      std::vector<uint8_t> out(rows * kN * ElementSize(dt));
+      DequantizeRows(packed.data(), blocks.data(), scales.data(), rows, kN, dt, out.data(), isa);
+      size_t mismatches = 0;
+      for (size_t i = 0; i < rows * kN; ++i) {
+        uint32_t got = 0, expected;
+        if (dt == Dtype::kF32) {
+          std::memcpy(&got, &out[i * 4], 4);
+          expected = F32Bits(want[i]);
+        } else {
+          uint16_t h;
+          std::memcpy(&h, &out[i * 2], 2);
+          got = h;
+          expected = dt == Dtype::kBF16 ? ReferenceBf16(want[i]) : ReferenceF16(want[i]);
+        }
+        if (got != expected && mismatches++ < 5) {
+          ADD_FAILURE() << IsaName(isa) << " " << DtypeName(dt) << ": row scale 0x" << std::hex
+                        << F32Bits(scales[i / kN]) << ", block scale 0x" << (i % kN) / 16 << ", code 0x"
+                        << i % 16 << ": got 0x" << got << ", want 0x" << expected;
+        }
+      }
+      EXPECT_EQ(mismatches, 0u) << IsaName(isa) << " " << DtypeName(dt);
+    }
+  }
+}
+
+// The case of the report, byte for byte: block scale 448 under the row
+// scale FLT_MAX (valid by 14.5) makes the divisor +Inf. Zero codes are
+// zeros of their sign, the others the dtype's largest finite value with
+// the code's sign, on every path.
+TEST(Nvfp4Paths, ZeroCodesUnderAnInfiniteDivisorAreSignedZeros) {
+  const uint8_t packed[8] = {0x80, 0x91, 0x80, 0x80, 0x80, 0x80, 0x80, 0xF7};  // codes 0 8 1 9 0 8 ... 7 F
+  const uint8_t block = 0x7E;
+  const float scale = FromBits(0x7F7FFFFF);
+  ASSERT_TRUE(std::isinf(BlockDivisor(block, scale)));
+  const uint32_t want_f32[4] = {0x00000000, 0x80000000, 0x7F7FFFFF, 0xFF7FFFFF};
+  const uint16_t want_bf16[4] = {0x0000, 0x8000, 0x7F7F, 0xFF7F};
+  const uint16_t want_f16[4] = {0x0000, 0x8000, 0x7BFF, 0xFBFF};
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    if (!IsaSupported(isa)) continue;
+    uint32_t f[16];
+    uint16_t bf[16], h[16];
+    DequantizeRows(packed, &block, &scale, 1, 16, Dtype::kF32, f, isa);
+    DequantizeRows(packed, &block, &scale, 1, 16, Dtype::kBF16, bf, isa);
+    DequantizeRows(packed, &block, &scale, 1, 16, Dtype::kF16, h, isa);
+    for (size_t i = 0; i < 4; ++i) {
+      EXPECT_EQ(f[i], want_f32[i]) << IsaName(isa) << " element " << i;
+      EXPECT_EQ(bf[i], want_bf16[i]) << IsaName(isa) << " element " << i;
+      EXPECT_EQ(h[i], want_f16[i]) << IsaName(isa) << " element " << i;
+    }
+    EXPECT_EQ(f[14], 0x7F7FFFFFu) << IsaName(isa);  // code 7: 6 * Inf
+    EXPECT_EQ(f[15], 0xFF7FFFFFu) << IsaName(isa);  // code F: -6 * Inf
   }
 }
 

@@ -43,7 +43,12 @@ float BlockDivisor(uint8_t block_code, float row_scale);
 // packed bytes, n / kBlock block scale codes and the row scale.
 bool QuantizeRow(const float* x, size_t n, uint8_t* packed, uint8_t* block_scales,
                  float* row_scale);
-// Dequantizes one row to f32: DEC_e2m1(code) * BlockDivisor(block, row_scale).
+// The value of one code under its block's divisor (spec/CODEC.md 14.4): a
+// zero code (0x0, 0x8) is the zero of its sign whatever the divisor (+Inf
+// included, where the product would be NaN); any other code is
+// DEC_e2m1(code) * divisor, one f32 multiplication (+-Inf on overflow).
+float DecodeScaled(uint8_t code, float divisor);
+// Dequantizes one row to f32: DecodeScaled(code, BlockDivisor(block, row_scale)).
 void DequantizeRow(const uint8_t* packed, const uint8_t* block_scales, float row_scale, size_t n,
                    float* out);
 

@@ -220,7 +220,10 @@ void DequantizeRowAvx2(const uint8_t* packed, const uint8_t* block_scales, float
       const __m256i c = _mm256_cvtepu8_epi32(half == 0 ? codes : _mm_srli_si128(codes, 8));
       const __m256 mag = _mm256_permutevar8x32_ps(table, c);  // uses the low 3 bits
       const __m256i sign = _mm256_slli_epi32(_mm256_srli_epi32(c, 3), 31);
-      const __m256 v = _mm256_mul_ps(_mm256_xor_ps(mag, _mm256_castsi256_ps(sign)), d);
+      const __m256 value = _mm256_xor_ps(mag, _mm256_castsi256_ps(sign));
+      // A zero code keeps its signed zero, also under d = +Inf (DecodeScaled).
+      const __m256 nonzero = _mm256_cmp_ps(mag, _mm256_setzero_ps(), _CMP_NEQ_OQ);
+      const __m256 v = _mm256_blendv_ps(value, _mm256_mul_ps(value, d), nonzero);
       const __m256 vsign = _mm256_andnot_ps(AbsMask(), v);
       const __m256 vmag = _mm256_min_ps(_mm256_and_ps(v, AbsMask()), fmax);
       _mm256_storeu_ps(out + b * kBlock + half * 8, _mm256_or_ps(vmag, vsign));

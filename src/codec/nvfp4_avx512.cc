@@ -475,7 +475,11 @@ void DequantizeRowT(const uint8_t* packed, const uint8_t* block_scales, float ro
       // Byte j -> 64-bit lane j; its high nibble moved to bits 32-35.
       const __m512i q = _mm512_cvtepu8_epi64(_mm_cvtsi64_si128(static_cast<long long>(eight)));
       const __m512i idx = _mm512_or_si512(_mm512_slli_epi64(_mm512_srli_epi64(q, 4), 32), q);
-      const __m512 v = _mm512_mul_ps(_mm512_permutexvar_ps(idx, table), _mm512_set1_ps(divisor[j]));
+      const __m512 value = _mm512_permutexvar_ps(idx, table);
+      // A zero code (low three bits 0) keeps its signed zero, also under a
+      // divisor of +Inf (DecodeScaled): only the other lanes are multiplied.
+      const __mmask16 nonzero = _mm512_test_epi32_mask(idx, _mm512_set1_epi32(7));
+      const __m512 v = _mm512_mask_mul_ps(value, nonzero, value, _mm512_set1_ps(divisor[j]));
       Store16<kDt>(out, b * kBlock, v, clamp);
     }
   }

@@ -53,6 +53,11 @@ float DecodeE2M1(uint8_t code) {
   return (code & 0x8) ? -m : m;
 }
 
+float DecodeScaled(uint8_t code, float divisor) {
+  const float value = DecodeE2M1(code);
+  return (code & 0x7) == 0 ? value : value * divisor;
+}
+
 float RowScale(float amax) {
   if (amax == 0.0f) return 1.0f;
   const float scale = amax / kRowRange;
@@ -106,7 +111,7 @@ void DequantizeRow(const uint8_t* packed, const uint8_t* block_scales, float row
     for (size_t i = 0; i < kBlock; ++i) {
       const size_t e = b * kBlock + i;
       const uint8_t code = static_cast<uint8_t>((packed[e / 2] >> ((e % 2) * 4)) & 0xF);
-      out[e] = DecodeE2M1(code) * divisor;
+      out[e] = DecodeScaled(code, divisor);
     }
   }
 }

@@ -25,6 +25,17 @@ bool RawDtypeOf(const py::dtype& dt, Dtype* out) {
   return true;
 }
 
+// py::array::ensure returns a null handle and clears numpy's exception
+// when it cannot convert. For an array numpy already holds (so that its
+// size fits) and a numeric dtype, the one failure left is the allocation
+// of the copy: a MemoryError that says which argument and how much.
+[[noreturn]] void ThrowCopyFailed(const std::string& what, const py::array& a, uint64_t bytes) {
+  PyErr_SetString(PyExc_MemoryError, (what + ": cannot allocate " + std::to_string(bytes) +
+                                      " bytes for a contiguous copy of the array of shape " + ShapeText(a))
+                                         .c_str());
+  throw py::error_already_set();
+}
+
 }  // namespace
 
 py::array RowArray(py::handle obj, const std::string& what, Dtype* dtype) {
@@ -35,7 +46,14 @@ py::array RowArray(py::handle obj, const std::string& what, Dtype* dtype) {
   if (!RawDtypeOf(a.dtype(), dtype))
     throw py::type_error(what + ": dtype " + py::str(a.dtype()).cast<std::string>() +
                          " is not one kvfile takes: float32, float16, or uint16 holding bf16 bits");
-  return py::array::ensure(a, py::array::c_style);
+  return a;
+}
+
+py::array Contiguous(const py::array& a, const std::string& what) {
+  if ((a.flags() & py::array::c_style) != 0) return a;
+  py::array c = py::array::ensure(a, py::array::c_style);
+  if (!c) ThrowCopyFailed(what, a, static_cast<uint64_t>(a.nbytes()));
+  return c;
 }
 
 Dtype DecodedDtype(py::handle dtype) {
@@ -74,12 +92,12 @@ Dtype DtypeByName(const std::string& name) {
   throw py::value_error("unknown dtype '" + name + "' (known: e4m3, e5m2, bf16, f16, f32, nvfp4)");
 }
 
-std::vector<uint32_t> TokenIds(py::handle tokens) {
+py::array TokenIdArray(py::handle tokens) {
   py::module_ np = py::module_::import("numpy");
   py::array a = np.attr("asarray")(tokens);
   if (a.ndim() != 1)
     throw py::value_error("tokens: expected a 1-D sequence of token ids, got shape " + ShapeText(a));
-  if (a.size() == 0) return {};
+  if (a.size() == 0) return a;
   const char kind = a.dtype().kind();
   if (kind != 'i' && kind != 'u')
     throw py::type_error("tokens: expected integers, got dtype " + py::str(a.dtype()).cast<std::string>());
@@ -89,7 +107,15 @@ std::vector<uint32_t> TokenIds(py::handle tokens) {
   if (lowest < py::int_(0) || highest > py::int_(std::numeric_limits<uint32_t>::max()))
     throw py::value_error("tokens: ids must lie in [0, 2**32); got values from " +
                           py::repr(lowest).cast<std::string>() + " to " + py::repr(highest).cast<std::string>());
+  return a;
+}
+
+std::vector<uint32_t> TokenIds(py::handle tokens) { return CopyTokenIds(TokenIdArray(tokens)); }
+
+std::vector<uint32_t> CopyTokenIds(const py::array& a) {
+  if (a.size() == 0) return {};
   auto ids = py::array_t<uint32_t, py::array::c_style | py::array::forcecast>::ensure(a);
+  if (!ids) ThrowCopyFailed("tokens", a, static_cast<uint64_t>(a.size()) * sizeof(uint32_t));
   return std::vector<uint32_t>(ids.data(), ids.data() + ids.size());
 }
 

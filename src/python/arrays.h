@@ -19,10 +19,17 @@
 
 namespace kvfile::python {
 
-// `obj` as a C-contiguous numpy array of row data (copied only if it is not
-// contiguous already), with its kvfile dtype in *dtype. TypeError for any
-// other dtype; `what` names the argument in the message.
+// `obj` as a numpy array of row data, as it is (not copied), with its
+// kvfile dtype in *dtype. TypeError for any other dtype; `what` names the
+// argument in the message. The caller checks the shape, then calls
+// Contiguous.
 pybind11::array RowArray(pybind11::handle obj, const std::string& what, Dtype* dtype);
+
+// `a` itself when it is C-contiguous, else a C-contiguous copy of it.
+// MemoryError, naming `what`, the shape and the bytes, when numpy cannot
+// allocate the copy (a large numpy.broadcast_to view, say). Callers check
+// the shape and dtype first: a wrong array is refused before any copy.
+pybind11::array Contiguous(const pybind11::array& a, const std::string& what);
 
 // The dtype argument of a decoded read: "f32"/"float32"/numpy.float32,
 // "f16"/"float16"/numpy.float16, or "bf16"/"bfloat16"/numpy.uint16.
@@ -33,7 +40,12 @@ pybind11::dtype NumpyDtype(Dtype dtype);
 // A kvfile Dtype by its name ("e4m3", "bf16", ...); ValueError otherwise.
 Dtype DtypeByName(const std::string& name);
 
-// Token ids from any 1-D sequence of integers in [0, 2^32).
+// Token ids from any 1-D sequence of integers in [0, 2^32): TokenIdArray
+// checks them (TypeError, ValueError) without copying a numpy array;
+// CopyTokenIds copies what it returned (MemoryError when that fails);
+// TokenIds is both.
+pybind11::array TokenIdArray(pybind11::handle tokens);
+std::vector<uint32_t> CopyTokenIds(const pybind11::array& ids);
 std::vector<uint32_t> TokenIds(pybind11::handle tokens);
 // A numpy uint32 copy of token ids.
 pybind11::array_t<uint32_t> TokenArray(std::span<const uint32_t> tokens);

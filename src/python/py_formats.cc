@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <optional>
 
+#include "arrays.h"
 #include "bindings.h"
 #include "errors.h"
 #include "kvfile/coli_kv.h"
@@ -26,7 +27,10 @@ namespace {
 // float16 arrays are fp16; uint16 arrays hold bf16 bit patterns.
 py::bytes MooncakeEncode(const py::array& values, uint32_t group_size) {
   mooncake::RecordDesc d;
-  if (values.dtype().kind() == 'u' && values.dtype().itemsize() == 2) {
+  if (!values.dtype().attr("isnative").cast<bool>()) {  // the right kind and size, but swapped bytes
+    throw py::type_error("values: a float16 array (fp16) or a uint16 array of bf16 bit patterns in native "
+                         "byte order, not " + std::string(py::str(values.dtype())));
+  } else if (values.dtype().kind() == 'u' && values.dtype().itemsize() == 2) {
     d.dtype = mooncake::SourceDtype::kBF16;
   } else if (values.dtype().kind() == 'f' && values.dtype().itemsize() == 2) {
     d.dtype = mooncake::SourceDtype::kF16;
@@ -36,7 +40,10 @@ py::bytes MooncakeEncode(const py::array& values, uint32_t group_size) {
   }
   d.group_size = group_size;
   for (py::ssize_t i = 0; i < values.ndim(); ++i) d.shape.push_back(static_cast<uint64_t>(values.shape(i)));
-  py::array c = py::array::ensure(values, py::array::c_style);
+  // The shape and group size (rank 1..8, no zero dimension) before any copy.
+  uint64_t elements = 0, record_bytes = 0;
+  ThrowIfError(mooncake::RecordSize(d, &elements, &record_bytes));
+  py::array c = Contiguous(values, "values");
   std::vector<uint8_t> rec;
   Status st;
   {

@@ -63,33 +63,41 @@ class PyWriter {
   }
 
   void Append(py::handle tokens, const py::dict& streams) {
-    const std::vector<uint32_t> ids = TokenIds(tokens);
+    const py::array token_array = TokenIdArray(tokens);
+    const auto count = static_cast<size_t>(token_array.size());
     const Geometry g = GetGeometry();
     for (auto item : streams) {
       if (!py::isinstance<py::str>(item.first)) throw py::type_error("append: stream keys must be names");
       StreamIndex(g, item.first);  // a ValueError, naming the file's streams, for one it lacks
     }
-    // The arrays stay referenced (and their buffers alive) until the call returns.
-    std::vector<py::array> arrays;
+    // Every array's dtype and shape first; copies (of token ids, and of
+    // arrays that are not contiguous) only once all are right. The arrays
+    // stay referenced (and their buffers alive) until the call returns.
+    std::vector<py::array> arrays(g.streams.size());
+    std::vector<Dtype> dtypes(g.streams.size());
+    for (size_t s = 0; s < g.streams.size(); ++s) {
+      const StreamSpec& spec = g.streams[s];
+      if (!streams.contains(spec.name))
+        throw py::value_error("append: no array for stream '" + spec.name + "'");
+      py::array a = RowArray(streams[spec.name.c_str()], "stream '" + spec.name + "'", &dtypes[s]);
+      const std::vector<py::ssize_t> want = {g.layers, static_cast<py::ssize_t>(count), spec.rows_per_token,
+                                             spec.row_width};
+      if (a.ndim() != 4 || !std::equal(want.begin(), want.end(), a.shape()))
+        throw py::value_error("stream '" + spec.name + "': shape " + ShapeText(a) + ", expected " +
+                              ExpectedShape(g, spec, count));
+      arrays[s] = std::move(a);
+    }
+    const std::vector<uint32_t> ids = CopyTokenIds(token_array);
     AppendBatch batch;
     batch.tokens = ids;
     batch.blocks.resize(size_t{g.layers} * g.streams.size());
     for (size_t s = 0; s < g.streams.size(); ++s) {
       const StreamSpec& spec = g.streams[s];
-      if (!streams.contains(spec.name))
-        throw py::value_error("append: no array for stream '" + spec.name + "'");
-      Dtype dtype;
-      py::array a = RowArray(streams[spec.name.c_str()], "stream '" + spec.name + "'", &dtype);
-      const std::vector<py::ssize_t> want = {g.layers, static_cast<py::ssize_t>(ids.size()), spec.rows_per_token,
-                                             spec.row_width};
-      if (a.ndim() != 4 || !std::equal(want.begin(), want.end(), a.shape()))
-        throw py::value_error("stream '" + spec.name + "': shape " + ShapeText(a) + ", expected " +
-                              ExpectedShape(g, spec, ids.size()));
-      const auto* base = static_cast<const char*>(a.data());
-      const size_t layer_bytes = ids.size() * spec.ElementsPerToken() * ElementSize(dtype);
+      arrays[s] = Contiguous(arrays[s], "stream '" + spec.name + "'");
+      const auto* base = static_cast<const char*>(arrays[s].data());
+      const size_t layer_bytes = count * spec.ElementsPerToken() * ElementSize(dtypes[s]);
       for (uint32_t layer = 0; layer < g.layers; ++layer)
-        batch.blocks[layer * g.streams.size() + s] = {dtype, base + layer * layer_bytes, nullptr};
-      arrays.push_back(std::move(a));
+        batch.blocks[layer * g.streams.size() + s] = {dtypes[s], base + layer * layer_bytes, nullptr};
     }
     guarded_.Run([&](Writer& w) { return w.Append(batch); });
   }

@@ -42,6 +42,8 @@ def test_mooncake_refusals():
         kvfile.mooncake_encode(np.array([1, np.inf], dtype=np.float16), group_size=2)
     with pytest.raises(TypeError):
         kvfile.mooncake_encode(np.zeros(4, dtype=np.float32), group_size=4)
+    with pytest.raises(TypeError, match="in native byte order, not >f2$"):  # would be read byte-swapped
+        kvfile.mooncake_encode(np.array([1, 2], dtype=">f2"), group_size=2)
 
 
 def test_coli_round_trip(tmp_path):
