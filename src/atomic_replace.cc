@@ -5,12 +5,14 @@
 #include "atomic_replace.h"
 
 #include <signal.h>
+#include <xxhash.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <vector>
 
@@ -54,8 +56,11 @@ std::atomic<uint64_t> next_temp{0};
 
 bool IsReplaceTemp(const std::string& dest_name, const std::string& name, long* pid) {
   *pid = 0;
-  if (name == dest_name + ".kvnew") return true;
+  // Either stem: TempPathFor keeps the whole name where the suffix fits.
+  const std::string stem = TempStem(dest_name);
+  if (name == dest_name + ".kvnew" || name == stem + ".kvnew") return true;
   std::string prefix = dest_name + ".kvtmp-";
+  if (!name.starts_with(prefix)) prefix = stem + ".kvtmp-";
   if (!name.starts_with(prefix)) return false;
   size_t i = prefix.size();
   if (!Digits(name, &i, pid)) return false;
@@ -72,6 +77,29 @@ bool IsReplaceTemp(const std::string& dest_name, const std::string& name, long* 
 
 namespace kvfile {
 
+namespace {
+constexpr size_t kNameMax = 255;  // NAME_MAX of Linux file systems, in bytes
+}  // namespace
+
+std::string TempStem(const std::string& base_name) {
+  constexpr size_t kStemMax = kNameMax - kMaxTempSuffixBytes;
+  if (base_name.size() <= kStemMax) return base_name;
+  char hash[24];
+  std::snprintf(hash, sizeof hash, "~%016llx",
+                static_cast<unsigned long long>(XXH3_64bits(base_name.data(), base_name.size())));
+  size_t keep = kStemMax - 17;
+  while (keep > 0 && (static_cast<unsigned char>(base_name[keep]) & 0xC0) == 0x80) --keep;  // not inside a character
+  return base_name.substr(0, keep) + hash;
+}
+
+std::string TempPathFor(const std::string& path, const std::string& suffix) {
+  size_t slash = path.find_last_of('/');
+  size_t base_at = slash == std::string::npos ? 0 : slash + 1;
+  std::string base = path.substr(base_at);
+  if (base.size() + suffix.size() <= kNameMax) return path + suffix;
+  return path.substr(0, base_at) + TempStem(base) + suffix;
+}
+
 using namespace internal;  // LockWithGrace, IsReplaceTemp and the helpers above
 
 Status PendingReplace::Begin(const std::string& dest, FileSystem* fs, std::unique_ptr<PendingReplace>* out) {
@@ -83,7 +111,10 @@ Status PendingReplace::Begin(const std::string& dest, FileSystem* fs, std::uniqu
   if (r->original_.exists && !r->original_.regular)
     return Status::InvalidArgument(dest + ": not a regular file; not replaced");
   KVFILE_RETURN_IF_ERROR(r->RemoveStaleTemps());
-  std::string stem = r->target_ + ".kvtmp-" + std::to_string(::getpid()) + "-";
+  // Always the stem, so that a Writer's ".kvnew" still fits after it.
+  const size_t base_at = r->target_.size() - BaseName(r->target_).size();
+  std::string stem = r->target_.substr(0, base_at) + TempStem(BaseName(r->target_)) + ".kvtmp-" +
+                     std::to_string(::getpid()) + "-";
   for (;;) {
     r->temp_ = stem + std::to_string(next_temp.fetch_add(1));
     bool exists = false;
@@ -169,7 +200,7 @@ Status PendingReplace::Commit() {
 
 PendingReplace::~PendingReplace() {
   if (committed_) return;
-  for (const std::string& path : {temp_, temp_ + ".kvnew"}) {
+  for (const std::string& path : {temp_, TempPathFor(temp_, ".kvnew")}) {
     bool exists = false;
     if (fs_->Exists(path, &exists).ok() && exists) (void)fs_->Remove(path);
   }

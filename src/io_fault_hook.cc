@@ -14,7 +14,7 @@ namespace {
 struct Armed {
   std::mutex mu;
   std::vector<IoFault> faults;
-  uint64_t counted[3] = {0, 0, 0};  // by IoFault::Op
+  uint64_t counted[4] = {0, 0, 0, 0};  // by IoFault::Op
   uint64_t injected = 0;
 };
 
@@ -64,7 +64,7 @@ bool TakeIoFaultSlow(IoFault::Op op, size_t requested, ssize_t* result) {
     if (f.persistent ? index < nth : index != nth) continue;
     if (f.result == IoFault::kShort) {
       // Only a transfer of two bytes or more can come back short.
-      if (op == IoFault::kSync || requested < 2) return false;
+      if (op == IoFault::kSync || op == IoFault::kSyncDir || requested < 2) return false;
       *result = static_cast<ssize_t>(requested / 2);
     } else if (f.result < 0) {
       *result = f.result;

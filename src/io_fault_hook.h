@@ -33,7 +33,7 @@
 namespace kvfile::internal {
 
 struct IoFault {
-  enum Op { kWrite, kRead, kSync };
+  enum Op { kWrite, kRead, kSync, kSyncDir };  // kSyncDir: the fsync of a directory (POSIX backend)
   // result: half of the requested bytes (a real short transfer).
   static constexpr int kShort = INT_MIN;
 

@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstring>
 
 #include "file_backends.h"
 #include "io_fault_hook.h"
@@ -117,6 +118,16 @@ int FdatasyncOnce(int fd) {
     return -1;
   }
   return ::fdatasync(fd);
+}
+
+// `dir` as a message names it: "." (the directory of a bare file name) by
+// the current directory's full path.
+std::string ShownDir(const std::string& dir) {
+  if (dir != ".") return dir;
+  std::string cwd(4096, '\0');
+  if (::getcwd(cwd.data(), cwd.size()) == nullptr) return dir;
+  cwd.resize(std::strlen(cwd.c_str()));
+  return cwd;
 }
 
 class PosixFile final : public File {
@@ -222,13 +233,22 @@ class PosixFileSystem final : public FileSystem {
     return Status::OK();
   }
 
+  // Errors name the directory; the directory of a bare file name (".") by
+  // its full path, so that the message says which directory it was.
   Status SyncDir(const std::string& dir) override {
     int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) return ErrnoStatus(dir + ": open directory", errno);
-    int rc = ::fsync(fd);
+    if (fd < 0) return ErrnoStatus(ShownDir(dir) + ": open directory", errno);
+    ssize_t fake = 0;
+    int rc = 0;
+    if (internal::TakeIoFault(IoFault::kSyncDir, 0, &fake) && fake < 0) {
+      rc = -1;
+      errno = static_cast<int>(-fake);
+    } else {
+      rc = ::fsync(fd);
+    }
     int err = errno;
     ::close(fd);
-    if (rc != 0) return ErrnoStatus(dir + ": fsync directory", err);
+    if (rc != 0) return ErrnoStatus(ShownDir(dir) + ": fsync directory", err);
     return Status::OK();
   }
 

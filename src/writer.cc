@@ -280,7 +280,7 @@ Status Writer::Create(const std::string& path, const Geometry& geometry,
   // A symlink stays a link: what it leads to is replaced.
   std::string target = path;
   if (options.overwrite) KVFILE_RETURN_IF_ERROR(fs->ResolveSymlinks(path, &target));
-  std::string tmp = target + ".kvnew";
+  std::string tmp = TempPathFor(target, ".kvnew");
   KVFILE_RETURN_IF_ERROR(impl->CreateFile(tmp, /*epoch=*/1));
   st = fs->Rename(tmp, target, options.overwrite);
   if (!st.ok()) {

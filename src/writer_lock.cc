@@ -53,7 +53,7 @@ Status CreateLocked(FileSystem& fs, const std::string& path, std::unique_ptr<Fil
 }
 
 Status RemoveLeftoverUpgrade(FileSystem& fs, const std::string& path, bool* removed) {
-  std::string tmp = path + ".kvupgrade";
+  std::string tmp = TempPathFor(path, ".kvupgrade");
   bool exists = false;
   KVFILE_RETURN_IF_ERROR(fs.Exists(tmp, &exists));
   *removed = false;

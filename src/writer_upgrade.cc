@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "kvfile/replace.h"
 #include "writer_impl.h"
 
 namespace kvfile {
@@ -16,7 +17,7 @@ using internal::RandomSalt;
 Status Writer::Impl::OpenUpgrading(const std::string& path, const std::string& real, const WriterOptions& options,
                                    File& v1, const internal::ScanResult& scan, std::unique_ptr<Impl>* out) {
   auto impl = std::make_unique<Impl>();
-  std::string tmp = real + ".kvupgrade";
+  std::string tmp = TempPathFor(real, ".kvupgrade");
   if (!IsFp8(options.upgrade_dtype))
     return Status::InvalidArgument(path + ": the upgrade dtype must be e4m3 or e5m2");
   FileHeader h = NewHeader(scan.header.geometry, scan.header.identity, scan.header.chunk_tokens, kMajorV2);

@@ -116,6 +116,36 @@ TEST(AtomicReplaceTest, TempNames) {
   EXPECT_FALSE(IsReplaceTemp("x", "x.kv.kvtmp-1-2", &pid));
 }
 
+// Temporary names of long destination names fit NAME_MAX: the stem keeps
+// 190 bytes (never half a UTF-8 character), then "~" and the hash of the
+// whole name; a name of up to 207 bytes is its own stem.
+TEST(AtomicReplaceTest, LongNamesGetAStemThatLeavesRoomForEverySuffix) {
+  const std::string short_name(207, 's');
+  EXPECT_EQ(TempStem(short_name), short_name);
+  const std::string a(255, 'a'), b = std::string(254, 'a') + "b";
+  const std::string sa = TempStem(a), sb = TempStem(b);
+  EXPECT_EQ(sa.size(), 207u);
+  EXPECT_EQ(sa.substr(0, 191), std::string(190, 'a') + "~");
+  EXPECT_NE(sa, sb);  // the hash tells names apart that share their first bytes
+  EXPECT_EQ(sa.find_first_not_of("0123456789abcdef", 191), std::string::npos);
+  // 189 ASCII bytes and then 2-byte characters: the cut does not split one.
+  std::string utf8(189, 'u');
+  while (utf8.size() < 250) utf8 += "\xc3\xa9";
+  EXPECT_EQ(TempStem(utf8).substr(0, 190), utf8.substr(0, 189) + "~");
+  // TempPathFor: the whole name where it fits, else the stem; the directory kept.
+  EXPECT_EQ(TempPathFor("d/x.kv", ".kvnew"), "d/x.kv.kvnew");
+  EXPECT_EQ(TempPathFor("d/" + std::string(249, 'n'), ".kvnew"), "d/" + std::string(249, 'n') + ".kvnew");
+  EXPECT_EQ(TempPathFor("d/" + a, ".kvupgrade"), "d/" + sa + ".kvupgrade");
+  EXPECT_EQ(TempPathFor(a, ".kvnew"), sa + ".kvnew");
+  // The stale-temp patterns recognise both forms.
+  long pid;
+  EXPECT_TRUE(IsReplaceTemp(a, sa + ".kvtmp-123-4", &pid));
+  EXPECT_EQ(pid, 123);
+  EXPECT_TRUE(IsReplaceTemp(a, sa + ".kvtmp-123-4.kvnew", &pid));
+  EXPECT_TRUE(IsReplaceTemp(a, sa + ".kvnew", &pid));
+  EXPECT_FALSE(IsReplaceTemp(b, sa + ".kvtmp-123-4", &pid));
+}
+
 class AtomicReplaceFsTest : public kvfile::testing::ScratchDirTest {
  protected:
   std::vector<std::string> Names() const { return kvfile::testing::SortedNames(dir_); }
@@ -329,6 +359,24 @@ TEST_F(AtomicReplaceFsTest, RemovesStaleTempsOnly) {
   std::vector<std::string> want = {"x.kv", "x.kv.kvtmp-old", live, locked, "y.kv.kvtmp-" + dead + "-0"};
   std::sort(want.begin(), want.end());
   EXPECT_EQ(Names(), want);
+}
+
+// A destination of 255 bytes: its temporary file fits (the stem), the
+// replacement works, and a dead process's temporaries of it are removed.
+TEST_F(AtomicReplaceFsTest, DestinationNameOf255Bytes) {
+  const std::string name(255, 'x');
+  const std::string stem = TempStem(name);
+  const std::string dead = "999999999";
+  for (const std::string& n : {stem + ".kvtmp-" + dead + "-0", stem + ".kvtmp-" + dead + "-1.kvnew", stem + ".kvnew"})
+    WriteFile(P(n), "stale");
+  std::unique_ptr<PendingReplace> r;
+  ASSERT_TRUE(PendingReplace::Begin(P(name), nullptr, &r).ok());
+  EXPECT_EQ(r->removed_stale(), 3);
+  EXPECT_TRUE(r->temp_path().starts_with(P(stem + ".kvtmp-" + std::to_string(::getpid()) + "-"))) << r->temp_path();
+  WriteFile(r->temp_path(), "new");
+  ASSERT_TRUE(r->Commit().ok());
+  EXPECT_EQ(Names(), std::vector<std::string>{name});
+  EXPECT_EQ(ReadFile(P(name)), "new");
 }
 
 }  // namespace

@@ -133,7 +133,7 @@ TEST_F(CliFindTest, DamagedIndexAndUnreadableFile) {
   EXPECT_EQ(r.exit_code, 0);
   EXPECT_TRUE(r.out.starts_with(Corpus() + "/sub/b.kv: 4 of 5")) << r.out;
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
-  EXPECT_TRUE(r.err.starts_with("kvfile: warning: " + Corpus() + ": 1 unreadable .kv file(s) left out of the index (first: " +
+  EXPECT_TRUE(r.err.starts_with("kvfile: warning: " + Corpus() + ": 1 unreadable .kv file(s) or directories left out of the index (first: " +
                                 Corpus() + "/junk.kv: "))
       << r.err;
 }

@@ -150,6 +150,32 @@ TEST_F(CliUxTest, InfoOfSeveralFilesAndOfStandardInput) {
   EXPECT_EQ(r.err.find("kvfile-stdin"), std::string::npos) << r.err;
 }
 
+// "-" is standard input even where a file or directory named "-" exists;
+// "./-" names that file.
+TEST_F(CliUxTest, DashIsStandardInputEvenWhenAFileIsNamedDash) {
+  Synth("a.kv", 100, 1);
+  Synth("b.kv", 70, 2);
+  ASSERT_EQ(Here("pack b.kv -o -").exit_code, 0);  // a pack named "-"
+  CliRun r = Here("verify - < a.kv");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(r.out.starts_with("-: ok: 100 tokens")) << r.out;
+  r = Here("verify ./-");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(r.out.starts_with("./-: ok: 1 members, ")) << r.out;
+  r = Here("info --json - < a.kv");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["tokens"], 100);
+  fs::remove(P("-"));
+  fs::create_directories(P("-"));  // a directory named "-" holding b.kv
+  fs::copy_file(P("b.kv"), P("-/b.kv"));
+  r = Here("verify - < a.kv");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(r.out.starts_with("-: ok: 100 tokens")) << r.out;
+  r = Here("verify ./-");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("./-/b.kv: ok: 70 tokens"), std::string::npos) << r.out;
+}
+
 TEST_F(CliUxTest, VerifyOfManyFilesOneLineEachNaturalOrderAndSummary) {
   fs::create_directories(P("snap"));
   for (int i : {1, 2, 10, 11})

@@ -35,6 +35,7 @@
 #include "../src/io_fault_hook.h"
 #include "kvfile/presets.h"
 #include "kvfile/reader.h"
+#include "kvfile/replace.h"
 #include "kvfile/writer.h"
 #include "testing_hooks.h"
 
@@ -334,6 +335,7 @@ TEST_P(FileEndlessRetryTest, FailsAfterTheBound) {
       case IoFault::kWrite: return f->WriteAt(0, data.data(), data.size());
       case IoFault::kSync: return f->Sync();
       case IoFault::kRead: return f->ReadAt(0, buf.data(), buf.size());
+      case IoFault::kSyncDir: break;  // not a File's operation
     }
     return Status::OK();
   };
@@ -1019,6 +1021,44 @@ TEST(IoFaultHook, CountsAndFiresAsArmed) {
   EXPECT_EQ(r, 1);
   internal::ClearIoFaults();
   EXPECT_FALSE(internal::TakeIoFault(IoFault::kRead, 3, &r));
+}
+
+// ---- Directory syncs ----------------------------------------------------------------
+
+// A directory fsync that fails is named by the directory: as given where
+// the destination has a directory part, by its full path where it is a
+// bare name (never "."). Through a replacement (every CLI output) and a
+// Writer::Create, each failing on the sync after its rename.
+TEST(DirectorySyncFaults, NameTheDirectory) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(::testing::TempDir()) / ("io_fault_dirsync_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir / "sub");
+  const fs::path before = fs::current_path();
+  fs::current_path(dir);
+  const std::string full = fs::current_path().string();
+  FileSystem* posix = internal::PosixFileSystemInstance();
+  const std::string eio = ": fsync directory: " + std::string(std::strerror(EIO));
+  using DirCase = std::pair<std::string, std::string>;  // destination, the directory its error names
+  for (const auto& [dest, named] : std::vector<DirCase>{{"bare.bin", full}, {"sub/x.bin", "sub"}}) {
+    std::unique_ptr<PendingReplace> r;
+    ASSERT_OK(PendingReplace::Begin(dest, posix, &r));
+    std::ofstream(r->temp_path()) << "new";
+    internal::SetIoFaults({{IoFault::kSyncDir, 0, -EIO, false}});
+    Status st = r->Commit();
+    internal::ClearIoFaults();
+    EXPECT_EQ(st.message(), named + eio) << dest;
+  }
+  for (const auto& [dest, named] : std::vector<DirCase>{{"bare.kv", full}, {"sub/y.kv", "sub"}}) {
+    const Payload& p = ThePayload();
+    std::unique_ptr<Writer> w;
+    internal::SetIoFaults({{IoFault::kSyncDir, 0, -EIO, false}});
+    Status st = Writer::Create(dest, p.g, {"io-fault-model", 42}, Options(posix, SyncMode::kClose), &w);
+    internal::ClearIoFaults();
+    EXPECT_EQ(st.message(), named + eio) << dest;
+  }
+  fs::current_path(before);
+  fs::remove_all(dir);
 }
 
 }  // namespace

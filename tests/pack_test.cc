@@ -439,6 +439,34 @@ TEST(PackTest, BadNamesAndDuplicatesAreRefused) {
   EXPECT_EQ(fs.Image().size(), 1u);
 }
 
+// spec/PACK.md 5: a name set that cannot all be unpacked under one
+// directory is refused when writing, before anything replaces the
+// destination; with names between the two in byte order ('-' and '.' sort
+// below '/'), so a plain neighbour compare would not see the conflict.
+TEST(PackTest, NamesThatCannotAllBeUnpackedAreRefused) {
+  FaultFs fs;
+  WriteKv(fs, "/x.kv", TinyGeometry(), Tokens(3, 2), [](uint64_t) { return 1; });
+  Status st = PackFiles(fs, "/fd.kvpack", {{"a.kv", "/x.kv"}, {"a.kv-2", "/x.kv"}, {"a.kv.b", "/x.kv"},
+                                           {"a.kv/b.kv", "/x.kv"}}, 4);
+  EXPECT_EQ(st.code(), Status::Code::kInvalidArgument);
+  EXPECT_EQ(st.message(), "/fd.kvpack: member 'a.kv' is a file and also the directory of member 'a.kv/b.kv'; not written");
+  st = PackFiles(fs, "/deep.kvpack", {{"d/e", "/x.kv"}, {"d/e/f/g.kv", "/x.kv"}}, 4);
+  EXPECT_EQ(st.message(), "/deep.kvpack: member 'd/e' is a file and also the directory of member 'd/e/f/g.kv'; not written");
+  st = PackFiles(fs, "/dup.kvpack", {{"z", "/x.kv"}, {"a", "/x.kv"}, {"z", "/x.kv"}}, 4);
+  EXPECT_EQ(st.message(), "/dup.kvpack: two members are named 'z'; not written");
+  // A component longer than NAME_MAX cannot be created: refused as a name.
+  PackWriterOptions po;
+  po.fs = &fs;
+  std::unique_ptr<PackWriter> w;
+  ASSERT_TRUE(PackWriter::Begin("/long.kvpack", po, &w).ok());
+  EXPECT_EQ(w->AddFile("d/" + std::string(256, 'n'), "/x.kv").code(), Status::Code::kInvalidArgument);
+  EXPECT_TRUE(w->AddFile("d/" + std::string(255, 'n'), "/x.kv").ok());
+  w.reset();
+  EXPECT_EQ(fs.Image().size(), 1u);  // only the source: no pack, no temporary file
+  // Prefixes that are no directory of the other are fine.
+  EXPECT_TRUE(PackFiles(fs, "/ok.kvpack", {{"a.kv", "/x.kv"}, {"a.kvx/b.kv", "/x.kv"}, {"a/b.kv", "/x.kv"}}, 4).ok());
+}
+
 TEST(PackTest, Nvfp4MembersAreRefused) {
   FaultFs fs;
   Geometry g;
@@ -628,6 +656,32 @@ TEST(PackTest, ForgedTablesAreRefused) {
   Status st = CheckAll(swapped);
   EXPECT_EQ(st.code(), Status::Code::kCorruption);
   EXPECT_NE(st.message().find("name"), std::string::npos) << st.message();
+}
+
+// A pack whose names are a file and a directory of it (forged: no writer
+// makes one) is damaged: Open refuses it before anything is unpacked.
+TEST(PackTest, ForgedFileAndDirectoryNamesAreRefused) {
+  FaultFs fs;
+  Geometry g = TinyGeometry();
+  WriteKv(fs, "/s/a.kv", g, Tokens(1, 6), [](uint64_t) { return 1; });
+  ASSERT_TRUE(PackFiles(fs, "/s.kvpack", {{"a.kv", "/s/a.kv"}, {"a.kvXb.kv", "/s/a.kv"}}, 4).ok());
+  std::vector<uint8_t> pack = FileBytes(fs, "/s.kvpack");
+  ASSERT_TRUE(CheckAll(pack).ok());
+  auto u64 = [&](size_t at) {
+    uint64_t v;
+    std::memcpy(&v, pack.data() + at, 8);
+    return v;
+  };
+  const uint64_t names_at = u64(32) + 1304 * u64(40) + 48 * u64(48), names = u64(64);
+  ASSERT_EQ(std::string(pack.begin() + names_at, pack.begin() + names_at + names), "a.kva.kvXb.kv");
+  pack[names_at + 8] = '/';  // "a.kv/b.kv": still sorted after "a.kv"
+  uint64_t sum = XXH3_64bits(pack.data() + names_at, names);
+  std::memcpy(pack.data() + 88, &sum, 8);
+  sum = XXH3_64bits(pack.data(), 120);
+  std::memcpy(pack.data() + 120, &sum, 8);
+  Status st = CheckAll(pack);
+  EXPECT_EQ(st.code(), Status::Code::kCorruption);
+  EXPECT_EQ(st.message(), "/p.kvpack: member 'a.kv' is a file and also the directory of member 'a.kv/b.kv'");
 }
 
 }  // namespace

@@ -44,17 +44,24 @@ bool SameFile(const PrefixEntry& a, const PrefixEntry& b) {
 }
 
 // The .kv regular files under `dir` (symlinks followed), sorted by path.
-Status ScanDirectory(const std::string& dir, std::vector<ScannedFile>* out) {
+// A subdirectory that cannot be read is left out like an unreadable .kv
+// file: counted in *unreadable, *first_unreadable naming it.
+Status ScanDirectory(const std::string& dir, std::vector<ScannedFile>* out, uint64_t* unreadable,
+                     std::string* first_unreadable) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return Status::InvalidArgument(dir + ": not a directory");
-  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator();
-       it.increment(ec)) {
-    if (it->path().extension() != ".kv") continue;
+  std::vector<WalkEntry> walked;
+  KVFILE_RETURN_IF_ERROR(WalkDirectory(dir, {".kv"}, &walked));
+  for (const WalkEntry& w : walked) {
+    if (!w.error.ok()) {
+      if ((*unreadable)++ == 0) *first_unreadable = w.error.message();
+      continue;
+    }
     struct stat st;
-    if (::stat(it->path().c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+    if (::stat(w.path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
     ScannedFile f;
-    f.stat.path = it->path().lexically_relative(dir).generic_string();
+    f.stat.path = fs::path(w.path).lexically_relative(dir).generic_string();
     f.stat.size = static_cast<uint64_t>(st.st_size);
     f.stat.mtime_ns = int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec;
     f.stat.ctime_ns = int64_t{st.st_ctim.tv_sec} * 1000000000 + st.st_ctim.tv_nsec;
@@ -63,7 +70,6 @@ Status ScanDirectory(const std::string& dir, std::vector<ScannedFile>* out) {
     if (f.stat.path.empty() || f.stat.path.size() > index::kMaxPathBytes) continue;
     out->push_back(std::move(f));
   }
-  if (ec) return Status::IOError(dir + ": " + ec.message());
   std::sort(out->begin(), out->end(), [](const ScannedFile& a, const ScannedFile& b) { return a.stat.path < b.stat.path; });
   return Status::OK();
 }
@@ -207,7 +213,9 @@ struct Refresh {
 
   Status Run() {
     std::vector<ScannedFile> files;
-    Status st = ScanDirectory(dir, &files);
+    uint64_t unreadable_dirs = 0;
+    std::string first_unreadable_dir;
+    Status st = ScanDirectory(dir, &files, &unreadable_dirs, &first_unreadable_dir);
     if (!st.ok()) return st;
     report->files = files.size();
     uint64_t digest = DirectoryDigest(files);
@@ -291,6 +299,8 @@ struct Refresh {
       pending_tokens = 0;
       return Status::OK();
     };
+    report->skipped += unreadable_dirs;
+    if (unreadable_dirs > 0 && report->first_skipped.empty()) report->first_skipped = first_unreadable_dir;
     for (const ScannedFile& f : files) {
       if (f.indexed) continue;
       PrefixEntry e;

@@ -37,6 +37,22 @@ void ChecksumStream::Reset() { XXH3_64bits_reset(state_); }
 void ChecksumStream::Update(const uint8_t* data, size_t n) { XXH3_64bits_update(state_, data, n); }
 uint64_t ChecksumStream::Digest() const { return XXH3_64bits_digest(state_); }
 
+std::string NameSetConflict(std::vector<std::string_view> names) {
+  // '/' ranks below every other byte (NUL is not in a name).
+  auto rank = [](char c) { return c == '/' ? 0 : static_cast<unsigned char>(c); };
+  std::sort(names.begin(), names.end(), [&](std::string_view a, std::string_view b) {
+    return std::lexicographical_compare(a.begin(), a.end(), b.begin(), b.end(),
+                                        [&](char x, char y) { return rank(x) < rank(y); });
+  });
+  for (size_t i = 1; i < names.size(); ++i) {
+    std::string_view a = names[i - 1], b = names[i];
+    if (a == b) return "two members are named '" + std::string(a) + "'";
+    if (b.size() > a.size() && b.starts_with(a) && b[a.size()] == '/')
+      return "member '" + std::string(a) + "' is a file and also the directory of member '" + std::string(b) + "'";
+  }
+  return "";
+}
+
 void EncodeModel(const PackModel& m, uint8_t* out) {
   std::memset(out, 0, kModelEntryBytes);
   StoreU64(out + me::kFingerprint, m.identity.fingerprint);

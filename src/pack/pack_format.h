@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kvfile/pack.h"
@@ -88,6 +89,7 @@ inline constexpr size_t kReserved = 48;      // u8[16], zero
 
 // ---- Limits ----
 inline constexpr size_t kMaxNameBytes = 4096;
+inline constexpr size_t kMaxNameComponentBytes = 255;  // NAME_MAX: each component must be creatable
 inline constexpr uint64_t kMaxChunkPayload = uint64_t{1} << 30;
 inline constexpr uint32_t kMaxChunkTokens = 65536;
 inline constexpr uint64_t kMaxEntries = uint64_t{1} << 32;  // chunk ids and member counts are < 2^32
@@ -111,6 +113,14 @@ class ChecksumStream {
  private:
   XXH3_state_s* state_;
 };
+
+// spec/PACK.md section 5, the name set: "" when every member can be
+// written under one directory, else what stops it, naming the members: no
+// name may be a leading directory of another ("a.kv" and "a.kv/b.kv"), and
+// no two may be equal. O(n log n): the names are sorted with '/' before
+// every other byte, which puts each name straight before the names it is a
+// directory of, and neighbours are compared.
+std::string NameSetConflict(std::vector<std::string_view> names);
 
 void EncodeModel(const PackModel& m, uint8_t* out);  // kModelEntryBytes
 // Checks every rule of spec/PACK.md section 3; messages name the entry.

@@ -72,6 +72,7 @@ struct KVFILE_NO_EXPORT PackReader::Impl {
                            std::span<const uint32_t> ids, uint32_t ct, Writer& w);
   Status ParseTables(const uint8_t* h);
   Status CheckTiling() const;
+  Status CheckNameSet() const;
 };
 
 PackReader::PackReader(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -246,7 +247,17 @@ Status PackReader::Impl::ParseTables(const uint8_t* h) {
       return Damage(where + "record lies outside the data region");
   }
   if (name_at != names_bytes) return Damage("names region holds bytes no member uses");
+  KVFILE_RETURN_IF_ERROR(CheckNameSet());
   return CheckTiling();
+}
+
+// spec/PACK.md section 5: every member can be unpacked under one directory.
+Status PackReader::Impl::CheckNameSet() const {
+  std::vector<std::string_view> names;
+  names.reserve(members.size());
+  for (const PackMember& m : members) names.push_back(m.name);
+  std::string conflict = pack::NameSetConflict(std::move(names));
+  return conflict.empty() ? Status::OK() : Damage(conflict);
 }
 
 // Payloads and records must tile [128, data_end) exactly (spec/PACK.md 6).

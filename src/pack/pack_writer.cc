@@ -52,7 +52,7 @@ bool IsValidPackMemberName(std::string_view name) {
     size_t end = name.find('/', start);
     if (end == std::string_view::npos) end = name.size();
     std::string_view comp = name.substr(start, end - start);
-    if (comp.empty() || comp == "." || comp == "..") return false;
+    if (comp.empty() || comp == "." || comp == ".." || comp.size() > pack::kMaxNameComponentBytes) return false;
     start = end + 1;
   }
   return true;
@@ -276,7 +276,8 @@ Status PackWriter::AddMember(const std::string& name, Reader& r) {
   if (w.failed || w.finished) return Status::Failed(w.replace->target() + ": the pack writer failed or finished earlier");
   if (!IsValidPackMemberName(name))
     return Status::InvalidArgument(r.path() + ": member name '" + name +
-                                   "' is not a relative path (1..4096 bytes, no empty, '.' or '..' component)");
+                                   "' is not a relative path (1..4096 bytes, no empty, '.' or '..' component, "
+                                   "none over 255 bytes)");
   if (r.tail().committed_data_missing)
     return Status::Corruption(r.path() + ": the file ends inside its committed data; repair it before packing");
   if (w.members.size() >= pack::kMaxEntries - 1) return Status::InvalidArgument("too many members in one pack");
@@ -340,9 +341,11 @@ Status PackWriter::Finish() {
   if (w.failed || w.finished) return Status::Failed(dest + ": the pack writer failed or finished earlier");
   std::sort(w.members.begin(), w.members.end(),
             [](const PackMember& a, const PackMember& b) { return a.name < b.name; });
-  for (size_t i = 1; i < w.members.size(); ++i)
-    if (w.members[i].name == w.members[i - 1].name)
-      return Status::InvalidArgument(dest + ": two members are named '" + w.members[i].name + "'");
+  std::vector<std::string_view> member_names;
+  member_names.reserve(w.members.size());
+  for (const PackMember& m : w.members) member_names.push_back(m.name);
+  std::string conflict = pack::NameSetConflict(std::move(member_names));
+  if (!conflict.empty()) return Status::InvalidArgument(dest + ": " + conflict + "; not written");
   const uint64_t data_end = w.offset;
   std::vector<uint8_t> models(w.models.size() * pack::kModelEntryBytes);
   for (size_t i = 0; i < w.models.size(); ++i) pack::EncodeModel(w.models[i], models.data() + i * pack::kModelEntryBytes);

@@ -145,7 +145,6 @@ class KvfileChild {
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   }
   std::string err() const { return ReadFile(err_path_); }
-  pid_t pid() const { return pid_; }
 
  private:
   std::string err_path_;

@@ -547,13 +547,14 @@ int ConvertTree(const ConvertArgs& a, const Plan& p) {
   // What each file becomes: --to, else OUT's suffix (.safetensors), else
   // .kv (a tree of only .safetensors files is imported).
   std::vector<std::string> kv_files, st_files;
-  for (auto it = fs::recursive_directory_iterator(in_root, ec); !ec && it != fs::recursive_directory_iterator();
-       it.increment(ec)) {
-    if (!it->is_regular_file(ec)) continue;
-    if (it->path().extension() == ".kv") kv_files.push_back(it->path().string());
-    if (it->path().extension() == ".safetensors") st_files.push_back(it->path().string());
+  std::vector<WalkEntry> walked;
+  Status walk = WalkDirectory(a.in, {".kv", ".safetensors"}, &walked);
+  if (!walk.ok()) return ReportError(walk);
+  for (WalkEntry& w : walked) {
+    // An unreadable subdirectory is refused as an unreadable file is.
+    if (!w.error.ok()) return ReportError(w.error);
+    (w.path.ends_with(".kv") ? kv_files : st_files).push_back(std::move(w.path));
   }
-  if (ec) return ReportError(Status::IOError(a.in + ": " + ec.message()));
   Kind to = Kind::kKv;
   if (a.to) to = *a.to == "safetensors" ? Kind::kSafetensors : Kind::kKv;
   else if (out_root.extension() == ".safetensors") to = Kind::kSafetensors;

@@ -83,7 +83,7 @@ void Warn(const std::string& dir, const PrefixIndexReport& r) {
     line = (std::filesystem::path(dir) / kPrefixIndexName).string() + ": not updated (" + r.not_written +
            "); answered from a scan of the directory";
   if (r.skipped > 0) {
-    std::string left = std::to_string(r.skipped) + " unreadable .kv file(s) left out of the index" +
+    std::string left = std::to_string(r.skipped) + " unreadable .kv file(s) or directories left out of the index" +
                        (r.first_skipped.empty() ? "" : " (first: " + r.first_skipped + ")");
     line = line.empty() ? dir + ": " + left : line + "; " + left;
   }

@@ -43,11 +43,13 @@ Status ListInputs(const std::vector<std::string>& inputs, std::vector<std::pair<
     std::error_code ec;
     if (fs::is_directory(p, ec)) {
       std::vector<std::pair<std::string, std::string>> found;
-      for (auto it = fs::recursive_directory_iterator(p, ec); !ec && it != fs::recursive_directory_iterator();
-           it.increment(ec))
-        if (it->is_regular_file(ec) && it->path().extension() == ".kv")
-          found.emplace_back(fs::relative(it->path(), p, ec).generic_string(), it->path().string());
-      if (ec) return Status::IOError(p + ": " + ec.message());
+      std::vector<WalkEntry> walked;
+      KVFILE_RETURN_IF_ERROR(WalkDirectory(p, {".kv"}, &walked));
+      for (const WalkEntry& w : walked) {
+        // An unreadable subdirectory is refused as an unreadable file is.
+        if (!w.error.ok()) return w.error;
+        found.emplace_back(w.path.substr(p.back() == '/' ? p.size() : p.size() + 1), w.path);  // relative to p
+      }
       std::sort(found.begin(), found.end());
       out->insert(out->end(), found.begin(), found.end());
     } else if (fs::exists(p, ec)) {

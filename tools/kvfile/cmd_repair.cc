@@ -13,6 +13,7 @@
 #include "progress_fs.h"
 #include "signals.h"
 #include "kvfile/reader.h"
+#include "kvfile/replace.h"
 #include "kvfile/verify.h"
 #include "kvfile/writer.h"
 
@@ -44,15 +45,16 @@ int RunRepair(const RepairArgs& a) {
   if (!st.ok()) return ReportError(st);
   // A leftover of an interrupted v1 -> v2 upgrade: the original is whole.
   std::error_code ec;
-  if (std::filesystem::exists(a.path + ".kvupgrade", ec)) {
+  const std::string leftover = TempPathFor(a.path, ".kvupgrade");
+  if (std::filesystem::exists(leftover, ec)) {
     if (a.dry_run) {
-      std::printf("%s: would remove %s.kvupgrade, left by an interrupted upgrade\n", a.path.c_str(), a.path.c_str());
+      std::printf("%s: would remove %s, left by an interrupted upgrade\n", a.path.c_str(), leftover.c_str());
     } else {
       bool removed = false;
       st = RemoveLeftoverUpgradeFile(a.path, nullptr, &removed);
       if (!st.ok()) return ReportError(st);
       if (removed)
-        std::printf("%s: removed %s.kvupgrade, left by an interrupted upgrade\n", a.path.c_str(), a.path.c_str());
+        std::printf("%s: removed %s, left by an interrupted upgrade\n", a.path.c_str(), leftover.c_str());
     }
   }
   // Damage inside the committed data cannot be repaired without losing

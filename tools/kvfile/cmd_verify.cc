@@ -65,17 +65,22 @@ void VerifyPack(const std::string& path, FileResult* out) {
 }
 
 // Expands directories into the *.kv files under them, in natural order
-// (doc2 before doc10); a directory without any is a usage error.
-Status Expand(const std::vector<std::string>& paths, std::vector<std::string>* files, bool* directory) {
+// (doc2 before doc10); a directory without any is a usage error. A
+// subdirectory that cannot be read is listed too, its error in *unreadable:
+// it fails as an unreadable file does, and the others are still checked.
+Status Expand(const std::vector<std::string>& paths, std::vector<std::string>* files, bool* directory,
+              std::map<std::string, Status>* unreadable) {
   namespace fs = std::filesystem;
   for (const std::string& p : paths) {
     std::error_code ec;
-    if (fs::is_directory(p, ec)) {
+    if (p != "-" && fs::is_directory(p, ec)) {  // "-" is standard input, whatever is named "-" (./- is that)
+      std::vector<WalkEntry> walked;
+      KVFILE_RETURN_IF_ERROR(WalkDirectory(p, {".kv"}, &walked));
       std::vector<std::string> found;
-      for (auto it = fs::recursive_directory_iterator(p, ec); !ec && it != fs::recursive_directory_iterator();
-           it.increment(ec))
-        if (it->is_regular_file(ec) && it->path().extension() == ".kv") found.push_back(it->path().string());
-      if (ec) return Status::IOError(p + ": " + ec.message());
+      for (WalkEntry& w : walked) {
+        if (!w.error.ok()) unreadable->emplace(w.path, w.error);
+        found.push_back(std::move(w.path));
+      }
       if (found.empty()) return Status::InvalidArgument(p + ": no .kv files in this directory");
       NaturalSort(&found);
       *directory = true;
@@ -90,10 +95,11 @@ Status Expand(const std::vector<std::string>& paths, std::vector<std::string>* f
 int RunVerify(const VerifyArgs& a) {
   InstallSignalHandlers();
   if (!a.paths.empty()) SetCurrentPath(a.paths[0]);
-  if (a.paths.size() == 1 && IsPackFile(a.paths[0])) return RunPackVerify(a.paths[0], a.json);
+  if (a.paths.size() == 1 && a.paths[0] != "-" && IsPackFile(a.paths[0])) return RunPackVerify(a.paths[0], a.json);
   std::vector<std::string> files;
   bool directory = false;
-  Status st = Expand(a.paths, &files, &directory);
+  std::map<std::string, Status> unreadable;  // subdirectories a walk could not read
+  Status st = Expand(a.paths, &files, &directory, &unreadable);
   if (!st.ok()) {
     if (!a.json) return ReportError(st);
     nlohmann::ordered_json failed = nlohmann::json::array();
@@ -113,7 +119,8 @@ int RunVerify(const VerifyArgs& a) {
   std::vector<std::string> opened_paths(files.size());
   std::vector<Status> resolved(files.size());
   for (size_t i = 0; i < files.size(); ++i)
-    if (files[i] != "-") resolved[i] = members.Resolve(files[i], &opened_paths[i]);
+    if (auto u = unreadable.find(files[i]); u != unreadable.end()) resolved[i] = u->second;
+    else if (files[i] != "-") resolved[i] = members.Resolve(files[i], &opened_paths[i]);
   std::map<std::string, size_t> index_of;
   for (size_t i = 0; i < files.size(); ++i) index_of.emplace(files[i], i);
   auto opened = [&](const std::string& f) { return f == "-" ? stdin_path : opened_paths[index_of.at(f)]; };

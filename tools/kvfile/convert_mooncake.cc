@@ -74,10 +74,12 @@ struct TempDir {
   }
 };
 
-// `name` is "<base>.kvtmp-<pid>" or "<base>.kvold-<pid>": *old says which.
+// `name` is "<base>.kvtmp-<pid>" or "<base>.kvold-<pid>" (<base>: OUT's
+// name or, where that is too long, its TempStem): *old says which.
 bool IsTempOf(const std::string& base, const std::string& name, long* pid, bool* old) {
   for (const char* tag : {".kvtmp-", ".kvold-"}) {
     std::string prefix = base + tag;
+    if (!name.starts_with(prefix)) prefix = TempStem(base) + tag;
     if (!name.starts_with(prefix) || name.size() == prefix.size() || name.size() - prefix.size() > 9) continue;
     std::string digits = name.substr(prefix.size());
     if (digits.find_first_not_of("0123456789") != std::string::npos) return false;
@@ -471,7 +473,7 @@ int ExportMooncake(const SeedConvertArgs& a) {
   }
   st = VerifyBeforeConvert(a.in);
   if (!st.ok()) return ReportError(st);
-  TempDir tmp{out.string() + ".kvtmp-" + std::to_string(getpid())};
+  TempDir tmp{TempPathFor(out.string(), ".kvtmp-" + std::to_string(getpid()))};
   RemoveTree(tmp.path);
   if (!fs::create_directory(tmp.path, ec)) return ReportError(Status::IOError(tmp.path + ": " + ec.message()));
   std::string line, note;
@@ -495,7 +497,7 @@ int ExportMooncake(const SeedConvertArgs& a) {
   } else {
     std::string old;
     if (exists) {
-      old = out.string() + ".kvold-" + std::to_string(getpid());
+      old = TempPathFor(out.string(), ".kvold-" + std::to_string(getpid()));
       RemoveTree(old);
       fs::rename(out, old, ec);
       if (ec) return ReportError(Status::IOError(a.out + ": cannot move the old directory aside: " + ec.message()));

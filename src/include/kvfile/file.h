@@ -125,4 +125,20 @@ class KVFILE_EXPORT FileSystem {
 // The directory part of a path ("." for a bare name).
 KVFILE_EXPORT std::string DirName(const std::string& path);
 
+// One result of WalkDirectory: a file found, or a subdirectory that could
+// not be read (error says why and names it).
+struct WalkEntry {
+  std::string path;  // the directory as given, then the path under it
+  Status error;      // ok: a file; else an unreadable subdirectory
+};
+
+// The walk every directory-taking verb and the prefix index use
+// (docs/cli.md, "Directories"): the regular files under `dir` (symlinks to
+// files followed, symlinks to directories not entered) whose names end in
+// one of `suffixes`, and every subdirectory that cannot be opened or read,
+// as an entry with its error, in no particular order. A subdirectory that
+// cannot be read never stops the walk; only `dir` itself failing does.
+KVFILE_EXPORT Status WalkDirectory(const std::string& dir, const std::vector<std::string>& suffixes,
+                                   std::vector<WalkEntry>* out);
+
 }  // namespace kvfile

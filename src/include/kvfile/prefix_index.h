@@ -74,7 +74,8 @@ class KVFILE_EXPORT PrefixIndex {
   uint64_t entry_count() const;
   // The digest of the directory the index was built from (spec/INDEX.md 5).
   uint64_t directory_digest() const;
-  // .kv files of the directory left out because they could not be read.
+  // .kv files and subdirectories of the directory left out because they
+  // could not be read.
   uint64_t skipped() const;
   // The longest match for `query` (restricted to `fingerprint` when set);
   // *out = std::nullopt when no entry shares the first token.
@@ -120,7 +121,7 @@ struct PrefixIndexReport {
   uint64_t indexed = 0;    // entries of the index used
   uint64_t reread = 0;     // files read because they were new or changed
   uint64_t kept = 0;       // entries taken over from the old index
-  uint64_t skipped = 0;    // .kv files that could not be read (left out)
+  uint64_t skipped = 0;    // .kv files and subdirectories that could not be read (left out)
   std::string first_skipped;  // "PATH: why" of the first of them
   bool was_fresh = false;     // the index on disk matched the directory
   bool rebuilt = false;       // an index was there but damaged: rebuilt from the files

@@ -22,6 +22,23 @@
 
 namespace kvfile {
 
+// Temporary names (spec/RECOVERY.md section 9, "Temporary names"). Every temporary
+// file or directory kvfile makes next to a destination is named by the
+// destination's base name followed by a suffix of at most
+// kMaxTempSuffixBytes (".kvnew", ".kvupgrade", ".kvtmp-<pid>-<n>", ...),
+// and must fit a file name's 255 bytes whatever the destination's length.
+inline constexpr size_t kMaxTempSuffixBytes = 48;
+// The base name temporary names of `base_name` start with when the whole
+// name does not fit: `base_name` itself if it leaves kMaxTempSuffixBytes of
+// the 255, else its first 190 bytes (cut back to a UTF-8 character
+// boundary), "~" and 16 hex digits of XXH3-64 of the whole name. A
+// PendingReplace's temporary file always starts with it.
+KVFILE_EXPORT std::string TempStem(const std::string& base_name);
+// `path` with `suffix` (at most kMaxTempSuffixBytes) appended to its base
+// name where that fits in 255 bytes, else TempStem(base name) + suffix; in
+// `path`'s directory. The one rule for every other temporary name.
+KVFILE_EXPORT std::string TempPathFor(const std::string& path, const std::string& suffix);
+
 class KVFILE_EXPORT PendingReplace {
  public:
   // Prepares the replacement of `dest` (fs: nullptr for the default).
