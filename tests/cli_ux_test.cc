@@ -331,6 +331,41 @@ TEST_F(CliUxTest, ErrorLinesAreShort) {
   EXPECT_GT(failures, 50u);
 }
 
+// Issue 33 item 1: PACK:MEMBER in a verb that writes FILE is refused (a
+// pack is never changed in place), with the command that makes a writable
+// copy; no file of that name is created to shadow the member, the pack is
+// unchanged. synth --check reads the member as info does.
+TEST_F(CliUxTest, PackMemberIsRefusedByTheWritingVerbs) {
+  fs::create_directories(P("d"));
+  Synth("d/doc1.kv", 100, 1);
+  Synth("d/doc2.kv", 50, 2);
+  ASSERT_EQ(Here("pack d -o c.kvpack").exit_code, 0);
+  ASSERT_EQ(Here("convert d/doc1.kv t.safetensors").exit_code, 0);
+  const std::string pack = ReadFile(P("c.kvpack"));
+  const std::string refused =
+      "kvfile: error: c.kvpack:doc1.kv: a pack member cannot be written in place; write a copy with: "
+      "kvfile unpack c.kvpack -o DIR doc1.kv\n";
+  for (const char* args : {"append c.kvpack:doc1.kv t.safetensors", "synth c.kvpack:doc1.kv --preset tiny",
+                           "synth c.kvpack:doc1.kv --preset tiny --force", "rewind c.kvpack:doc1.kv --to 3",
+                           "repair c.kvpack:doc1.kv", "repair --dry-run c.kvpack:doc1.kv",
+                           "convert t.safetensors c.kvpack:doc1.kv", "convert d/doc2.kv c.kvpack:doc1.kv --force"}) {
+    SCOPED_TRACE(args);
+    CliRun r = Here(args);
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_EQ(r.err, refused);
+    EXPECT_EQ(r.out, "");
+    EXPECT_FALSE(fs::exists(P("c.kvpack:doc1.kv")));
+    EXPECT_EQ(ReadFile(P("c.kvpack")), pack);
+  }
+  CliRun r = Here("synth --check c.kvpack:doc2.kv");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "c.kvpack:doc2.kv: ok, all 50 tokens match the synthetic data of seed 2\n");
+  EXPECT_EQ(r.err, "");
+  r = Here("info --json c.kvpack:doc1.kv");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["tokens"], 100) << "the member, not a stray file";
+}
+
 TEST_F(CliUxTest, ManPageAndCompletionsListEveryVerb) {
   CliRun man = Kvfile("manpage");
   ASSERT_EQ(man.exit_code, 0);

@@ -15,6 +15,7 @@
 #include "kvfile/safetensors.h"
 #include "kvfile/replace.h"
 #include "cli_common.h"
+#include "pack_member.h"
 #include "progress.h"
 #include "progress_fs.h"
 #include "signals.h"
@@ -103,8 +104,10 @@ int RunAppend(const AppendArgs& a) {
   // The upgrade of a v1 FILE writes fp8 only: --dtype nvfp4 leaves it e4m3.
   Dtype upgrade = a.upgrade_dtype ? (*a.upgrade_dtype == "e5m2" ? Dtype::kE5M2 : Dtype::kE4M3)
                                   : dtype && IsFp8(*dtype) ? *dtype : Dtype::kE4M3;
+  Status st = RefusePackMemberTarget(a.path);
+  if (!st.ok()) return ReportError(st);
   std::unique_ptr<SafetensorsFile> in;
-  Status st = SafetensorsFile::Open(a.input, nullptr, &in);
+  st = SafetensorsFile::Open(a.input, nullptr, &in);
   if (!st.ok()) return ReportError(st);
   KvTensors kv;
   st = safetensors::DescribeKv(in->header(), &kv);

@@ -637,6 +637,7 @@ int ConvertTree(const ConvertArgs& a, const Plan& p) {
 int RunConvert(const ConvertArgs& a) {
   InstallSignalHandlers();
   SetCurrentPath(a.out);
+  if (Status st = RefusePackMemberTarget(a.out); !st.ok()) return ReportError(st);
   Plan p;
   p.major = a.format == "v1" ? 1 : 2;
   bool to_llama = a.format.starts_with("llama-");

@@ -9,6 +9,7 @@
 
 #include "cli_common.h"
 #include "damage_advice.h"
+#include "pack_member.h"
 #include "progress.h"
 #include "progress_fs.h"
 #include "signals.h"
@@ -29,6 +30,7 @@ struct RepairArgs {
 int RunRepair(const RepairArgs& a) {
   InstallSignalHandlers();
   SetCurrentPath(a.path);
+  if (Status st = RefusePackMemberTarget(a.path); !st.ok()) return ReportError(st);
   VerifyReport rep;
   // The check reads the whole file: its bar counts the bytes read.
   std::error_code size_ec;

@@ -7,6 +7,7 @@
 
 #include "cli_common.h"
 #include "damage_advice.h"
+#include "pack_member.h"
 #include "progress.h"
 #include "progress_fs.h"
 #include "signals.h"
@@ -35,6 +36,7 @@ int RunRewind(const RewindArgs& a) {
   // writable open, which would already repair a torn tail.
   uint64_t have = 0;
   std::string old_format;  // a v1 file: its format and dtypes, for the upgrade line
+  if (Status st = RefusePackMemberTarget(a.path); !st.ok()) return ReportError(st);
   {
     std::unique_ptr<Reader> r;
     Status st = Reader::Open(a.path, {}, &r);

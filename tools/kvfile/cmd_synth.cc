@@ -11,6 +11,7 @@
 #include "kvfile/presets.h"
 #include "kvfile/reader.h"
 #include "kvfile/writer.h"
+#include "pack_member.h"
 #include "progress.h"
 #include "signals.h"
 #include "synth_data.h"
@@ -54,7 +55,8 @@ int RunSynth(const SynthArgs& a) {
   SetCurrentPath(a.path);
   Dtype quantized = a.dtype == "e5m2" ? Dtype::kE5M2 : a.dtype == "nvfp4" ? Dtype::kNvfp4 : Dtype::kE4M3;
   Geometry g;
-  Status st = GetPreset(a.preset, quantized, &g);
+  Status st = RefusePackMemberTarget(a.path);
+  if (st.ok()) st = GetPreset(a.preset, quantized, &g);
   if (!st.ok()) return ReportError(st);
   // The session is written under a temporary name and replaces FILE only
   // when complete: a failure leaves FILE as it was (or absent).
@@ -105,9 +107,14 @@ int RunSynth(const SynthArgs& a) {
 // stored code and scale (raw streams: every stored element) with it.
 int RunCheck(const SynthArgs& a) {
   SetCurrentPath(a.path);
-  std::unique_ptr<Reader> r;
-  Status st = Reader::Open(a.path, {}, &r);
+  // PACK:MEMBER: the member, materialised and checked first (pack_member.h).
+  PackMemberInputs members;
+  std::string opened;
+  Status st = members.Resolve(a.path, &opened);
   if (!st.ok()) return ReportError(st);
+  std::unique_ptr<Reader> r;
+  st = Reader::Open(opened, {}, &r);
+  if (!st.ok()) return ReportError(members.Name(st));
   const Geometry& g = r->geometry();
   uint64_t seed = r->identity().fingerprint;  // synth stores its seed here
   uint64_t total = r->token_count();
@@ -148,7 +155,7 @@ int RunCheck(const SynthArgs& a) {
                                    want_codes.data() + n * width / 2, want_scales.data(), &bad);
           st = r->ReadCodes(l, s, first, first + n, have_codes.data(), have_codes.data() + n * width / 2,
                             have_scales.data());
-          if (!st.ok()) return ReportError(st);
+          if (!st.ok()) return ReportError(members.Name(st));
           if (want_codes != have_codes)
             return ReportError(Status::Corruption(where + ": stored codes differ from the regenerated data"));
           if (std::memcmp(want_scales.data(), have_scales.data(), n * 4) != 0)
@@ -162,7 +169,7 @@ int RunCheck(const SynthArgs& a) {
           codec::QuantizeRows(spec.dtype, Dtype::kBF16, in.data(), rows, spec.row_width,
                               want_codes.data(), want_scales.data(), &bad);
           st = r->ReadCodes(l, s, first, first + n, have_codes.data(), have_scales.data());
-          if (!st.ok()) return ReportError(st);
+          if (!st.ok()) return ReportError(members.Name(st));
           if (std::memcmp(want_codes.data(), have_codes.data(), elems) != 0)
             return ReportError(Status::Corruption(where + ": stored codes differ from the regenerated data"));
           if (std::memcmp(want_scales.data(), have_scales.data(), rows * 4) != 0)
@@ -172,7 +179,7 @@ int RunCheck(const SynthArgs& a) {
           have_raw.resize(want_raw.size());
           codec::ConvertRaw(Dtype::kBF16, in.data(), elems, spec.dtype, want_raw.data());
           st = r->ReadRows(l, s, first, first + n, spec.dtype, have_raw.data());
-          if (!st.ok()) return ReportError(st);
+          if (!st.ok()) return ReportError(members.Name(st));
           if (want_raw != have_raw)
             return ReportError(Status::Corruption(where + ": stored rows differ from the regenerated data"));
         }
