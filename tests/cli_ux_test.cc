@@ -395,6 +395,67 @@ TEST_F(CliUxTest, SynthCheckComparesTheGeometryWithThePreset) {
             "is nothing to check against\n");
 }
 
+// Issue 33 item 6: a mistyped flag is named as typed, with the nearest flag
+// of that verb and that verb's help (CLI11 listed the extras reversed and
+// pointed at the top-level help).
+TEST_F(CliUxTest, UnknownFlagSuggestsTheNearestOfTheVerb) {
+  Synth("s.kv", 10, 1);
+  auto expect = [&](const std::string& args, const std::string& line) {
+    SCOPED_TRACE(args);
+    CliRun r = Here(args);
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_EQ(r.err, "kvfile: error: " + line + "\n");
+    EXPECT_EQ(r.out, "");
+  };
+  expect("info s.kv --jsn", "info: unknown flag '--jsn'; did you mean '--json'? (see kvfile info --help)");
+  expect("-q info --jsn=1 s.kv", "info: unknown flag '--jsn'; did you mean '--json'? (see kvfile info --help)");
+  expect("synth x.kv --tokns 5", "synth: unknown flag '--tokns'; did you mean '--tokens'? (see kvfile synth --help)");
+  expect("verify s.kv --erors-only --jsn",
+         "verify: unknown flag '--erors-only'; did you mean '--errors-only'? (see kvfile verify --help)");
+  expect("rewind s.kv --to 3 --chunk-tokens 4", "rewind: unknown flag '--chunk-tokens' (see kvfile rewind --help)");
+  expect("info s.kv -z", "info: unknown flag '-z' (see kvfile info --help)");
+  expect("synth a.kv b.kv c.kv", "synth: unexpected arguments 'b.kv' 'c.kv' (see kvfile synth --help)");
+  expect("rewind s.kv --to x", "--to: must be an integer, not 'x' (see kvfile rewind --help)");
+  EXPECT_FALSE(fs::exists(P("x.kv")));
+  EXPECT_FALSE(fs::exists(P("a.kv")));
+}
+
+// Issue 33 item 6: synth --check refuses the flags that choose what synth
+// writes (they were ignored: --tokens 5 checked all 10 tokens and said ok).
+TEST_F(CliUxTest, SynthCheckRefusesTheFlagsOfWriting) {
+  Synth("s.kv", 10, 1);
+  for (const char* flag : {"--tokens 5", "--seed 3", "--preset tiny", "--dtype e5m2", "--chunk-tokens 4", "--force",
+                           "--prefix-tokens 2", "--prefix-seed 2"}) {
+    SCOPED_TRACE(flag);
+    CliRun r = Here(std::string("synth --check s.kv ") + flag);
+    EXPECT_EQ(r.exit_code, 2);
+    std::string name = std::string(flag).substr(0, std::string(flag).find(' '));
+    EXPECT_EQ(r.err, "kvfile: error: " + name +
+                         " does not apply to synth --check (it reads the preset, seed and tokens from FILE)\n");
+    EXPECT_EQ(r.out, "");
+  }
+  CliRun r = Here("synth --check s.kv -q");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+}
+
+// Issue 33 item 6: a file that is no safetensors file is named so (its
+// first 8 bytes were read as a header length: "header length
+// 8031924123371070824 exceeds the limit"); nothing is created.
+TEST_F(CliUxTest, AppendOfATextFileSaysItIsNoSafetensorsFile) {
+  std::ofstream(P("notes.txt")) << "hello world this is text\n";
+  std::ofstream(P("notes.safetensors")) << "hello world this is text\n";
+  for (const std::string& in : {std::string("notes.txt"), std::string("notes.safetensors")}) {
+    for (const std::string& args : {"append new.kv " + in, std::string("convert notes.safetensors new.kv")}) {
+      if (args.starts_with("convert") && in != "notes.safetensors") continue;
+      SCOPED_TRACE(args);
+      CliRun r = Here(args);
+      EXPECT_EQ(r.exit_code, 1);
+      EXPECT_EQ(r.err, "kvfile: error: " + in + ": not a safetensors file (no JSON header after the 8-byte header length)\n");
+      EXPECT_FALSE(fs::exists(P("new.kv")));
+    }
+  }
+}
+
 TEST_F(CliUxTest, ManPageAndCompletionsListEveryVerb) {
   CliRun man = Kvfile("manpage");
   ASSERT_EQ(man.exit_code, 0);

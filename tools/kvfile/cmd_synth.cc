@@ -249,7 +249,19 @@ void RegisterSynth(CLI::App& app, int* exit_code) {
   cmd->add_option("--chunk-tokens", args->chunk_tokens, "tokens per chunk")->check(Count(1, 65536))->capture_default_str();
   cmd->add_flag("--check", args->check, "regenerate the data and compare every stored code and scale");
   cmd->add_flag("--force", args->force, "replace FILE if it exists");
-  cmd->callback([args, exit_code] { *exit_code = args->check ? RunCheck(*args) : RunSynth(*args); });
+  cmd->callback([args, exit_code, cmd] {
+    if (args->check) {
+      // --check reads the preset, seed and token count from FILE: a flag
+      // that chooses them, or --force, would be silently ignored.
+      for (const CLI::Option* o : cmd->get_options())
+        if (o->count() > 0 && o->get_name() != "FILE" && o->get_name() != "--check" && o->get_name() != "--help") {
+          *exit_code = UsageError(o->get_name() + " does not apply to synth --check (it reads the preset, seed and "
+                                  "tokens from FILE)");
+          return;
+        }
+    }
+    *exit_code = args->check ? RunCheck(*args) : RunSynth(*args);
+  });
 }
 
 }  // namespace kvfile::cli
