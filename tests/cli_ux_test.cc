@@ -456,6 +456,34 @@ TEST_F(CliUxTest, AppendOfATextFileSaysItIsNoSafetensorsFile) {
   }
 }
 
+// Issue 33 item 6: a safetensors input without kvfile.model and
+// kvfile.fingerprint matches any file of its geometry; the append says so
+// (it was silent), and --model or the metadata silence the note.
+TEST_F(CliUxTest, AppendOfAnInputWithoutIdentitySaysSo) {
+  Synth("a.kv", 20, 1);
+  ASSERT_EQ(Here("convert a.kv t.safetensors").exit_code, 0);
+  std::string st = ReadFile(P("t.safetensors"));
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = n << 8 | static_cast<unsigned char>(st[static_cast<size_t>(i)]);
+  auto header = nlohmann::json::parse(st.substr(8, n));
+  ASSERT_TRUE(header.erase("__metadata__"));
+  std::string h = header.dump();
+  std::string len(8, '\0');
+  for (size_t i = 0; i < 8; ++i) len[i] = static_cast<char>(h.size() >> (8 * i) & 0xff);
+  std::ofstream(P("anon.safetensors"), std::ios::binary) << len << h << st.substr(8 + n);
+  CliRun r = Here("append a.kv anon.safetensors");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.err, "kvfile: note: a.kv: anon.safetensors names no model (no kvfile.model or kvfile.fingerprint "
+                   "metadata, no --model): appended to model 'synthetic/tiny' on its geometry alone\n");
+  EXPECT_EQ(r.out, "a.kv: appended 20 tokens from anon.safetensors (40 in total)\n");
+  r = Here("append a.kv anon.safetensors --model synthetic/tiny");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.err, "");
+  r = Here("append a.kv t.safetensors");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.err, "");
+}
+
 TEST_F(CliUxTest, ManPageAndCompletionsListEveryVerb) {
   CliRun man = Kvfile("manpage");
   ASSERT_EQ(man.exit_code, 0);
