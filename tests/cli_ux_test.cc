@@ -484,6 +484,32 @@ TEST_F(CliUxTest, AppendOfAnInputWithoutIdentitySaysSo) {
   EXPECT_EQ(r.err, "");
 }
 
+// Issue 33 item 6: rewind keeps only whole tokens; a damaged chunk below
+// --to is refused with the rewind that keeps what is intact (it was kept
+// without a word). Above --to it is dropped as before.
+TEST_F(CliUxTest, RewindRefusesToKeepADamagedChunk) {
+  Synth("a.kv", 300, 5, 64);
+  auto j = nlohmann::json::parse(Kvfile("dump --chunks --json " + P("a.kv")).out);
+  uint64_t third = j["chunks"][2]["offset"].get<uint64_t>();
+  ASSERT_EQ(j["chunks"][2]["first_token"], 128);
+  FlipBit(P("a.kv"), static_cast<std::streamoff>(third + 3000), 3);
+  const std::string damaged = ReadFile(P("a.kv"));
+  for (const char* to : {"129", "200", "300"}) {
+    SCOPED_TRACE(to);
+    CliRun r = Here(std::string("rewind a.kv --to ") + to);
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_EQ(r.err, "kvfile: error: a.kv: chunk 2 at offset " + std::to_string(third) +
+                         " is damaged (kvfile verify a.kv says how); not rewound; tokens 0-127 are intact; keep them: "
+                         "kvfile rewind a.kv --to 128\n");
+    EXPECT_EQ(r.out, "");
+    EXPECT_EQ(ReadFile(P("a.kv")), damaged);
+  }
+  CliRun r = Here("rewind a.kv --to 128");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "a.kv: kept 128 tokens, dropped 172\n");
+  EXPECT_EQ(Here("verify a.kv").exit_code, 0);
+}
+
 TEST_F(CliUxTest, ManPageAndCompletionsListEveryVerb) {
   CliRun man = Kvfile("manpage");
   ASSERT_EQ(man.exit_code, 0);
