@@ -111,7 +111,7 @@ TEST_F(CliTest, ExistingOutputNeedsForce) {
   std::string before = ReadFile(P("a.kv"));
   CliRun again = Kvfile("synth " + P("a.kv") + " --preset tiny --tokens 9 --seed 2");
   EXPECT_EQ(again.exit_code, 2);
-  EXPECT_EQ(again.err, "kvfile: error: " + P("a.kv") + ": file exists\n");
+  EXPECT_EQ(again.err, "kvfile: error: " + P("a.kv") + ": file exists; use --force to replace it\n");
   EXPECT_EQ(ReadFile(P("a.kv")), before);
   CliRun forced = Kvfile("synth " + P("a.kv") + " --preset tiny --tokens 9 --seed 2 --force");
   EXPECT_EQ(forced.exit_code, 0) << forced.err;

@@ -510,6 +510,75 @@ TEST_F(CliUxTest, RewindRefusesToKeepADamagedChunk) {
   EXPECT_EQ(Here("verify a.kv").exit_code, 0);
 }
 
+// Issue 33 item 5: one form for one thing. The fingerprint is a hex string
+// in ls --json as in info, dump and find (ls gave a number); index --json
+// says up to date where the text does; synth's "file exists" names --force
+// as convert, pack and unpack do.
+TEST_F(CliUxTest, OneFormForOneThing) {
+  fs::create_directories(P("d"));
+  Synth("d/a.kv", 20, 7);
+  ASSERT_EQ(Here("pack d -o c.kvpack").exit_code, 0);
+  auto ls = nlohmann::json::parse(Here("ls c.kvpack --json").out);
+  EXPECT_EQ(ls["members"][0]["fingerprint"], "0000000000000007");
+  EXPECT_EQ(nlohmann::json::parse(Here("info --json d/a.kv").out)["fingerprint"], ls["members"][0]["fingerprint"]);
+
+  auto first = nlohmann::json::parse(Here("index d --json").out);
+  EXPECT_EQ(first["up_to_date"], false);
+  EXPECT_EQ(first["written"], true);
+  EXPECT_EQ(first["rebuilt"], false);
+  CliRun r = Here("index d");
+  EXPECT_EQ(r.out, "d/.kvfile-index: up to date (1 files)\n");
+  auto again = nlohmann::json::parse(Here("index d --json").out);
+  EXPECT_EQ(again["up_to_date"], true);
+  EXPECT_EQ(again["written"], false);
+  EXPECT_EQ(again["indexed"], 1);
+
+  const std::string before = ReadFile(P("d/a.kv"));
+  r = Here("synth d/a.kv --preset tiny --tokens 5");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err, "kvfile: error: d/a.kv: file exists; use --force to replace it\n");
+  EXPECT_EQ(ReadFile(P("d/a.kv")), before);
+}
+
+// Issue 33 item 5: repair --dry-run names every step repair then takes:
+// the upgrade of a v1 file and, with --force on a file cut inside its
+// committed data, the recommit of the prefix (both were left out).
+TEST_F(CliUxTest, RepairDryRunNamesEveryStep) {
+  Synth("a.kv", 50, 1, 16);
+  ASSERT_EQ(Here("convert a.kv v1.kv --format v1").exit_code, 0);
+  std::ofstream(P("v1.kv"), std::ios::app | std::ios::binary) << std::string(100, 'x');  // a torn tail
+  const std::string v1 = ReadFile(P("v1.kv"));
+  const uint64_t v1_end = v1.size() - 100;
+  CliRun r = Here("repair --dry-run v1.kv");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  std::vector<std::string> lines = SplitLines(r.out);
+  ASSERT_EQ(lines.size(), 2u) << r.out;
+  EXPECT_EQ(lines[0], "v1.kv: would be upgraded from format 1.0 (k bf16, v bf16) to format 2 (k e4m3, v e4m3)");
+  EXPECT_TRUE(lines[1].starts_with("v1.kv: would cut 100 bytes at offset " + std::to_string(v1_end) + " ("))
+      << lines[1];
+  EXPECT_EQ(r.err, "");
+  EXPECT_EQ(ReadFile(P("v1.kv")), v1);
+  r = Here("repair v1.kv");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.err, "kvfile: note: v1.kv: upgraded from format 1.0 (k bf16, v bf16) to format 2 (k e4m3, v e4m3)\n");
+
+  uint64_t prefix_end = 12288 + 2 * 4096;
+  fs::resize_file(P("a.kv"), prefix_end + 1000);
+  const std::string cut = ReadFile(P("a.kv"));
+  r = Here("repair --dry-run --force a.kv");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  lines = SplitLines(r.out);
+  ASSERT_EQ(lines.size(), 2u) << r.out;
+  EXPECT_TRUE(lines[0].starts_with("a.kv: would cut 1000 bytes at offset " + std::to_string(prefix_end))) << lines[0];
+  EXPECT_EQ(lines[1], "a.kv: would commit the 32 tokens before the cut; 18 committed tokens would be lost");
+  EXPECT_EQ(ReadFile(P("a.kv")), cut);
+  r = Here("repair --force a.kv");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("a.kv: committed the 32 tokens before the cut; 18 committed tokens were lost\n"),
+            std::string::npos)
+      << r.out;
+}
+
 TEST_F(CliUxTest, ManPageAndCompletionsListEveryVerb) {
   CliRun man = Kvfile("manpage");
   ASSERT_EQ(man.exit_code, 0);

@@ -63,7 +63,8 @@ int RunSynth(const SynthArgs& a) {
   std::unique_ptr<PendingReplace> replace;
   st = PendingReplace::Begin(a.path, nullptr, &replace);
   if (!st.ok()) return ReportError(st);
-  if (replace->original().exists && !a.force) return ReportError(Status::InvalidArgument(a.path + ": file exists"));
+  if (replace->original().exists && !a.force)
+    return ReportError(Status::InvalidArgument(a.path + ": file exists; use --force to replace it"));
   WriterOptions opt;
   opt.chunk_tokens = a.chunk_tokens;
   // With a shared prefix the fingerprint is the prefix's seed, so that
