@@ -464,8 +464,13 @@ Status SafetensorsFile::Open(const std::string& path, FileSystem* fs, std::uniqu
   if (size < 8)
     return Status::Corruption(path + ": file is " + std::to_string(size) +
                               " bytes, shorter than the 8-byte header length");
-  uint8_t len_bytes[8];
-  KVFILE_RETURN_IF_ERROR(f->file_->ReadAt(0, len_bytes, 8));
+  uint8_t len_bytes[9] = {};
+  KVFILE_RETURN_IF_ERROR(f->file_->ReadAt(0, len_bytes, size > 8 ? 9 : 8));
+  // The header is a JSON object: it begins with '{' (the safetensors
+  // format). Anything else is another kind of file, whatever its first 8
+  // bytes would give as a length.
+  if (size == 8 || len_bytes[8] != '{')
+    return Status::Corruption(path + ": not a safetensors file (no JSON header after the 8-byte header length)");
   uint64_t n = format::LoadU64(len_bytes);
   // Both limits are checked before anything is allocated for the header.
   if (n > kMaxHeaderBytes)

@@ -89,11 +89,13 @@ TEST_F(CliJsonTest, ValidJsonForEveryInput) {
       nlohmann::json j = RunJson(verb, path, &code);
       ASSERT_TRUE(j.is_object()) << verb;
       EXPECT_TRUE(j["path"].is_string()) << verb;
-      // A file cut inside its committed data opens as its whole chunks
-      // before the cut (verify above reports the loss).
+      // A file cut inside its committed data shows its whole chunks before
+      // the cut, and exits 1 for the loss (issue 33 item 6; it exited 0).
       if (tag == "good" || tag == "truncated") {
-        EXPECT_EQ(code, 0) << verb;
+        EXPECT_EQ(code, tag == "good" ? 0 : 1) << verb;
         EXPECT_FALSE(j.contains("error")) << verb;
+        const nlohmann::json& h = std::string(verb) == "info" ? j : j["header"];
+        EXPECT_EQ(h["committed_data_missing"], tag == "truncated") << verb;
       } else {
         EXPECT_EQ(code, 1) << verb;
         EXPECT_EQ(j["ok"], false) << verb;

@@ -111,7 +111,7 @@ TEST_F(CliTest, ExistingOutputNeedsForce) {
   std::string before = ReadFile(P("a.kv"));
   CliRun again = Kvfile("synth " + P("a.kv") + " --preset tiny --tokens 9 --seed 2");
   EXPECT_EQ(again.exit_code, 2);
-  EXPECT_EQ(again.err, "kvfile: error: " + P("a.kv") + ": file exists\n");
+  EXPECT_EQ(again.err, "kvfile: error: " + P("a.kv") + ": file exists; use --force to replace it\n");
   EXPECT_EQ(ReadFile(P("a.kv")), before);
   CliRun forced = Kvfile("synth " + P("a.kv") + " --preset tiny --tokens 9 --seed 2 --force");
   EXPECT_EQ(forced.exit_code, 0) << forced.err;
@@ -213,10 +213,23 @@ TEST_F(CliTest, RepairForceCutsAFileTruncatedInsideCommittedData) {
                             std::to_string(prefix_end + 1000)), std::string::npos) << verify.err;
   EXPECT_NE(verify.err.find("chunk 2 at offset " + std::to_string(prefix_end)), std::string::npos) << verify.err;
   EXPECT_NE(verify.err.find("18 committed tokens"), std::string::npos) << verify.err;
-  // info and dump open the readable prefix and say what is gone.
+  // info and dump show the readable prefix, say what is gone, and fail
+  // with the cut (exit 1; issue 33 item 6: they exited 0).
   const std::string gone = "the file ends inside its committed data: 2 chunk(s), 18 token(s), ";
+  const std::string cut_line = "kvfile: error: " + P("a.kv") + ": file truncated: committed data missing: the file "
+                               "ends at offset " + std::to_string(prefix_end + 1000) + " (chunk 2 at offset " +
+                               std::to_string(prefix_end) + "); 18 committed tokens gone; repair --force keeps the "
+                               "32 before it\n";
   CliRun info_text = Kvfile("info " + P("a.kv"));
-  EXPECT_EQ(info_text.exit_code, 0) << info_text.err;
+  EXPECT_EQ(info_text.exit_code, 1);
+  EXPECT_EQ(info_text.err, cut_line);
+  for (const std::string& args : std::vector<std::string>{"info --json ", "dump ", "dump --header --json ",
+                                                          "dump --tokens ", "dump --header " + P("a.kv") + " "}) {
+    CliRun r = Kvfile(args + P("a.kv"));
+    EXPECT_EQ(r.exit_code, 1) << args;
+    EXPECT_EQ(r.err, cut_line) << args;
+    EXPECT_NE(r.out, "") << args;
+  }
   EXPECT_NE(info_text.out.find("tokens:          32\n"), std::string::npos) << info_text.out;
   EXPECT_NE(info_text.out.find("missing data:    " + gone), std::string::npos) << info_text.out;
   auto cut_info = nlohmann::json::parse(Kvfile("info --json " + P("a.kv")).out);

@@ -357,6 +357,254 @@ TEST_F(CliUxTest, ErrorLinesAreShort) {
   EXPECT_GT(failures, 50u);
 }
 
+// Issue 33 item 1: PACK:MEMBER in a verb that writes FILE is refused (a
+// pack is never changed in place), with the command that makes a writable
+// copy; no file of that name is created to shadow the member, the pack is
+// unchanged. synth --check reads the member as info does.
+TEST_F(CliUxTest, PackMemberIsRefusedByTheWritingVerbs) {
+  fs::create_directories(P("d"));
+  Synth("d/doc1.kv", 100, 1);
+  Synth("d/doc2.kv", 50, 2);
+  ASSERT_EQ(Here("pack d -o c.kvpack").exit_code, 0);
+  ASSERT_EQ(Here("convert d/doc1.kv t.safetensors").exit_code, 0);
+  const std::string pack = ReadFile(P("c.kvpack"));
+  const std::string refused =
+      "kvfile: error: c.kvpack:doc1.kv: a pack member cannot be written in place; write a copy with: "
+      "kvfile unpack c.kvpack -o DIR doc1.kv\n";
+  for (const char* args : {"append c.kvpack:doc1.kv t.safetensors", "synth c.kvpack:doc1.kv --preset tiny",
+                           "synth c.kvpack:doc1.kv --preset tiny --force", "rewind c.kvpack:doc1.kv --to 3",
+                           "repair c.kvpack:doc1.kv", "repair --dry-run c.kvpack:doc1.kv",
+                           "convert t.safetensors c.kvpack:doc1.kv", "convert d/doc2.kv c.kvpack:doc1.kv --force"}) {
+    SCOPED_TRACE(args);
+    CliRun r = Here(args);
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_EQ(r.err, refused);
+    EXPECT_EQ(r.out, "");
+    EXPECT_FALSE(fs::exists(P("c.kvpack:doc1.kv")));
+    EXPECT_EQ(ReadFile(P("c.kvpack")), pack);
+  }
+  CliRun r = Here("synth --check c.kvpack:doc2.kv");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "c.kvpack:doc2.kv: ok, all 50 tokens match the synthetic data of seed 2\n");
+  EXPECT_EQ(r.err, "");
+  r = Here("info --json c.kvpack:doc1.kv");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["tokens"], 100) << "the member, not a stray file";
+}
+
+// Issue 33 item 2: synth --check compares the geometry with the preset the
+// model id names, not only the data of the streams the file still has: a
+// dsa-mixed session through a Mooncake round trip has lost its raw indexer
+// stream (it said "ok, all 32 tokens match").
+TEST_F(CliUxTest, SynthCheckComparesTheGeometryWithThePreset) {
+  ASSERT_EQ(Here("synth s.kv --preset dsa-mixed --tokens 32 --chunk-tokens 16").exit_code, 0);
+  ASSERT_EQ(Here("convert s.kv mc --format mooncake").exit_code, 0);
+  ASSERT_EQ(Here("convert mc back.kv").exit_code, 0);
+  const std::string back = ReadFile(P("back.kv"));
+  CliRun r = Here("synth --check back.kv");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err,
+            "kvfile: error: back.kv: not the geometry of preset dsa-mixed: stream count: file has 2, expected 3 "
+            "(61 layers; streams latent, rope, indexer)\n");
+  EXPECT_EQ(r.out, "");
+  EXPECT_EQ(ReadFile(P("back.kv")), back);
+  r = Here("synth --check s.kv");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  // A model id that names no preset: nothing to check against.
+  Synth("t.kv", 10, 1);
+  ASSERT_EQ(Here("convert t.kv t.safetensors").exit_code, 0);
+  ASSERT_EQ(Here("append u.kv t.safetensors --model other").exit_code, 0);
+  r = Here("synth --check u.kv");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err,
+            "kvfile: error: u.kv: model 'other' names no synth preset (synth writes 'synthetic/PRESET'), so there "
+            "is nothing to check against\n");
+}
+
+// Issue 33 item 6: a mistyped flag is named as typed, with the nearest flag
+// of that verb and that verb's help (CLI11 listed the extras reversed and
+// pointed at the top-level help).
+TEST_F(CliUxTest, UnknownFlagSuggestsTheNearestOfTheVerb) {
+  Synth("s.kv", 10, 1);
+  auto expect = [&](const std::string& args, const std::string& line) {
+    SCOPED_TRACE(args);
+    CliRun r = Here(args);
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_EQ(r.err, "kvfile: error: " + line + "\n");
+    EXPECT_EQ(r.out, "");
+  };
+  expect("info s.kv --jsn", "info: unknown flag '--jsn'; did you mean '--json'? (see kvfile info --help)");
+  expect("-q info --jsn=1 s.kv", "info: unknown flag '--jsn'; did you mean '--json'? (see kvfile info --help)");
+  expect("synth x.kv --tokns 5", "synth: unknown flag '--tokns'; did you mean '--tokens'? (see kvfile synth --help)");
+  expect("verify s.kv --erors-only --jsn",
+         "verify: unknown flag '--erors-only'; did you mean '--errors-only'? (see kvfile verify --help)");
+  expect("rewind s.kv --to 3 --chunk-tokens 4", "rewind: unknown flag '--chunk-tokens' (see kvfile rewind --help)");
+  expect("info s.kv -z", "info: unknown flag '-z' (see kvfile info --help)");
+  expect("synth a.kv b.kv c.kv", "synth: unexpected arguments 'b.kv' 'c.kv' (see kvfile synth --help)");
+  expect("rewind s.kv --to x", "--to: must be an integer, not 'x' (see kvfile rewind --help)");
+  EXPECT_FALSE(fs::exists(P("x.kv")));
+  EXPECT_FALSE(fs::exists(P("a.kv")));
+}
+
+// Issue 33 item 6: synth --check refuses the flags that choose what synth
+// writes (they were ignored: --tokens 5 checked all 10 tokens and said ok).
+TEST_F(CliUxTest, SynthCheckRefusesTheFlagsOfWriting) {
+  Synth("s.kv", 10, 1);
+  for (const char* flag : {"--tokens 5", "--seed 3", "--preset tiny", "--dtype e5m2", "--chunk-tokens 4", "--force",
+                           "--prefix-tokens 2", "--prefix-seed 2"}) {
+    SCOPED_TRACE(flag);
+    CliRun r = Here(std::string("synth --check s.kv ") + flag);
+    EXPECT_EQ(r.exit_code, 2);
+    std::string name = std::string(flag).substr(0, std::string(flag).find(' '));
+    EXPECT_EQ(r.err, "kvfile: error: " + name +
+                         " does not apply to synth --check (it reads the preset, seed and tokens from FILE)\n");
+    EXPECT_EQ(r.out, "");
+  }
+  CliRun r = Here("synth --check s.kv -q");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+}
+
+// Issue 33 item 6: a file that is no safetensors file is named so (its
+// first 8 bytes were read as a header length: "header length
+// 8031924123371070824 exceeds the limit"); nothing is created.
+TEST_F(CliUxTest, AppendOfATextFileSaysItIsNoSafetensorsFile) {
+  std::ofstream(P("notes.txt")) << "hello world this is text\n";
+  std::ofstream(P("notes.safetensors")) << "hello world this is text\n";
+  for (const std::string& in : {std::string("notes.txt"), std::string("notes.safetensors")}) {
+    for (const std::string& args : {"append new.kv " + in, std::string("convert notes.safetensors new.kv")}) {
+      if (args.starts_with("convert") && in != "notes.safetensors") continue;
+      SCOPED_TRACE(args);
+      CliRun r = Here(args);
+      EXPECT_EQ(r.exit_code, 1);
+      EXPECT_EQ(r.err, "kvfile: error: " + in + ": not a safetensors file (no JSON header after the 8-byte header length)\n");
+      EXPECT_FALSE(fs::exists(P("new.kv")));
+    }
+  }
+}
+
+// Issue 33 item 6: a safetensors input without kvfile.model and
+// kvfile.fingerprint matches any file of its geometry; the append says so
+// (it was silent), and --model or the metadata silence the note.
+TEST_F(CliUxTest, AppendOfAnInputWithoutIdentitySaysSo) {
+  Synth("a.kv", 20, 1);
+  ASSERT_EQ(Here("convert a.kv t.safetensors").exit_code, 0);
+  std::string st = ReadFile(P("t.safetensors"));
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = n << 8 | static_cast<unsigned char>(st[static_cast<size_t>(i)]);
+  auto header = nlohmann::json::parse(st.substr(8, n));
+  ASSERT_TRUE(header.erase("__metadata__"));
+  std::string h = header.dump();
+  std::string len(8, '\0');
+  for (size_t i = 0; i < 8; ++i) len[i] = static_cast<char>(h.size() >> (8 * i) & 0xff);
+  std::ofstream(P("anon.safetensors"), std::ios::binary) << len << h << st.substr(8 + n);
+  CliRun r = Here("append a.kv anon.safetensors");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.err, "kvfile: note: a.kv: anon.safetensors names no model (no kvfile.model or kvfile.fingerprint "
+                   "metadata, no --model): appended to model 'synthetic/tiny' on its geometry alone\n");
+  EXPECT_EQ(r.out, "a.kv: appended 20 tokens from anon.safetensors (40 in total)\n");
+  r = Here("append a.kv anon.safetensors --model synthetic/tiny");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.err, "");
+  r = Here("append a.kv t.safetensors");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.err, "");
+}
+
+// Issue 33 item 6: rewind keeps only whole tokens; a damaged chunk below
+// --to is refused with the rewind that keeps what is intact (it was kept
+// without a word). Above --to it is dropped as before.
+TEST_F(CliUxTest, RewindRefusesToKeepADamagedChunk) {
+  Synth("a.kv", 300, 5, 64);
+  auto j = nlohmann::json::parse(Kvfile("dump --chunks --json " + P("a.kv")).out);
+  uint64_t third = j["chunks"][2]["offset"].get<uint64_t>();
+  ASSERT_EQ(j["chunks"][2]["first_token"], 128);
+  FlipBit(P("a.kv"), static_cast<std::streamoff>(third + 3000), 3);
+  const std::string damaged = ReadFile(P("a.kv"));
+  for (const char* to : {"129", "200", "300"}) {
+    SCOPED_TRACE(to);
+    CliRun r = Here(std::string("rewind a.kv --to ") + to);
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_EQ(r.err, "kvfile: error: a.kv: chunk 2 at offset " + std::to_string(third) +
+                         " is damaged (kvfile verify a.kv says how); not rewound; tokens 0-127 are intact; keep them: "
+                         "kvfile rewind a.kv --to 128\n");
+    EXPECT_EQ(r.out, "");
+    EXPECT_EQ(ReadFile(P("a.kv")), damaged);
+  }
+  CliRun r = Here("rewind a.kv --to 128");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "a.kv: kept 128 tokens, dropped 172\n");
+  EXPECT_EQ(Here("verify a.kv").exit_code, 0);
+}
+
+// Issue 33 item 5: one form for one thing. The fingerprint is a hex string
+// in ls --json as in info, dump and find (ls gave a number); index --json
+// says up to date where the text does; synth's "file exists" names --force
+// as convert, pack and unpack do.
+TEST_F(CliUxTest, OneFormForOneThing) {
+  fs::create_directories(P("d"));
+  Synth("d/a.kv", 20, 7);
+  ASSERT_EQ(Here("pack d -o c.kvpack").exit_code, 0);
+  auto ls = nlohmann::json::parse(Here("ls c.kvpack --json").out);
+  EXPECT_EQ(ls["members"][0]["fingerprint"], "0000000000000007");
+  EXPECT_EQ(nlohmann::json::parse(Here("info --json d/a.kv").out)["fingerprint"], ls["members"][0]["fingerprint"]);
+
+  auto first = nlohmann::json::parse(Here("index d --json").out);
+  EXPECT_EQ(first["up_to_date"], false);
+  EXPECT_EQ(first["written"], true);
+  EXPECT_EQ(first["rebuilt"], false);
+  CliRun r = Here("index d");
+  EXPECT_EQ(r.out, "d/.kvfile-index: up to date (1 files)\n");
+  auto again = nlohmann::json::parse(Here("index d --json").out);
+  EXPECT_EQ(again["up_to_date"], true);
+  EXPECT_EQ(again["written"], false);
+  EXPECT_EQ(again["indexed"], 1);
+
+  const std::string before = ReadFile(P("d/a.kv"));
+  r = Here("synth d/a.kv --preset tiny --tokens 5");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err, "kvfile: error: d/a.kv: file exists; use --force to replace it\n");
+  EXPECT_EQ(ReadFile(P("d/a.kv")), before);
+}
+
+// Issue 33 item 5: repair --dry-run names every step repair then takes:
+// the upgrade of a v1 file and, with --force on a file cut inside its
+// committed data, the recommit of the prefix (both were left out).
+TEST_F(CliUxTest, RepairDryRunNamesEveryStep) {
+  Synth("a.kv", 50, 1, 16);
+  ASSERT_EQ(Here("convert a.kv v1.kv --format v1").exit_code, 0);
+  std::ofstream(P("v1.kv"), std::ios::app | std::ios::binary) << std::string(100, 'x');  // a torn tail
+  const std::string v1 = ReadFile(P("v1.kv"));
+  const uint64_t v1_end = v1.size() - 100;
+  CliRun r = Here("repair --dry-run v1.kv");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  std::vector<std::string> lines = SplitLines(r.out);
+  ASSERT_EQ(lines.size(), 2u) << r.out;
+  EXPECT_EQ(lines[0], "v1.kv: would be upgraded from format 1.0 (k bf16, v bf16) to format 2 (k e4m3, v e4m3)");
+  EXPECT_TRUE(lines[1].starts_with("v1.kv: would cut 100 bytes at offset " + std::to_string(v1_end) + " ("))
+      << lines[1];
+  EXPECT_EQ(r.err, "");
+  EXPECT_EQ(ReadFile(P("v1.kv")), v1);
+  r = Here("repair v1.kv");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.err, "kvfile: note: v1.kv: upgraded from format 1.0 (k bf16, v bf16) to format 2 (k e4m3, v e4m3)\n");
+
+  uint64_t prefix_end = 12288 + 2 * 4096;
+  fs::resize_file(P("a.kv"), prefix_end + 1000);
+  const std::string cut = ReadFile(P("a.kv"));
+  r = Here("repair --dry-run --force a.kv");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  lines = SplitLines(r.out);
+  ASSERT_EQ(lines.size(), 2u) << r.out;
+  EXPECT_TRUE(lines[0].starts_with("a.kv: would cut 1000 bytes at offset " + std::to_string(prefix_end))) << lines[0];
+  EXPECT_EQ(lines[1], "a.kv: would commit the 32 tokens before the cut; 18 committed tokens would be lost");
+  EXPECT_EQ(ReadFile(P("a.kv")), cut);
+  r = Here("repair --force a.kv");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("a.kv: committed the 32 tokens before the cut; 18 committed tokens were lost\n"),
+            std::string::npos)
+      << r.out;
+}
+
 TEST_F(CliUxTest, ManPageAndCompletionsListEveryVerb) {
   CliRun man = Kvfile("manpage");
   ASSERT_EQ(man.exit_code, 0);

@@ -643,7 +643,8 @@ TEST_F(CliVerbsTest, ConvertUsageErrors) {
       EXPECT_EQ(r.err, "kvfile: error: " + err + "\n") << args;
     }
   };
-  usage(P("a.kv") + " " + P("o.npz"), P("o.npz") + ": cannot tell the format: the name must end in .kv or .safetensors");
+  usage(P("a.kv") + " " + P("o.npz"), P("o.npz") + ": cannot tell the format: the name must end in .kv, .safetensors "
+                                                   "or .coli_kv, or give --format llama-seq|llama-session|mooncake|coli-v2");
   usage(P("x.txt") + " " + P("o.kv"), P("x.txt") + ": cannot tell the format: the name must end in .kv or .safetensors");
   usage(P("nope.kv") + " " + P("o.kv"), P("nope.kv") + ": No such file or directory");
   usage(P("a.kv") + " " + P("a.kv") + " --force", P("a.kv") + ": IN and OUT are the same file");

@@ -310,9 +310,17 @@ TEST_F(ConvertSeeds, ColiErrors) {
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_EQ(r.err, "kvfile: error: " + P("v1.kv") + ": file exists; use --force to replace it\n");
   EXPECT_EQ(ReadFile(P("v1.kv")), before);
-  r = Kvfile("convert " + P("v1.kv") + " " + P("x.coli_kv"));
+  // A .coli_kv OUT says the format (issue 33 item 6); --format naming another is refused.
+  r = Kvfile("convert " + P("v1.kv") + " " + P("x.coli_kv") + " --format v1");
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_EQ(r.err, "kvfile: error: " + P("x.coli_kv") + ": a .coli_kv OUT needs --format coli-v2\n");
+  EXPECT_EQ(r.err, "kvfile: error: " + P("x.coli_kv") + ": a .coli_kv OUT is written by --format coli-v2, not --format v1\n");
+  EXPECT_FALSE(fs::exists(P("x.coli_kv")));
+  r = Kvfile("convert " + P("v1.kv") + " " + P("x.coli_kv"));
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(r.out.starts_with(P("v1.kv") + " -> " + P("x.coli_kv") + ": COLIKV2, ")) << r.out;
+  EXPECT_EQ(ReadFile(P("x.coli_kv")),
+            [&] { EXPECT_EQ(Kvfile("convert " + P("v1.kv") + " " + P("y.coli_kv") + " --format coli-v2").exit_code, 0);
+                  return ReadFile(P("y.coli_kv")); }());
 }
 
 TEST_F(ConvertSeeds, ColiExportOfASynthesizedDsaSession) {

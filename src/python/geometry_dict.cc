@@ -86,14 +86,15 @@ uint32_t StreamIndex(const Geometry& geometry, py::handle stream) {
   if (py::isinstance<py::str>(stream)) {
     const auto name = stream.cast<std::string>();
     if (auto index = geometry.FindStream(name)) return *index;
-    throw py::value_error("no stream '" + name + "' (streams: " + StreamNames(geometry) + ")");
+    ThrowIfError(Status::InvalidArgument("no stream '" + name + "' (streams: " + StreamNames(geometry) + ")"));
   }
   if (!py::isinstance<py::int_>(stream))
     throw py::type_error("stream: expected a name or an index");
   const auto index = stream.cast<int64_t>();
   if (index < 0 || static_cast<uint64_t>(index) >= geometry.streams.size())
-    throw py::value_error("no stream " + std::to_string(index) + ": the file has " +
-                          std::to_string(geometry.streams.size()) + " (" + StreamNames(geometry) + ")");
+    ThrowIfError(Status::InvalidArgument("no stream " + std::to_string(index) + ": the file has " +
+                                         std::to_string(geometry.streams.size()) + " (" + StreamNames(geometry) +
+                                         ")"));
   return static_cast<uint32_t>(index);
 }
 

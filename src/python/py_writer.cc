@@ -68,7 +68,7 @@ class PyWriter {
     const Geometry g = GetGeometry();
     for (auto item : streams) {
       if (!py::isinstance<py::str>(item.first)) throw py::type_error("append: stream keys must be names");
-      StreamIndex(g, item.first);  // a ValueError, naming the file's streams, for one it lacks
+      StreamIndex(g, item.first);  // InvalidArgumentError, naming the file's streams, for one it lacks
     }
     // Every array's dtype and shape first; copies (of token ids, and of
     // arrays that are not contiguous) only once all are right. The arrays
@@ -155,6 +155,10 @@ std::unique_ptr<PyWriter> Create(const std::filesystem::path& path, py::handle g
     py::gil_scoped_release release;
     st = Writer::Create(path.string(), g, identity, options, &writer);
   }
+  // The library's "PATH: file exists", with the keyword that replaces it
+  // (as the CLI's line names --force).
+  if (!overwrite && st.code() == Status::Code::kInvalidArgument && st.message() == path.string() + ": file exists")
+    st = Status::InvalidArgument(st.message() + "; pass overwrite=True to replace it");
   return Wrap(st, std::move(writer));
 }
 

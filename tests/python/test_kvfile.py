@@ -328,8 +328,9 @@ def test_geometry_dict_and_presets(tmp_path):
 def test_create_refuses_an_existing_file_unless_overwrite(tmp_path):
     path = tmp_path / "exists.kv"
     write_tiny(path, [[1]])
-    with pytest.raises(kvfile.Error):
+    with pytest.raises(kvfile.InvalidArgumentError) as e:
         kvfile.create(path, "tiny")
+    assert str(e.value) == f"{path}: file exists; pass overwrite=True to replace it"
     kvfile.create(path, "tiny", overwrite=True).close()
     with kvfile.open(path) as r:
         assert len(r) == 0 and r.tokens.tolist() == []
@@ -438,7 +439,7 @@ def test_append_checks_arrays_before_writing(tmp_path):
             w.append([1, 2, 3], {"k": good["k"].reshape(2, 3, 32), "v": good["v"]})
         with pytest.raises(ValueError, match="no array for stream 'v'"):
             w.append([1, 2, 3], {"k": good["k"]})
-        with pytest.raises(ValueError, match="no stream 'q'"):
+        with pytest.raises(kvfile.InvalidArgumentError, match="no stream 'q'"):
             w.append([1, 2, 3], {**good, "q": good["k"]})
         with pytest.raises(ValueError, match="2\\*\\*32"):
             w.append([1, -2, 3], good)
@@ -474,9 +475,10 @@ def test_read_checks_its_arguments(tmp_path):
             r.read("k", dtype=np.float64)
         with pytest.raises(TypeError, match="dtype"):
             r.read("k", dtype="e4m3")
-        with pytest.raises(ValueError, match="no stream 'q' \\(streams: k, v\\)"):
+        # An unknown stream is the same error class as a bad layer.
+        with pytest.raises(kvfile.InvalidArgumentError, match="no stream 'q' \\(streams: k, v\\)"):
             r.read("q")
-        with pytest.raises(ValueError, match="no stream 2"):
+        with pytest.raises(kvfile.InvalidArgumentError, match="no stream 2"):
             r.read(2)
         with pytest.raises(kvfile.InvalidArgumentError):
             r.read("k", layer=2)

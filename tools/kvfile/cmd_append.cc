@@ -15,6 +15,7 @@
 #include "kvfile/safetensors.h"
 #include "kvfile/replace.h"
 #include "cli_common.h"
+#include "pack_member.h"
 #include "progress.h"
 #include "progress_fs.h"
 #include "signals.h"
@@ -103,8 +104,10 @@ int RunAppend(const AppendArgs& a) {
   // The upgrade of a v1 FILE writes fp8 only: --dtype nvfp4 leaves it e4m3.
   Dtype upgrade = a.upgrade_dtype ? (*a.upgrade_dtype == "e5m2" ? Dtype::kE5M2 : Dtype::kE4M3)
                                   : dtype && IsFp8(*dtype) ? *dtype : Dtype::kE4M3;
+  Status st = RefusePackMemberTarget(a.path);
+  if (!st.ok()) return ReportError(st);
   std::unique_ptr<SafetensorsFile> in;
-  Status st = SafetensorsFile::Open(a.input, nullptr, &in);
+  st = SafetensorsFile::Open(a.input, nullptr, &in);
   if (!st.ok()) return ReportError(st);
   KvTensors kv;
   st = safetensors::DescribeKv(in->header(), &kv);
@@ -118,6 +121,7 @@ int RunAppend(const AppendArgs& a) {
   if (!st.ok()) return ReportError(st);
   Geometry file_geometry;
   std::string old_format;  // a v1 FILE: its format and dtypes, for the upgrade line
+  std::string unidentified;  // the note for an input without a model identity
   ModelIdentity id;
   std::vector<size_t> stream_of;  // writer stream -> kv.streams index
   if (exists) {
@@ -149,6 +153,11 @@ int RunAppend(const AppendArgs& a) {
       if (!st.ok()) return ReportError(st);
     }
     id = r->identity();
+    // An input that names no model matches any file of its geometry: said
+    // on stderr once the append succeeds.
+    if (!a.model && !kv.model_id && !kv.fingerprint)
+      unidentified = a.path + ": " + a.input + " names no model (no kvfile.model or kvfile.fingerprint metadata, no "
+                     "--model): appended to model '" + id.model_id + "' on its geometry alone";
     ModelIdentity want_id{a.model ? *a.model : kv.model_id.value_or(id.model_id), kv.fingerprint.value_or(id.fingerprint)};
     st = CheckExpected(id, file_geometry, want_id, want);
     if (!st.ok()) return ReportError(Status::Mismatch(a.path + ": " + st.message() + " (from " + a.input + ")"));
@@ -224,6 +233,7 @@ int RunAppend(const AppendArgs& a) {
   if (st.ok() && create) st = create->Commit();
   if (!st.ok()) return ReportError(st, upgraded);
   if (!upgraded.empty()) PrintLine("note", a.path + ": " + upgraded);
+  if (!unidentified.empty()) PrintLine("note", unidentified);
   std::printf("%s: %sappended %llu tokens from %s (%llu in total)\n", a.path.c_str(), exists ? "" : "created; ",
               static_cast<unsigned long long>(kv.tokens), a.input.c_str(),
               static_cast<unsigned long long>(before + kv.tokens));

@@ -638,6 +638,7 @@ int ConvertTree(const ConvertArgs& a, const Plan& p) {
 int RunConvert(const ConvertArgs& a) {
   InstallSignalHandlers();
   SetCurrentPath(a.out);
+  if (Status st = RefusePackMemberTarget(a.out); !st.ok()) return ReportError(st);
   Plan p;
   p.major = a.format == "v1" ? 1 : 2;
   bool to_llama = a.format.starts_with("llama-");
@@ -718,7 +719,9 @@ int RunConvert(const ConvertArgs& a) {
   };
   if (in_kind == Kind::kOther) return kind_error(a.in);
   if (out_kind == Kind::kDirectory) return UsageError(a.out + ": is a directory (IN is a file)");
-  if (out_kind == Kind::kOther) return kind_error(a.out);
+  if (out_kind == Kind::kOther)
+    return UsageError(a.out + ": cannot tell the format: the name must end in .kv, .safetensors or .coli_kv, or "
+                      "give --format llama-seq|llama-session|mooncake|coli-v2");
   if (in_kind == Kind::kSafetensors && out_kind == Kind::kSafetensors)
     return UsageError("convert reads or writes a .kv file; both IN and OUT are .safetensors");
   if (fs::exists(a.out, ec) && fs::equivalent(in, a.out, ec))

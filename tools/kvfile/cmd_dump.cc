@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cli_common.h"
+#include "damage_advice.h"
 #include "json_output.h"
 #include "kvfile/reader.h"
 #include "pack_member.h"
@@ -347,6 +348,13 @@ int RunDumpHeaders(const DumpArgs& a) {
     std::string opened;
     Status st = members.Resolve(path, &opened);
     if (st.ok()) st = members.Name(Reader::Open(opened, {}, &r));
+    // A file cut inside its committed data: its header is shown, and the
+    // cut is the failure (exit 1).
+    Status cut = st.ok() ? members.Name(CutInsideCommittedData(opened, path)) : Status::OK();
+    if (!cut.ok()) {
+      code = std::max(code, reported ? kExitData : ReportError(cut));
+      reported = true;
+    }
     if (a.json) {
       ordered_json j;
       j["path"] = path;
@@ -400,6 +408,13 @@ int RunDump(DumpArgs a) {
     return a.json ? ReportErrorAsJson(a.path, members.Name(failed)) : ReportError(members.Name(failed));
   };
   if (!st.ok()) return fail(st);
+  // A file cut inside its committed data: what it still holds is shown,
+  // then the cut is the one error line (exit 1).
+  auto cut_inside_committed_data = [&] {
+    std::fflush(stdout);
+    Status cut = members.Name(CutInsideCommittedData(opened, a.path));
+    return cut.ok() ? kExitOk : ReportError(cut);
+  };
   RowSelection sel;
   if (a.rows) {
     st = ResolveRows(a, *r, &sel);
@@ -424,7 +439,7 @@ int RunDump(DumpArgs a) {
       j["rows"] = std::move(rows);
     }
     PrintJson(j);
-    return kExitOk;
+    return cut_inside_committed_data();
   }
   bool first = true;
   auto section = [&](const char* title) {
@@ -451,7 +466,7 @@ int RunDump(DumpArgs a) {
       return ReportError(members.Name(st));
     }
   }
-  return kExitOk;
+  return cut_inside_committed_data();
 }
 
 }  // namespace

@@ -163,6 +163,8 @@ int RunIndex(const IndexArgs& a) {
     j["kept"] = r.kept;
     j["skipped"] = r.skipped;
     j["written"] = r.written;
+    j["up_to_date"] = r.was_fresh;  // the text's "up to date"
+    j["rebuilt"] = r.rebuilt;       // the text's "the old index was damaged and is replaced"
     PrintJson(j);
   } else if (r.was_fresh) {
     std::printf("%s: up to date (%llu files)\n", EscapeLine(index_path).c_str(), static_cast<unsigned long long>(r.indexed));

@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "cli_common.h"
+#include "damage_advice.h"
 #include "json_output.h"
 #include "kvfile/reader.h"
 #include "pack_member.h"
@@ -115,6 +116,14 @@ int RunInfo(const InfoArgs& a) {
     nlohmann::ordered_json j;
     Status st = shown == "-" ? stdin_copy.Copy(&path) : members.Resolve(shown, &path);
     if (st.ok()) st = InfoOne(shown, path, a.json, &j);
+    // A file cut inside its committed data: its readable prefix is shown,
+    // and the cut is the failure (exit 1).
+    Status cut = st.ok() ? CutInsideCommittedData(path, shown) : Status::OK();
+    if (!cut.ok()) {
+      std::fflush(stdout);
+      code = std::max(code, reported ? kExitData : ReportError(cut));
+      reported = true;
+    }
     if (!st.ok()) {
       if (a.json) j = {{"path", shown}, {"ok", false}, {"error", st.message()}};
       else if (a.paths.size() > 1) std::printf("file:            %s\nerror:           %s\n", shown.c_str(),

@@ -249,7 +249,7 @@ int RunLs(const LsArgs& a) {
       e["bytes"] = bytes;
       e["shared_bytes"] = shared;
       e["model"] = model.identity.model_id;
-      e["fingerprint"] = model.identity.fingerprint;
+      e["fingerprint"] = Hex16(model.identity.fingerprint);  // as info, dump and find give it
       j["members"].push_back(e);
     } else {
       std::printf("%-40s %10llu %14llu %14llu  %s\n", EscapeLine(m.name).c_str(),

@@ -9,6 +9,7 @@
 
 #include "cli_common.h"
 #include "damage_advice.h"
+#include "pack_member.h"
 #include "progress.h"
 #include "progress_fs.h"
 #include "signals.h"
@@ -30,6 +31,7 @@ struct RepairArgs {
 int RunRepair(const RepairArgs& a) {
   InstallSignalHandlers();
   SetCurrentPath(a.path);
+  if (Status st = RefusePackMemberTarget(a.path); !st.ok()) return ReportError(st);
   VerifyReport rep;
   // The check reads the whole file: its bar counts the bytes read.
   std::error_code size_ec;
@@ -97,22 +99,38 @@ int RunRepair(const RepairArgs& a) {
                 static_cast<unsigned long long>(rep.tokens));
     return kExitOk;
   }
+  // A v1 file is upgraded by the writable open: its format and dtypes
+  // before, for the line that says so (and for --dry-run's).
+  std::string old_format;
+  Geometry v2_geometry;         // a v1 file's geometry after the upgrade
+  uint64_t missing_tokens = 0;  // committed tokens a --force cut gives up
+  {
+    std::unique_ptr<Reader> reader;
+    if (Reader::Open(a.path, {}, &reader).ok()) {
+      if (rep.major == 1) {
+        old_format = FormatAndDtypes(reader->major_version(), reader->minor_version(), reader->geometry());
+        v2_geometry = reader->geometry();
+        for (StreamSpec& s : v2_geometry.streams) s.dtype = WriterOptions().upgrade_dtype;
+      }
+      missing_tokens = reader->tail().committed_tokens_missing;
+    }
+  }
   if (a.dry_run) {
+    // Every step the repair takes, in its order: the upgrade (the writable
+    // open), the cut, the recommit of the prefix, the rewrites.
+    if (!old_format.empty())
+      std::printf("%s: would be %s\n", a.path.c_str(), UpgradeNote(old_format, v2_geometry).c_str());
     if (tail)
       std::printf("%s: would cut %llu bytes at offset %llu (%s)\n", a.path.c_str(),
                   static_cast<unsigned long long>(rep.torn_tail_bytes),
                   static_cast<unsigned long long>(rep.valid_end), tail->message.c_str());
     for (const VerifyFinding& f : rep.findings)
       if (&f != tail) std::printf("%s: would rewrite: %s\n", a.path.c_str(), f.message.c_str());
+    if (rep.committed_data_missing)
+      std::printf("%s: would commit the %llu tokens before the cut; %llu committed tokens would be lost\n",
+                  a.path.c_str(), static_cast<unsigned long long>(rep.tokens),
+                  static_cast<unsigned long long>(missing_tokens));
     return kExitOk;
-  }
-  // A v1 file is upgraded by the writable open: its format and dtypes
-  // before, for the line that says so.
-  std::string old_format;
-  if (rep.major == 1) {
-    std::unique_ptr<Reader> reader;
-    if (Reader::Open(a.path, {}, &reader).ok())
-      old_format = FormatAndDtypes(reader->major_version(), reader->minor_version(), reader->geometry());
   }
   // Declared before the writer, which reads and writes through its fs().
   std::unique_ptr<UpgradeProgress> upgrading;

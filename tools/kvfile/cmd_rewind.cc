@@ -2,15 +2,19 @@
 // kvfile rewind: keep the first N tokens of a .kv file and drop the rest,
 // durably (spec/RECOVERY.md, "Rewind"). A v1 file is upgraded to v2 first
 // (--upgrade-dtype, --keep-raw), and stderr says so.
+#include <algorithm>
 #include <cstdio>
 #include <optional>
+#include <thread>
 
 #include "cli_common.h"
 #include "damage_advice.h"
+#include "pack_member.h"
 #include "progress.h"
 #include "progress_fs.h"
 #include "signals.h"
 #include "kvfile/reader.h"
+#include "kvfile/verify.h"
 #include "kvfile/writer.h"
 
 namespace kvfile::cli {
@@ -28,6 +32,25 @@ std::string TooFar(const std::string& path, uint64_t to, uint64_t have) {
   return path + ": cannot rewind to " + std::to_string(to) + " tokens; the file has " + std::to_string(have);
 }
 
+// Corruption naming the first damaged chunk that holds tokens below `to`
+// (a VerifyFile finding), with IntactAdvice; else OK.
+Status CheckKeptChunks(const std::string& path, const Reader& r, uint64_t to) {
+  if (to == 0) return Status::OK();
+  VerifyOptions vo;
+  vo.threads = std::max(1u, std::thread::hardware_concurrency());
+  VerifyReport rep;
+  KVFILE_RETURN_IF_ERROR(VerifyFile(path, vo, &rep));
+  for (const VerifyFinding& f : rep.findings) {
+    if (!f.error || f.chunk < 0 || static_cast<uint64_t>(f.chunk) >= r.chunks().size()) continue;
+    if (r.chunks()[static_cast<size_t>(f.chunk)].first_token >= to) continue;
+    std::string advice = IntactAdvice(path, path, rep);
+    return Status::Corruption(path + ": chunk " + std::to_string(f.chunk) + " at offset " + std::to_string(f.offset) +
+                              " is damaged (kvfile verify " + path + " says how); not rewound" +
+                              (advice.empty() ? "" : "; " + advice));
+  }
+  return Status::OK();
+}
+
 int RunRewind(const RewindArgs& a) {
   InstallSignalHandlers();
   SetCurrentPath(a.path);
@@ -35,6 +58,7 @@ int RunRewind(const RewindArgs& a) {
   // writable open, which would already repair a torn tail.
   uint64_t have = 0;
   std::string old_format;  // a v1 file: its format and dtypes, for the upgrade line
+  if (Status st = RefusePackMemberTarget(a.path); !st.ok()) return ReportError(st);
   {
     std::unique_ptr<Reader> r;
     Status st = Reader::Open(a.path, {}, &r);
@@ -43,8 +67,12 @@ int RunRewind(const RewindArgs& a) {
     st = CheckStreamNames(a.path, r->geometry(), a.keep_raw);
     if (!st.ok()) return ReportError(st);
     if (r->major_version() == 1) old_format = FormatAndDtypes(r->major_version(), r->minor_version(), r->geometry());
+    if (a.to > have) return UsageError(TooFar(a.path, a.to, have));
+    // The tokens kept must be whole: a damaged chunk below --to is refused
+    // (exit 1) with the rewind that keeps what is intact, not kept silently.
+    st = CheckKeptChunks(a.path, *r, a.to);
+    if (!st.ok()) return ReportError(st);
   }
-  if (a.to > have) return UsageError(TooFar(a.path, a.to, have));
   WriterOptions opt;
   if (a.upgrade_dtype) opt.upgrade_dtype = *a.upgrade_dtype == "e5m2" ? Dtype::kE5M2 : Dtype::kE4M3;
   opt.keep_raw = a.keep_raw;

@@ -11,6 +11,7 @@
 #include "kvfile/presets.h"
 #include "kvfile/reader.h"
 #include "kvfile/writer.h"
+#include "pack_member.h"
 #include "progress.h"
 #include "signals.h"
 #include "synth_data.h"
@@ -54,14 +55,16 @@ int RunSynth(const SynthArgs& a) {
   SetCurrentPath(a.path);
   Dtype quantized = a.dtype == "e5m2" ? Dtype::kE5M2 : a.dtype == "nvfp4" ? Dtype::kNvfp4 : Dtype::kE4M3;
   Geometry g;
-  Status st = GetPreset(a.preset, quantized, &g);
+  Status st = RefusePackMemberTarget(a.path);
+  if (st.ok()) st = GetPreset(a.preset, quantized, &g);
   if (!st.ok()) return ReportError(st);
   // The session is written under a temporary name and replaces FILE only
   // when complete: a failure leaves FILE as it was (or absent).
   std::unique_ptr<PendingReplace> replace;
   st = PendingReplace::Begin(a.path, nullptr, &replace);
   if (!st.ok()) return ReportError(st);
-  if (replace->original().exists && !a.force) return ReportError(Status::InvalidArgument(a.path + ": file exists"));
+  if (replace->original().exists && !a.force)
+    return ReportError(Status::InvalidArgument(a.path + ": file exists; use --force to replace it"));
   WriterOptions opt;
   opt.chunk_tokens = a.chunk_tokens;
   // With a shared prefix the fingerprint is the prefix's seed, so that
@@ -101,14 +104,46 @@ int RunSynth(const SynthArgs& a) {
   return kExitOk;
 }
 
+// Mismatch unless `g` is the geometry of the preset that synth named in the
+// model id ("synthetic/PRESET"): its layers and streams (names, rows,
+// widths; any dtype, as convert may change those). A file that lost a
+// stream (a Mooncake round trip drops raw ones) matches in every stream it
+// still has, so comparing the data alone would call it whole.
+Status CheckPresetGeometry(const std::string& path, const ModelIdentity& id, const Geometry& g) {
+  const std::string prefix = "synthetic/";
+  std::string preset = id.model_id.starts_with(prefix) ? id.model_id.substr(prefix.size()) : "";
+  Geometry want;
+  if (preset.empty() || !GetPreset(preset, Dtype::kE4M3, &want).ok())
+    return Status::Mismatch(path + ": model '" + id.model_id +
+                            "' names no synth preset (synth writes 'synthetic/PRESET'), so there is nothing to check against");
+  std::string streams;
+  for (StreamSpec& s : want.streams) {
+    std::optional<uint32_t> k = g.FindStream(s.name);
+    if (k) s.dtype = g.streams[*k].dtype;
+    streams += (streams.empty() ? "" : ", ") + s.name;
+  }
+  Status st = CheckExpected(id, g, id, want);
+  if (!st.ok())
+    return Status::Mismatch(path + ": not the geometry of preset " + preset + ": " + st.message() + " (" +
+                            std::to_string(want.layers) + " layers; streams " + streams + ")");
+  return Status::OK();
+}
+
 // Regenerates the data of an existing synthetic file and compares every
 // stored code and scale (raw streams: every stored element) with it.
 int RunCheck(const SynthArgs& a) {
   SetCurrentPath(a.path);
-  std::unique_ptr<Reader> r;
-  Status st = Reader::Open(a.path, {}, &r);
+  // PACK:MEMBER: the member, materialised and checked first (pack_member.h).
+  PackMemberInputs members;
+  std::string opened;
+  Status st = members.Resolve(a.path, &opened);
   if (!st.ok()) return ReportError(st);
+  std::unique_ptr<Reader> r;
+  st = Reader::Open(opened, {}, &r);
+  if (!st.ok()) return ReportError(members.Name(st));
   const Geometry& g = r->geometry();
+  st = CheckPresetGeometry(a.path, r->identity(), g);
+  if (!st.ok()) return ReportError(st);
   uint64_t seed = r->identity().fingerprint;  // synth stores its seed here
   uint64_t total = r->token_count();
   std::vector<uint32_t> want_tokens(total);
@@ -148,7 +183,7 @@ int RunCheck(const SynthArgs& a) {
                                    want_codes.data() + n * width / 2, want_scales.data(), &bad);
           st = r->ReadCodes(l, s, first, first + n, have_codes.data(), have_codes.data() + n * width / 2,
                             have_scales.data());
-          if (!st.ok()) return ReportError(st);
+          if (!st.ok()) return ReportError(members.Name(st));
           if (want_codes != have_codes)
             return ReportError(Status::Corruption(where + ": stored codes differ from the regenerated data"));
           if (std::memcmp(want_scales.data(), have_scales.data(), n * 4) != 0)
@@ -162,7 +197,7 @@ int RunCheck(const SynthArgs& a) {
           codec::QuantizeRows(spec.dtype, Dtype::kBF16, in.data(), rows, spec.row_width,
                               want_codes.data(), want_scales.data(), &bad);
           st = r->ReadCodes(l, s, first, first + n, have_codes.data(), have_scales.data());
-          if (!st.ok()) return ReportError(st);
+          if (!st.ok()) return ReportError(members.Name(st));
           if (std::memcmp(want_codes.data(), have_codes.data(), elems) != 0)
             return ReportError(Status::Corruption(where + ": stored codes differ from the regenerated data"));
           if (std::memcmp(want_scales.data(), have_scales.data(), rows * 4) != 0)
@@ -172,7 +207,7 @@ int RunCheck(const SynthArgs& a) {
           have_raw.resize(want_raw.size());
           codec::ConvertRaw(Dtype::kBF16, in.data(), elems, spec.dtype, want_raw.data());
           st = r->ReadRows(l, s, first, first + n, spec.dtype, have_raw.data());
-          if (!st.ok()) return ReportError(st);
+          if (!st.ok()) return ReportError(members.Name(st));
           if (want_raw != have_raw)
             return ReportError(Status::Corruption(where + ": stored rows differ from the regenerated data"));
         }
@@ -215,7 +250,19 @@ void RegisterSynth(CLI::App& app, int* exit_code) {
   cmd->add_option("--chunk-tokens", args->chunk_tokens, "tokens per chunk")->check(Count(1, 65536))->capture_default_str();
   cmd->add_flag("--check", args->check, "regenerate the data and compare every stored code and scale");
   cmd->add_flag("--force", args->force, "replace FILE if it exists");
-  cmd->callback([args, exit_code] { *exit_code = args->check ? RunCheck(*args) : RunSynth(*args); });
+  cmd->callback([args, exit_code, cmd] {
+    if (args->check) {
+      // --check reads the preset, seed and token count from FILE: a flag
+      // that chooses them, or --force, would be silently ignored.
+      for (const CLI::Option* o : cmd->get_options())
+        if (o->count() > 0 && o->get_name() != "FILE" && o->get_name() != "--check" && o->get_name() != "--help") {
+          *exit_code = UsageError(o->get_name() + " does not apply to synth --check (it reads the preset, seed and "
+                                  "tokens from FILE)");
+          return;
+        }
+    }
+    *exit_code = args->check ? RunCheck(*args) : RunSynth(*args);
+  });
 }
 
 }  // namespace kvfile::cli

@@ -56,7 +56,10 @@ Status VerifyBeforeConvert(const std::string& in) {
   return Status::OK();
 }
 
-bool ConvertSeedFormat(const SeedConvertArgs& a, int* exit_code) {
+bool ConvertSeedFormat(const SeedConvertArgs& given, int* exit_code) {
+  // A .coli_kv OUT says the format itself, unless --format names another.
+  SeedConvertArgs a = given;
+  if (a.format == "v2" && EndsWith(a.out, ".coli_kv")) a.format = "coli-v2";
   std::error_code ec;
   bool in_dir = fs::is_directory(a.in, ec);
   bool mooncake_out = a.format == "mooncake";
@@ -71,7 +74,7 @@ bool ConvertSeedFormat(const SeedConvertArgs& a, int* exit_code) {
     if (a.group_size) *exit_code = UsageError("--group-size applies to --format mooncake");
     else if (a.vocab) *exit_code = UsageError("--vocab applies to --format coli-v2");
     else if (EndsWith(a.out, ".coli_kv"))
-      *exit_code = UsageError(a.out + ": a .coli_kv OUT needs --format coli-v2");
+      *exit_code = UsageError(a.out + ": a .coli_kv OUT is written by --format coli-v2, not --format " + a.format);
     else return false;
     return true;
   }

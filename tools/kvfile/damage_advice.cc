@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "kvfile/reader.h"
+#include "stdin_copy.h"
 
 namespace kvfile::cli {
 
@@ -37,6 +38,12 @@ std::string ShortTruncation(const std::string& path, const std::string& keep) {
          " (chunk " + std::to_string(r->chunks().size()) + " at offset " + std::to_string(t.valid_end) + "); " +
          std::to_string(t.committed_tokens_missing) + " committed tokens gone; " + keep + " the " +
          std::to_string(r->token_count()) + " before it";
+}
+
+Status CutInsideCommittedData(const std::string& opened, const std::string& shown) {
+  std::string cut = ShortTruncation(opened);
+  if (cut.empty()) return Status::OK();
+  return RenamePath(Status::Corruption(cut), opened, shown);
 }
 
 }  // namespace kvfile::cli

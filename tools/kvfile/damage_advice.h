@@ -26,4 +26,9 @@ std::string IntactAdvice(const std::string& path, const std::string& shown, cons
 // `verify --json` keeps the library's full finding.
 std::string ShortTruncation(const std::string& path, const std::string& keep = "repair --force keeps");
 
+// Corruption with ShortTruncation's line (`opened` named `shown`) when the
+// file is cut inside its committed data, else OK: info and dump show the
+// readable prefix and then fail with it (exit 1).
+Status CutInsideCommittedData(const std::string& opened, const std::string& shown);
+
 }  // namespace kvfile::cli

@@ -176,7 +176,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    PrintLine("error", std::string(e.what()) + " (see kvfile --help)");
+    PrintLine("error", ParseErrorLine(app, e));
     return kExitUsage;
   } catch (const std::bad_alloc&) {
     // Nothing in the library throws; a verb's own buffers can.

@@ -33,6 +33,13 @@ bool SplitPackMember(const std::string& arg, std::string* pack, std::string* mem
   return false;
 }
 
+Status RefusePackMemberTarget(const std::string& arg) {
+  std::string pack, member;
+  if (!SplitPackMember(arg, &pack, &member)) return Status::OK();
+  return Status::InvalidArgument(arg + ": a pack member cannot be written in place; write a copy with: kvfile unpack " +
+                                 pack + " -o DIR " + member);
+}
+
 PackMemberInputs::~PackMemberInputs() {
   for (const Copy& c : copies_) {
     if (c.fd >= 0) ::close(c.fd);

@@ -23,6 +23,14 @@ namespace kvfile::cli {
 // the .kvpack magic (the first such ':'). Otherwise returns false.
 bool SplitPackMember(const std::string& arg, std::string* pack, std::string* member);
 
+// For the verbs that write FILE (synth, append, rewind, repair, the OUT of
+// convert): InvalidArgument when `arg` is PACK:MEMBER (SplitPackMember), a
+// pack is never changed in place and FILE would be a new file of that odd
+// name that then shadows the member; the line says how to get a writable
+// copy ("PACK:MEMBER: a pack member cannot be written in place; write a
+// copy with: kvfile unpack PACK -o DIR MEMBER"). Else OK.
+Status RefusePackMemberTarget(const std::string& arg);
+
 class PackMemberInputs {
  public:
   PackMemberInputs() = default;

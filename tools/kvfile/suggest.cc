@@ -3,6 +3,7 @@
 #include "suggest.h"
 
 #include <algorithm>
+#include <cctype>
 
 #include "cli_common.h"
 
@@ -70,6 +71,35 @@ int CheckVerb(const CLI::App& app, int argc, char** argv) {
     message += " (commands: " + all + ")";
   }
   return UsageError(message);
+}
+
+std::string ParseErrorLine(const CLI::App& app, const CLI::ParseError& e) {
+  std::vector<CLI::App*> parsed = app.get_subcommands();
+  if (parsed.empty()) return std::string(e.what()) + " (see kvfile --help)";
+  const CLI::App& verb = *parsed.front();
+  const std::string help = " (see kvfile " + verb.get_name() + " --help)";
+  if (!dynamic_cast<const CLI::ExtrasError*>(&e)) return std::string(e.what()) + help;
+  const std::vector<std::string> extras = app.remaining(true);
+  auto known = [&](const std::string& flag) {
+    return verb.get_option_no_throw(flag) != nullptr || app.get_option_no_throw(flag) != nullptr;
+  };
+  for (const std::string& arg : extras) {
+    bool is_long = arg.starts_with("--") && arg.size() > 2;
+    bool is_short = !is_long && arg.size() > 1 && arg[0] == '-' && !std::isdigit(static_cast<unsigned char>(arg[1]));
+    if (!is_long && !is_short) continue;
+    std::string flag = is_long ? arg.substr(0, arg.find('=')) : arg.substr(0, 2);
+    if (known(flag)) continue;
+    std::vector<std::string> names{"--help"};
+    for (const CLI::App* a : {&verb, &app})
+      for (const CLI::Option* o : a->get_options())
+        for (const std::string& l : o->get_lnames()) names.push_back("--" + l);
+    std::string hint = is_long ? Suggest(flag, names) : "";
+    return verb.get_name() + ": unknown flag '" + EscapeLine(flag) + "'" +
+           (hint.empty() ? "" : "; did you mean '" + hint + "'?") + help;
+  }
+  std::string all;
+  for (const std::string& arg : extras) all += (all.empty() ? "'" : " '") + EscapeLine(arg) + "'";
+  return verb.get_name() + ": unexpected argument" + (extras.size() > 1 ? "s " : " ") + all + help;
 }
 
 }  // namespace kvfile::cli

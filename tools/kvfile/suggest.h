@@ -23,4 +23,12 @@ std::string Suggest(std::string_view word, const std::vector<std::string>& candi
 // returns the exit status (2).
 int CheckVerb(const CLI::App& app, int argc, char** argv);
 
+// The one error line for a parse error of `app` (after app.parse threw
+// `e`), pointing at the verb's own help: an unknown flag is named as it
+// was typed, with the nearest flag of that verb ("info: unknown flag
+// '--jsn'; did you mean '--json'? (see kvfile info --help)"); other
+// unexpected arguments are listed in command-line order; any other parse
+// error keeps CLI11's words.
+std::string ParseErrorLine(const CLI::App& app, const CLI::ParseError& e);
+
 }  // namespace kvfile::cli
