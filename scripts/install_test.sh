@@ -200,4 +200,4 @@ sed -e "s#^python3 #$python #; s#packages venv #packages $scratch/venv #; s# ven
    PIP_NO_CACHE_DIR=1 bash -e "$scratch/pip.sh" >"$scratch/pip.log" 2>&1) ||
   { cat "$scratch/pip.sh" "$scratch/pip.log" >&2; exit 1; }
 check_import "$scratch/venv/bin/python" "$scratch/venv"
-echo "install_test: ok (installed to scratch prefixes; CMake package and pkg-config, shared and static; the CLI and the resume example built against the package; Python: cmake --install and pip)"
+echo "install_test: ok (installed to scratch prefixes; CMake package and pkg-config, shared and static; docs/api.md's install, find_package, pkg-config and pip lines as written; the CLI and the resume example built against the package; Python: cmake --install and pip)"
