@@ -13,37 +13,62 @@
 # Then the Python package: imported from the installed prefix, and
 # installed with `pip install --no-build-isolation .` (offline) into a fresh
 # virtual environment and imported from there, outside the tree.
+# The blocks of docs/api.md marked <!-- docs-test: install_test --> (the
+# readme_examples test leaves them to this script) run as they are written,
+# with the scratch prefix for /opt/kvfile and a program of their own for
+# engine.cc (example.cc): the install lines make the static prefix, the
+# find_package lines and both pkg-config lines build programs against it
+# (the first pkg-config line against the shared one too), and the pip line
+# makes the virtual environment.
 #
 #   scripts/install_test.sh [BUILD_DIR]
 #
 # BUILD_DIR (default: build) is configured and built as scripts/test.sh does
 # (the dev preset: libkvfile.so), so after test.sh nothing is compiled again
-# there; BUILD_DIR-static is the same with BUILD_SHARED_LIBS=OFF (the
-# library and the command only). Exits non-zero at the first failure.
+# there; BUILD_DIR-static is the documented default build (libkvfile.a, no
+# preset), without the command and the Python module. Exits non-zero at the
+# first failure.
 set -euo pipefail
 KVFILE_ROOT=$(cd "$(dirname "$0")/.." && pwd)
 build_dir=${1:-$KVFILE_ROOT/build}
 source "$KVFILE_ROOT/scripts/deps.sh"
 kvfile_build "$build_dir" --preset=dev kvfile kvfile_cli kvfile_docs kvfile_python
-# The static library alone (the installed kvfile command that checks the
-# sessions comes from the shared build), unoptimized: what is checked here
-# is the package, not the code (the tests above ran on the optimized build),
-# and -O0 compiles in a third of the time.
-kvfile_build "$build_dir-static" --preset=dev -DBUILD_SHARED_LIBS=OFF -DKVFILE_BUILD_TESTS=OFF \
-  -DKVFILE_BUILD_TOOLS=OFF -DKVFILE_BUILD_PYTHON=OFF -DKVFILE_BUILD_BENCH=OFF \
-  -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-O0 -DCMAKE_C_FLAGS_DEBUG=-O0 kvfile
 
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 consumer_src=$KVFILE_ROOT/tests/consumer
+# docs/api.md's marked blocks, one file each, in order: 1 the install lines,
+# 2 the find_package lines, 3 the pkg-config lines, 4 the pip line.
+doc_blocks=$scratch/doc-blocks
+mkdir -p "$doc_blocks"
+awk -v dir="$doc_blocks" '
+  /^<!-- docs-test: install_test -->$/ { marked = 1; next }
+  marked && /^```/ { if (inside) { marked = 0; inside = 0 } else { inside = 1; n++ }; next }
+  inside { print > (dir "/" n) }' "$KVFILE_ROOT/docs/api.md"
+if [ "$(ls "$doc_blocks" | tr '\n' ' ')" != "1 2 3 4 " ] || ! grep -q 'cmake --install' "$doc_blocks/1" ||
+   ! grep -q find_package "$doc_blocks/2" || ! grep -q pkg-config "$doc_blocks/3" || ! grep -q pip "$doc_blocks/4"; then
+  echo "install_test: docs/api.md must mark its install, find_package, pkg-config and pip blocks, in that order" >&2
+  exit 1
+fi
 # One prefix per library kind: the shared one (with the kvfile command that
 # checks every session below) and the static one.
 declare -A prefix_of libdir_of
+prefix_of[shared]=$scratch/prefix-shared
+prefix_of[static]=$scratch/prefix-static
+# The static prefix: docs/api.md's install lines as written (a plain
+# configure: no preset, the default libkvfile.a), with BUILD_DIR-static for
+# build and the scratch prefix for /opt/kvfile. Only the library: the
+# command that checks the sessions comes from the shared build, and -O0:
+# what is checked here is the package, not the code (the tests ran on the
+# optimized build), and it compiles in a third of the time.
+sed -e "s# build\$# $build_dir-static#; s# build # $build_dir-static #g; s#/opt/kvfile#${prefix_of[static]}#g" \
+    -e '1s#$# -DKVFILE_BUILD_TOOLS=OFF -DKVFILE_BUILD_PYTHON=OFF -DCMAKE_CXX_FLAGS_RELEASE=-O0 -DCMAKE_C_FLAGS_RELEASE=-O0#' \
+    "$doc_blocks/1" >"$scratch/install-static.sh"
+rm -rf "$build_dir-static"  # nothing cached from an earlier configure: the defaults
+(cd "$KVFILE_ROOT" && bash -e "$scratch/install-static.sh") >"$scratch/install-static.log" 2>&1 ||
+  { cat "$scratch/install-static.sh" "$scratch/install-static.log" >&2; exit 1; }
+cmake --install "$build_dir" --prefix "${prefix_of[shared]}" >"$scratch/install-shared.log"
 for linkage in shared static; do
-  dir=$build_dir
-  [ "$linkage" = static ] && dir=$build_dir-static
-  prefix_of[$linkage]=$scratch/prefix-$linkage
-  cmake --install "$dir" --prefix "${prefix_of[$linkage]}" >"$scratch/install-$linkage.log"
   pc_file=$(find "${prefix_of[$linkage]}" -name kvfile.pc)
   libdir_of[$linkage]=$(dirname "$(dirname "$pc_file")")
 done
@@ -105,6 +130,37 @@ cc -static -std=c99 -Wall -Wextra -Werror -pedantic -O2 "$consumer_src/example.c
   $(pkg-config --static --cflags --libs kvfile) -lm
 run_examples "$scratch/pc-static" static
 
+# docs/api.md's own lines: find_package(kvfile) in a project of one program
+# (engine.cc: example.cc) against the default (static) install, then each
+# pkg-config line run as written in a directory holding engine.cc, and the
+# a.out it makes run: both against the static install, the first against
+# the shared one too.
+echo "== docs/api.md: the find_package lines and the pkg-config lines, as written"
+mkdir -p "$scratch/doc-cmake"
+cp "$consumer_src/example.cc" "$scratch/doc-cmake/engine.cc"
+{ printf 'cmake_minimum_required(VERSION 3.25)\nproject(engine LANGUAGES CXX)\nadd_executable(engine engine.cc)\n'
+  cat "$doc_blocks/2"; } >"$scratch/doc-cmake/CMakeLists.txt"
+{ cmake -S "$scratch/doc-cmake" -B "$scratch/doc-cmake/b" -G Ninja -DCMAKE_PREFIX_PATH="${prefix_of[static]}" &&
+  cmake --build "$scratch/doc-cmake/b"; } >"$scratch/doc-cmake.log" 2>&1 || { cat "$scratch/doc-cmake.log" >&2; exit 1; }
+"$scratch/doc-cmake/b/engine" "$scratch/doc-cmake/engine.kv"
+"$prefix/bin/kvfile" verify "$scratch/doc-cmake/engine.kv"
+line_number=0
+while IFS= read -r line; do
+  line_number=$((line_number + 1))
+  for linkage in static shared; do
+    [ "$linkage" = shared ] && [ $line_number -gt 1 ] && continue  # -static needs the archive
+    dir=$scratch/doc-pc-$linkage-$line_number
+    mkdir -p "$dir"
+    cp "$consumer_src/example.cc" "$dir/engine.cc"
+    command=$(printf '%s\n' "$line" | sed -e "s#/opt/kvfile/lib#${libdir_of[$linkage]}#g" \
+                                            -e "s#/opt/kvfile#${prefix_of[$linkage]}#g")
+    echo "\$ $command"
+    (cd "$dir" && PKG_CONFIG_PATH=${libdir_of[$linkage]}/pkgconfig bash -ec "$command")
+    "$dir/a.out" "$dir/engine.kv"
+    "$prefix/bin/kvfile" verify "$dir/engine.kv"
+  done
+done <"$doc_blocks/3"
+
 echo "== the kvfile command and the resume example from their sources, against the installed package"
 cmake -S "$consumer_src/tools" -B "$scratch/tools" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_PREFIX_PATH="$prefix" "-DCMAKE_CXX_FLAGS=-Wall -Wextra -Werror" >"$scratch/tools.log" 2>&1 ||
@@ -133,11 +189,15 @@ PY
 echo "== Python package, cmake --install"
 site=$(dirname "$(dirname "$(find "$prefix" -path '*/kvfile/__init__.py' | head -1)")")
 PYTHONPATH=$site check_import "$python" "$prefix"
-echo "== Python package, pip install --no-build-isolation . into a fresh venv"
-"$python" -m venv --system-site-packages "$scratch/venv"
-# (CMAKE_ARGS, read by setup.py: unoptimized here too, for the same reason.)
-(cd "$KVFILE_ROOT" && CMAKE_ARGS="-DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-O0" \
-   "$scratch/venv/bin/python" -m pip install -q --no-index --no-build-isolation \
-   --no-cache-dir . >"$scratch/pip.log" 2>&1) || { cat "$scratch/pip.log" >&2; exit 1; }
+echo "== Python package, docs/api.md's pip line (pip install --no-build-isolation . into a fresh venv)"
+# As written, with the interpreter the module was built for and the venv
+# in the scratch directory; offline (nothing to fetch: --system-site-packages
+# has numpy). CMAKE_ARGS, read by setup.py: unoptimized here too, for the
+# same reason as above.
+sed -e "s#^python3 #$python #; s#packages venv #packages $scratch/venv #; s# venv/bin/pip # $scratch/venv/bin/pip #" \
+  "$doc_blocks/4" >"$scratch/pip.sh"
+(cd "$KVFILE_ROOT" && CMAKE_ARGS="-DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-O0" PIP_NO_INDEX=1 \
+   PIP_NO_CACHE_DIR=1 bash -e "$scratch/pip.sh" >"$scratch/pip.log" 2>&1) ||
+  { cat "$scratch/pip.sh" "$scratch/pip.log" >&2; exit 1; }
 check_import "$scratch/venv/bin/python" "$scratch/venv"
-echo "install_test: ok (installed to scratch prefixes; CMake package and pkg-config, shared and static; the CLI and the resume example built against the package; Python: cmake --install and pip)"
+echo "install_test: ok (installed to scratch prefixes; CMake package and pkg-config, shared and static; docs/api.md's install, find_package, pkg-config and pip lines as written; the CLI and the resume example built against the package; Python: cmake --install and pip)"

@@ -577,6 +577,34 @@ def test_example_runs_and_prints_what_the_docs_show(tmp_path):
         assert out.stdout == doc_block(doc, "<!-- output: src/python/examples/example.py -->", "")
 
 
+def test_torch_submodules_are_attributes_without_importing_torch(tmp_path):
+    """`import kvfile; kvfile.torch.load(...)` as the docs write it: kvfile.torch
+    and kvfile.transformers are reachable as attributes after a plain `import
+    kvfile`, and neither that nor naming them imports torch or transformers
+    (stand-ins on the path that exit 3 if imported prove it, torch installed or not)."""
+    for name in ("torch", "transformers"):
+        (tmp_path / f"{name}.py").write_text(f"raise SystemExit('imported {name}')\n")
+    script = (
+        "import sys, kvfile\n"
+        "assert 'torch' not in sys.modules and 'kvfile.torch' not in sys.modules\n"
+        "print(kvfile.torch.__name__, callable(kvfile.torch.load))\n"
+        "print(kvfile.transformers.__name__, callable(kvfile.transformers.load_cache))\n"
+        "print('torch' in sys.modules, 'transformers' in sys.modules, 'torch' in dir(kvfile))\n"
+        "try:\n"
+        "    kvfile.no_such_name\n"
+        "except AttributeError as e:\n"
+        "    print(e)\n")
+    package_dir = str(Path(kvfile.__file__).resolve().parents[1])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), package_dir]))
+    out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=120, env=env)
+    assert (out.returncode, out.stderr) == (0, "")
+    assert out.stdout == ("kvfile.torch True\n"
+                          "kvfile.transformers True\n"
+                          "False False True\n"
+                          "module 'kvfile' has no attribute 'no_such_name'\n")
+
+
 def test_nvfp4_stream_codes_and_decoded_rows(tmp_path):
     """An nvfp4 stream (format 2.2): token 0 is the worked example of
     spec/CODEC.md 14.7, whose codes and scales are known; every decoded value

@@ -769,7 +769,7 @@ void RegisterConvert(CLI::App& app, int* exit_code) {
       "         kvfile convert session.kv session.safetensors --codes");
   cmd->add_option("IN", args->in, "input: .kv, .safetensors, PACK:MEMBER (a member of a .kvpack), or a directory of .kv files")->required();
   cmd->add_option("OUT", args->out, "output: .kv, .safetensors, or a directory")->required();
-  cmd->add_option("--dtype", args->dtype, "target dtype: e4m3, e5m2, nvfp4, bf16, f16 or f32")
+  cmd->add_option("--dtype", args->dtype, "target dtype: e4m3, e5m2, nvfp4, bf16, f16 or f32; q8_0 for --format llama-seq|llama-session")
       ->check(CLI::IsMember({"e4m3", "e5m2", "nvfp4", "bf16", "f16", "f32", "q8_0"}));
   cmd->add_option("--keep-raw", args->keep_raw, "streams stored raw (bf16, or a raw --dtype); comma separated")
       ->delimiter(',');

@@ -11,7 +11,9 @@ A thin layer over the C++ library's binding (the extension kvfile._kvfile):
     Reader.read_all(...) / Reader.codes_all(...)  -> every stream at once (bulk)
 
 kvfile.torch (torch tensors, CUDA loads) and kvfile.transformers (a
-DynamicCache to and from a file) import torch only when used.
+DynamicCache to and from a file) are attributes of the package, imported on
+first use (`import kvfile; kvfile.torch.load(...)` works); they import torch
+only when one of their functions is called, so `import kvfile` never does.
 
 Arrays: a stream's rows are shaped [layers, tokens, rows_per_token,
 row_width] for Writer.append and for Reader.read(stream) of every layer;
@@ -63,3 +65,22 @@ def open(path, mode="r", **options):  # noqa: A001  (the module's entry point, l
     if mode == "a":
         return open_writer(path, **options)
     raise ValueError(f"mode must be 'r' or 'a', not {mode!r}")
+
+
+# The submodules that need torch, imported when first named: `import kvfile`
+# stays free of them (and of torch), and `kvfile.torch.load(...)` still works
+# without an `import kvfile.torch` first. Importing a submodule binds it on
+# the package, so this runs once for each.
+_LAZY_SUBMODULES = ("torch", "transformers")
+
+
+def __getattr__(name):
+    if name in _LAZY_SUBMODULES:
+        import importlib  # noqa: PLC0415
+
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY_SUBMODULES))
