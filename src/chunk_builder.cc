@@ -3,12 +3,15 @@
 // (see chunk_builder.h).
 #include "chunk_builder.h"
 
+#include <algorithm>
 #include <cstring>
+#include <thread>
 
 #include "kvfile/codec.h"
 #include "codec/nvfp4.h"
 #include "codec/row_check.h"
 #include "format/endian.h"
+#include "parallel_chunks.h"
 
 namespace kvfile::internal {
 
@@ -46,9 +49,10 @@ void SealHead(const ChunkLayout& layout, const ChunkHeader& head, uint8_t* bytes
   StoreU64(bytes + layout.head_checksum_offset, Checksum(bytes, layout.head_checksum_offset));
 }
 
-Status ChunkBuilder::Init(const Geometry* g, uint32_t chunk_tokens) {
+Status ChunkBuilder::Init(const Geometry* g, uint32_t chunk_tokens, unsigned threads) {
   g_ = g;
   staged_ = 0;
+  threads_ = threads == 0 ? std::max(1u, std::thread::hardware_concurrency()) : threads;
   return ComputeChunkLayout(*g, chunk_tokens, &full_);
 }
 
@@ -56,6 +60,23 @@ bool ChunkBuilder::Allocate() {
   for (PageBuffer& b : staging_)
     if (b.size() == 0 && !b.Resize(AlignUp(full_.chunk_bytes, kBlockSize))) return false;
   return true;
+}
+
+// Work on `tokens` tokens of every section is spread over threads only
+// where each thread gets at least kMinBytesPerThread of rows: below that,
+// starting threads costs more than it saves.
+Status ChunkBuilder::ForSections(uint64_t tokens, const std::function<Status(unsigned, size_t)>& task) const {
+  constexpr uint64_t kMinBytesPerThread = uint64_t{1} << 20;
+  const size_t sections = static_cast<size_t>(g_->layers) * g_->streams.size();
+  const uint64_t bytes = tokens * (full_.chunk_bytes / std::max<uint32_t>(full_.token_count, 1));
+  const unsigned workers = WorkerCount(static_cast<unsigned>(std::min<uint64_t>(threads_, bytes / kMinBytesPerThread)),
+                                       sections, threads_);
+  last_workers_ = workers;
+  if (workers <= 1) {
+    for (size_t i = 0; i < sections; ++i) KVFILE_RETURN_IF_ERROR(task(0, i));
+    return Status::OK();
+  }
+  return ForEachChunk(0, sections, workers, task);
 }
 
 std::string ChunkBuilder::Where(uint32_t layer, uint32_t stream, uint64_t token, uint64_t row) const {
@@ -73,32 +94,34 @@ Status ChunkBuilder::Validate(const AppendBatch& b, bool scan_values, uint64_t s
                                    " row blocks; the geometry needs layers x streams = " +
                                    std::to_string(expected));
   uint64_t n = b.tokens.size();
-  for (uint32_t layer = 0; layer < g.layers; ++layer) {
-    for (uint32_t s = 0; s < streams; ++s) {
-      const RowBlock& blk = b.blocks[static_cast<size_t>(layer) * streams + s];
-      const StreamSpec& spec = g.streams[s];
-      std::string where = "layer " + std::to_string(layer) + ", stream '" + spec.name + "'";
-      if (blk.data == nullptr) return Status::InvalidArgument(where + ": no rows given");
-      bool prequantized = IsQuantized(blk.dtype);
-      if (prequantized && blk.dtype != spec.dtype)
-        return Status::InvalidArgument(where + ": codes are " + DtypeName(blk.dtype) +
-                                       " but the stream stores " + DtypeName(spec.dtype));
-      if (prequantized && blk.scales == nullptr)
-        return Status::InvalidArgument(where + ": codes given without scales");
-      if (IsNvfp4(blk.dtype) && blk.block_scales == nullptr)
-        return Status::InvalidArgument(where + ": nvfp4 codes given without block scales");
-      if (!prequantized && !IsRawInput(blk.dtype))
-        return Status::InvalidArgument(where + ": invalid input dtype");
-      if (!scan_values) continue;
-      // Codes as the codec sees them; raw input row by row.
-      const CodecRows cr = IsNvfp4(blk.dtype) ? CodecRowsOf(spec) : CodecRows{spec.rows_per_token, spec.row_width};
-      codec::RowCheck rc =
-          codec::CheckRows(blk.dtype, blk.data, blk.scales, n * cr.per_token, cr.width, blk.block_scales);
-      if (!rc.ok())
-        return Status::NonFinite(RowFaultText(rc.fault) + RowWhere(layer, s, first, rc.row, cr, IsNvfp4(blk.dtype)));
-    }
-  }
-  return Status::OK();
+  // Each section is checked on its own; the first failing section in
+  // (layer, stream) order is the one reported, however many threads run.
+  auto check = [&](unsigned, size_t i) -> Status {
+    const uint32_t layer = static_cast<uint32_t>(i / streams), s = static_cast<uint32_t>(i % streams);
+    const RowBlock& blk = b.blocks[i];
+    const StreamSpec& spec = g.streams[s];
+    std::string where = "layer " + std::to_string(layer) + ", stream '" + spec.name + "'";
+    if (blk.data == nullptr) return Status::InvalidArgument(where + ": no rows given");
+    bool prequantized = IsQuantized(blk.dtype);
+    if (prequantized && blk.dtype != spec.dtype)
+      return Status::InvalidArgument(where + ": codes are " + DtypeName(blk.dtype) +
+                                     " but the stream stores " + DtypeName(spec.dtype));
+    if (prequantized && blk.scales == nullptr)
+      return Status::InvalidArgument(where + ": codes given without scales");
+    if (IsNvfp4(blk.dtype) && blk.block_scales == nullptr)
+      return Status::InvalidArgument(where + ": nvfp4 codes given without block scales");
+    if (!prequantized && !IsRawInput(blk.dtype))
+      return Status::InvalidArgument(where + ": invalid input dtype");
+    if (!scan_values) return Status::OK();
+    // Codes as the codec sees them; raw input row by row.
+    const CodecRows cr = IsNvfp4(blk.dtype) ? CodecRowsOf(spec) : CodecRows{spec.rows_per_token, spec.row_width};
+    codec::RowCheck rc =
+        codec::CheckRows(blk.dtype, blk.data, blk.scales, n * cr.per_token, cr.width, blk.block_scales);
+    if (!rc.ok())
+      return Status::NonFinite(RowFaultText(rc.fault) + RowWhere(layer, s, first, rc.row, cr, IsNvfp4(blk.dtype)));
+    return Status::OK();
+  };
+  return ForSections(scan_values ? n : 0, check);
 }
 
 Status ChunkBuilder::Stage(const AppendBatch& b, uint64_t from, uint32_t n, uint64_t sealed_tokens) {
@@ -106,49 +129,49 @@ Status ChunkBuilder::Stage(const AppendBatch& b, uint64_t from, uint32_t n, uint
   const uint32_t streams = static_cast<uint32_t>(g.streams.size());
   const uint64_t first = sealed_tokens + staged_;
   uint8_t* base = staging_[current_].data();
-  for (uint32_t layer = 0; layer < g.layers; ++layer) {
-    for (uint32_t s = 0; s < streams; ++s) {
-      const RowBlock& blk = b.blocks[static_cast<size_t>(layer) * streams + s];
-      const StreamSpec& spec = g.streams[s];
-      const SectionLayout& sec = full_.section(layer, s);
-      uint64_t rows_before = uint64_t{staged_} * spec.rows_per_token;
-      uint64_t rows = uint64_t{n} * spec.rows_per_token;
-      uint64_t src_row = from * spec.rows_per_token;
-      if (IsNvfp4(spec.dtype)) {
-        KVFILE_RETURN_IF_ERROR(StageNvfp4(blk, layer, s, sec, from, n, first));
-        continue;
-      }
-      size_t in_elem = ElementSize(blk.dtype);
-      const uint8_t* src = static_cast<const uint8_t*>(blk.data) + src_row * spec.row_width * in_elem;
-      uint8_t* dst = base + sec.offset + rows_before * spec.row_width * ElementSize(spec.dtype);
-      if (IsFp8(spec.dtype)) {
-        float* scales = reinterpret_cast<float*>(base + sec.scales_offset) + rows_before;
-        if (IsFp8(blk.dtype)) {
-          // Codes from the caller get the checks a reader would make.
-          size_t elems = rows * spec.row_width;
-          codec::RowCheck rc = codec::CheckRows(blk.dtype, src, blk.scales + src_row, rows, spec.row_width);
-          if (!rc.ok())
-            return Status::NonFinite(RowFaultText(rc.fault) +
-                                     Where(layer, s, first + rc.row / spec.rows_per_token, rc.row % spec.rows_per_token));
-          std::memcpy(dst, src, elems);
-          std::memcpy(scales, blk.scales + src_row, rows * 4);
-          continue;
-        }
-        size_t bad_row;
-        if (!codec::QuantizeRows(spec.dtype, blk.dtype, src, rows, spec.row_width, dst, scales,
-                                 &bad_row))
-          return Status::NonFinite("non-finite value in " + Where(layer, s, first + bad_row / spec.rows_per_token,
-                                                                  bad_row % spec.rows_per_token));
-      } else {
+  // Sections are disjoint in the buffer: each is staged on its own, and a
+  // bad value is reported for the first failing section in (layer, stream)
+  // order, however many threads run.
+  auto stage = [&](unsigned, size_t i) -> Status {
+    const uint32_t layer = static_cast<uint32_t>(i / streams), s = static_cast<uint32_t>(i % streams);
+    const RowBlock& blk = b.blocks[i];
+    const StreamSpec& spec = g.streams[s];
+    const SectionLayout& sec = full_.section(layer, s);
+    uint64_t rows_before = uint64_t{staged_} * spec.rows_per_token;
+    uint64_t rows = uint64_t{n} * spec.rows_per_token;
+    uint64_t src_row = from * spec.rows_per_token;
+    if (IsNvfp4(spec.dtype)) return StageNvfp4(blk, layer, s, sec, from, n, first);
+    size_t in_elem = ElementSize(blk.dtype);
+    const uint8_t* src = static_cast<const uint8_t*>(blk.data) + src_row * spec.row_width * in_elem;
+    uint8_t* dst = base + sec.offset + rows_before * spec.row_width * ElementSize(spec.dtype);
+    if (IsFp8(spec.dtype)) {
+      float* scales = reinterpret_cast<float*>(base + sec.scales_offset) + rows_before;
+      if (IsFp8(blk.dtype)) {
+        // Codes from the caller get the checks a reader would make.
         size_t elems = rows * spec.row_width;
-        codec::RowCheck rc = codec::CheckRows(blk.dtype, src, nullptr, rows, spec.row_width);
+        codec::RowCheck rc = codec::CheckRows(blk.dtype, src, blk.scales + src_row, rows, spec.row_width);
         if (!rc.ok())
           return Status::NonFinite(RowFaultText(rc.fault) +
                                    Where(layer, s, first + rc.row / spec.rows_per_token, rc.row % spec.rows_per_token));
-        codec::ConvertRaw(blk.dtype, src, elems, spec.dtype, dst);
+        std::memcpy(dst, src, elems);
+        std::memcpy(scales, blk.scales + src_row, rows * 4);
+        return Status::OK();
       }
+      size_t bad_row;
+      if (!codec::QuantizeRows(spec.dtype, blk.dtype, src, rows, spec.row_width, dst, scales, &bad_row))
+        return Status::NonFinite("non-finite value in " + Where(layer, s, first + bad_row / spec.rows_per_token,
+                                                                bad_row % spec.rows_per_token));
+      return Status::OK();
     }
-  }
+    size_t elems = rows * spec.row_width;
+    codec::RowCheck rc = codec::CheckRows(blk.dtype, src, nullptr, rows, spec.row_width);
+    if (!rc.ok())
+      return Status::NonFinite(RowFaultText(rc.fault) +
+                               Where(layer, s, first + rc.row / spec.rows_per_token, rc.row % spec.rows_per_token));
+    codec::ConvertRaw(blk.dtype, src, elems, spec.dtype, dst);
+    return Status::OK();
+  };
+  KVFILE_RETURN_IF_ERROR(ForSections(n, stage));
   for (uint32_t i = 0; i < n; ++i) StoreU32(base + full_.tokens_offset + 4ull * (staged_ + i), b.tokens[from + i]);
   staged_ += n;
   return Status::OK();

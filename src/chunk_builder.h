@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 
@@ -35,8 +36,10 @@ void SealHead(const format::ChunkLayout& layout, const format::ChunkHeader& head
 class ChunkBuilder {
  public:
   // Layout for chunks of `chunk_tokens` tokens of geometry `g` (kept by
-  // pointer: it must outlive the builder). Allocates nothing.
-  Status Init(const format::Geometry* g, uint32_t chunk_tokens);
+  // pointer: it must outlive the builder). Allocates nothing. Validate and
+  // Stage spread a large batch's sections over up to `threads` threads (0:
+  // one per core); the bytes and the errors do not depend on the count.
+  Status Init(const format::Geometry* g, uint32_t chunk_tokens, unsigned threads = 1);
 
   // Both staging buffers, zeroed, at once (nothing staged yet). False when
   // memory runs out; then nothing is allocated that was not before.
@@ -47,6 +50,8 @@ class ChunkBuilder {
   uint32_t capacity() const { return full_.token_count; }
   uint32_t staged() const { return staged_; }
   uint32_t room() const { return full_.token_count - staged_; }
+  // Threads the last Validate or Stage ran on (1: the calling thread only).
+  unsigned last_workers() const { return last_workers_; }
 
   // Checks the shape of the batch (block count, dtypes, scales present)
   // and, with scan_values, every value in it. `sealed_tokens` is the
@@ -72,6 +77,10 @@ class ChunkBuilder {
   }
 
  private:
+  // Runs task(worker, section) for every (layer, stream) section in order
+  // of layer then stream, on threads where `tokens` tokens of work make it
+  // pay; the first failing section's status.
+  Status ForSections(uint64_t tokens, const std::function<Status(unsigned, size_t)>& task) const;
   std::string Where(uint32_t layer, uint32_t stream, uint64_t token, uint64_t row) const;
   std::string RowWhere(uint32_t layer, uint32_t stream, uint64_t first, uint64_t row,
                        const format::CodecRows& cr, bool nvfp4_codes) const;
@@ -83,6 +92,8 @@ class ChunkBuilder {
   PageBuffer staging_[2];     // page-aligned, so also kBlockSize-aligned
   int current_ = 0;
   uint32_t staged_ = 0;  // tokens in staging_[current_]
+  unsigned threads_ = 1;
+  mutable unsigned last_workers_ = 1;
 };
 
 }  // namespace kvfile::internal

@@ -84,7 +84,7 @@ Status Writer::Impl::Init(const std::string& p, const WriterOptions& o, FileHead
   // tokens per chunk); Open() lowers the file's hint to fit.
   uint32_t chunk_tokens = header.chunk_tokens;
   if (cap_chunk_size) chunk_tokens = FitChunkTokens(header.geometry, chunk_tokens, 0);
-  return builder.Init(&header.geometry, chunk_tokens).WithContext(path);
+  return builder.Init(&header.geometry, chunk_tokens, options.threads).WithContext(path);
 }
 
 // Writes the header and both commit slots (sequence 1 and 2, the same empty
@@ -184,8 +184,13 @@ Status Writer::Impl::WaitInFlight() {
   in_flight.pending = false;
   Status st = file->WaitWrites();
   if (!st.ok()) return Fail(st);
-  // A linked fdatasync that completed covers every write before it.
-  if (in_flight.syncs) log.DataSynced();
+  // A linked fdatasync that completed covers every write before it;
+  // otherwise the disk may start on the chunk now (write_behind.h), so the
+  // sync at the commit finds less to do.
+  if (in_flight.syncs)
+    log.DataSynced();
+  else if (!chunks.empty())
+    write_behind.Start(*file, path, chunks.back().offset, chunks.back().bytes);
   return Status::OK();
 }
 

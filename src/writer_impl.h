@@ -33,7 +33,7 @@ struct KVFILE_NO_EXPORT Writer::Impl {
   format::FileHeader header;
   internal::ChunkBuilder builder;
   internal::CommitLog log;
-  internal::WriteBehind write_behind;  // direct chunks' early writeback
+  internal::WriteBehind write_behind;  // early writeback of written chunks
 
   // The chunk write in flight (File::SubmitWrite), if any: its buffer is
   // the builder's other one. `syncs`: it has a linked fdatasync.

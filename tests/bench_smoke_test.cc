@@ -33,6 +33,10 @@ const std::set<std::string> kPaths = {
     "kvfile verify FILE (command)",
     "limit: copy of the bf16 KV + fsync (cp)",
     "kvfile convert FILE OUT.safetensors (bf16)",
+    "limit: dd of the safetensors, fsync",
+    "kvfile convert (import), durable",
+    "limit: cp of the bf16 KV into tmpfs",
+    "kvfile convert (export) into tmpfs",
     "limit: raw read, cold",
     "instead: raw bf16 read, cold",
     "resume whole session, cold",
@@ -75,8 +79,10 @@ TEST(BenchSmoke, JsonHasEveryPathWithSaneFigures) {
     }
   }
   for (const std::string& p : kPaths) EXPECT_TRUE(seen.count(p)) << "missing row: " << p;
-  // The files it wrote are gone.
+  // The files it wrote are gone, in --dir and in /dev/shm.
   EXPECT_TRUE(std::filesystem::is_empty(dir));
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm"))
+    EXPECT_FALSE(e.path().filename().string().starts_with("kvbench-")) << e.path();
 }
 
 TEST(BenchSmoke, TablePrintsEveryPath) {

@@ -229,6 +229,55 @@ TEST(ChunkBuilder, NonFiniteRowStagesNothing) {
   EXPECT_EQ(Bytes(c), FreshChunk(g, 8, ok, 0, kDataOffset));
 }
 
+// A large batch is checked and staged on several threads, one (layer,
+// stream) section each: the sealed bytes are those of one thread, and a bad
+// value is reported for the first bad section in (layer, stream) order
+// whichever thread finds one first.
+TEST(ChunkBuilder, ThreadsChangeNeitherBytesNorErrors) {
+  Geometry g;
+  g.layers = 6;
+  g.streams = {{"k", 2, 16, Dtype::kE4M3}, {"v", 2, 16, Dtype::kBF16}};
+  // Per token 6 x 2 sections of 2 rows x 16: enough tokens that each of 4
+  // threads gets over a MiB of rows.
+  const uint32_t n = 65536;
+  auto stage = [&](unsigned threads, const Input& in, std::vector<uint8_t>* bytes, unsigned* workers) {
+    ChunkBuilder b;
+    EXPECT_TRUE(b.Init(&g, n, threads).ok());
+    EXPECT_TRUE(b.Allocate());
+    Status st = b.Validate(in.batch, /*scan_values=*/true, 0);
+    if (st.ok()) st = b.Stage(in.batch, 0, n, 0);
+    *workers = b.last_workers();
+    std::span<const uint8_t> c;
+    if (st.ok() && b.Seal(Head(0, kDataOffset), &c).ok()) *bytes = Bytes(c);
+    return st;
+  };
+  Input in(g, 0, n, 9);
+  std::vector<uint8_t> one, four;
+  unsigned w1 = 0, w4 = 0;
+  ASSERT_TRUE(stage(1, in, &one, &w1).ok());
+  ASSERT_TRUE(stage(4, in, &four, &w4).ok());
+  EXPECT_EQ(w1, 1u);
+  EXPECT_EQ(w4, 4u);  // the work really was spread
+  ASSERT_FALSE(one.empty());
+  EXPECT_TRUE(one == four);
+  ExpectValidChunk(g, four, in, 0);
+  // Bad values in layer 4 (v) and layer 2 (k): layer 2's is the one named,
+  // by Validate and by Stage, on one thread or four.
+  in.bf16[4][1000 * 32 + 5] = 0x7f80;
+  in.f32[2][2000 * 32 + 20] = std::numeric_limits<float>::infinity();
+  for (unsigned threads : {1u, 4u}) {
+    ChunkBuilder b;
+    ASSERT_TRUE(b.Init(&g, n, threads).ok());
+    ASSERT_TRUE(b.Allocate());
+    EXPECT_EQ(b.Validate(in.batch, true, 0).message(), "non-finite value in layer 2, stream 'k', token 2000, row 1")
+        << threads;
+    EXPECT_EQ(b.Stage(in.batch, 0, n, 0).message(), "non-finite value in layer 2, stream 'k', token 2000, row 1")
+        << threads;
+    EXPECT_EQ(b.last_workers(), threads);
+    EXPECT_EQ(b.staged(), 0u);
+  }
+}
+
 TEST(ChunkBuilder, ValidateChecksTheShapeOfTheBatch) {
   const Geometry g = Mixed();
   ChunkBuilder b;

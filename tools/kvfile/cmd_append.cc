@@ -177,6 +177,7 @@ int RunAppend(const AppendArgs& a) {
   if (!st.ok()) return ReportError(st);
 
   WriterOptions opt;
+  opt.threads = 0;  // quantize on every core (the bytes do not depend on it)
   opt.sync = ParseSync(a.sync);
   if (!exists) opt.chunk_tokens = a.chunk_tokens ? *a.chunk_tokens : BoundedChunkTokens(file_geometry, 256, a.input);
   opt.upgrade_dtype = upgrade;

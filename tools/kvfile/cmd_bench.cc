@@ -505,6 +505,51 @@ Status Bench::ReadPaths() {
     ex.target = ">= 0.8";
     ex.target_ratio = 0.8;
     Add(ex);
+    // The import of that bf16 safetensors file (durable) against a copy of
+    // it with fsync on the same disk (what `dd conv=fsync` does): the .kv is
+    // about half the bytes, so the goal is 1.5x.
+    std::string imported = P("import.kv");
+    auto warm_exported = [&] { return bench::WarmPageCache(exported); };
+    Row dd{.path = "limit: dd of the safetensors, fsync", .bytes = bf16, .bytes_of = "bf16 KV"};
+    KVFILE_RETURN_IF_ERROR(Measure(a_.reps, &dd, [&] { return bench::RawCopy(exported, copy, &scratch); }, warm_exported));
+    Add(dd);
+    std::filesystem::remove(copy);
+    Row im{.path = "kvfile convert (import), durable", .threads = v.threads, .bytes = bf16,
+           .bytes_of = "bf16 KV"};
+    KVFILE_RETURN_IF_ERROR(
+        Measure(a_.reps, &im, [&] { return RunSelf({"-q", "convert", exported, imported, "--force"}); }, warm_exported));
+    CompareTo(im, dd.path);
+    im.target = ">= 1.5";
+    im.target_ratio = 1.5;
+    Add(im);
+    std::filesystem::remove(imported);
+    // The export into memory (tmpfs), where the disk does not set the pace:
+    // against a copy of the same bytes into the same tmpfs.
+    const std::string shm = "/dev/shm";
+    if (std::filesystem::is_directory(shm)) {
+      std::string shm_copy = shm + "/kvbench-" + std::to_string(::getpid()) + "-copy.safetensors";
+      std::string shm_out = shm + "/kvbench-" + std::to_string(::getpid()) + "-export.safetensors";
+      Row cps{.path = "limit: cp of the bf16 KV into tmpfs", .bytes = bf16, .bytes_of = "bf16 KV"};
+      Status st = Measure(a_.reps, &cps, [&] { return bench::RawCopy(exported, shm_copy, &scratch); }, [&] {
+        std::filesystem::remove(shm_copy);
+        return warm();
+      });
+      std::filesystem::remove(shm_copy);
+      KVFILE_RETURN_IF_ERROR(st);
+      Add(cps);
+      Row ext{.path = "kvfile convert (export) into tmpfs", .threads = v.threads, .bytes = bf16,
+              .bytes_of = "bf16 KV"};
+      st = Measure(a_.reps, &ext, [&] { return RunSelf({"-q", "convert", kv, shm_out}); }, [&] {
+        std::filesystem::remove(shm_out);
+        return warm();
+      });
+      std::filesystem::remove(shm_out);
+      KVFILE_RETURN_IF_ERROR(st);
+      CompareTo(ext, cps.path);
+      ext.target = ">= 0.8";
+      ext.target_ratio = 0.8;
+      Add(ext);
+    }
     std::filesystem::remove(exported);
   }
 

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
+#include <future>
 #include <optional>
 #include <set>
 #include <thread>
@@ -200,6 +201,7 @@ Status KvToKv(const std::string& in, const std::string& tmp, const Plan& p, std:
   WriterOptions wo;
   wo.format_major = p.major;
   wo.chunk_tokens = p.chunk_tokens ? *p.chunk_tokens : BoundedChunkTokens(go, r->nominal_chunk_tokens(), in);
+  wo.threads = 0;
   std::unique_ptr<Writer> w;
   KVFILE_RETURN_IF_ERROR(Writer::Create(tmp, go, r->identity(), wo, &w));
   size_t S = gi.streams.size();
@@ -294,6 +296,7 @@ Status Import(const std::string& in, const std::string& tmp, const Plan& p, std:
   WriterOptions wo;
   wo.format_major = p.major;
   wo.chunk_tokens = p.chunk_tokens ? *p.chunk_tokens : BoundedChunkTokens(g, 256, in);
+  wo.threads = 0;  // quantize on every core (the bytes do not depend on it)
   std::unique_ptr<Writer> w;
   KVFILE_RETURN_IF_ERROR(Writer::Create(tmp, g, id, wo, &w));
   uint64_t per_token = 0;
@@ -384,7 +387,7 @@ Status Export(const std::string& in, const std::string& tmp, const Plan& p, std:
     // Decoded values, every tensor of one dtype: one pass over the file per
     // block of tokens (ReadMany reads each chunk's sections once, checks and
     // decodes them), then each (layer, stream) block is one contiguous run
-    // of its tensor. One small buffer, mapped with huge pages and reused:
+    // of its tensor. Small buffers, mapped with huge pages and reused:
     // measured on /dev/shm, first touches of fresh 4 KiB pages cost more
     // than the decode (a 128 MiB std::vector took seconds to fault in).
     const size_t S = g.streams.size();
@@ -392,27 +395,44 @@ Status Export(const std::string& in, const std::string& tmp, const Plan& p, std:
     uint64_t per_token = 0;
     for (const StreamSpec& spec : g.streams) per_token += spec.ElementsPerToken() * elem;
     const uint64_t block = safetensors::BlockTokens(per_token * g.layers, uint64_t{32} << 20);
-    bench::BigBuffer buf(std::min(block, T) * per_token * g.layers);
-    if (!buf.ok()) return Status::IOError(in + ": out of memory for the export buffer");
-    std::vector<RowsTarget> targets;
-    uint64_t at = 0;
-    for (uint32_t l = 0; l < g.layers; ++l)
-      for (uint32_t s = 0; s < S; ++s) {
-        targets.push_back({l, s, buf.data() + at * std::min(block, T)});
-        at += g.streams[s].ElementsPerToken() * elem;
-      }
-    for (uint64_t t0 = 0; t0 < T; t0 += block) {
-      KVFILE_RETURN_IF_ERROR(CheckInterrupt(in));
-      uint64_t n = std::min(block, T - t0);
-      KVFILE_RETURN_IF_ERROR(r->ReadMany(targets, t0, t0 + n, out_dtype, 1));
+    // Two buffers: a block is written (by a second thread) while the next
+    // one is read and decoded (by every core), so the decode and the copy
+    // into the destination overlap.
+    const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
+    const uint64_t buf_bytes = std::min(block, T) * per_token * g.layers;
+    bench::BigBuffer bufs[2] = {bench::BigBuffer(buf_bytes), bench::BigBuffer(buf_bytes)};
+    if (!bufs[0].ok() || !bufs[1].ok()) return Status::IOError(in + ": out of memory for the export buffer");
+    std::vector<RowsTarget> targets[2];
+    for (int k = 0; k < 2; ++k) {
+      uint64_t at = 0;
+      for (uint32_t l = 0; l < g.layers; ++l)
+        for (uint32_t s = 0; s < S; ++s) {
+          targets[k].push_back({l, s, bufs[k].data() + at * std::min(block, T)});
+          at += g.streams[s].ElementsPerToken() * elem;
+        }
+    }
+    auto write_block = [&](const std::vector<RowsTarget>& tg, uint64_t t0, uint64_t n) -> Status {
       for (uint32_t l = 0; l < g.layers; ++l)
         for (uint32_t s = 0; s < S; ++s) {
           uint64_t row = g.streams[s].ElementsPerToken() * elem;
-          KVFILE_RETURN_IF_ERROR(w->Write(s + 1, (uint64_t{l} * T + t0) * row,
-                                          targets[l * S + s].dst, n * row));
+          KVFILE_RETURN_IF_ERROR(w->Write(s + 1, (uint64_t{l} * T + t0) * row, tg[l * S + s].dst, n * row));
         }
+      return Status::OK();
+    };
+    std::future<Status> pending;
+    auto finish_pending = [&]() -> Status { return pending.valid() ? pending.get() : Status::OK(); };
+    int k = 0;
+    for (uint64_t t0 = 0; t0 < T; t0 += block, k ^= 1) {
+      Status st = CheckInterrupt(in);
+      uint64_t n = std::min(block, T - t0);
+      if (st.ok()) st = r->ReadMany(targets[k], t0, t0 + n, out_dtype, threads);
+      Status written = finish_pending();  // the other buffer is free again
+      KVFILE_RETURN_IF_ERROR(written);
+      KVFILE_RETURN_IF_ERROR(st);
+      pending = std::async(std::launch::async, write_block, std::cref(targets[k]), t0, n);
       progress.Add(n * g.layers * S);
     }
+    KVFILE_RETURN_IF_ERROR(finish_pending());
     items.clear();  // done
   }
   for (size_t k = 0; k < items.size(); ++k) {

@@ -66,6 +66,7 @@ int RunSynth(const SynthArgs& a) {
   if (replace->original().exists && !a.force)
     return ReportError(Status::InvalidArgument(a.path + ": file exists; use --force to replace it"));
   WriterOptions opt;
+  opt.threads = 0;  // quantize on every core (the bytes do not depend on it)
   opt.chunk_tokens = a.chunk_tokens;
   // With a shared prefix the fingerprint is the prefix's seed, so that
   // sessions of other seeds with the same prefix are of one model.

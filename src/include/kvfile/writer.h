@@ -54,6 +54,10 @@ struct WriterOptions {
   // to its valid prefix of whole chunks and a commit record vouching for
   // them is written (kvfile repair --force). Acknowledged tokens are lost.
   bool drop_missing_committed = false;
+  // Threads that check and quantize the rows of a large append, one
+  // (layer, stream) section each (0: one per core). The file's bytes and
+  // every error are the same for every count.
+  unsigned threads = 1;
 };
 
 // The rows of one (layer, stream) for the tokens of one append, row after
