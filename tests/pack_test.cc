@@ -894,6 +894,8 @@ TEST_F(PackHoleTest, HoleInTheModelTableIsRefusedWithBoundedMemory) {
   std::string sound = dir_ + "/sound.kvpack";
   WriteWithHole(sound, pack_, pack_.size(), 0);
   EXPECT_EQ(OpenInChild(sound).result, "ok");
+}
+
 class PackConcurrentChange : public ::testing::Test {
  protected:
   void SetUp() override {
