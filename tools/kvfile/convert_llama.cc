@@ -88,6 +88,7 @@ Status ImportLlama(const std::string& in, const std::string& tmp, const LlamaImp
   p.first_pos = s.first_pos;
   ModelIdentity id{llama::FormatModelId(p), 0};
   WriterOptions wo;
+  wo.threads = 0;  // quantize on every core (the bytes do not depend on it)
   wo.format_major = o.major;
   wo.chunk_tokens = o.chunk_tokens ? *o.chunk_tokens : BoundedChunkTokens(g, 256, in);
   std::unique_ptr<Writer> w;

@@ -711,6 +711,7 @@ Status ImportFrom(const SeedConvertArgs& a, const ImportDir& dir, const std::str
   uint64_t per_token = 0;
   for (const StreamSpec& s : g.streams) per_token += (s.ElementsPerToken() + s.rows_per_token * 4) * g.layers;
   WriterOptions wo;
+  wo.threads = 0;  // quantize on every core (the bytes do not depend on it)
   wo.chunk_tokens = static_cast<uint32_t>(std::clamp<uint64_t>((uint64_t{64} << 20) / std::max<uint64_t>(per_token, 1), 1, 256));
   std::unique_ptr<Writer> w;
   KVFILE_RETURN_IF_ERROR(Writer::Create(tmp, g, id, wo, &w));
