@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -25,6 +26,7 @@
 
 #include "file_backends.h"
 #include "support/fault_fs.h"
+#include "support/forwarding_fs.h"
 #include "support/file_util.h"
 #include "support/scratch_dir.h"
 
@@ -316,6 +318,28 @@ TEST_F(AtomicReplaceFsTest, KeepsModeOwnerAndGroup) {
 // and their locks, until it has torn its ring down) is waited for and
 // removed. Here another thread holds the lock and lets it go after 50 ms,
 // well inside the second LockWithGrace waits.
+// A file that counts its lock attempts (the stale temporary's, below).
+class LockCountingFile : public File {
+ public:
+  LockCountingFile(std::unique_ptr<File> f, std::atomic<int>* attempts) : f_(std::move(f)), attempts_(attempts) {}
+  Status ReadAt(uint64_t offset, void* buf, size_t n) override { return f_->ReadAt(offset, buf, n); }
+  Status WriteAt(uint64_t offset, const void* buf, size_t n) override { return f_->WriteAt(offset, buf, n); }
+  Status Sync() override { return f_->Sync(); }
+  Status Truncate(uint64_t size) override { return f_->Truncate(size); }
+  Status Size(uint64_t* size) override { return f_->Size(size); }
+  Status LockExclusive() override {
+    attempts_->fetch_add(1);
+    return f_->LockExclusive();
+  }
+  Status Id(FileId* id) override { return f_->Id(id); }
+  const char* backend() const override { return f_->backend(); }
+  const std::string& path() const override { return f_->path(); }
+
+ private:
+  std::unique_ptr<File> f_;
+  std::atomic<int>* attempts_;
+};
+
 TEST_F(AtomicReplaceFsTest, StaleTempLockedForAMomentAfterItsCreatorDiedIsRemoved) {
   WriteFile(P("x.kv"), "old");
   const std::string stale = P("x.kv.kvtmp-999999999-0");  // above any pid_max
@@ -323,15 +347,32 @@ TEST_F(AtomicReplaceFsTest, StaleTempLockedForAMomentAfterItsCreatorDiedIsRemove
   int fd = ::open(stale.c_str(), O_RDWR);
   ASSERT_GE(fd, 0);
   ASSERT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);
-  std::thread release([fd] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  // The lock is released only once Begin has found it held and tried
+  // again: the grace wait is what removes the file, not a lucky order.
+  std::atomic<int> attempts{0};
+  struct Watch : kvfile::testing::ForwardingFs {
+    std::string watched;
+    std::atomic<int>* attempts;
+    Status Open(const std::string& path, OpenMode mode, std::unique_ptr<File>* out) override {
+      Status st = base_->Open(path, mode, out);
+      if (st.ok() && path == watched) *out = std::make_unique<LockCountingFile>(std::move(*out), attempts);
+      return st;
+    }
+  } watch;
+  watch.watched = stale;
+  watch.attempts = &attempts;
+  std::atomic<bool> returned{false};  // so that a Begin that never retries fails, not hangs
+  std::thread release([fd, &attempts, &returned] {
+    while (attempts.load() < 2 && !returned.load()) std::this_thread::yield();
     ::close(fd);
   });
   std::unique_ptr<PendingReplace> r;
-  Status st = PendingReplace::Begin(P("x.kv"), nullptr, &r);
+  Status st = PendingReplace::Begin(P("x.kv"), &watch, &r);
+  returned = true;
   release.join();
   ASSERT_TRUE(st.ok()) << st.ToString();
   EXPECT_EQ(r->removed_stale(), 1);
+  EXPECT_GE(attempts.load(), 3);  // two refused while held, then the one that took it
   EXPECT_FALSE(fs::exists(stale));
 }
 
