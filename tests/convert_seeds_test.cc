@@ -342,6 +342,66 @@ TEST_F(ConvertSeeds, ColiImportAndExportByteExact) {
   ExpectSameCodes(P("a.kv"), P("c.kv"));
 }
 
+// --format coli-v1: COLIKV1 with f32 rows, byte for byte the v1 layout of
+// the fixture's decoded rows (make_fixtures.py), for a colibri without KV8=1.
+TEST_F(ConvertSeeds, ColiV1Export) {
+  ASSERT_EQ(Kvfile("convert " + Fixture("coli_v2.coli_kv") + " " + P("a.kv")).exit_code, 0);
+  CliRun e = Kvfile("convert " + P("a.kv") + " " + P("b.coli_kv") + " --format coli-v1");
+  ASSERT_EQ(e.exit_code, 0) << e.err;
+  EXPECT_EQ(e.out, P("a.kv") + " -> " + P("b.coli_kv") + ": COLIKV1, 3 tokens\n");
+  EXPECT_EQ(e.err, "");
+  EXPECT_EQ(ReadFile(P("b.coli_kv")), ReadFile(Fixture("coli_v2_as_v1.coli_kv")));
+  CliRun r = Kvfile("convert " + P("a.kv") + " " + P("m") + " --format mooncake --vocab 100");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err, "kvfile: error: --vocab applies to --format coli-v2 or coli-v1\n");
+}
+
+// A row colibri's loader would zero (scale at least 3.4e38f): the import
+// refuses it (exit 1) naming the row, and a .kv holding one is not exported
+// as COLIKV2 (exit 2); OUT is left absent both times.
+TEST_F(ConvertSeeds, ColiRowsColibriZeroesAreRefusedBothWays) {
+  std::string bytes = ReadFile(Fixture("coli_v2.coli_kv"));
+  bytes.replace(40 + 56 + 4 + 4, 4, std::string("\x9E\xC9\x7F\x7F", 4));  // record 1, layer 0 latent scale: 3.4e38f
+  { std::ofstream(P("z.coli_kv"), std::ios::binary) << bytes; }
+  CliRun r = Kvfile("convert " + P("z.coli_kv") + " " + P("z.kv"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err, "kvfile: error: " + P("z.coli_kv") +
+                       ": record 1: layer 0 latent row: scale 3.39999995e+38 is at least 3.4e38, a row colibri's "
+                       "loader zeroes\n");
+  EXPECT_FALSE(fs::exists(P("z.kv")));
+  Geometry g;
+  g.layers = 1;
+  g.streams = {{"latent", 1, 2, Dtype::kE4M3}, {"rope", 1, 2, Dtype::kE4M3}};
+  {
+    std::unique_ptr<Writer> w;
+    ASSERT_TRUE(Writer::Create(P("z2.kv"), g, {"coli_kv:vocab=10", 0}, {}, &w).ok());
+    const uint8_t codes[2] = {0x38, 0x01};
+    const float big = 3.4e38f, one = 1.0f;
+    const uint32_t id = 3;
+    AppendBatch b;
+    b.tokens = std::span<const uint32_t>(&id, 1);
+    b.blocks.push_back({Dtype::kE4M3, codes, &big});
+    b.blocks.push_back({Dtype::kE4M3, codes, &one});
+    ASSERT_TRUE(w->Append(b).ok());
+    ASSERT_TRUE(w->Close().ok());
+  }
+  r = Kvfile("convert " + P("z2.kv") + " " + P("z2.coli_kv"));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err, "kvfile: error: " + P("z2.kv") +
+                       ": token 0: layer 0 latent row: scale 3.39999995e+38 is at least 3.4e38, a row colibri's "
+                       "loader zeroes; not exported\n");
+  EXPECT_FALSE(fs::exists(P("z2.coli_kv")));
+  // COLIKV1 holds the decoded row: 3.4e38f and 2^-9 x 3.4e38f.
+  r = Kvfile("convert " + P("z2.kv") + " " + P("z2.coli_kv") + " --format coli-v1");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::string v1 = ReadFile(P("z2.coli_kv"));
+  ASSERT_EQ(v1.size(), 40u + 4 + 16);
+  float row[2];
+  std::memcpy(row, v1.data() + 44, 8);
+  EXPECT_EQ(row[0], 3.4e38f);
+  EXPECT_EQ(row[1], 3.4e38f / 512);
+}
+
 TEST_F(ConvertSeeds, ColiErrors) {
   // Cut inside the committed records: exit 1, nothing written.
   std::string full = ReadFile(Fixture("coli_v2.coli_kv"));
@@ -376,7 +436,7 @@ TEST_F(ConvertSeeds, ColiErrors) {
   // A .coli_kv OUT says the format (issue 33 item 6); --format naming another is refused.
   r = Kvfile("convert " + P("v1.kv") + " " + P("x.coli_kv") + " --format v1");
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_EQ(r.err, "kvfile: error: " + P("x.coli_kv") + ": a .coli_kv OUT is written by --format coli-v2, not --format v1\n");
+  EXPECT_EQ(r.err, "kvfile: error: " + P("x.coli_kv") + ": a .coli_kv OUT is written by --format coli-v2 or coli-v1, not --format v1\n");
   EXPECT_FALSE(fs::exists(P("x.coli_kv")));
   r = Kvfile("convert " + P("v1.kv") + " " + P("x.coli_kv"));
   EXPECT_EQ(r.exit_code, 0) << r.err;
