@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <memory>
 
+#include "format/header.h"
+
 namespace kvfile::internal {
 
 Status ReadChecked(File& f, uint64_t offset, uint64_t n, uint64_t want, std::vector<uint8_t>* out, bool* match) {
@@ -22,12 +24,12 @@ Status ReadChecked(File& f, uint64_t offset, uint64_t n, uint64_t want, std::vec
       XXH3_64bits_update(state.get(), piece.data(), k);
       at += k;
     }
-    if (XXH3_64bits_digest(state.get()) != want) return Status::OK();
+    if (!format::ChecksumMatches(want, XXH3_64bits_digest(state.get()))) return Status::OK();
   }
   out->resize(n);
   if (n) KVFILE_RETURN_IF_ERROR(f.ReadAt(offset, out->data(), n));
   // Checked again: the bytes read now are the ones kept.
-  *match = XXH3_64bits(out->data(), n) == want;
+  *match = format::ChecksumMatches(want, XXH3_64bits(out->data(), n));
   if (!*match) out->clear();
   return Status::OK();
 }

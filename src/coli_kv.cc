@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -40,6 +41,42 @@ uint64_t RecordBytes(int version, uint64_t layers, uint64_t lora, uint64_t rope,
 }
 
 std::string Where(uint64_t record) { return "record " + std::to_string(record); }
+
+// A float as it reads back exactly (9 significant digits).
+std::string FloatText(float f) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.9g", static_cast<double>(f));
+  return b;
+}
+
+// COLIKV1: a row of e4m3 codes decoded as kvfile decodes it (code value x
+// scale in f32, clamped to the finite range), stored as little-endian f32
+// at p; returns the end.
+uint8_t* StoreDecodedRow(const uint8_t* codes, float scale, uint32_t width, uint8_t* p, std::vector<float>* row) {
+  row->resize(width);
+  codec::DequantizeRows(Dtype::kE4M3, codes, &scale, 1, width, Dtype::kF32, row->data());
+  for (uint32_t e = 0; e < width; ++e) format::StoreU32(p + 4 * e, std::bit_cast<uint32_t>((*row)[e]));
+  return p + uint64_t{width} * 4;
+}
+
+// colibri's loader (kv_persist.h) zeroes a COLIKV2 row whose scale is not in
+// (0, 3.4e38f), and its decoder multiplies code value by scale in f32 with
+// no clamp. kvfile's decode clamps, so a row where colibri and kvfile would
+// hold different values is refused both ways: why colibri cannot hold this
+// row as kvfile decodes it, or "" when it can. The scale is one kvfile
+// accepts (FindInvalidScale); the codes are not NaN codes.
+constexpr float kColiScaleLimit = 3.4e38f;  // colibri zeroes a row whose scale is at least this
+std::string ColibriRowProblem(const uint8_t* codes, uint32_t width, float scale) {
+  if (scale >= kColiScaleLimit)
+    return "scale " + FloatText(scale) + " is at least 3.4e38, a row colibri's loader zeroes";
+  uint8_t top = 0;  // e4m3 magnitudes grow with their low 7 bits
+  for (uint32_t j = 0; j < width; ++j) top = std::max<uint8_t>(top, codes[j] & 0x7F);
+  float v = codec::DecodeElement(top, Dtype::kE4M3) * scale;
+  if (std::isinf(v))
+    return "code " + FloatText(codec::DecodeElement(top, Dtype::kE4M3)) + " x scale " + FloatText(scale) +
+           " is infinite in colibri's f32 decode";
+  return "";
+}
 
 }  // namespace
 
@@ -185,6 +222,10 @@ Status Import(const std::string& in, const std::string& out, FileSystem* fs, Imp
         if (c < elems) return Status::Corruption(where(c / s.row_width) + "NaN code");
         size_t k = codec::FindInvalidScale(scales[i].data(), n);
         if (k < n) return Status::Corruption(where(k) + "scale is not a finite number >= FLT_MIN");
+        for (uint64_t row = 0; row < n; ++row) {
+          std::string why = ColibriRowProblem(data[i].data() + row * s.row_width, s.row_width, scales[i][row]);
+          if (!why.empty()) return Status::Corruption(where(row) + why);
+        }
         b.blocks.push_back({Dtype::kE4M3, data[i].data(), scales[i].data()});
       } else {
         size_t e = codec::FindNonFinite(Dtype::kF32, data[i].data(), elems);
@@ -229,6 +270,8 @@ Status Export(const std::string& in, const std::string& out, const ExportOptions
     if (IsFp8(spec.dtype)) return incompatible("stream 'indexer' is fp8; colibri keeps it as f32 rows");
     if (spec.rows_per_token != 1) return incompatible("stream 'indexer' has more than one row per token");
   }
+  if (options.version != 1 && options.version != 2)
+    return Status::InvalidArgument("COLIKV" + std::to_string(options.version) + " is not written; only 1 and 2");
   uint64_t T = r->token_count();
   if (T > INT32_MAX) return incompatible(std::to_string(T) + " tokens do not fit the i32 record count");
   uint32_t vocab = 0;
@@ -255,7 +298,7 @@ Status Export(const std::string& in, const std::string& out, const ExportOptions
       return incompatible("token " + std::to_string(t) + " has id " + std::to_string(ids[t]) +
                           ", outside the vocabulary of " + std::to_string(vocab));
   Header h;
-  h.version = 2;
+  h.version = options.version;
   h.layers = g.layers;
   h.kv_lora = g.streams[*si_latent].row_width;
   h.qk_rope = g.streams[*si_rope].row_width;
@@ -263,19 +306,20 @@ Status Export(const std::string& in, const std::string& out, const ExportOptions
   h.indexer_layers = si_index ? g.layers : 0;
   h.vocab = vocab;
   h.records = static_cast<uint32_t>(T);
-  uint64_t rec = RecordBytes(2, h.layers, h.kv_lora, h.qk_rope, h.index_hd, h.indexer_layers);
+  uint64_t rec = RecordBytes(h.version, h.layers, h.kv_lora, h.qk_rope, h.index_hd, h.indexer_layers);
   std::unique_ptr<File> f;
   KVFILE_RETURN_IF_ERROR(fs->Open(out, OpenMode::kCreateExclusive, &f));
   uint8_t hb[kHeaderBytes];
-  std::memcpy(hb, kMagicV2, 8);
+  std::memcpy(hb, h.version == 1 ? kMagicV1 : kMagicV2, 8);
   int32_t w[kWords] = {static_cast<int32_t>(h.layers), static_cast<int32_t>(h.kv_lora),
                        static_cast<int32_t>(h.qk_rope), static_cast<int32_t>(h.index_hd),
                        static_cast<int32_t>(h.indexer_layers), static_cast<int32_t>(vocab),
-                       static_cast<int32_t>(T), kTagKv8};
+                       static_cast<int32_t>(T), h.version == 1 ? kTagF32 : kTagKv8};
   for (int i = 0; i < kWords; ++i) format::StoreU32(hb + 8 + 4 * i, static_cast<uint32_t>(w[i]));
   KVFILE_RETURN_IF_ERROR(f->WriteAt(0, hb, sizeof hb));
   uint64_t batch = std::clamp<uint64_t>(kBatchBytes / rec, 1, 65536);
   std::vector<uint8_t> buf;
+  std::vector<float> decoded;  // COLIKV1: one row
   std::vector<std::vector<uint8_t>> codes(h.layers * 2);
   std::vector<std::vector<float>> scales(h.layers * 2);
   std::vector<std::vector<float>> index(si_index ? h.layers : 0);
@@ -303,9 +347,19 @@ Status Export(const std::string& in, const std::string& out, const ExportOptions
       for (uint32_t l = 0; l < h.layers; ++l)
         for (uint32_t s = 0; s < 2; ++s) {
           uint32_t width = s == 0 ? h.kv_lora : h.qk_rope;
-          std::memcpy(p, codes[l * 2 + s].data() + t * width, width);
+          const uint8_t* c = codes[l * 2 + s].data() + t * width;
+          float scale = scales[l * 2 + s][t];
+          if (h.version == 1) {
+            p = StoreDecodedRow(c, scale, width, p, &decoded);
+            continue;
+          }
+          std::string why = ColibriRowProblem(c, width, scale);
+          if (!why.empty())
+            return Status::InvalidArgument(in + ": token " + std::to_string(t0 + t) + ": layer " + std::to_string(l) +
+                                           " " + (s == 0 ? kLatent : kRope) + " row: " + why + "; not exported");
+          std::memcpy(p, c, width);
           p += width;
-          format::StoreU32(p, std::bit_cast<uint32_t>(scales[l * 2 + s][t]));
+          format::StoreU32(p, std::bit_cast<uint32_t>(scale));
           p += 4;
         }
       for (uint32_t l = 0; l < index.size(); ++l) {

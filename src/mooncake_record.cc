@@ -261,6 +261,23 @@ void DecodeF32(const RecordView& rec, float* dst) {
   }
 }
 
+std::string SourceDtypeName(SourceDtype d) {
+  return d == SourceDtype::kF16 ? "fp16 (1)" : d == SourceDtype::kBF16 ? "bf16 (2)" : std::to_string(static_cast<int>(d));
+}
+
+uint64_t FindGroupBeyondDtype(const RecordView& rec) {
+  // Half a unit in the last place above the largest finite value: a tie
+  // there rounds to even, which is infinity.
+  const float bound = rec.desc.dtype == SourceDtype::kF16 ? 65520.0f : std::bit_cast<float>(0x7F7F8000u);
+  for (uint64_t g = 0; g < rec.groups; ++g) {
+    uint64_t b = g * rec.desc.group_size, e = std::min<uint64_t>(rec.elements, b + rec.desc.group_size);
+    uint8_t top = 0;  // e4m3 magnitudes grow with their low 7 bits
+    for (uint64_t i = b; i < e; ++i) top = std::max<uint8_t>(top, rec.codes[i] & 0x7F);
+    if (!(codec::DecodeElement(top, Dtype::kE4M3) * rec.scale(g) < bound)) return g;
+  }
+  return rec.groups;
+}
+
 void DecodeValues(const RecordView& rec, uint16_t* dst) {
   bool f16 = rec.desc.dtype == SourceDtype::kF16;
   for (uint64_t g = 0; g < rec.groups; ++g) {

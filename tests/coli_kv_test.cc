@@ -156,6 +156,99 @@ TEST_F(ColiKv, ExportOfTheImportIsTheFixtureByteForByte) {
   EXPECT_EQ(ReadFileBytes(P("c.coli_kv")), want);
 }
 
+// --format coli-v1: the same session as COLIKV1 (h[7] = 0), each latent
+// and rope row decoded to f32, the indexer as it is: byte for byte the file
+// make_fixtures.py writes from colibri's v1 record layout.
+TEST_F(ColiKv, ExportV1IsTheV1LayoutOfTheDecodedRows) {
+  ImportResult res;
+  ASSERT_TRUE(Import(Fixture("coli_v2.coli_kv"), P("a.kv"), nullptr, &res).ok());
+  ExportOptions o;
+  o.version = 1;
+  uint64_t tokens = 0;
+  ASSERT_TRUE(Export(P("a.kv"), P("v1.coli_kv"), o, &tokens).ok());
+  EXPECT_EQ(tokens, 3u);
+  const std::vector<uint8_t> got = ReadFileBytes(P("v1.coli_kv"));
+  ASSERT_EQ(got.size(), 40 + 3 * kRecV1);
+  EXPECT_EQ(got, ReadFileBytes(Fixture("coli_v2_as_v1.coli_kv")));
+  // Record 1, layer 0, latent element 1: code 0x91 (-2^-5 x 1.125) x scale 2^-2.
+  float v = 0;
+  std::memcpy(&v, got.data() + 40 + kRecV1 + 4 + 4, 4);
+  EXPECT_EQ(v, -0.03515625f * 0.25f);
+  o.version = 3;
+  Status st = Export(P("a.kv"), P("v3.coli_kv"), o, &tokens);
+  EXPECT_EQ(st.code(), Status::Code::kInvalidArgument);
+  EXPECT_EQ(st.message(), "COLIKV3 is not written; only 1 and 2");
+  EXPECT_FALSE(fs::exists(P("v3.coli_kv")));
+}
+
+// A scale just below colibri's 3.4e38f, and 1e36 over codes whose product
+// stays finite, import (BadRecordsAreCorruption has the rows refused).
+TEST_F(ColiKv, ImportTakesRowsColibriHoldsAsTheyAre) {
+  const std::vector<uint8_t> good = ReadFileBytes(Fixture("coli_v2.coli_kv"));
+  const uint64_t scale = 40 + kRecV2 + 4 + kLora;  // record 1, layer 0 latent scale
+  for (float f : {std::bit_cast<float>(0x7F7FC99Du), 1e36f}) {
+    SCOPED_TRACE(f);
+    std::vector<uint8_t> b = good;
+    std::memcpy(b.data() + scale, &f, 4);
+    ImportResult res;
+    Status st = ImportBytes(b, &res);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    std::unique_ptr<Reader> r = OpenImported();
+    ASSERT_TRUE(r);
+    uint8_t codes[2 * kLora];
+    float scales[2];
+    ASSERT_TRUE(r->ReadCodes(0, 0, 0, 2, codes, scales).ok());
+    EXPECT_EQ(scales[1], f);
+  }
+}
+
+// A .kv file whose rows colibri would not hold as kvfile decodes them: the
+// COLIKV2 export refuses (nothing exported), the COLIKV1 export writes
+// kvfile's clamped decode.
+TEST_F(ColiKv, ExportNeverWritesAScaleColibriZeroesOrDecodesToInfinity) {
+  Geometry g;
+  g.layers = 1;
+  g.streams = {{"latent", 1, 2, Dtype::kE4M3}, {"rope", 1, 2, Dtype::kE4M3}};
+  auto make = [&](const std::string& name, float latent_scale, float rope_scale) {
+    std::unique_ptr<Writer> w;
+    ASSERT_TRUE(Writer::Create(P(name), g, {"coli_kv:vocab=10", 0}, {}, &w).ok());
+    const uint8_t latent[4] = {0x38, 0x00, 0x7E, 0x01};  // token 0: 1, 0; token 1: 448, 2^-9
+    const uint8_t rope[4] = {0x38, 0x38, 0x38, 0x38};
+    const float ls[2] = {1.0f, latent_scale}, rs[2] = {1.0f, rope_scale};
+    const uint32_t ids[2] = {1, 2};
+    AppendBatch b;
+    b.tokens = ids;
+    b.blocks.push_back({Dtype::kE4M3, latent, ls});
+    b.blocks.push_back({Dtype::kE4M3, rope, rs});
+    ASSERT_TRUE(w->Append(b).ok());
+    ASSERT_TRUE(w->Close().ok());
+  };
+  make("inf.kv", 1e36f, 1.0f);
+  make("zeroed.kv", 1.0f, 3.4e38f);
+  make("fine.kv", 7.5e35f, 1.0f);  // 448 x 7.5e35 = 3.36e38: finite
+  uint64_t tokens = 0;
+  Status st = Export(P("inf.kv"), P("inf.coli_kv"), {}, &tokens);
+  EXPECT_EQ(st.code(), Status::Code::kInvalidArgument);
+  EXPECT_EQ(st.message(), P("inf.kv") + ": token 1: layer 0 latent row: code 448 x scale 9.99999962e+35 is infinite "
+                                        "in colibri's f32 decode; not exported");
+  st = Export(P("zeroed.kv"), P("zeroed.coli_kv"), {}, &tokens);
+  EXPECT_EQ(st.code(), Status::Code::kInvalidArgument);
+  EXPECT_EQ(st.message(), P("zeroed.kv") + ": token 1: layer 0 rope row: scale 3.39999995e+38 is at least 3.4e38, "
+                                           "a row colibri's loader zeroes; not exported");
+  ASSERT_TRUE(Export(P("fine.kv"), P("fine.coli_kv"), {}, &tokens).ok());
+  // COLIKV1 of inf.kv: token 1's latent row is 448 x 1e36 clamped to FLT_MAX, and 2^-9 x 1e36.
+  ExportOptions o;
+  o.version = 1;
+  ASSERT_TRUE(Export(P("inf.kv"), P("inf1.coli_kv"), o, &tokens).ok());
+  std::vector<uint8_t> v1 = ReadFileBytes(P("inf1.coli_kv"));
+  const uint64_t rec = 4 + (2 + 2) * 4;
+  ASSERT_EQ(v1.size(), 40 + 2 * rec);
+  float row[2];
+  std::memcpy(row, v1.data() + 40 + rec + 4, 8);
+  EXPECT_EQ(std::bit_cast<uint32_t>(row[0]), 0x7F7FFFFFu);
+  EXPECT_EQ(row[1], 1e36f / 512);
+}
+
 TEST_F(ColiKv, RefusedLayouts) {
   std::vector<uint8_t> good = ReadFileBytes(Fixture("coli_v2.coli_kv"));
   struct Case {
@@ -203,6 +296,22 @@ TEST_F(ColiKv, BadRecordsAreCorruption) {
       {"zero scale", r1 + 4 + kLora, {0, 0, 0, 0}, "record 1: layer 0 latent row: scale is not a finite number"},
       {"subnormal scale", r1 + 4 + kLora, {1, 0, 0, 0}, "scale is not a finite number >= FLT_MIN"},
       {"NaN indexer", r1 + 4 + kLayers * 14, {0, 0, 0xC0, 0x7F}, "record 1: layer 0 indexer row: NaN or infinity"},
+      {"NaN scale", r1 + 4 + kLora, {0, 0, 0xC0, 0x7F}, "record 1: layer 0 latent row: scale is not a finite number"},
+      {"negative scale", r1 + 4 + kLora, {0, 0, 0x80, 0xBF}, "record 1: layer 0 latent row: scale is not a finite number"},
+      // The rows colibri's loader zeroes though kvfile could hold them
+      // (scale at least 3.4e38f), and those its unclamped f32 decode makes
+      // infinite (code 448 x 1e36).
+      {"scale 3.4e38f", r1 + 4 + kLora, {0x9E, 0xC9, 0x7F, 0x7F},
+       "in.coli_kv: record 1: layer 0 latent row: scale 3.39999995e+38 is at least 3.4e38, a row colibri's loader "
+       "zeroes"},
+      {"scale FLT_MAX", r1 + 4 + kLora, {0xFF, 0xFF, 0x7F, 0x7F},
+       "in.coli_kv: record 1: layer 0 latent row: scale 3.40282347e+38 is at least 3.4e38, a row colibri's loader "
+       "zeroes"},
+      {"rope scale 3.4e38f", r1 + 4 + kLora + 4 + kRope, {0x9E, 0xC9, 0x7F, 0x7F},
+       "in.coli_kv: record 1: layer 0 rope row: scale 3.39999995e+38 is at least 3.4e38"},
+      {"code 448 x 1e36", r1 + 4 + 2, {0x7E, 0x93, 0xCE, 0x97, 0x40, 0x7B},
+       "in.coli_kv: record 1: layer 0 latent row: code 448 x scale 9.99999962e+35 is infinite in colibri's f32 "
+       "decode"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.what);

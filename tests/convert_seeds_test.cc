@@ -54,6 +54,22 @@ void ExpectSameCodes(const std::string& a, const std::string& b) {
     }
 }
 
+// A one-token .kv file of one layer and one e4m3 stream "s" of width 4
+// holding `row` (token id 7).
+void WriteOneRow(const std::string& path, const ModelIdentity& id, const float (&row)[4]) {
+  Geometry g;
+  g.layers = 1;
+  g.streams = {{"s", 1, 4, Dtype::kE4M3}};
+  std::unique_ptr<Writer> w;
+  ASSERT_TRUE(Writer::Create(path, g, id, {}, &w).ok());
+  const uint32_t token = 7;
+  AppendBatch b;
+  b.tokens = std::span<const uint32_t>(&token, 1);
+  b.blocks.push_back({Dtype::kF32, row, nullptr});
+  ASSERT_TRUE(w->Append(b).ok());
+  ASSERT_TRUE(w->Close().ok());
+}
+
 TEST_F(ConvertSeeds, MooncakeRoundTripIsLossless) {
   ASSERT_EQ(Kvfile("synth " + P("a.kv") + " --preset tiny --tokens 300 --chunk-tokens 128 --seed 3").exit_code, 0);
   CliRun e = Kvfile("convert " + P("a.kv") + " " + P("mc") + " --format mooncake");
@@ -106,22 +122,10 @@ TEST_F(ConvertSeeds, MooncakeOtherGroupSizeRequantizesAndSaysSo) {
 // A one-token session holding the golden row [448, -448, 1, -0.0]: export
 // writes the record Mooncake's encoder makes of those values (bf16), and
 // the import of a directory holding the fp16 golden payload gives the same
-// codes and scale.
+// codes and scale once the manifest says fp16 too (under its bf16 it is
+// refused, as Mooncake's decoder refuses a record of another dtype).
 TEST_F(ConvertSeeds, MooncakeGoldenBothWays) {
-  Geometry g;
-  g.layers = 1;
-  g.streams = {{"s", 1, 4, Dtype::kE4M3}};
-  {
-    std::unique_ptr<Writer> w;
-    ASSERT_TRUE(Writer::Create(P("g.kv"), g, {"golden", 0x1234}, {}, &w).ok());
-    const float row[4] = {448.0f, -448.0f, 1.0f, -0.0f};
-    const uint32_t id = 7;
-    AppendBatch b;
-    b.tokens = std::span<const uint32_t>(&id, 1);
-    b.blocks.push_back({Dtype::kF32, row, nullptr});
-    ASSERT_TRUE(w->Append(b).ok());
-    ASSERT_TRUE(w->Close().ok());
-  }
+  WriteOneRow(P("g.kv"), {"golden", 0x1234}, {448.0f, -448.0f, 1.0f, -0.0f});
   CliRun e = Kvfile("convert " + P("g.kv") + " " + P("mc") + " --format mooncake");
   ASSERT_EQ(e.exit_code, 0) << e.err;
   std::string key = "kvfile/0000000000001234/s/L0/T0-1";
@@ -145,6 +149,16 @@ TEST_F(ConvertSeeds, MooncakeGoldenBothWays) {
     out.write(reinterpret_cast<const char*>(want.data()), static_cast<std::streamsize>(want.size()));
   }
   CliRun i = Kvfile("convert " + P("mc") + " " + P("h.kv"));
+  EXPECT_EQ(i.exit_code, 1);
+  EXPECT_EQ(i.err, "kvfile: error: " + (fs::path(P("mc")) / file).string() +
+                       ": the record's source dtype is fp16 (1), the manifest's source_dtype is bf16 (2)\n");
+  EXPECT_FALSE(fs::exists(P("h.kv")));
+  const fs::path manifest = fs::path(P("mc")) / "manifest.json";
+  nlohmann::json m = nlohmann::json::parse(ReadFile(manifest));
+  EXPECT_EQ(m["source_dtype"], "bf16");
+  m["source_dtype"] = "fp16";
+  { std::ofstream(manifest, std::ios::trunc) << m.dump(); }
+  i = Kvfile("convert " + P("mc") + " " + P("h.kv"));
   ASSERT_EQ(i.exit_code, 0) << i.err;
   std::unique_ptr<Reader> r;
   ASSERT_TRUE(Reader::Open(P("h.kv"), {}, &r).ok());
@@ -155,6 +169,55 @@ TEST_F(ConvertSeeds, MooncakeGoldenBothWays) {
   EXPECT_EQ(scale, 1.0f);
   EXPECT_EQ(r->tokens()[0], 7u);
   EXPECT_EQ(r->identity(), (ModelIdentity{"golden", 0x1234}));
+}
+
+// The manifest's source_dtype must be fp16 or bf16, and a record's values
+// must be ones its dtype holds: a group Mooncake's encoder could not have
+// written (448 x 146.25 = 65520 rounds to infinity in fp16) is refused;
+// the encoder's own record of fp16's largest value imports.
+TEST_F(ConvertSeeds, MooncakeSourceDtypeIsChecked) {
+  WriteOneRow(P("g.kv"), {"m", 0x1234}, {1, 2, 3, 4});
+  ASSERT_EQ(Kvfile("convert " + P("g.kv") + " " + P("mc") + " --format mooncake").exit_code, 0);
+  const fs::path manifest = fs::path(P("mc")) / "manifest.json";
+  const std::string mbad = "kvfile: error: " + manifest.string() + ": \"source_dtype\" is not \"fp16\" or \"bf16\"\n";
+  nlohmann::json m = nlohmann::json::parse(ReadFile(manifest));
+  for (nlohmann::json v : {nlohmann::json("f16"), nlohmann::json(1), nlohmann::json()}) {
+    SCOPED_TRACE(v.dump());
+    if (v.is_null()) m.erase("source_dtype");
+    else m["source_dtype"] = v;
+    { std::ofstream(manifest, std::ios::trunc) << m.dump(); }
+    CliRun i = Kvfile("convert " + P("mc") + " " + P("h.kv"));
+    EXPECT_EQ(i.exit_code, 1);
+    EXPECT_EQ(i.err, mbad);
+    EXPECT_FALSE(fs::exists(P("h.kv")));
+  }
+  m["source_dtype"] = "fp16";
+  { std::ofstream(manifest, std::ios::trunc) << m.dump(); }
+  const fs::path rec = fs::path(P("mc")) / mooncake::FileNameForKey(
+                                               mooncake::RepresentationKey(4, "kvfile/0000000000001234/s/L0/T0-1"));
+  auto write = [&rec](const std::vector<uint8_t>& bytes) {
+    std::ofstream out(rec, std::ios::binary | std::ios::trunc);
+    out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  };
+  mooncake::RecordDesc d;
+  d.dtype = mooncake::SourceDtype::kF16;
+  d.group_size = 4;
+  d.shape = {1, 1, 4};
+  std::vector<uint8_t> bytes;
+  const uint8_t codes[4] = {0x7E, 0x38, 0x00, 0x80};
+  const float over = 146.25f;
+  ASSERT_TRUE(mooncake::EncodeCodes(d, &over, codes, &bytes).ok());
+  write(bytes);
+  CliRun i = Kvfile("convert " + P("mc") + " " + P("h.kv"));
+  EXPECT_EQ(i.exit_code, 1);
+  EXPECT_EQ(i.err, "kvfile: error: " + rec.string() +
+                       ": group 0 holds a value beyond the range of its source dtype fp16 (1)\n");
+  EXPECT_FALSE(fs::exists(P("h.kv")));
+  const uint16_t largest[4] = {0x7BFF, 0xFBFF, 0x3C00, 0};  // 65504, -65504, 1, 0
+  ASSERT_TRUE(mooncake::EncodeValues(d, largest, &bytes).ok());
+  write(bytes);
+  i = Kvfile("convert " + P("mc") + " " + P("h.kv"));
+  EXPECT_EQ(i.exit_code, 0) << i.err;
 }
 
 TEST_F(ConvertSeeds, MooncakeDamageIsExitOneAndWritesNothing) {
@@ -279,6 +342,66 @@ TEST_F(ConvertSeeds, ColiImportAndExportByteExact) {
   ExpectSameCodes(P("a.kv"), P("c.kv"));
 }
 
+// --format coli-v1: COLIKV1 with f32 rows, byte for byte the v1 layout of
+// the fixture's decoded rows (make_fixtures.py), for a colibri without KV8=1.
+TEST_F(ConvertSeeds, ColiV1Export) {
+  ASSERT_EQ(Kvfile("convert " + Fixture("coli_v2.coli_kv") + " " + P("a.kv")).exit_code, 0);
+  CliRun e = Kvfile("convert " + P("a.kv") + " " + P("b.coli_kv") + " --format coli-v1");
+  ASSERT_EQ(e.exit_code, 0) << e.err;
+  EXPECT_EQ(e.out, P("a.kv") + " -> " + P("b.coli_kv") + ": COLIKV1, 3 tokens\n");
+  EXPECT_EQ(e.err, "");
+  EXPECT_EQ(ReadFile(P("b.coli_kv")), ReadFile(Fixture("coli_v2_as_v1.coli_kv")));
+  CliRun r = Kvfile("convert " + P("a.kv") + " " + P("m") + " --format mooncake --vocab 100");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err, "kvfile: error: --vocab applies to --format coli-v2 or coli-v1\n");
+}
+
+// A row colibri's loader would zero (scale at least 3.4e38f): the import
+// refuses it (exit 1) naming the row, and a .kv holding one is not exported
+// as COLIKV2 (exit 2); OUT is left absent both times.
+TEST_F(ConvertSeeds, ColiRowsColibriZeroesAreRefusedBothWays) {
+  std::string bytes = ReadFile(Fixture("coli_v2.coli_kv"));
+  bytes.replace(40 + 56 + 4 + 4, 4, std::string("\x9E\xC9\x7F\x7F", 4));  // record 1, layer 0 latent scale: 3.4e38f
+  { std::ofstream(P("z.coli_kv"), std::ios::binary) << bytes; }
+  CliRun r = Kvfile("convert " + P("z.coli_kv") + " " + P("z.kv"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err, "kvfile: error: " + P("z.coli_kv") +
+                       ": record 1: layer 0 latent row: scale 3.39999995e+38 is at least 3.4e38, a row colibri's "
+                       "loader zeroes\n");
+  EXPECT_FALSE(fs::exists(P("z.kv")));
+  Geometry g;
+  g.layers = 1;
+  g.streams = {{"latent", 1, 2, Dtype::kE4M3}, {"rope", 1, 2, Dtype::kE4M3}};
+  {
+    std::unique_ptr<Writer> w;
+    ASSERT_TRUE(Writer::Create(P("z2.kv"), g, {"coli_kv:vocab=10", 0}, {}, &w).ok());
+    const uint8_t codes[2] = {0x38, 0x01};
+    const float big = 3.4e38f, one = 1.0f;
+    const uint32_t id = 3;
+    AppendBatch b;
+    b.tokens = std::span<const uint32_t>(&id, 1);
+    b.blocks.push_back({Dtype::kE4M3, codes, &big});
+    b.blocks.push_back({Dtype::kE4M3, codes, &one});
+    ASSERT_TRUE(w->Append(b).ok());
+    ASSERT_TRUE(w->Close().ok());
+  }
+  r = Kvfile("convert " + P("z2.kv") + " " + P("z2.coli_kv"));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err, "kvfile: error: " + P("z2.kv") +
+                       ": token 0: layer 0 latent row: scale 3.39999995e+38 is at least 3.4e38, a row colibri's "
+                       "loader zeroes; not exported\n");
+  EXPECT_FALSE(fs::exists(P("z2.coli_kv")));
+  // COLIKV1 holds the decoded row: 3.4e38f and 2^-9 x 3.4e38f.
+  r = Kvfile("convert " + P("z2.kv") + " " + P("z2.coli_kv") + " --format coli-v1");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::string v1 = ReadFile(P("z2.coli_kv"));
+  ASSERT_EQ(v1.size(), 40u + 4 + 16);
+  float row[2];
+  std::memcpy(row, v1.data() + 44, 8);
+  EXPECT_EQ(row[0], 3.4e38f);
+  EXPECT_EQ(row[1], 3.4e38f / 512);
+}
+
 TEST_F(ConvertSeeds, ColiErrors) {
   // Cut inside the committed records: exit 1, nothing written.
   std::string full = ReadFile(Fixture("coli_v2.coli_kv"));
@@ -313,7 +436,7 @@ TEST_F(ConvertSeeds, ColiErrors) {
   // A .coli_kv OUT says the format (issue 33 item 6); --format naming another is refused.
   r = Kvfile("convert " + P("v1.kv") + " " + P("x.coli_kv") + " --format v1");
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_EQ(r.err, "kvfile: error: " + P("x.coli_kv") + ": a .coli_kv OUT is written by --format coli-v2, not --format v1\n");
+  EXPECT_EQ(r.err, "kvfile: error: " + P("x.coli_kv") + ": a .coli_kv OUT is written by --format coli-v2 or coli-v1, not --format v1\n");
   EXPECT_FALSE(fs::exists(P("x.coli_kv")));
   r = Kvfile("convert " + P("v1.kv") + " " + P("x.coli_kv"));
   EXPECT_EQ(r.exit_code, 0) << r.err;

@@ -223,6 +223,52 @@ std::vector<uint8_t> LargerRecord() {
   return rec;
 }
 
+// FindGroupBeyondDtype: the group whose largest code x scale rounds to
+// infinity in the record's dtype, at exactly the rounding boundary (fp16:
+// 448 x 146.25 = 65520; bf16: 256 x 2^-8 x 0x7F7F8000), and never a group of
+// Mooncake's encoder (the dtypes' largest values, either sign).
+TEST(MooncakeRecord, GroupsBeyondTheSourceDtype) {
+  RecordDesc d;
+  d.group_size = 2;
+  d.shape = {2, 2};
+  struct Case {
+    SourceDtype dtype;
+    uint8_t code;  // of group 1's first element; group 0 holds 1.0 x scale 1
+    uint32_t scale_bits;
+    uint64_t want;
+  };
+  const uint32_t f16_bound = std::bit_cast<uint32_t>(146.25f);
+  const Case cases[] = {
+      {SourceDtype::kF16, 0x7E, f16_bound, 1},      {SourceDtype::kF16, 0xFE, f16_bound, 1},
+      {SourceDtype::kF16, 0x7E, f16_bound - 1, 2},  {SourceDtype::kF16, 0x7D, f16_bound, 2},
+      {SourceDtype::kBF16, 0x78, 0x7B7F8000u, 1},   {SourceDtype::kBF16, 0xF8, 0x7B7F8000u, 1},
+      {SourceDtype::kBF16, 0x78, 0x7B7F7FFFu, 2},   {SourceDtype::kBF16, 0x7E, 0x7F7FFFFFu, 1},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::to_string(c.code) + " " + std::to_string(c.scale_bits));
+    d.dtype = c.dtype;
+    const float scales[2] = {1.0f, std::bit_cast<float>(c.scale_bits)};
+    const uint8_t codes[4] = {0x38, 0xB8, c.code, 0x01};
+    std::vector<uint8_t> rec;
+    ASSERT_TRUE(EncodeCodes(d, scales, codes, &rec).ok());
+    RecordView v;
+    ASSERT_TRUE(ParseRecord(rec, &v).ok());
+    EXPECT_EQ(FindGroupBeyondDtype(v), c.want);
+  }
+  const uint16_t f16[4] = {0x7BFF, 0xFBFF, 0x0001, 0x8001};
+  const uint16_t bf16[4] = {0x7F7F, 0xFF7F, 0x0001, 0x8001};
+  for (SourceDtype dt : {SourceDtype::kF16, SourceDtype::kBF16}) {
+    d.dtype = dt;
+    std::vector<uint8_t> rec;
+    ASSERT_TRUE(EncodeValues(d, dt == SourceDtype::kF16 ? f16 : bf16, &rec).ok());
+    RecordView v;
+    ASSERT_TRUE(ParseRecord(rec, &v).ok());
+    EXPECT_EQ(FindGroupBeyondDtype(v), 2u);
+  }
+  EXPECT_EQ(SourceDtypeName(SourceDtype::kF16), "fp16 (1)");
+  EXPECT_EQ(SourceDtypeName(SourceDtype::kBF16), "bf16 (2)");
+}
+
 TEST(MooncakeRecord, EveryTruncationIsRefused) {
   for (const std::vector<uint8_t>& full : {Fixture("mooncake_golden_fp16.mckv"), LargerRecord()}) {
     for (size_t n = 0; n < full.size(); ++n) {

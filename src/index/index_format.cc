@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "format/endian.h"
+#include "format/header.h"
 
 namespace kvfile::index {
 
@@ -42,7 +43,7 @@ void EncodeHeader(const Header& h, uint8_t* out) {
 Status DecodeHeader(const std::string& path, const uint8_t* in, Header* h) {
   if (std::memcmp(in + hdr::kMagicField, kMagic, sizeof kMagic) != 0)
     return Status::Corruption(path + ": not a kvfile prefix index (bad magic)");
-  if (LoadU64(in + hdr::kChecksum) != Checksum(in, hdr::kChecksum))
+  if (!format::ChecksumMatches(LoadU64(in + hdr::kChecksum), Checksum(in, hdr::kChecksum)))
     return Status::Corruption(path + ": index header checksum mismatch");
   uint16_t major = LoadU16(in + hdr::kMajorField);
   if (major != kMajor)

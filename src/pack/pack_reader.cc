@@ -16,6 +16,7 @@
 #include "direct_chunk.h"
 #include "format/chunk_layout.h"
 #include "format/endian.h"
+#include "format/header.h"
 #include "page_buffer.h"
 #include "kvfile/pack.h"
 #include "kvfile/writer.h"
@@ -51,7 +52,7 @@ struct KVFILE_NO_EXPORT PackReader::Impl {
   Status ReadPayload(uint32_t id, uint8_t* into) {
     const PackChunk& c = chunks[id];
     KVFILE_RETURN_IF_ERROR(file->ReadAt(c.offset, into, c.bytes));
-    if (Checksum(into, c.bytes) != c.payload_checksum)
+    if (!format::ChecksumMatches(c.payload_checksum, Checksum(into, c.bytes)))
       return Damage("chunk " + std::to_string(id) + ": payload checksum mismatch (at offset " +
                     std::to_string(c.offset) + ")");
     return Status::OK();
@@ -117,7 +118,8 @@ Status PackReader::Impl::ParseTables(const uint8_t* h) {
   uint16_t major = LoadU16(h + H::kMajorField);
   if (major != pack::kMajor)
     return Status::Unsupported(path + ": pack format version " + std::to_string(major) + " is not supported (this build reads 1)");
-  if (Checksum(h, H::kChecksum) != LoadU64(h + H::kChecksum)) return Damage("pack header checksum mismatch");
+  if (!format::ChecksumMatches(LoadU64(h + H::kChecksum), Checksum(h, H::kChecksum)))
+    return Damage("pack header checksum mismatch");
   if (LoadU32(h + H::kHeaderBytesField) != pack::kHeaderBytes) return Damage("header_bytes is not 128");
   uint64_t required = LoadU64(h + H::kRequiredFlags);
   if (required & ~pack::kKnownRequiredFlags)
@@ -433,7 +435,8 @@ Status PackReader::Impl::MaterializeDirect(PackReader& self, const PackMember& m
         KVFILE_RETURN_IF_ERROR(dc.Wait());
         KVFILE_RETURN_IF_ERROR(dc.WriteSection(k, base));
       }
-      for (size_t p = p0; p < p1; ++p) fault |= sums[p - p0]->Digest() != chunks[ids[p]].payload_checksum;
+      for (size_t p = p0; p < p1; ++p)
+        fault |= !format::ChecksumMatches(chunks[ids[p]].payload_checksum, sums[p - p0]->Digest());
       if (!fault) {
         KVFILE_RETURN_IF_ERROR(dc.Finish(tokens.subspan(first, n)));
         continue;

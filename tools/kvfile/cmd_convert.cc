@@ -63,7 +63,7 @@ struct ConvertArgs {
   std::string format = "v2";
   std::optional<std::string> to;  // directories: "kv" or "safetensors"
   std::optional<uint32_t> group_size;  // --format mooncake (convert_seeds.h)
-  std::optional<uint32_t> vocab;       // --format coli-v2 (convert_seeds.h)
+  std::optional<uint32_t> vocab;       // --format coli-v2|coli-v1 (convert_seeds.h)
   std::optional<uint32_t> head_size;  // llama.cpp import
   std::optional<uint32_t> v_trans;    // llama.cpp export
   std::optional<std::string> arch;    // llama.cpp session export
@@ -809,16 +809,19 @@ void RegisterConvert(CLI::App& app, int* exit_code) {
       ->check(CLI::IsMember({"kv", "safetensors"}));
   cmd->add_option("--format", args->format,
                   "format of the output: v1 or v2 (.kv); mooncake (a directory of Mooncake FP8 codec records\n"
-                  "plus manifest.json); coli-v2 (a colibri COLIKV2 .coli_kv session); llama-seq or llama-session\n"
-                  "(a llama.cpp state file, docs/llama.md). A .coli_kv IN, a Mooncake directory IN or a llama.cpp\n"
-                  "state IN is imported into a .kv OUT (docs/formats.md)")
-      ->check(CLI::IsMember({"v1", "v2", "mooncake", "coli-v2", "llama-seq", "llama-session"}))
+                  "plus manifest.json); coli-v2 (a colibri COLIKV2 .coli_kv session, the default for a .coli_kv\n"
+                  "OUT: colibri resumes it only when started with KV8=1, which is off by default; without it\n"
+                  "colibri discards the session and overwrites the file at its next save); coli-v1 (a COLIKV1\n"
+                  "session, f32 rows, for a colibri without KV8=1 or one that reads only v1); llama-seq or\n"
+                  "llama-session (a llama.cpp state file, docs/llama.md). A .coli_kv IN, a Mooncake directory IN\n"
+                  "or a llama.cpp state IN is imported into a .kv OUT (docs/formats.md)")
+      ->check(CLI::IsMember({"v1", "v2", "mooncake", "coli-v2", "coli-v1", "llama-seq", "llama-session"}))
       ->capture_default_str();
   cmd->add_option("--group-size", args->group_size,
                   "--format mooncake: elements per scale group (default: each stream's row width, lossless)")
       ->check(Count(1, 0xFFFFFFFFu));
   cmd->add_option("--vocab", args->vocab,
-                  "--format coli-v2: the model's vocabulary size for the header (default: from a model id\n"
+                  "--format coli-v2|coli-v1: the model's vocabulary size for the header (default: from a model id\n"
                   "'coli_kv:vocab=N' that an import of a .coli_kv file gives)")
       ->check(Count(1, 0x7FFFFFFFu));
   cmd->add_option("--head-size", args->head_size, "llama.cpp import: values per KV head (default 128)")

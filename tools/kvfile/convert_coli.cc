@@ -63,7 +63,7 @@ bool ConvertSeedFormat(const SeedConvertArgs& given, int* exit_code) {
   std::error_code ec;
   bool in_dir = fs::is_directory(a.in, ec);
   bool mooncake_out = a.format == "mooncake";
-  bool coli_out = a.format == "coli-v2";
+  bool coli_out = a.format == "coli-v2" || a.format == "coli-v1";
   // A manifest.json that is not a regular file (a FIFO): refused by the
   // import with one line, rather than taken for a tree of .kv files.
   bool odd_manifest = in_dir && fs::exists(fs::symlink_status(fs::path(a.in) / "manifest.json", ec)) &&
@@ -72,9 +72,10 @@ bool ConvertSeedFormat(const SeedConvertArgs& given, int* exit_code) {
   bool coli_in = !in_dir && EndsWith(a.in, ".coli_kv");
   if (!mooncake_out && !coli_out && !mooncake_in && !coli_in) {
     if (a.group_size) *exit_code = UsageError("--group-size applies to --format mooncake");
-    else if (a.vocab) *exit_code = UsageError("--vocab applies to --format coli-v2");
+    else if (a.vocab) *exit_code = UsageError("--vocab applies to --format coli-v2 or coli-v1");
     else if (EndsWith(a.out, ".coli_kv"))
-      *exit_code = UsageError(a.out + ": a .coli_kv OUT is written by --format coli-v2, not --format " + a.format);
+      *exit_code =
+          UsageError(a.out + ": a .coli_kv OUT is written by --format coli-v2 or coli-v1, not --format " + a.format);
     else return false;
     return true;
   }
@@ -89,7 +90,7 @@ bool ConvertSeedFormat(const SeedConvertArgs& given, int* exit_code) {
     return true;
   }
   if (a.vocab && !coli_out) {
-    *exit_code = UsageError("--vocab applies to --format coli-v2");
+    *exit_code = UsageError("--vocab applies to --format coli-v2 or coli-v1");
     return true;
   }
   if ((mooncake_out || coli_out) && (mooncake_in || coli_in || in_dir || !EndsWith(a.in, ".kv"))) {
@@ -133,9 +134,10 @@ int ExportColi(const SeedConvertArgs& a) {
   return ReplaceFile(a.out, a.force, [&a](const std::string& tmp, std::string* line, std::string*) {
     coli::ExportOptions o;
     o.vocab = a.vocab;
+    o.version = a.format == "coli-v1" ? 1 : 2;
     uint64_t tokens = 0;
     KVFILE_RETURN_IF_ERROR(coli::Export(a.in, tmp, o, &tokens));
-    *line = a.in + " -> " + a.out + ": COLIKV2, " + std::to_string(tokens) + " tokens";
+    *line = a.in + " -> " + a.out + ": COLIKV" + std::to_string(o.version) + ", " + std::to_string(tokens) + " tokens";
     return Status::OK();
   });
 }

@@ -150,7 +150,7 @@ struct ManifestRecord {
 
 // What an import uses of manifest.json, read as a stream of events
 // (nlohmann's SAX interface, as safetensors::ParseHeader reads a header):
-// the small top-level values as JSON ("format", "version", "layers",
+// the small top-level values as JSON ("format", "version", "source_dtype", "layers",
 // "streams", "model_id", "fingerprint", "tokens"), "token_ids" straight
 // into u32s and "records" into ManifestRecords; anything else is skipped
 // unread. A DOM of a 24 MB manifest took 804 MiB; this keeps about the
@@ -199,7 +199,8 @@ class ManifestReader final : public nlohmann::json_sax<json> {
   static constexpr size_t kMaxKeptValues = 4096;
 
   static bool IsKept(const std::string& k) {
-    for (const char* name : {"format", "version", "layers", "streams", "model_id", "fingerprint", "tokens"})
+    for (const char* name :
+         {"format", "version", "source_dtype", "layers", "streams", "model_id", "fingerprint", "tokens"})
       if (k == name) return true;
     return false;
   }
@@ -647,6 +648,12 @@ Status ImportFrom(const SeedConvertArgs& a, const ImportDir& dir, const std::str
   uint32_t version = 0;
   if (!GetUint(m, "version", UINT32_MAX, &version) || version != kManifestVersion)
     return bad("\"version\" is not 1");
+  // Every record's dtype byte must say the same (Mooncake's decoder refuses
+  // a record whose dtype is not the one the caller gives).
+  const json* sd = m.contains("source_dtype") ? &m["source_dtype"] : nullptr;
+  if (!sd || !sd->is_string() || (*sd != "fp16" && *sd != "bf16"))
+    return bad("\"source_dtype\" is not \"fp16\" or \"bf16\"");
+  const mooncake::SourceDtype source = *sd == "fp16" ? mooncake::SourceDtype::kF16 : mooncake::SourceDtype::kBF16;
   Geometry g;
   if (!GetUint(m, "layers", UINT32_MAX, &g.layers)) return bad("\"layers\" is not an unsigned integer");
   if (!m.contains("streams") || !m["streams"].is_array() || m["streams"].size() > 16)
@@ -742,6 +749,14 @@ Status ImportFrom(const SeedConvertArgs& a, const ImportDir& dir, const std::str
       if (!st.ok()) return Status::Corruption(path + ": " + st.message());
       if (v.desc.shape != want.shape || v.desc.group_size != ref.group)
         return Status::Corruption(path + ": shape or group size differ from the manifest's");
+      if (v.desc.dtype != source)
+        return Status::Corruption(path + ": the record's source dtype is " + mooncake::SourceDtypeName(v.desc.dtype) +
+                                  ", the manifest's source_dtype is " + mooncake::SourceDtypeName(source));
+      uint64_t beyond = mooncake::FindGroupBeyondDtype(v);
+      if (beyond < v.groups)
+        return Status::Corruption(path + ": group " + std::to_string(beyond) +
+                                  " holds a value beyond the range of its source dtype " +
+                                  mooncake::SourceDtypeName(v.desc.dtype));
       uint64_t rows = n * spec.rows_per_token;
       scales[i].resize(v.groups);
       for (uint64_t k = 0; k < v.groups; ++k) scales[i][k] = v.scale(k);

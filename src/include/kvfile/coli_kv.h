@@ -61,22 +61,33 @@ struct KVFILE_EXPORT ImportResult {
 
 // Writes the session at `in` as a new .kv file at `out` (created; it must
 // not exist). Every record is checked before it is appended: token ids in
-// [0, vocab), COLIKV2 scales valid (spec/CODEC.md 8.2) and codes not NaN,
-// f32 rows finite. Bad data is kCorruption (or kNonFinite) naming the
+// [0, vocab), COLIKV2 scales valid (spec/CODEC.md 8.2) and below 3.4e38
+// (colibri zeroes a row whose scale is not), codes not NaN, no code x scale
+// infinite in f32 (colibri's decode has no clamp), f32 rows finite. Bad data is kCorruption (or kNonFinite) naming the
 // record; the caller removes `out` then.
 KVFILE_EXPORT Status Import(const std::string& in, const std::string& out, FileSystem* fs, ImportResult* result);
 
 struct KVFILE_EXPORT ExportOptions {
   std::optional<uint32_t> vocab;  // default: from a model id of ModelIdFor's form
+  // 2: COLIKV2 (e4m3 codes and f32 scales as stored; a colibri reads it only
+  // when started with KV8=1). 1: COLIKV1 (latent and rope rows decoded to
+  // f32, h[7] = 0; what a colibri without KV8, or one that reads only v1,
+  // resumes).
+  int version = 2;
   FileSystem* fs = nullptr;
 };
 
-// Writes the .kv file at `in` as a COLIKV2 session at `out` (created
-// exclusively, synced). The geometry must be colibri's: streams "latent"
-// and "rope" in e4m3 with one row per token, optionally "indexer" (a raw
-// stream, one row per token), nothing else; the token count and ids must
-// fit (ids below the vocabulary). Otherwise kInvalidArgument with the
-// reason, before anything is written. Codes and scales are copied as stored.
+// Writes the .kv file at `in` as a COLIKV2 (or, by options.version, COLIKV1)
+// session at `out` (created exclusively, synced). The geometry must be
+// colibri's: streams "latent" and "rope" in e4m3 with one row per token,
+// optionally "indexer" (a raw stream, one row per token), nothing else; the
+// token count and ids must fit (ids below the vocabulary). Otherwise
+// kInvalidArgument with the reason, before anything is written. COLIKV2:
+// codes and scales are copied as stored, except that a row colibri would
+// hold otherwise than kvfile decodes it (a scale of at least 3.4e38, which
+// colibri's loader zeroes, or a code x scale that is infinite in colibri's
+// unclamped f32 decode) is kInvalidArgument naming the token, layer and
+// stream; `out` is then partly written and the caller removes it.
 KVFILE_EXPORT Status Export(const std::string& in, const std::string& out, const ExportOptions& options,
               uint64_t* tokens);
 

@@ -82,6 +82,17 @@ KVFILE_EXPORT void DecodeValues(const RecordView& rec, uint16_t* dst);
 // The same, into f32 (the product, clamped to the f32 finite range).
 KVFILE_EXPORT void DecodeF32(const RecordView& rec, float* dst);
 
+// "fp16 (1)" or "bf16 (2)": a source dtype and its byte, as errors name it.
+KVFILE_EXPORT std::string SourceDtypeName(SourceDtype d);
+// The first group of a checked record holding a value its source dtype
+// cannot hold (code value x scale, in f32, at or beyond the point where
+// rounding to the dtype overflows: 65520 for fp16, 0x7F7F8000 as f32 for
+// bf16), or rec.groups when there is none. Mooncake's encoder never writes
+// one (a scale is the group's amax / 448, amax finite in the dtype); its
+// decoder would clamp it, so an import that kept the codes and scales would
+// hold other values than Mooncake decodes.
+KVFILE_EXPORT uint64_t FindGroupBeyondDtype(const RecordView& rec);
+
 // CRC-32/IEEE (zlib's crc32) of a record with bytes 24..27 taken as zero.
 KVFILE_EXPORT uint32_t RecordCrc(std::span<const uint8_t> record);
 
