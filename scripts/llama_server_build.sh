@@ -8,16 +8,18 @@
 #   $KVFILE_LLAMA_CACHE, else $XDG_CACHE_HOME/kvfile/llama, else
 #   ~/.cache/kvfile/llama
 # holding node-llama-cpp-3.22.1.tgz, the clone llama.cpp/ (checked out at
-# the bundle's tag) and build/ (bin/llama-server, bin/libllama.so, ...).
-# Nothing is done when build/bin/llama-server is there already; a missing
-# or failed build is redone. Prints the cache directory on its last line.
+# the bundle's tag) and its build llama.cpp/build/ (bin/llama-server,
+# bin/libllama.so, ...; the layout tools/llama_roundtrip/make_fixtures.sh
+# takes as LLAMA_CPP_SOURCE_DIR). Nothing is done when
+# llama.cpp/build/bin/llama-server is there already; a missing or failed
+# build is redone. Prints the cache directory on its last line.
 #
 # A fresh machine's first run: the npm download (36 MB), the clone and
 # about 25 minutes of build on 2 cores (the llama library, ggml and the
 # server); later runs return at once.
 set -euo pipefail
 CACHE=${KVFILE_LLAMA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kvfile/llama}
-if [ -x "$CACHE/build/bin/llama-server" ]; then
+if [ -x "$CACHE/llama.cpp/build/bin/llama-server" ]; then
   echo "$CACHE"
   exit 0
 fi
@@ -31,9 +33,9 @@ if [ ! -d llama.cpp/.git ]; then
   git clone -q package/llama/gitRelease.bundle llama.cpp
 fi
 git -C llama.cpp checkout -q "$TAG"
-cmake -S llama.cpp -B build -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DLLAMA_BUILD_TESTS=OFF \
+cmake -S llama.cpp -B llama.cpp/build -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DLLAMA_BUILD_TESTS=OFF \
       -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_CURL=OFF \
       -DGGML_NATIVE=OFF >build.log
-cmake --build build --target llama llama-server -j "$(nproc)" >>build.log 2>&1 ||
+cmake --build llama.cpp/build --target llama llama-server -j "$(nproc)" >>build.log 2>&1 ||
   { tail -20 build.log >&2; exit 1; }
 echo "$CACHE"

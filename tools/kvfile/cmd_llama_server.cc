@@ -133,9 +133,10 @@ uint64_t Fnv1a(std::string_view s) {
   return h;
 }
 
-// The model the server serves: its /v1/models entry (file name, vocabulary,
-// sizes; not the slot context, which may differ between servers of one
-// model), as a fingerprint and a name for messages. llama-server exposes no
+// The model the server serves: its /v1/models entry (the model's file name,
+// without its directory; vocabulary, sizes; not the slot context, which may
+// differ between servers of one model), as a fingerprint and a name for
+// messages. llama-server exposes no
 // hash of the weights: two files of one name and shape are not told apart.
 struct ServedModel {
   std::string name;
@@ -150,7 +151,8 @@ Status GetModel(const ServerArgs& a, ServedModel* out) {
   const nlohmann::json& m = j["data"][0];
   nlohmann::json meta = m.contains("meta") && m["meta"].is_object() ? m["meta"] : nlohmann::json::object();
   meta.erase("n_ctx");
-  out->name = m["id"].get<std::string>();
+  out->name = m["id"].get<std::string>();  // the -m path: its file name only, so that a copy elsewhere matches
+  if (size_t slash = out->name.find_last_of('/'); slash != std::string::npos) out->name.erase(0, slash + 1);
   out->fingerprint = Fnv1a(out->name + "\n" + meta.dump());
   if (out->fingerprint == 0) out->fingerprint = 1;  // 0 means "no fingerprint" in a .kv file
   return Status::OK();
