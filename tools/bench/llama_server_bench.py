@@ -8,6 +8,9 @@ the import, the append) against llama-server's own save of the same slot
 T prompt tokens and N_PREDICT generated ones; then the .kv after the 10
 turns against the 10 slot files.
 
+llama-server's own save does not fsync; the figures give its time with an
+fsync of the slot file too (kvfile's append is durable when it returns).
+
 usage: KVFILE_CLI=build/kvfile PYTHONPATH=build/python \\
        llama_server_bench.py [H ...]      (default: 2000 20000)
 The server and the model are those of tests/llama_server (the cache of
@@ -44,13 +47,17 @@ def run(h, work, model, dtype):
             t0 = time.monotonic()
             own = t.http(s.url + "/slots/0?action=save", {"filename": f"turn{turn}.bin"})
             t_own = time.monotonic() - t0
+            fd = os.open(slots / f"turn{turn}.bin", os.O_RDONLY)  # made durable, as kvfile's append is
+            os.fsync(fd)
+            os.close(fd)
+            t_own_sync = time.monotonic() - t0
             before = kv.stat().st_size if kv.exists() else 0
             args = [t.KVFILE, "--quiet", "llama-server", "save", s.url, "0", str(kv), "--slot-dir", str(slots),
                     "--head-size", "64"] + (["--dtype", dtype] if dtype else [])
             t0 = time.monotonic()
             subprocess.run(args, check=True, capture_output=True)
             t_kv = time.monotonic() - t0
-            rows.append((turn, own["n_saved"], own["n_written"], t_own, kv.stat().st_size - before, t_kv))
+            rows.append((turn, own["n_saved"], own["n_written"], t_own, kv.stat().st_size - before, t_kv, t_own_sync))
         slot_total = sum((slots / f"turn{i}.bin").stat().st_size for i in range(TURNS))
         return rows, kv.stat().st_size, slot_total
     finally:
@@ -67,9 +74,11 @@ def main():
                 rows, kv_size, slot_total = run(h, work, model, dtype)
                 later = rows[1:]  # turn 0 creates the .kv (the whole history)
                 print(f"history {h} tokens, .kv {dtype or 'raw f16'}: turn 0 (creates the .kv): server "
-                      f"{rows[0][2]} B {rows[0][3]:.3f} s, kvfile {rows[0][4]} B {rows[0][5]:.3f} s")
+                      f"{rows[0][2]} B {rows[0][3]:.3f} s ({rows[0][6]:.3f} s with fsync), kvfile {rows[0][4]} B "
+                      f"{rows[0][5]:.3f} s")
                 print(f"  turns 1-9, median per turn: server save {statistics.median(r[2] for r in later):.0f} B "
-                      f"in {statistics.median(r[3] for r in later):.3f} s; kvfile save "
+                      f"in {statistics.median(r[3] for r in later):.3f} s "
+                      f"({statistics.median(r[6] for r in later):.3f} s with fsync); kvfile save "
                       f"{statistics.median(r[4] for r in later):.0f} B in "
                       f"{statistics.median(r[5] for r in later):.3f} s")
                 print(f"  after 10 turns ({rows[-1][1]} tokens): .kv {kv_size} B; 10 slot files {slot_total} B "
