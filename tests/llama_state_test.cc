@@ -570,7 +570,9 @@ TEST(LlamaConvert, RawImportExportReproducesLlamaCppFiles) {
   const F files[] = {{"seq-f16-fa1.bin", "f16", "llama-seq"},   {"seq-f16-fa0.bin", "f16", "llama-seq"},
                      {"seq-bf16-fa1.bin", "bf16", "llama-seq"}, {"seq-bf16-fa0.bin", "bf16", "llama-seq"},
                      {"seq-f32-fa1.bin", "f32", "llama-seq"},   {"seq-f32-fa0.bin", "f32", "llama-seq"},
-                     {"seq-q8_0-fa1.bin", "q8_0", "llama-seq"}, {"session-f16-fa0.bin", "f16", "llama-session"}};
+                     {"seq-q8_0-fa1.bin", "q8_0", "llama-seq"}, {"session-f16-fa0.bin", "f16", "llama-session"},
+                     // llama-server's slot file (its token record; tests/llama_server's model, turn 1)
+                     {"server-slot-f16.bin", "f16", "llama-seq"}};
   for (const F& f : files) {
     fs::path in = kFixtures / f.file;
     ASSERT_TRUE(fs::exists(in)) << in;
