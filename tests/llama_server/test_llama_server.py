@@ -204,7 +204,7 @@ def test_multi_turn_save_restore_continues_exactly(models, servers, tmp_path):
     tokens, probs, evaluated = b.complete(history + TURNS[-1])
     assert evaluated == len(TURNS[-1]) + 1  # the turn, and the last generated token of the turn before
     assert tokens == ref_last[0]
-    assert ref_last[1] is not None and len(ref_last[1]) == N_PREDICT
+    assert ref_last[1]  # the server gave probabilities (for the tokens whose text is complete)
     assert probs == ref_last[1]
     b.stop()
 
