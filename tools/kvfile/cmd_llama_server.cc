@@ -220,12 +220,12 @@ int RunSave(const ServerArgs& a) {
   SetCurrentPath(a.file);
   if (Status st = RefusePackMemberTarget(a.file); !st.ok()) return ReportError(st);
   if (Status st = CheckSlotDir(a); !st.ok()) return ReportError(st);
-  ServedModel model;
-  if (Status st = GetModel(a, &model); !st.ok()) return ReportError(st);
   TempSlot tmp(a.slot_dir, "save");
   std::unique_ptr<File> f;
   llama::StateLayout s;
   if (Status st = SaveSlot(a, tmp, &f, &s); !st.ok()) return ReportError(st);
+  ServedModel model;
+  if (Status st = GetModel(a, &model); !st.ok()) return ReportError(st);
   LlamaImport o;
   if (a.dtype) {
     o.dtype = *a.dtype == "e5m2" ? Dtype::kE5M2 : Dtype::kE4M3;
