@@ -14,9 +14,9 @@
 # llama.cpp/build/bin/llama-server is there already; a missing or failed
 # build is redone. Prints the cache directory on its last line.
 #
-# A fresh machine's first run: the npm download (36 MB), the clone and
-# about 25 minutes of build on 2 cores (the llama library, ggml and the
-# server); later runs return at once.
+# A fresh machine's first run: the npm download (36 MB), the clone and the
+# build of ggml, the llama library, mtmd and the server (26 minutes of wall
+# time on the shared 2-core machine, load 8 to 20); later runs return at once.
 set -euo pipefail
 CACHE=${KVFILE_LLAMA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kvfile/llama}
 if [ -x "$CACHE/llama.cpp/build/bin/llama-server" ]; then
