@@ -27,8 +27,9 @@ trap 'for j in $(jobs -p); do kill_tree "$j"; done' EXIT
 (renice -n 10 -p "$BASHPID" >/dev/null; kvfile_build "$KVFILE_ROOT/build-asan" --preset=asan) &
 asan_build=$!
 # llama-server for the llama_server test (scripts/llama_server_build.sh): cached
-# outside the clone; a fresh machine builds it now, at low priority too (about
-# 10 minutes of the 2 cores), and the test runs on its own after the first pass.
+# outside the clone; a fresh machine builds it now, at low priority too (26
+# minutes of wall time on the shared 2-core machine), and the test runs on its
+# own after install_test.sh.
 (renice -n 10 -p "$BASHPID" >/dev/null; "$KVFILE_ROOT/scripts/llama_server_build.sh" >/dev/null) &
 llama_build=$!
 cd "$KVFILE_ROOT/build"
