@@ -208,10 +208,15 @@ def test_multi_turn_save_restore_continues_exactly(models, servers, tmp_path):
     assert probs == ref_last[1]
     b.stop()
 
-    # e4m3: restored and continued; the agreement with the reference is
-    # reported (docs/llama.md gives the figures).
+    # e4m3, from a pack member: restored and continued; the agreement with
+    # the reference is reported (docs/llama.md gives the figures).
+    pack = tmp_path / "chats.kvpack"
+    p = subprocess.run([KVFILE, "--quiet", "pack", kv8.name, "-o", str(pack)], cwd=tmp_path, capture_output=True,
+                       text=True)
+    assert p.returncode == 0, p.stderr
+    member = f"{pack}:{kv8.name}"
     c = servers(models["tiny"], tmp_path / "c")
-    assert ls.restore(c.url, 0, kv8, c.slot_dir).startswith(f"{kv8}: restored {sum(n)} tokens")
+    assert ls.restore(c.url, 0, member, c.slot_dir).startswith(f"{member}: restored {sum(n)} tokens")
     tokens8, probs8, evaluated8 = c.complete(history + TURNS[-1])
     assert evaluated8 == len(TURNS[-1]) + 1
     same = next((i for i, (x, y) in enumerate(zip(tokens8, ref_last[0])) if x != y), len(tokens8))
@@ -262,6 +267,8 @@ def test_faults_leave_the_file_as_it_was(models, servers, tmp_path):
     assert p.stderr.startswith(f"kvfile: error: {kv}: saved from another model than the one {other.url} serves "
                                f"(other-vocab.gguf, fingerprint "), p.stderr
     assert p.stderr.endswith("; not restored\n") and p.stderr.count("\n") == 1
+    with pytest.raises(kvfile.MismatchError, match=f"^{kv}: saved from another model than the one "):
+        ls.restore(other.url, 0, kv, other.slot_dir)
     q8 = servers(models["tiny"], tmp_path / "q", "-fa", "on", "--cache-type-k", "q8_0", "--cache-type-v", "q8_0")
     p = cli("llama-server", "restore", q8.url, 0, kv, "--slot-dir", q8.slot_dir)
     assert p.returncode == 1
