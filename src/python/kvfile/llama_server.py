@@ -9,9 +9,12 @@ Both run the command `kvfile llama-server save|restore`, which owns the
 whole transaction (the server calls through libcurl, the import, the one
 durable append per turn, the checks before a restore): the command is found
 as $KVFILE_CLI, else `kvfile` on PATH. They return the command's report
-line; a refusal or failure raises kvfile.Error (kvfile.MismatchError when
-the file is not the server's model or cache) with the command's one error
-line, and leaves the file as it was.
+line. A refusal or failure leaves the file as it was and raises, with the
+command's one error line (without its "kvfile: error: " prefix),
+kvfile.MismatchError when the command exits 1 (the data does not fit:
+another model, another cache, a damaged or truncated file), else
+kvfile.Error (the server, the environment, the arguments: exit 2 or a
+signal).
 """
 
 import os
