@@ -679,5 +679,34 @@ TEST(LlamaConvert, Fp8RoundTripStaysClose) {
   EXPECT_TRUE(differs);
 }
 
+// kvfile llama-server without a server: what is refused before any request,
+// and a server that cannot be reached, each as one line with FILE untouched
+// (tests/llama_server runs the rest against a real llama-server).
+TEST(LlamaServerCli, RefusalsAndAnUnreachableServerAreOneLine) {
+  std::string dir = Out("ls_slots"), kv = Out("ls_chat.kv");
+  fs::create_directories(dir);
+  auto r = Kvfile("llama-server save http://127.0.0.1:1 0 " + kv + " --slot-dir " + dir + "/none");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err, "kvfile: error: " + dir + "/none: --slot-dir is not a directory (it must be the server's "
+                   "--slot-save-path, on this machine)\n");
+  r = Kvfile("llama-server save http://127.0.0.1:1 0 " + kv + " --slot-dir " + dir);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(r.err.starts_with("kvfile: error: http://127.0.0.1:1/slots/0?action=save: llama-server did not "
+                                "answer: Failed to connect to 127.0.0.1 port 1 "))
+      << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1);
+  EXPECT_FALSE(fs::exists(kv));
+  EXPECT_TRUE(fs::is_empty(dir));
+  // A .kv that no llama-server save made: refused before the server is asked.
+  ASSERT_EQ(Kvfile("convert " + (kFixtures / "seq-f16-fa1.bin").string() + " " + kv + " --head-size 64").exit_code, 0);
+  std::string before = ReadFile(kv);
+  r = Kvfile("llama-server restore http://127.0.0.1:1 0 " + kv + " --slot-dir " + dir);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err, "kvfile: error: " + kv + ": not saved by kvfile llama-server save (model 'llama.cpp:seq3 k=f16 "
+                   "v=f16 v_trans=0 stream=0/1 seq=0 pos=0 rotated=unknown', fingerprint 0000000000000000)\n");
+  EXPECT_EQ(ReadFile(kv), before);
+  EXPECT_TRUE(fs::is_empty(dir));
+}
+
 }  // namespace
 }  // namespace kvfile::llama
