@@ -245,6 +245,11 @@ def test_divergence_rewinds_to_the_common_prefix(models, servers, tmp_path):
 def test_faults_leave_the_file_as_it_was(models, servers, tmp_path):
     s = servers(models["tiny"], tmp_path / "s")
     kv = tmp_path / "chat.kv"
+    # An empty slot: nothing to save, no file made.
+    p = cli("llama-server", "save", s.url, 0, kv, "--slot-dir", s.slot_dir, "--head-size", 64)
+    assert (p.returncode, p.stderr) == (2, f"kvfile: error: {s.url}: slot 0 holds no tokens; nothing to save into "
+                                           f"{kv}\n")
+    assert not kv.exists() and leftovers(s.slot_dir) == []
     converse(s, TURNS[:1])
     ls.save(s.url, 0, kv, s.slot_dir, head_size=64)
     before = digest(kv)

@@ -209,6 +209,9 @@ Status SaveSlot(const ServerArgs& a, const TempSlot& t, std::unique_ptr<File>* f
   nlohmann::json reply;
   KVFILE_RETURN_IF_ERROR(SlotAction(a, "save", t.name(), &reply));
   KVFILE_RETURN_IF_ERROR(CheckInterrupt(a.file));
+  if (reply.value("n_saved", uint64_t{0}) == 0)
+    return Status::InvalidArgument(ServerUrl(a) + ": slot " + std::to_string(a.slot) +
+                                   " holds no tokens; nothing to save into " + a.file);
   Status st = FileSystem::Default()->Open(t.path(), OpenMode::kRead, f);
   if (st.ok()) st = llama::ParseState(**f, t.path(), s);
   if (!st.ok()) return st.WithContext("slot " + std::to_string(a.slot) + " of " + ServerUrl(a));
