@@ -11,6 +11,8 @@ KVFILE_PACKAGES=(
   python3-dev pybind11-dev python3-numpy python3-pytest
   python3-venv python3-pip python3-setuptools python3-wheel  # pip install . (scripts/install_test.sh)
   clang libclang-rt-14-dev  # the libFuzzer build (scripts/fuzz.sh); libclang-rt-14-dev has libFuzzer
+  libcurl4-openssl-dev  # kvfile llama-server (HTTP)
+  npm git  # llama-server from node-llama-cpp's llama.cpp bundle (scripts/llama_server_build.sh)
 )
 
 kvfile_install_deps() {

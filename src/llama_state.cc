@@ -31,6 +31,8 @@ constexpr uint32_t kMaxLayers = 1024;   // the .kv limit; more is refused
 constexpr uint32_t kMaxStreams = 1024;
 constexpr size_t kMaxArch = 64;
 constexpr std::string_view kModelIdPrefix = "llama.cpp:";
+constexpr int32_t kServerTokensMarker = -1;  // LLAMA_TOKEN_NULL, first value of llama-server's token record
+constexpr uint32_t kServerTokensVersion = 1;  // SERVER_TOKENS_STATE_VERSION of llama.cpp v0.5.0
 
 const char* KindName(FileKind k) { return k == FileKind::kSequence ? "llama.cpp sequence state" : "llama.cpp session"; }
 
@@ -232,10 +234,34 @@ Status ParseState(File& file, const std::string& path, StateLayout* out) {
     return Status::Corruption(what + ": truncated: " + std::to_string(n_tokens) + " token ids need " +
                               std::to_string(uint64_t{n_tokens} * 4) + " bytes, " + std::to_string(c.left()) +
                               " are left");
-  s.tokens.resize(n_tokens);
-  for (uint32_t i = 0; i < n_tokens; ++i) {
-    int32_t t;
-    KVFILE_RETURN_IF_ERROR(c.I32(&t, "token id"));
+  std::vector<int32_t> raw(n_tokens);
+  for (uint32_t i = 0; i < n_tokens; ++i) KVFILE_RETURN_IF_ERROR(c.I32(&raw[i], "token id"));
+  size_t first = 0, count = n_tokens;
+  if (n_tokens > 0 && raw[0] == kServerTokensMarker) {
+    // llama-server's serialized token record: marker, version, n, the n
+    // ids, the media chunk count (then the chunks, which kvfile does not
+    // import).
+    std::string rec = what + ": llama-server token record";
+    if (n_tokens < 4 || static_cast<uint32_t>(raw[1]) != kServerTokensVersion)
+      return Status::Unsupported(rec + (n_tokens < 2 ? " without a version" : " version " +
+                                 std::to_string(static_cast<uint32_t>(raw[1]))) + " (kvfile reads version " +
+                                 std::to_string(kServerTokensVersion) + ")");
+    uint64_t n = static_cast<uint32_t>(raw[2]);
+    if (n + 4 > n_tokens)
+      return Status::Corruption(rec + ": " + std::to_string(n) + " token ids in a record of " +
+                                std::to_string(n_tokens) + " values");
+    if (raw[3 + n] != 0)
+      return Status::Unsupported(rec + ": " + std::to_string(static_cast<uint32_t>(raw[3 + n])) +
+                                 " media chunks (kvfile imports text tokens only)");
+    if (n + 4 != n_tokens)
+      return Status::Corruption(rec + ": " + std::to_string(n_tokens - n - 4) + " values after the record");
+    s.server_tokens = true;
+    first = 3;
+    count = n;
+  }
+  s.tokens.resize(count);
+  for (size_t i = 0; i < count; ++i) {
+    int32_t t = raw[first + i];
     if (t < 0) return Status::Corruption(what + ": token " + std::to_string(i) + " has the negative id " + std::to_string(t));
     s.tokens[i] = static_cast<uint32_t>(t);
   }
@@ -403,6 +429,7 @@ std::string FormatModelId(const Provenance& p) {
   s += " v_trans=" + std::to_string(p.v_trans ? 1 : 0);
   s += " stream=" + std::to_string(p.stream) + "/" + std::to_string(p.n_stream);
   s += " seq=" + std::to_string(p.seq_id) + " pos=" + std::to_string(p.first_pos);
+  if (p.server_tokens) s += " tokens=server";
   s += " rotated=unknown";
   return s;
 }
@@ -456,6 +483,9 @@ std::optional<Provenance> ParseModelId(std::string_view id) {
         return std::nullopt;
       p.stream = static_cast<uint32_t>(x);
       p.n_stream = static_cast<uint32_t>(n);
+    } else if (key == "tokens") {
+      if (val != "server") return std::nullopt;
+      p.server_tokens = true;
     } else if (key == "seq" || key == "pos") {
       if (!number(val, 0, 0x7FFFFFFF, &x)) return std::nullopt;
       (key == "seq" ? p.seq_id : p.first_pos) = static_cast<int32_t>(x);
@@ -486,7 +516,7 @@ Status CheckWriteSpec(const WriteSpec& w) {
 
 namespace {
 uint64_t PrefixBytes(const WriteSpec& w, uint64_t tokens) {
-  uint64_t n = 12 + tokens * 4;
+  uint64_t n = 12 + tokens * 4 + (w.server_tokens ? 16 : 0);
   if (w.kind == FileKind::kSession) n += 4 + w.arch.size();
   // stream count, the cell counts up to the one holding cells, cells, v_trans, layer count
   n += 4 + 4 * (uint64_t{w.stream} + 1) + tokens * 12 + 8;
@@ -530,8 +560,14 @@ Status StateWriter::Header(const std::vector<uint32_t>& tokens) {
   bool seq = spec_.kind == FileKind::kSequence;
   u32(seq ? kMagicSequence : kMagicSession);
   u32(seq ? kSequenceVersion : kSessionVersion);
+  if (spec_.server_tokens) {
+    u32(static_cast<uint32_t>(cells_ + 4));
+    u32(static_cast<uint32_t>(kServerTokensMarker));
+    u32(kServerTokensVersion);
+  }
   u32(static_cast<uint32_t>(cells_));
   for (uint32_t t : tokens) u32(t);
+  if (spec_.server_tokens) u32(0);  // no media chunks
   if (!seq) {
     u32(static_cast<uint32_t>(spec_.arch.size()));
     b.insert(b.end(), spec_.arch.begin(), spec_.arch.end());

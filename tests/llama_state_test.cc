@@ -37,6 +37,10 @@ struct Spec {
   uint32_t n_stream = 1, stream = 0;
   int32_t seq = 0, pos0 = 0;
   uint32_t tokens = 0xFFFFFFFF;  // token ids written (default: cells)
+  // llama-server's token record around the ids (-1, version, n, ids,
+  // media count) instead of the ids alone.
+  bool server_record = false;
+  uint32_t record_version = 1, record_media = 0, record_extra = 0;
 };
 
 struct Bytes {
@@ -91,8 +95,17 @@ std::string Build(const Spec& s) {
   o.U32(s.session ? 0x6767736e : 0x67677371);
   o.U32(s.version ? s.version : s.session ? 10 : 3);
   uint32_t nt = s.tokens == 0xFFFFFFFF ? s.cells : s.tokens;
+  if (s.server_record) {
+    o.U32(nt + 4 + s.record_extra);
+    o.U32(0xFFFFFFFF);
+    o.U32(s.record_version);
+  }
   o.U32(nt);
   for (uint32_t i = 0; i < nt; ++i) o.U32(100 + i);
+  if (s.server_record) {
+    o.U32(s.record_media);
+    for (uint32_t i = 0; i < s.record_extra; ++i) o.U32(0);
+  }
   if (s.session) {
     o.U32(5);
     o.b += "llama";
@@ -213,6 +226,7 @@ std::string Rewrite(const std::string& bytes) {
   w.layers = s.layers;
   w.k_width = s.k_width;
   w.v_width = s.v_width;
+  w.server_tokens = s.server_tokens;
   EXPECT_TRUE(CheckWriteSpec(w).ok());
   EXPECT_TRUE(FileSystem::Default()->Open(out, OpenMode::kCreateExclusive, &g).ok());
   StateWriter sw(g.get(), w, s.cells);
@@ -316,6 +330,57 @@ TEST(LlamaState, WriterReproducesTheFileExactly) {
         EXPECT_EQ(got.size(), bytes.size());
         EXPECT_EQ(diff, bytes.size()) << "type " << type << " v_trans " << vt << " session " << session;
       }
+}
+
+// llama-server's slot files hold its serialized token record (tools/server,
+// server_tokens::serialize): the ids are read out of it, and the writer puts
+// the same record back, so the rewritten file is the server's byte for byte.
+TEST(LlamaState, ServerTokenRecordIsReadAndWrittenBack) {
+  for (bool session : {false, true}) {
+    Spec sp;
+    sp.session = session;
+    sp.cells = 6;
+    sp.server_record = true;
+    StateLayout s;
+    std::string bytes = Build(sp);
+    ASSERT_TRUE(Parse(bytes, &s).ok());
+    EXPECT_TRUE(s.server_tokens);
+    EXPECT_EQ(s.tokens, (std::vector<uint32_t>{100, 101, 102, 103, 104, 105}));
+    EXPECT_EQ(s.cells, 6u);
+    EXPECT_EQ(Rewrite(bytes), bytes) << "session " << session;
+  }
+  Provenance p;
+  p.server_tokens = true;
+  std::string id = FormatModelId(p);
+  EXPECT_EQ(id, "llama.cpp:seq0 k=f16 v=f16 v_trans=0 stream=0/1 seq=0 pos=0 tokens=server rotated=unknown");
+  ASSERT_TRUE(ParseModelId(id));
+  EXPECT_TRUE(ParseModelId(id)->server_tokens);
+  EXPECT_FALSE(ParseModelId("llama.cpp:seq3 k=f16 v=f16 tokens=media"));
+}
+
+TEST(LlamaState, ServerTokenRecordsKvfileCannotImportAreRefused) {
+  struct Case {
+    uint32_t version, media, extra;
+    bool corruption;
+    const char* message;
+  };
+  const Case cases[] = {
+      {2, 0, 0, false, ": llama.cpp sequence state: llama-server token record version 2 (kvfile reads version 1)"},
+      {1, 1, 0, false, ": llama.cpp sequence state: llama-server token record: 1 media chunks (kvfile imports text "
+                       "tokens only)"},
+      {1, 0, 2, true, ": llama.cpp sequence state: llama-server token record: 2 values after the record"},
+  };
+  for (const Case& c : cases) {
+    Spec sp;
+    sp.server_record = true;
+    sp.record_version = c.version;
+    sp.record_media = c.media;
+    sp.record_extra = c.extra;
+    StateLayout s;
+    Status st = Parse(Build(sp), &s);
+    EXPECT_EQ(st.code(), c.corruption ? Status::Code::kCorruption : Status::Code::kUnsupported) << st.ToString();
+    EXPECT_EQ(st.message(), TempPath("parse.bin") + c.message);
+  }
 }
 
 TEST(LlamaState, Q8EncodingIsGgmlsReference) {
@@ -505,7 +570,9 @@ TEST(LlamaConvert, RawImportExportReproducesLlamaCppFiles) {
   const F files[] = {{"seq-f16-fa1.bin", "f16", "llama-seq"},   {"seq-f16-fa0.bin", "f16", "llama-seq"},
                      {"seq-bf16-fa1.bin", "bf16", "llama-seq"}, {"seq-bf16-fa0.bin", "bf16", "llama-seq"},
                      {"seq-f32-fa1.bin", "f32", "llama-seq"},   {"seq-f32-fa0.bin", "f32", "llama-seq"},
-                     {"seq-q8_0-fa1.bin", "q8_0", "llama-seq"}, {"session-f16-fa0.bin", "f16", "llama-session"}};
+                     {"seq-q8_0-fa1.bin", "q8_0", "llama-seq"}, {"session-f16-fa0.bin", "f16", "llama-session"},
+                     // llama-server's slot file (its token record; tests/llama_server's model, turn 1)
+                     {"server-slot-f16.bin", "f16", "llama-seq"}};
   for (const F& f : files) {
     fs::path in = kFixtures / f.file;
     ASSERT_TRUE(fs::exists(in)) << in;
@@ -610,6 +677,35 @@ TEST(LlamaConvert, Fp8RoundTripStaysClose) {
       }
     }
   EXPECT_TRUE(differs);
+}
+
+// kvfile llama-server without a server: what is refused before any request,
+// and a server that cannot be reached, each as one line with FILE untouched
+// (tests/llama_server runs the rest against a real llama-server).
+TEST(LlamaServerCli, RefusalsAndAnUnreachableServerAreOneLine) {
+  std::string dir = Out("ls_slots"), kv = Out("ls_chat.kv");
+  fs::create_directories(dir);
+  auto r = Kvfile("llama-server save http://127.0.0.1:1 0 " + kv + " --slot-dir " + dir + "/none");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err, "kvfile: error: " + dir + "/none: --slot-dir is not a directory (it must be the server's "
+                   "--slot-save-path, on this machine)\n");
+  r = Kvfile("llama-server save http://127.0.0.1:1 0 " + kv + " --slot-dir " + dir);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(r.err.starts_with("kvfile: error: http://127.0.0.1:1/slots/0?action=save: llama-server did not "
+                                "answer: Failed to connect to 127.0.0.1 port 1 "))
+      << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1);
+  EXPECT_FALSE(fs::exists(kv));
+  EXPECT_TRUE(fs::is_empty(dir));
+  // A .kv that no llama-server save made: refused before the server is asked.
+  ASSERT_EQ(Kvfile("convert " + (kFixtures / "seq-f16-fa1.bin").string() + " " + kv + " --head-size 64").exit_code, 0);
+  std::string before = ReadFile(kv);
+  r = Kvfile("llama-server restore http://127.0.0.1:1 0 " + kv + " --slot-dir " + dir);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err, "kvfile: error: " + kv + ": not saved by kvfile llama-server save (model 'llama.cpp:seq3 k=f16 "
+                   "v=f16 v_trans=0 stream=0/1 seq=0 pos=0 rotated=unknown', fingerprint 0000000000000000)\n");
+  EXPECT_EQ(ReadFile(kv), before);
+  EXPECT_TRUE(fs::is_empty(dir));
 }
 
 }  // namespace

@@ -81,6 +81,7 @@ void RegisterDump(CLI::App& app, int* exit_code);
 void RegisterRewind(CLI::App& app, int* exit_code);
 void RegisterAppend(CLI::App& app, int* exit_code);
 void RegisterConvert(CLI::App& app, int* exit_code);
+void RegisterLlamaServer(CLI::App& app, int* exit_code);
 void RegisterBench(CLI::App& app, int* exit_code);
 // `kvfile find` and `kvfile index` (cmd_find.cc).
 void RegisterFind(CLI::App& app, int* exit_code);

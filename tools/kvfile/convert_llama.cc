@@ -45,11 +45,8 @@ bool IsLlamaStateFile(const std::string& path) {
   return llama::HasStateMagic(magic);
 }
 
-Status ImportLlama(const std::string& in, const std::string& tmp, const LlamaImport& o, std::string* summary) {
-  std::unique_ptr<File> f;
-  KVFILE_RETURN_IF_ERROR(FileSystem::Default()->Open(in, OpenMode::kRead, &f));
-  llama::StateLayout s;
-  KVFILE_RETURN_IF_ERROR(llama::ParseState(*f, in, &s));
+Status PlanLlamaImport(const std::string& in, const llama::StateLayout& s, const LlamaImport& o, Geometry* g,
+                       ModelIdentity* id) {
   for (const std::string& k : o.keep_raw)
     if (k != "k" && k != "v") return Status::InvalidArgument(in + ": --keep-raw: no stream '" + k + "' (streams: k, v)");
   uint32_t head = o.head_size.value_or(128);
@@ -59,8 +56,8 @@ Status ImportLlama(const std::string& in, const std::string& tmp, const LlamaImp
     return Status::InvalidArgument(in + ": " + why + " the " + std::to_string(s.k_width) + " K and " +
                                    std::to_string(s.v_width) + " V values per token; give --head-size");
   }
-  Geometry g;
-  g.layers = s.layers;
+  *g = Geometry();
+  g->layers = s.layers;
   for (int part = 0; part < 2; ++part) {
     std::string name = part ? "v" : "k";
     uint32_t width = part ? s.v_width : s.k_width;
@@ -71,9 +68,9 @@ Status ImportLlama(const std::string& in, const std::string& tmp, const LlamaImp
       to = o.dtype.value_or(Dtype::kE4M3);
     if (o.major == 1 && IsFp8(to))
       return Status::InvalidArgument(in + ": --format v1 stores raw rows: use --dtype bf16, f16 or f32");
-    g.streams.push_back({name, width / head, head, to});
+    g->streams.push_back({name, width / head, head, to});
   }
-  Status st = g.Validate();
+  Status st = g->Validate();
   if (!st.ok()) return st.WithContext(in);
   llama::Provenance p;
   p.kind = s.kind;
@@ -86,23 +83,24 @@ Status ImportLlama(const std::string& in, const std::string& tmp, const LlamaImp
   p.stream = s.stream;
   p.seq_id = s.seq_id;
   p.first_pos = s.first_pos;
-  ModelIdentity id{llama::FormatModelId(p), 0};
-  WriterOptions wo;
-  wo.threads = 0;  // quantize on every core (the bytes do not depend on it)
-  wo.format_major = o.major;
-  wo.chunk_tokens = o.chunk_tokens ? *o.chunk_tokens : BoundedChunkTokens(g, 256, in);
-  std::unique_ptr<Writer> w;
-  KVFILE_RETURN_IF_ERROR(Writer::Create(tmp, g, id, wo, &w));
+  p.server_tokens = s.server_tokens;
+  *id = ModelIdentity{llama::FormatModelId(p), 0};
+  return Status::OK();
+}
+
+Status AppendLlamaCells(const std::string& in, File& f, const llama::StateLayout& s, uint64_t c0, uint64_t c1,
+                        Writer& w) {
   uint64_t per_token = (uint64_t{s.k_width} + s.v_width) * (4 + 4) * s.layers;  // f32 values + the read buffer
   uint64_t block = safetensors::BlockTokens(per_token, kConvertBufferBudget);
   std::vector<std::vector<float>> data(2 * s.layers);
   std::vector<std::vector<uint8_t>> bytes(2 * s.layers);
-  Progress progress("convert " + in, s.cells);
-  for (uint64_t t0 = 0; t0 < s.cells; t0 += block) {
-    uint64_t n = std::min<uint64_t>(block, s.cells - t0);
+  Progress progress("convert " + in, c1 - c0);
+  for (uint64_t t0 = c0; t0 < c1; t0 += block) {
+    uint64_t n = std::min<uint64_t>(block, c1 - t0);
     progress.Add(n);
     AppendBatch batch;
     batch.tokens = std::span<const uint32_t>(s.tokens).subspan(t0, n);
+    batch.continued = t0 + n < c1;  // the cells are one append
     for (uint32_t l = 0; l < s.layers; ++l) {
       for (int part = 0; part < 2; ++part) {
         llama::CacheType type = part ? s.v[l].type : s.k[l].type;
@@ -111,35 +109,54 @@ Status ImportLlama(const std::string& in, const std::string& tmp, const LlamaImp
           // the writer takes them on the little-endian hosts kvfile runs on).
           std::vector<uint8_t>& b = bytes[2 * l + part];
           b.resize(n * llama::RowBytes(type, part ? s.v_width : s.k_width));
-          KVFILE_RETURN_IF_ERROR(llama::ReadCellBytes(*f, s, part == 1, l, static_cast<uint32_t>(t0),
+          KVFILE_RETURN_IF_ERROR(llama::ReadCellBytes(f, s, part == 1, l, static_cast<uint32_t>(t0),
                                                       static_cast<uint32_t>(t0 + n), b.data()));
           batch.blocks.push_back({LosslessDtype(type), b.data(), nullptr});
           continue;
         }
         std::vector<float>& d = data[2 * l + part];
         d.resize(n * (part ? s.v_width : s.k_width));
-        KVFILE_RETURN_IF_ERROR(llama::ReadCells(*f, s, part == 1, l, static_cast<uint32_t>(t0),
+        KVFILE_RETURN_IF_ERROR(llama::ReadCells(f, s, part == 1, l, static_cast<uint32_t>(t0),
                                                 static_cast<uint32_t>(t0 + n), d.data()));
         batch.blocks.push_back({Dtype::kF32, d.data(), nullptr});
       }
     }
-    st = w->Append(batch);
+    Status st = w.Append(batch);
     if (!st.ok()) return st.WithContext(in);
     KVFILE_RETURN_IF_ERROR(CheckInterrupt(in));
   }
+  return Status::OK();
+}
+
+Status ImportLlama(const std::string& in, const std::string& tmp, const LlamaImport& o, std::string* summary) {
+  std::unique_ptr<File> f;
+  KVFILE_RETURN_IF_ERROR(FileSystem::Default()->Open(in, OpenMode::kRead, &f));
+  llama::StateLayout s;
+  KVFILE_RETURN_IF_ERROR(llama::ParseState(*f, in, &s));
+  Geometry g;
+  ModelIdentity id;
+  KVFILE_RETURN_IF_ERROR(PlanLlamaImport(in, s, o, &g, &id));
+  WriterOptions wo;
+  wo.threads = 0;  // quantize on every core (the bytes do not depend on it)
+  wo.format_major = o.major;
+  wo.chunk_tokens = o.chunk_tokens ? *o.chunk_tokens : BoundedChunkTokens(g, 256, in);
+  std::unique_ptr<Writer> w;
+  KVFILE_RETURN_IF_ERROR(Writer::Create(tmp, g, id, wo, &w));
+  KVFILE_RETURN_IF_ERROR(AppendLlamaCells(in, *f, s, 0, s.cells, *w));
   KVFILE_RETURN_IF_ERROR(w->Close());
   *summary = std::to_string(s.cells) + " tokens; " + std::to_string(s.layers) + " layers; " +
              (s.kind == llama::FileKind::kSequence ? "sequence state" : "session") + " of " +
              llama::CacheTypeName(s.k[0].type) + "/" + llama::CacheTypeName(s.v[0].type) + " cache" +
-             (s.v_trans ? " (V transposed)" : "") + "; k " + std::to_string(g.streams[0].rows_per_token) + " x " +
-             std::to_string(head) + " " + DtypeName(g.streams[0].dtype) + ", v " +
-             std::to_string(g.streams[1].rows_per_token) + " x " + std::to_string(head) + " " +
+             (s.v_trans ? " (V transposed)" : "") + (s.server_tokens ? " (llama-server token record)" : "") +
+             "; k " + std::to_string(g.streams[0].rows_per_token) + " x " +
+             std::to_string(g.streams[0].row_width) + " " + DtypeName(g.streams[0].dtype) + ", v " +
+             std::to_string(g.streams[1].rows_per_token) + " x " + std::to_string(g.streams[1].row_width) + " " +
              DtypeName(g.streams[1].dtype) + "; " + std::to_string(FileSizeOf(tmp)) + " bytes";
   return Status::OK();
 }
 
 Status ExportLlama(const std::string& in, Reader& r, uint64_t tokens, const std::string& tmp, const LlamaExport& o,
-                   std::string* summary, std::string* warning) {
+                   std::string* summary, std::string* warning, const LlamaPlacement* at) {
   const Geometry& g = r.geometry();
   std::optional<uint32_t> ks = g.FindStream("k"), vs = g.FindStream("v");
   if (!ks || !vs || g.streams.size() != 2)
@@ -157,8 +174,14 @@ Status ExportLlama(const std::string& in, Reader& r, uint64_t tokens, const std:
     spec.seq_id = prov->seq_id;
     spec.first_pos = prov->first_pos;
     spec.v_trans = prov->v_trans;
+    spec.server_tokens = prov->server_tokens;
   }
   if (o.v_trans) spec.v_trans = *o.v_trans == 1;
+  if (at) {
+    spec.n_stream = at->n_stream;
+    spec.stream = at->stream;
+    spec.seq_id = at->seq_id;
+  }
   llama::CacheType type = llama::CacheTypeFromName(o.type.value_or("f16")).value_or(llama::CacheType::kF16);
   spec.k_type = spec.v_type = type;
   spec.layers = g.layers;

@@ -152,6 +152,7 @@ int main(int argc, char** argv) {
   RegisterRewind(app, &exit_code);
   RegisterAppend(app, &exit_code);
   RegisterConvert(app, &exit_code);
+  RegisterLlamaServer(app, &exit_code);
   RegisterBench(app, &exit_code);
   RegisterPack(app, &exit_code);
   RegisterUnpack(app, &exit_code);

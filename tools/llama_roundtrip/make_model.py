@@ -6,7 +6,13 @@ round trip (docs/llama.md): 2 layers, 128-wide embeddings, 2 query heads and
 ("no_vocab": llama_decode takes raw token ids). Seeded, so the same file
 comes out every time with the same numpy.
 
-usage: make_model.py GGUF_PY_DIR OUT.gguf
+With --vocab the model has a SentencePiece-style ("llama") vocabulary of
+326 tokens instead: <unk>, <s>, </s>, the 256 byte tokens <0x00>..<0xFF>
+and 67 words, with their token types and scores; llama-server needs one (it
+detokenizes what it generates). --seed picks other weights, --ctx the
+training context length (default 256).
+
+usage: make_model.py GGUF_PY_DIR OUT.gguf [--vocab] [--seed N] [--ctx N]
 """
 import sys
 
@@ -15,9 +21,21 @@ import numpy as np
 sys.path.insert(0, sys.argv[1])
 import gguf  # noqa: E402
 
-N_EMBD, N_HEAD, N_HEAD_KV, HEAD, N_LAYER, N_FF, N_VOCAB = 128, 2, 2, 64, 2, 128, 128
+OPTS = sys.argv[3:]
+VOCAB = "--vocab" in OPTS
 
-rng = np.random.default_rng(19)
+
+def option(name, default):
+    return int(OPTS[OPTS.index(name) + 1]) if name in OPTS else default
+
+
+WORDS = ("the a an and of to in is it that was for on are with as his they be at one have this from or had by "
+         "word but what some we can out other were all there when up use your how said each she which do their "
+         "time if will way about many then them write would like so these her long make thing see").split()
+N_EMBD, N_HEAD, N_HEAD_KV, HEAD, N_LAYER, N_FF = 128, 2, 2, 64, 2, 128
+N_VOCAB = 3 + 256 + len(WORDS) if VOCAB else 128
+
+rng = np.random.default_rng(option("--seed", 19))
 
 
 def weight(*shape):
@@ -31,7 +49,7 @@ def norm(n):
 
 w = gguf.GGUFWriter(sys.argv[2], "llama")
 w.add_name("kvfile-tiny-random")
-w.add_context_length(256)
+w.add_context_length(option("--ctx", 256))
 w.add_embedding_length(N_EMBD)
 w.add_block_count(N_LAYER)
 w.add_feed_forward_length(N_FF)
@@ -40,7 +58,19 @@ w.add_head_count_kv(N_HEAD_KV)
 w.add_rope_dimension_count(HEAD)
 w.add_layer_norm_rms_eps(1e-5)
 w.add_vocab_size(N_VOCAB)
-w.add_tokenizer_model("no_vocab")
+if VOCAB:
+    T = gguf.TokenType
+    tokens = ["<unk>", "<s>", "</s>"] + ["<0x%02X>" % b for b in range(256)] + ["\u2581" + x for x in WORDS]
+    types = [T.UNKNOWN, T.CONTROL, T.CONTROL] + [T.BYTE] * 256 + [T.NORMAL] * len(WORDS)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_scores([0.0] * 259 + [-float(i) for i in range(len(WORDS))])
+    w.add_unk_token_id(0)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+else:
+    w.add_tokenizer_model("no_vocab")
 w.add_tensor("token_embd.weight", weight(N_VOCAB, N_EMBD))
 w.add_tensor("output_norm.weight", norm(N_EMBD))
 w.add_tensor("output.weight", weight(N_VOCAB, N_EMBD))

@@ -52,6 +52,10 @@ struct KVFILE_EXPORT StateLayout {
   uint32_t version = 0;
   std::string arch;  // session files only
   std::vector<uint32_t> tokens;
+  // The token array was llama-server's serialized token record
+  // (tools/server: server_tokens::serialize, version 1): the int32 values
+  // -1, 1, n, the n ids, 0 (no media chunks), rather than the n ids alone.
+  bool server_tokens = false;
   uint32_t n_stream = 1;  // cache streams in the file
   uint32_t stream = 0;    // the non-empty one
   int32_t seq_id = 0;
@@ -92,6 +96,7 @@ struct KVFILE_EXPORT Provenance {
   uint32_t stream = 0;
   int32_t seq_id = 0;
   int32_t first_pos = 0;
+  bool server_tokens = false;  // the token array is llama-server's record ("tokens=server")
 };
 KVFILE_EXPORT std::string FormatModelId(const Provenance& p);
 KVFILE_EXPORT std::optional<Provenance> ParseModelId(std::string_view model_id);
@@ -110,6 +115,7 @@ struct KVFILE_EXPORT WriteSpec {
   uint32_t layers = 0;
   uint32_t k_width = 0;
   uint32_t v_width = 0;
+  bool server_tokens = false;  // write the token array as llama-server's record
 };
 KVFILE_EXPORT Status CheckWriteSpec(const WriteSpec& w);
 // Size of the file WriteState produces for `tokens` tokens.

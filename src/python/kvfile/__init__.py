@@ -10,9 +10,9 @@ A thin layer over the C++ library's binding (the extension kvfile._kvfile):
     kvfile.find(dir_or_pack, tokens)              -> longest-prefix match (dict) or None
     Reader.read_all(...) / Reader.codes_all(...)  -> every stream at once (bulk)
 
-kvfile.torch (torch tensors, CUDA loads) and kvfile.transformers (a
-DynamicCache to and from a file) are attributes of the package, imported on
-first use (`import kvfile; kvfile.torch.load(...)` works); they import torch
+kvfile.torch (torch tensors, CUDA loads), kvfile.transformers (a
+DynamicCache to and from a file) and kvfile.llama_server (llama-server slots
+kept in .kv files) are attributes of the package, imported on first use (`import kvfile; kvfile.torch.load(...)` works); they import torch
 only when one of their functions is called, so `import kvfile` never does.
 
 Arrays: a stream's rows are shaped [layers, tokens, rows_per_token,
@@ -71,7 +71,7 @@ def open(path, mode="r", **options):  # noqa: A001  (the module's entry point, l
 # stays free of them (and of torch), and `kvfile.torch.load(...)` still works
 # without an `import kvfile.torch` first. Importing a submodule binds it on
 # the package, so this runs once for each.
-_LAZY_SUBMODULES = ("torch", "transformers")
+_LAZY_SUBMODULES = ("torch", "transformers", "llama_server")
 
 
 def __getattr__(name):
