@@ -242,6 +242,37 @@ def test_divergence_rewinds_to_the_common_prefix(models, servers, tmp_path):
         assert list(r.tokens)[:len(edited)] == edited and len(r) == total
 
 
+def test_an_interrupted_divergent_save_leaves_the_file_as_it_was(models, servers, tmp_path):
+    # A divergent save replaces the file whole: on a disk with room for the
+    # file but not for its replacement it fails, and the file is as it was
+    # (rewinding in place, then appending, would have changed it).
+    s = servers(models["tiny"], tmp_path / "s")
+    history, _ = converse(s, TURNS[:2])
+    first = len(TURNS[0]) + N_PREDICT
+    staged = tmp_path / "staged.kv"
+    ls.save(s.url, 0, staged, s.slot_dir, head_size=64)
+    size = staged.stat().st_size
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    room = (size + size // 2 + 4095) // 4096 * 4096
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={room}", "tmpfs", str(mnt)]).returncode != 0:
+        pytest.skip("cannot mount a tmpfs (needs root)")
+    try:
+        kv = mnt / "chat.kv"
+        kv.write_bytes(staged.read_bytes())
+        before = digest(kv)
+        s.complete(history[:first] + [300, 301, 302])
+        p = cli("llama-server", "save", s.url, 0, kv, "--slot-dir", s.slot_dir, "--head-size", 64)
+        assert p.returncode == 2, p.stderr
+        assert p.stderr.startswith(f"kvfile: error: {kv}: ") and "No space left on device" in p.stderr, p.stderr
+        assert p.stderr.count("\n") == 1
+        assert digest(kv) == before
+        assert sorted(x.name for x in mnt.iterdir()) == ["chat.kv"]
+        assert leftovers(s.slot_dir) == []
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)])
+
+
 def test_faults_leave_the_file_as_it_was(models, servers, tmp_path):
     s = servers(models["tiny"], tmp_path / "s")
     kv = tmp_path / "chat.kv"

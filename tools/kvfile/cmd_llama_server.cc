@@ -21,6 +21,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -28,6 +29,7 @@
 #include <filesystem>
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include "cli_common.h"
 #include "convert_llama.h"
@@ -218,6 +220,25 @@ Status SaveSlot(const ServerArgs& a, const TempSlot& t, std::unique_ptr<File>* f
   return Status::OK();
 }
 
+// Copies the bytes of `from` into the new file `to` (a PendingReplace's
+// temporary file), 8 MiB at a time, stopping at a signal.
+Status CopyFileBytes(const std::string& from, const std::string& to) {
+  std::unique_ptr<File> in, out;
+  KVFILE_RETURN_IF_ERROR(FileSystem::Default()->Open(from, OpenMode::kRead, &in));
+  KVFILE_RETURN_IF_ERROR(FileSystem::Default()->Open(to, OpenMode::kCreateExclusive, &out).WithContext(from));
+  uint64_t size = 0;
+  KVFILE_RETURN_IF_ERROR(in->Size(&size));
+  std::vector<char> buf(static_cast<size_t>(std::min<uint64_t>(size, uint64_t{8} << 20)));
+  for (uint64_t at = 0; at < size;) {
+    KVFILE_RETURN_IF_ERROR(CheckInterrupt(from));
+    size_t n = static_cast<size_t>(std::min<uint64_t>(buf.size(), size - at));
+    KVFILE_RETURN_IF_ERROR(in->ReadAt(at, buf.data(), n));
+    KVFILE_RETURN_IF_ERROR(out->WriteAt(at, buf.data(), n).WithContext(from));
+    at += n;
+  }
+  return out->Sync().WithContext(from);
+}
+
 int RunSave(const ServerArgs& a) {
   InstallSignalHandlers();
   SetCurrentPath(a.file);
@@ -266,7 +287,22 @@ int RunSave(const ServerArgs& a) {
     st = Writer::Open(a.file, opt, &w);
     if (st.ok() && w->token_count() != before)
       st = Status::Mismatch(a.file + ": the file changed while the save was being prepared");
-    if (st.ok() && keep < before) st = w->Rewind(keep);
+    if (st.ok() && keep < before) {
+      // A divergence replaces FILE whole, so that a save that fails or is
+      // interrupted leaves it as it was: its bytes are copied (under its
+      // writer lock) to a temporary file, which is rewound to the common
+      // prefix and appended to, then renamed over FILE. It costs the
+      // session's bytes once; an append costs only the turn's.
+      st = PendingReplace::Begin(a.file, nullptr, &create);
+      if (st.ok()) st = CopyFileBytes(a.file, create->temp_path());
+      Status closed = w->Close();
+      w.reset();
+      if (st.ok()) st = closed;
+      if (st.ok()) st = Writer::Open(create->temp_path(), opt, &w).WithContext(a.file);
+      if (st.ok() && w->token_count() != before)
+        st = Status::Mismatch(a.file + ": the file changed while the save was being prepared");
+      if (st.ok()) st = w->Rewind(keep).WithContext(a.file);
+    }
   } else if (st.ok()) {
     opt.chunk_tokens = BoundedChunkTokens(g, 256, tmp.path());
     st = PendingReplace::Begin(a.file, nullptr, &create);
