@@ -293,3 +293,28 @@ def test_load_into_in_the_background_signals_each_layer(tmp_path):
         got = dest[layer][0, [3, 2, 1, 0]].reshape(64, 2, 16)
         assert torch.equal(got, want["k"][layer])
     assert len(job.result()) == 3
+
+
+@cuda
+def test_a_session_appended_every_turn_resumes_in_another_process(tmp_path):
+    """session_check.py: a random-weight Llama appends its cache after each of
+    4 turns (bf16, e4m3, e5m2, nvfp4); a fresh process resumes: bf16 gives the
+    reference's tokens and logits; five changed configs are refused."""
+    pytest.importorskip("transformers", reason="no transformers")
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent / "session_check.py"
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    saved = subprocess.run([sys.executable, str(script), "save", str(tmp_path)], check=True, env=env,
+                           capture_output=True, text=True)
+    done = subprocess.run([sys.executable, str(script), "resume", str(tmp_path)], check=True, env=env,
+                          capture_output=True, text=True)
+    print(saved.stdout + done.stdout)
+    lines = dict(line.split(": ", 1) for line in done.stdout.splitlines() if ": " in line)
+    assert lines["bf16"].startswith("identical tokens and logits"), done.stdout
+    for field in ("rope_theta", "rope_scaling_factor", "num_hidden_layers", "num_key_value_heads", "dtype"):
+        assert "written for another model" in lines[f"refused {field}"], done.stdout
+    assert "accepted" in done.stdout

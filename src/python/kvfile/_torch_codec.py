@@ -98,9 +98,15 @@ def quantize_nvfp4(torch, x, table=None):
     return packed.contiguous(), block_scales, scales
 
 
+_tables = {}  # (kind, device) -> decode table, made once
+
+
 def decode_table(torch, kind, device):
-    """The float32 decode table of an fp8 kind (256 entries) on device."""
-    return torch.from_numpy(_kvfile.fp8_decode_table(kind)).to(device)
+    """The float32 decode table of an fp8 kind (256 entries) on device (kept)."""
+    key = (kind, str(device))
+    if key not in _tables:
+        _tables[key] = torch.from_numpy(_kvfile.fp8_decode_table(kind)).to(device)
+    return _tables[key]
 
 
 def finite_max(torch, dtype):

@@ -214,11 +214,12 @@ def release_staging():
 
 
 def _load_cuda(torch, reader, device, dtype, dtype_name, start, stop, threads, staging_bytes, stats,
-               sink=None, part_done=None):
+               sink=None, part_done=None, first_part=False):
     """load's CUDA path. sink(name, first, last, values) takes each part's
     decoded [last - first, tokens, rows, width] tensor (on the copy stream)
     instead of the contiguous outputs (then None is returned);
-    part_done(first, last, stream) is called once a part's sinks are queued."""
+    part_done(first, last, stream) is called once a part's sinks are queued.
+    first_part: layer 0 makes a part of its own (it is ready sooner)."""
     geometry = reader.geometry
     streams = geometry["streams"]
     layers, tokens = geometry["layers"], stop - start
@@ -249,8 +250,10 @@ def _load_cuda(torch, reader, device, dtype, dtype_name, start, stop, threads, s
     timings = []  # (start event, end event, bytes) per copy, when stats is asked for
     # The GPU buffers and outputs are used on copy_stream only from here on.
     copy_stream.wait_stream(torch.cuda.current_stream(device))
-    for part, first in enumerate(range(0, layers, part_layers)):
-        last = min(layers, first + part_layers)
+    bounds = [0] + ([1] if first_part and part_layers > 1 else [])
+    while bounds[-1] < layers:
+        bounds.append(min(layers, bounds[-1] + part_layers))
+    for part, (first, last) in enumerate(zip(bounds, bounds[1:])):
         n = last - first
         slot = part % 2
         if done[slot] is not None:
@@ -602,9 +605,10 @@ def load_into(path, destination, block_ids=None, slot_mapping=None, layout="vllm
     block_ids[i // block_size] at offset i % block_size. heads=(start, stop):
     only those rows (KV heads) of each token, as a tensor-parallel rank
     holds them; the destination has stop - start heads.
-    On CUDA every layer is read, copied and decoded on a copy stream one
-    layer per part (fp8 and nvfp4 decoded on the GPU, bit-exact with the
-    library); layer i's CUDA event is recorded once its rows are in place,
+    On CUDA the layers are read, copied and decoded on a copy stream as load
+    does (staging_bytes: as for load), layer 0 in a part of its own so that
+    it is ready first (fp8 and nvfp4 decoded on the GPU, bit-exact with the
+    library); layer i's CUDA event (timing enabled) is recorded once its rows are in place,
     and on_layer(i, event) is called then. background=True runs the load in
     a thread and returns a LayerLoad (wait_for_layer(i), result()); else the
     call returns the events when every layer is in place. On the CPU
@@ -652,7 +656,7 @@ def load_into(path, destination, block_ids=None, slot_mapping=None, layout="vllm
 
                 def part_done(first, last, stream):
                     for layer in range(first, last):
-                        event = torch.cuda.Event()
+                        event = torch.cuda.Event(enable_timing=True)
                         event.record(stream)
                         ready(layer, event)
                         if on_layer is not None:
@@ -662,7 +666,8 @@ def load_into(path, destination, block_ids=None, slot_mapping=None, layout="vllm
                     lock = _device_locks.setdefault(dev.index, threading.Lock())
                 with lock:
                     _load_cuda(torch, reader, dev, dtype, _np_dtype_name(torch, dtype), start, stop, threads,
-                               0 if staging_bytes is None else staging_bytes, None, sink, part_done)
+                               STAGING_BYTES if staging_bytes is None else staging_bytes, None, sink, part_done,
+                               first_part=True)
             else:
                 out = _load_cpu(torch, reader, dtype, _np_dtype_name(torch, dtype), start, stop, threads)
                 for name in streams:
