@@ -82,9 +82,11 @@ def main():
 
     g = torch.Generator(device="cuda").manual_seed(0)
     n = args.tokens
-    k = torch.randn(LAYERS, n, HEADS, DIM, device="cuda", dtype=torch.bfloat16, generator=g)
-    v = torch.randn(LAYERS, n, HEADS, DIM, device="cuda", dtype=torch.bfloat16, generator=g)
-    ids = torch.arange(n)
+    # n tokens to save, and 512 more for the turn appended to a history of n.
+    k_all = torch.randn(LAYERS, n + 512, HEADS, DIM, device="cuda", dtype=torch.bfloat16, generator=g)
+    v_all = torch.randn(LAYERS, n + 512, HEADS, DIM, device="cuda", dtype=torch.bfloat16, generator=g)
+    k, v = k_all[:, :n].contiguous(), v_all[:, :n].contiguous()
+    ids = torch.arange(n + 512)
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, {os.cpu_count()} cores; "
           f"session {n} tokens x {LAYERS} layers x (k, v) of {HEADS} x {DIM}, bf16 on the GPU "
           f"({2 * k.numel() * 2 / 1e9:.2f} GB)")
@@ -92,7 +94,8 @@ def main():
     results = {}
 
     print(f"durable save from GPU bf16 (median of {args.repeat}):")
-    results["save"] = median_time(lambda: kvtorch.save(path, {"k": k, "v": v}, ids, dtype="e4m3", overwrite=True),
+    results["save"] = median_time(lambda: kvtorch.save(path, {"k": k, "v": v}, ids[:n], dtype="e4m3",
+                                                       overwrite=True),
                                   args.repeat)
     size = path.stat().st_size
     row("kvfile.torch.save(e4m3), encoded on the GPU, durable", results["save"],
@@ -135,18 +138,16 @@ def main():
 
     print(f"append a 512-token turn (median of {args.repeat}):")
     turn = {}
-    for history in (4096, n):
-        if history + 512 > n:
-            history = n - 512
+    for history in sorted({min(4096, n), n}):
         hpath = d / f"history{history}.kv"
-        kvtorch.save(hpath, {"k": k[:, :history], "v": v[:, :history]}, ids[:history], dtype="e4m3",
+        kvtorch.save(hpath, {"k": k_all[:, :history], "v": v_all[:, :history]}, ids[:history], dtype="e4m3",
                      overwrite=True)
 
         def rewind(h=history, p=hpath):
             with kvfile.open(p, "a") as w:
                 if len(w) != h:
                     w.rewind(h)
-        session = {"k": k[:, :history + 512], "v": v[:, :history + 512]}
+        session = {"k": k_all[:, :history + 512], "v": v_all[:, :history + 512]}
         t = median_time(lambda p=hpath, s=session, h=history: kvtorch.append_turn(p, s, ids[:h + 512]),
                         args.repeat, before=rewind)
         with kvfile.open(hpath, "a") as w:
