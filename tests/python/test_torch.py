@@ -149,7 +149,7 @@ NVFP4_GEOMETRY = {"layers": 2, "streams": [
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=cuda)])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_load_of_nvfp4_streams_is_the_library_decode(tmp_path, dtype, device):
-    # nvfp4 streams are dequantized on the host (on CUDA too), then moved.
+    # On CUDA nvfp4 streams travel as codes and scales and are decoded on the GPU.
     rng = np.random.default_rng(3)
     data = {s["name"]: rng.standard_normal((2, 40, 2, 32)).astype(np.float32) for s in NVFP4_GEOMETRY["streams"]}
     with kvfile.create(tmp_path / "n.kv", NVFP4_GEOMETRY, chunk_tokens=16) as w:

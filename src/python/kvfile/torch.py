@@ -3,8 +3,8 @@
 
     load(path, device="cuda", dtype=torch.bfloat16, start=0, stop=None)
         -> {"tokens": int64 tensor [tokens], stream: tensor [layers, tokens, rows, width]}
-    save(path, tensors, tokens, model="", fingerprint=0, dtype="e4m3")
-    append(path, tensors, tokens)
+    save(path, tensors, tokens, model="", fingerprint=0, dtype="e4m3", encoder="auto")
+    append(path, tensors, tokens, encoder="auto")
     append_turn(path, tensors, tokens, model=None, fingerprint=None) -> dict
     load_into(path, destination, block_ids=None, slot_mapping=None, layout="vllm", heads=None, ...)
 
@@ -16,12 +16,10 @@ part to the GPU asynchronously while the next part is read, and decodes on
 the GPU exactly as the library decodes on the CPU (spec/CODEC.md): the code's
 float32 value from a 256-entry table, times the row's float32 scale in
 float32, clamped to the output dtype's finite range, rounded to nearest even
-by the conversion. Raw streams, and nvfp4 streams (no GPU kernel for them
-yet: the library dequantizes them on the host), are decoded on the CPU into
-the staging buffers. Other devices: decoded on the CPU, then moved.
-nvfp4 streams are read as codes, block scales and row scales and decoded on
-the GPU as spec/CODEC.md 14.4 (kvfile._torch_codec). Raw streams are decoded
-on the CPU into the staging buffers.
+by the conversion. nvfp4 streams are read as codes, block scales and row
+scales and decoded on the GPU as spec/CODEC.md 14.4 (kvfile._torch_codec).
+Raw streams are decoded on the CPU into the staging buffers. Other devices:
+decoded on the CPU, then moved.
 
 save/append with CUDA tensors encode e4m3, e5m2 and nvfp4 streams on the GPU
 (kvfile._torch_codec: the library's codes and scales byte for byte), copy
