@@ -30,6 +30,7 @@ that the refusal is the library's, naming the row. CPU tensors go to the
 library as rows (it quantizes them on every core).
 """
 
+import contextlib
 import threading
 import warnings
 
@@ -419,18 +420,12 @@ def _append(torch, writer, tensors, tokens, encoder="auto"):
     on_device = all(getattr(t, "is_cuda", False) for t in tensors.values())
     if encoder == "torch" or (encoder == "auto" and on_device):
         device = next(iter(tensors.values())).device
-        lock = None
-        if device.type == "cuda":
+        lock = contextlib.nullcontext()
+        if device.type == "cuda":  # the device's save staging is in use until append returns
             index = device.index if device.index is not None else torch.cuda.current_device()
             with _staging_lock:
                 lock = _device_locks.setdefault(index, threading.Lock())
-        if lock is not None:
-            with lock:
-                encoded = _encoded(torch, writer, tensors, count, check)
-                if encoded is not None:
-                    writer.append(ids, encoded)  # the pinned buffer is in use until append returns
-                    return
-        else:
+        with lock:
             encoded = _encoded(torch, writer, tensors, count, check)
             if encoded is not None:
                 writer.append(ids, encoded)
