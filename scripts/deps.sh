@@ -9,6 +9,7 @@ KVFILE_PACKAGES=(
   liburing-dev zlib1g-dev libcli11-dev libgtest-dev libxxhash-dev nlohmann-json3-dev
   libbenchmark-dev
   python3-dev pybind11-dev python3-numpy python3-pytest
+  python3-torch  # kvfile.torch's CPU paths (tests/python/test_torch*.py; 1.13, CPU only: the CUDA tests skip)
   python3-venv python3-pip python3-setuptools python3-wheel  # pip install . (scripts/install_test.sh)
   clang libclang-rt-14-dev  # the libFuzzer build (scripts/fuzz.sh); libclang-rt-14-dev has libFuzzer
   libcurl4-openssl-dev  # kvfile llama-server (HTTP)

@@ -4,8 +4,14 @@
 // append(tokens, {"k": array, ...}) takes, for every stream, one array shaped
 // [layers, tokens, rows_per_token, row_width] (the layout of the safetensors
 // convention `kvfile convert` uses) as float32, float16, or uint16 holding
-// bf16 bits. Every array is checked here before the library sees it; the
-// library then checks every value (a NaN fails the whole append).
+// bf16 bits; or, for a quantized stream, the codes already encoded with the
+// stream's own dtype: a tuple (codes uint8 [layers, tokens, rows, width],
+// scales float32 [layers, tokens, rows]) for e4m3/e5m2, (codes uint8
+// [layers, tokens, rows*width/2], block_scales uint8 [layers, tokens,
+// rows*width/16], scales float32 [layers, tokens]) for nvfp4 (what
+// kvfile.torch encodes on a GPU). Every array is checked here before the
+// library sees it; the library then checks every value (a NaN fails the
+// whole append, as does an invalid scale).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -45,6 +51,62 @@ std::string ExpectedShape(const Geometry& g, const StreamSpec& s, size_t tokens)
          "]";
 }
 
+// One stream's arrays of an append: raw rows (`data` alone), or codes with
+// their scales (and nvfp4 block scales).
+struct StreamArrays {
+  Dtype dtype = Dtype::kBF16;
+  py::array data, scales, block_scales;
+};
+
+// `obj` as a numpy array of `dtype` shaped `want`; TypeError or ValueError
+// naming `what` otherwise.
+py::array EncodedArray(py::handle obj, const std::string& what, const py::dtype& dtype,
+                       const std::vector<py::ssize_t>& want) {
+  if (!py::isinstance<py::array>(obj))
+    throw py::type_error(what + ": expected a numpy array, got " +
+                         py::str(py::type::of(obj).attr("__name__")).cast<std::string>());
+  auto a = py::reinterpret_borrow<py::array>(obj);
+  if (!a.dtype().equal(dtype))
+    throw py::type_error(what + ": dtype " + py::str(a.dtype()).cast<std::string>() + ", expected " +
+                         py::str(static_cast<py::handle>(dtype)).cast<std::string>());
+  if (a.ndim() != static_cast<py::ssize_t>(want.size()) || !std::equal(want.begin(), want.end(), a.shape())) {
+    std::string text = "[";
+    for (size_t i = 0; i < want.size(); ++i) text += (i ? ", " : "") + std::to_string(want[i]);
+    throw py::value_error(what + ": shape " + ShapeText(a) + ", expected " + text + "]");
+  }
+  return a;
+}
+
+// A stream's encoded tuple checked against its geometry (see the top).
+StreamArrays EncodedArrays(const Geometry& g, const StreamSpec& spec, size_t count, py::handle value) {
+  const std::string what = "stream '" + spec.name + "'";
+  const auto tuple = py::reinterpret_borrow<py::tuple>(value);
+  const py::ssize_t layers = g.layers, tokens = static_cast<py::ssize_t>(count);
+  const py::ssize_t rows = spec.rows_per_token, width = spec.row_width;
+  StreamArrays out;
+  out.dtype = spec.dtype;
+  if (spec.dtype == Dtype::kE4M3 || spec.dtype == Dtype::kE5M2) {
+    if (tuple.size() != 2)
+      throw py::value_error(what + ": codes of an fp8 stream are a tuple (codes, scales), got " +
+                            std::to_string(tuple.size()) + " items");
+    out.data = EncodedArray(tuple[0], what + " codes", py::dtype::of<uint8_t>(), {layers, tokens, rows, width});
+    out.scales = EncodedArray(tuple[1], what + " scales", py::dtype::of<float>(), {layers, tokens, rows});
+  } else if (spec.dtype == Dtype::kNvfp4) {
+    if (tuple.size() != 3)
+      throw py::value_error(what + ": codes of an nvfp4 stream are a tuple (codes, block_scales, scales), got " +
+                            std::to_string(tuple.size()) + " items");
+    const py::ssize_t n = rows * width;
+    out.data = EncodedArray(tuple[0], what + " codes", py::dtype::of<uint8_t>(), {layers, tokens, n / 2});
+    out.block_scales =
+        EncodedArray(tuple[1], what + " block_scales", py::dtype::of<uint8_t>(), {layers, tokens, n / 16});
+    out.scales = EncodedArray(tuple[2], what + " scales", py::dtype::of<float>(), {layers, tokens});
+  } else {
+    throw py::type_error(what + ": the stream is " + std::string(DtypeName(spec.dtype)) +
+                         ", so it takes rows (an array), not codes");
+  }
+  return out;
+}
+
 class PyWriter {
  public:
   explicit PyWriter(std::unique_ptr<Writer> writer) : guarded_(std::move(writer), "writer") {}
@@ -73,19 +135,23 @@ class PyWriter {
     // Every array's dtype and shape first; copies (of token ids, and of
     // arrays that are not contiguous) only once all are right. The arrays
     // stay referenced (and their buffers alive) until the call returns.
-    std::vector<py::array> arrays(g.streams.size());
-    std::vector<Dtype> dtypes(g.streams.size());
+    std::vector<StreamArrays> arrays(g.streams.size());
     for (size_t s = 0; s < g.streams.size(); ++s) {
       const StreamSpec& spec = g.streams[s];
       if (!streams.contains(spec.name))
         throw py::value_error("append: no array for stream '" + spec.name + "'");
-      py::array a = RowArray(streams[spec.name.c_str()], "stream '" + spec.name + "'", &dtypes[s]);
+      const py::handle value = streams[spec.name.c_str()];
+      if (py::isinstance<py::tuple>(value)) {
+        arrays[s] = EncodedArrays(g, spec, count, value);
+        continue;
+      }
+      py::array a = RowArray(value, "stream '" + spec.name + "'", &arrays[s].dtype);
       const std::vector<py::ssize_t> want = {g.layers, static_cast<py::ssize_t>(count), spec.rows_per_token,
                                              spec.row_width};
       if (a.ndim() != 4 || !std::equal(want.begin(), want.end(), a.shape()))
         throw py::value_error("stream '" + spec.name + "': shape " + ShapeText(a) + ", expected " +
                               ExpectedShape(g, spec, count));
-      arrays[s] = std::move(a);
+      arrays[s].data = std::move(a);
     }
     const std::vector<uint32_t> ids = CopyTokenIds(token_array);
     AppendBatch batch;
@@ -93,11 +159,29 @@ class PyWriter {
     batch.blocks.resize(size_t{g.layers} * g.streams.size());
     for (size_t s = 0; s < g.streams.size(); ++s) {
       const StreamSpec& spec = g.streams[s];
-      arrays[s] = Contiguous(arrays[s], "stream '" + spec.name + "'");
-      const auto* base = static_cast<const char*>(arrays[s].data());
-      const size_t layer_bytes = count * spec.ElementsPerToken() * ElementSize(dtypes[s]);
+      StreamArrays& a = arrays[s];
+      const std::string what = "stream '" + spec.name + "'";
+      a.data = Contiguous(a.data, what);
+      const auto* base = static_cast<const char*>(a.data.data());
+      const float* scales = nullptr;
+      if (a.scales) {
+        a.scales = Contiguous(a.scales, what);
+        scales = static_cast<const float*>(a.scales.data());
+      }
+      const uint8_t* blocks = nullptr;
+      if (a.block_scales) {
+        a.block_scales = Contiguous(a.block_scales, what);
+        blocks = static_cast<const uint8_t*>(a.block_scales.data());
+      }
+      // Bytes, scales and block scales of one layer.
+      const size_t layer_bytes = static_cast<size_t>(a.data.nbytes()) / std::max<uint32_t>(g.layers, 1);
+      const size_t layer_scales = a.scales ? static_cast<size_t>(a.scales.size()) / std::max<uint32_t>(g.layers, 1) : 0;
+      const size_t layer_blocks =
+          a.block_scales ? static_cast<size_t>(a.block_scales.size()) / std::max<uint32_t>(g.layers, 1) : 0;
       for (uint32_t layer = 0; layer < g.layers; ++layer)
-        batch.blocks[layer * g.streams.size() + s] = {dtypes[s], base + layer * layer_bytes, nullptr};
+        batch.blocks[layer * g.streams.size() + s] = {a.dtype, base + layer * layer_bytes,
+                                                      scales ? scales + layer * layer_scales : nullptr,
+                                                      blocks ? blocks + layer * layer_blocks : nullptr};
     }
     guarded_.Run([&](Writer& w) { return w.Append(batch); });
   }
@@ -185,7 +269,10 @@ void BindWriter(py::module_& m) {
                        "a context manager that closes it.")
       .def("append", &PyWriter::Append, py::arg("tokens"), py::arg("streams"),
            "Appends token ids and their rows: streams maps every stream name to an array shaped "
-           "[layers, tokens, rows_per_token, row_width] of float32, float16, or uint16 (bf16 bits). "
+           "[layers, tokens, rows_per_token, row_width] of float32, float16, or uint16 (bf16 bits), or, for "
+           "a quantized stream, its codes already encoded: (codes uint8 [layers, tokens, rows, width], scales "
+           "float32 [layers, tokens, rows]) for e4m3/e5m2, (codes uint8 [layers, tokens, rows*width/2], "
+           "block_scales uint8 [layers, tokens, rows*width/16], scales float32 [layers, tokens]) for nvfp4. "
            "Nothing is written if any check fails.")
       .def("flush", &PyWriter::Flush, "Writes the staged tokens as a chunk; no fsync.")
       .def("sync", &PyWriter::Sync, "Makes every appended token durable and committed.")

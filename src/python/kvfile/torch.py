@@ -3,8 +3,10 @@
 
     load(path, device="cuda", dtype=torch.bfloat16, start=0, stop=None)
         -> {"tokens": int64 tensor [tokens], stream: tensor [layers, tokens, rows, width]}
-    save(path, tensors, tokens, model="", fingerprint=0, dtype="e4m3")
-    append(path, tensors, tokens)
+    save(path, tensors, tokens, model="", fingerprint=0, dtype="e4m3", encoder="auto")
+    append(path, tensors, tokens, encoder="auto")
+    append_turn(path, tensors, tokens, model=None, fingerprint=None) -> dict
+    load_into(path, destination, block_ids=None, slot_mapping=None, layout="vllm", heads=None, ...)
 
 torch is imported when one of these is called: `import kvfile` never needs it.
 
@@ -14,16 +16,28 @@ part to the GPU asynchronously while the next part is read, and decodes on
 the GPU exactly as the library decodes on the CPU (spec/CODEC.md): the code's
 float32 value from a 256-entry table, times the row's float32 scale in
 float32, clamped to the output dtype's finite range, rounded to nearest even
-by the conversion. Raw streams, and nvfp4 streams (no GPU kernel for them
-yet: the library dequantizes them on the host), are decoded on the CPU into
-the staging buffers. Other devices: decoded on the CPU, then moved.
+by the conversion. nvfp4 streams are read as codes, block scales and row
+scales and decoded on the GPU as spec/CODEC.md 14.4 (kvfile._torch_codec).
+Raw streams are decoded on the CPU into the staging buffers. Other devices:
+decoded on the CPU, then moved.
+
+save/append with CUDA tensors encode e4m3, e5m2 and nvfp4 streams on the GPU
+(kvfile._torch_codec: the library's codes and scales byte for byte), copy
+the codes and scales through pinned staging and hand them to the library's
+writer as already-encoded rows; raw streams are copied as they are. A
+quantized stream holding a NaN or Inf is handed to the library as rows, so
+that the refusal is the library's, naming the row. CPU tensors go to the
+library as rows (it quantizes them on every core).
 """
 
+import contextlib
 import threading
+import warnings
 
 import numpy as np
 
 from . import _kvfile
+from . import _torch_codec as codec
 
 # Bytes of pinned staging per part; two parts are in flight (double
 # buffering). A layer larger than this makes a part of its own. Measured on
@@ -34,7 +48,7 @@ STAGING_BYTES = 256 << 20
 _ALIGN = 256
 
 _staging_lock = threading.Lock()
-_staging = {}  # device index -> [_Pinned, _Pinned], reused across loads
+_staging = {}  # device index -> [_Pinned] * 3 (two for loads, one for saves), reused
 _device_locks = {}  # device index -> lock: one CUDA load at a time uses a device's staging
 
 
@@ -58,15 +72,6 @@ def _numpy_view(torch, t):
     return t.numpy()
 
 
-def _finite_max(torch, dtype):
-    """The largest finite value of a 16-bit output dtype (exact in float32), or None."""
-    if dtype == torch.bfloat16:
-        return float(np.frombuffer(np.uint32(0x7F7F0000).tobytes(), np.float32)[0])
-    if dtype == torch.float16:
-        return 65504.0
-    return None
-
-
 def dequantize(codes, scales, kind, dtype, table=None):
     """Decodes fp8 codes (uint8 tensor [..., rows, width]) with their scales
     (float32 [..., rows]) into `dtype` on the codes' device, bit-exactly as
@@ -78,9 +83,8 @@ def dequantize(codes, scales, kind, dtype, table=None):
         table = torch.from_numpy(_kvfile.fp8_decode_table(kind)).to(codes.device)
     values = torch.index_select(table, 0, codes.reshape(-1).to(torch.int32)).view(codes.shape)
     values.mul_(scales.unsqueeze(-1))  # float32 * float32: one IEEE rounding
-    limit = _finite_max(torch, dtype)
-    if limit is not None:
-        values.clamp_(-limit, limit)
+    limit = codec.finite_max(torch, dtype)
+    values.clamp_(-limit, limit)
     return values.to(dtype)
 
 
@@ -135,20 +139,31 @@ def _load_cpu(torch, reader, dtype, dtype_name, start, stop, threads):
 class _Layout:
     """Where each stream's part of `layers` layers lies in a staging buffer."""
 
-    def __init__(self, streams, fp8, layers, tokens, out_size):
-        self.entries = []  # (name, fp8 kind or None, shape, codes or rows offset, scales offset or None)
+    def __init__(self, streams, quantized, layers, tokens, out_size):
+        # (name, quantized kind or None, shape, codes or rows offset, scales
+        # offset or None, nvfp4 block scales offset or None)
+        self.entries = []
         offset = 0
         for s in streams:
             shape = _shape(s, layers, tokens)
             elements = int(np.prod(shape))
-            if s["name"] in fp8:
+            kind = quantized.get(s["name"])
+            if kind == "nvfp4":
+                codes_at = offset
+                offset = _round_up(offset + elements // 2)
+                blocks_at = offset
+                offset = _round_up(offset + elements // 16)
+                scales_at = offset
+                offset = _round_up(offset + layers * tokens * 4)
+                self.entries.append((s["name"], kind, shape, codes_at, scales_at, blocks_at))
+            elif kind is not None:
                 codes_at = offset
                 offset = _round_up(offset + elements)
                 scales_at = offset
                 offset = _round_up(offset + elements // s["row_width"] * 4)
-                self.entries.append((s["name"], s["dtype"], shape, codes_at, scales_at))
+                self.entries.append((s["name"], kind, shape, codes_at, scales_at, None))
             else:
-                self.entries.append((s["name"], None, shape, offset, None))
+                self.entries.append((s["name"], None, shape, offset, None, None))
                 offset = _round_up(offset + elements * out_size)
         self.bytes = offset
 
@@ -181,9 +196,10 @@ class _Pinned:
 
 
 def _pinned(torch, device, slot, nbytes):
-    """Pinned staging buffer `slot` (0 or 1) of at least nbytes, kept for later loads."""
+    """Pinned staging buffer `slot` (0 and 1: loads, 2: saves) of at least
+    nbytes, kept for later calls."""
     with _staging_lock:
-        bufs = _staging.setdefault(device.index, [None, None])
+        bufs = _staging.setdefault(device.index, [None, None, None])
         if bufs[slot] is None or bufs[slot].tensor.numel() < nbytes:
             bufs[slot] = None
             bufs[slot] = _Pinned(torch, nbytes)
@@ -196,62 +212,78 @@ def release_staging():
         _staging.clear()
 
 
-def _load_cuda(torch, reader, device, dtype, dtype_name, start, stop, threads, staging_bytes, stats):
+def _load_cuda(torch, reader, device, dtype, dtype_name, start, stop, threads, staging_bytes, stats,
+               sink=None, part_done=None, first_part=False):
+    """load's CUDA path. sink(name, first, last, values) takes each part's
+    decoded [last - first, tokens, rows, width] tensor (on the copy stream)
+    instead of the contiguous outputs (then None is returned);
+    part_done(first, last, stream) is called once a part's sinks are queued.
+    first_part: layer 0 makes a part of its own (it is ready sooner)."""
     geometry = reader.geometry
     streams = geometry["streams"]
     layers, tokens = geometry["layers"], stop - start
     v1 = reader.info()["major_version"] == 1
-    fp8 = {s["name"] for s in streams if not v1 and s["dtype"] in ("e4m3", "e5m2")}
+    quantized = {s["name"]: s["dtype"] for s in streams if not v1 and s["dtype"] in ("e4m3", "e5m2", "nvfp4")}
     out_size = torch.empty((), dtype=dtype).element_size()
-    out = {s["name"]: torch.empty(_shape(s, layers, tokens), dtype=dtype, device=device) for s in streams}
+    out = None
+    if sink is None:
+        out = {s["name"]: torch.empty(_shape(s, layers, tokens), dtype=dtype, device=device) for s in streams}
+
+        def sink(name, first, last, values):
+            out[name][first:last] = values
     if tokens == 0 or layers == 0:
         return out
-    per_layer = _Layout(streams, fp8, 1, tokens, out_size).bytes
+    per_layer = _Layout(streams, quantized, 1, tokens, out_size).bytes
     part_layers = max(1, min(layers, staging_bytes // max(per_layer, 1)))
-    layout = _Layout(streams, fp8, part_layers, tokens, out_size)
-    tables = {kind: torch.from_numpy(_kvfile.fp8_decode_table(kind)).to(device)
-              for kind in {s["dtype"] for s in streams if s["name"] in fp8}}
+    layout = _Layout(streams, quantized, part_layers, tokens, out_size)
+    tables = {kind: codec.decode_table(torch, kind, device)
+              for kind in {"e4m3" if k == "nvfp4" else k for k in quantized.values()}}
     copy_stream = torch.cuda.Stream(device)
     staging = [_pinned(torch, device, i, layout.bytes) for i in range(2)]
     pinned = [b.tensor for b in staging]
     host = [p.numpy() for p in pinned]
     gpu = [torch.empty(layout.bytes, dtype=torch.uint8, device=device) for _ in range(2)]
     done = [None, None]  # event: the slot's pinned buffer has been copied out
-    fp8_names = [s["name"] for s in streams if s["name"] in fp8]
-    raw_names = [s["name"] for s in streams if s["name"] not in fp8]
+    code_names = [s["name"] for s in streams if s["name"] in quantized]
+    raw_names = [s["name"] for s in streams if s["name"] not in quantized]
     timings = []  # (start event, end event, bytes) per copy, when stats is asked for
     # The GPU buffers and outputs are used on copy_stream only from here on.
     copy_stream.wait_stream(torch.cuda.current_stream(device))
-    for part, first in enumerate(range(0, layers, part_layers)):
-        last = min(layers, first + part_layers)
+    bounds = [0] + ([1] if first_part and part_layers > 1 else [])
+    while bounds[-1] < layers:
+        bounds.append(min(layers, bounds[-1] + part_layers))
+    for part, (first, last) in enumerate(zip(bounds, bounds[1:])):
         n = last - first
         slot = part % 2
         if done[slot] is not None:
             done[slot].synchronize()
         # The part's views: shapes for n layers (the last part may be shorter).
-        views = {}
+        views = {}  # name -> (kind, shape, [(offset, numpy dtype, shape)] of its arrays)
         used = 0
-        for name, kind, shape, a, b in layout.entries:
+        for name, kind, shape, a, b, c in layout.entries:
             shape = (n,) + shape[1:]
             elements = int(np.prod(shape))
-            if kind is not None:
-                views[name] = (kind, shape, a, b,
-                               host[slot][a:a + elements].reshape(shape),
-                               host[slot][b:b + elements // shape[-1] * 4].view(np.float32).reshape(shape[:-1]))
-                used = max(used, b + elements // shape[-1] * 4)
+            if kind == "nvfp4":
+                parts = [(a, np.uint8, shape[:2] + (elements // n // shape[1] // 2,)),
+                         (c, np.uint8, shape[:2] + (elements // n // shape[1] // 16,)),
+                         (b, np.float32, shape[:2])]
+            elif kind is not None:
+                parts = [(a, np.uint8, shape), (b, np.float32, shape[:-1])]
             else:
-                nbytes = elements * out_size
-                view = host[slot][a:a + nbytes].view(np.int16 if out_size == 2 else np.float32)
-                if dtype == torch.float16:
-                    view = view.view(np.float16)
-                views[name] = (None, shape, a, None, view.reshape(shape), None)
-                used = max(used, a + nbytes)
-        if fp8_names:
-            reader.codes_all(start=start, stop=stop, threads=threads, layers=(first, last), streams=fp8_names,
-                             out={name: (views[name][4], views[name][5]) for name in fp8_names})
+                raw = np.float32 if out_size == 4 else (np.float16 if dtype == torch.float16 else np.int16)
+                parts = [(a, raw, shape)]
+            arrays = []
+            for at, np_dtype, part_shape in parts:
+                nbytes = int(np.prod(part_shape)) * np.dtype(np_dtype).itemsize
+                arrays.append(host[slot][at:at + nbytes].view(np_dtype).reshape(part_shape))
+                used = max(used, at + nbytes)
+            views[name] = (kind, shape, parts, arrays)
+        if code_names:
+            reader.codes_all(start=start, stop=stop, threads=threads, layers=(first, last), streams=code_names,
+                             out={name: tuple(views[name][3]) for name in code_names})
         if raw_names:
             reader.read_all(dtype=dtype_name, start=start, stop=stop, threads=threads, layers=(first, last),
-                            streams=raw_names, out={name: views[name][4] for name in raw_names})
+                            streams=raw_names, out={name: views[name][3][0] for name in raw_names})
         with torch.cuda.stream(copy_stream):
             g = gpu[slot]
             if stats is not None:
@@ -262,14 +294,20 @@ def _load_cuda(torch, reader, device, dtype, dtype_name, start, stop, threads, s
                 timings[-1][1].record(copy_stream)
             done[slot] = torch.cuda.Event()
             done[slot].record(copy_stream)
-            for name, (kind, shape, a, b, _, _) in views.items():
-                elements = int(np.prod(shape))
-                if kind is not None:
-                    codes = g[a:a + elements].view(shape)
-                    scales = g[b:b + elements // shape[-1] * 4].view(torch.float32).view(shape[:-1])
-                    out[name][first:last] = dequantize(codes, scales, kind, dtype, tables[kind])
+            for name, (kind, shape, parts, _) in views.items():
+                t = []
+                for at, np_dtype, part_shape in parts:
+                    nbytes = int(np.prod(part_shape)) * np.dtype(np_dtype).itemsize
+                    t.append(g[at:at + nbytes].view(_TORCH_OF[np.dtype(np_dtype).name](torch)).view(part_shape))
+                if kind == "nvfp4":
+                    values = codec.dequantize_nvfp4(torch, t[0], t[1], t[2], dtype, tables["e4m3"]).view(shape)
+                elif kind is not None:
+                    values = dequantize(t[0], t[1], kind, dtype, tables[kind])
                 else:
-                    out[name][first:last] = g[a:a + elements * out_size].view(dtype).view(shape)
+                    values = t[0].view(dtype)
+                sink(name, first, last, values)
+            if part_done is not None:
+                part_done(first, last, copy_stream)
     copy_stream.synchronize()
     if stats is not None:
         stats["parts"] = len(timings)
@@ -277,6 +315,11 @@ def _load_cuda(torch, reader, device, dtype, dtype_name, start, stop, threads, s
         stats["h2d_bytes"] = sum(n for _, _, n in timings)
         stats["h2d_seconds"] = sum(a.elapsed_time(b) for a, b, _ in timings) / 1e3
     return out
+
+
+# numpy dtype name -> torch dtype of the same bytes
+_TORCH_OF = {"uint8": lambda torch: torch.uint8, "float32": lambda torch: torch.float32,
+             "float16": lambda torch: torch.float16, "int16": lambda torch: torch.int16}
 
 
 def _host_rows(torch, t, layers_tokens_check, name):
@@ -292,21 +335,113 @@ def _host_rows(torch, t, layers_tokens_check, name):
     return t.contiguous().numpy()
 
 
-def _append(torch, writer, tensors, tokens):
-    ids = tokens.detach().to("cpu").numpy() if hasattr(tokens, "detach") else np.asarray(tokens)
+def _token_ids(tokens):
+    return tokens.detach().to("cpu").numpy() if hasattr(tokens, "detach") else np.asarray(tokens)
+
+
+def _encoded(torch, writer, tensors, count, check):
+    """The streams of an append encoded with kvfile._torch_codec on the
+    tensors' device and copied to the host (through pinned staging from a
+    GPU): {name: (codes, scales) | (codes, block_scales, scales) | rows}, or
+    None when a quantized stream holds a NaN or Inf (the library's refusal,
+    naming the row, is then the one raised)."""
+    kinds = {s["name"]: s["dtype"] for s in writer.geometry["streams"]}
+    parts = {}  # name -> [device tensors]
+    for name, t in tensors.items():
+        if t.dim() != 4:
+            raise ValueError(f"stream '{name}': expected a tensor [layers, tokens, rows, width], "
+                             f"got shape {tuple(t.shape)}")
+        check(name, t.shape[0], t.shape[1])
+        kind = kinds.get(name)
+        t = t.detach()
+        if kind in ("e4m3", "e5m2", "nvfp4"):
+            if not codec.all_finite(torch, t):
+                return None
+            if kind == "nvfp4":
+                parts[name] = list(codec.quantize_nvfp4(torch, t.reshape(t.shape[:2] + (-1,))))
+            else:
+                parts[name] = list(codec.quantize_fp8(torch, t, kind))
+        else:
+            # Raw streams travel as they are (bf16 as its bits).
+            if t.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+                t = t.to(torch.float32)
+            parts[name] = [t.contiguous().view(torch.int16) if t.dtype == torch.bfloat16 else t.contiguous()]
+    device = next(iter(tensors.values())).device
+    if device.type != "cuda":
+        host = {name: [p.cpu().numpy() for p in ps] for name, ps in parts.items()}
+    else:
+        host = _to_pinned(torch, device, parts)
+    out = {}
+    for name, arrays in host.items():
+        if len(arrays) == 1:
+            out[name] = arrays[0].view(np.uint16) if arrays[0].dtype == np.int16 else arrays[0]
+        else:
+            out[name] = tuple(arrays)  # (codes, scales) or (codes, block_scales, scales)
+    return out
+
+
+def _to_pinned(torch, device, parts):
+    """Copies device tensors into one pinned staging buffer (slot 2 of the
+    device's staging), waits, and returns numpy views of the copies."""
+    if device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    offsets, total = {}, 0
+    for name, ps in parts.items():
+        offsets[name] = []
+        for p in ps:
+            offsets[name].append(total)
+            total = _round_up(total + p.numel() * p.element_size())
+    pinned = _pinned(torch, device, 2, max(total, 1)).tensor
+    for name, ps in parts.items():
+        for p, at in zip(ps, offsets[name]):
+            nbytes = p.numel() * p.element_size()
+            pinned[at:at + nbytes].copy_(p.reshape(-1).view(torch.uint8), non_blocking=True)
+    torch.cuda.current_stream(device).synchronize()
+    host = pinned.numpy()
+    names = {torch.uint8: np.uint8, torch.float32: np.float32, torch.float16: np.float16, torch.int16: np.int16}
+    return {name: [host[at:at + p.numel() * p.element_size()].view(names[p.dtype]).reshape(tuple(p.shape))
+                   for p, at in zip(ps, offsets[name])]
+            for name, ps in parts.items()}
+
+
+def _append(torch, writer, tensors, tokens, encoder="auto"):
+    """Appends through `writer`. encoder: "torch" (encode with torch on the
+    tensors' device), "library" (rows to the library), "auto" (torch for
+    CUDA tensors)."""
+    if encoder not in ("auto", "torch", "library"):
+        raise ValueError(f'encoder must be "auto", "torch" or "library", not {encoder!r}')
+    ids = _token_ids(tokens)
     count = len(ids)
 
     def check(name, layers, n):
         if n != count:
             raise ValueError(f"stream '{name}': {n} tokens, but {count} token ids")
 
+    on_device = all(getattr(t, "is_cuda", False) for t in tensors.values())
+    if encoder == "torch" or (encoder == "auto" and on_device):
+        device = next(iter(tensors.values())).device
+        lock = contextlib.nullcontext()
+        if device.type == "cuda":  # the device's save staging is in use until append returns
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            with _staging_lock:
+                lock = _device_locks.setdefault(index, threading.Lock())
+        with lock:
+            encoded = _encoded(torch, writer, tensors, count, check)
+            if encoded is not None:
+                writer.append(ids, encoded)
+                return
     writer.append(ids, {name: _host_rows(torch, t, check, name) for name, t in tensors.items()})
 
 
-def save(path, tensors, tokens, model="", fingerprint=0, dtype="e4m3", chunk_tokens=256, overwrite=False):
+def save(path, tensors, tokens, model="", fingerprint=0, dtype="e4m3", chunk_tokens=256, overwrite=False,
+         encoder="auto"):
     """Writes a new .kv file from {stream: tensor [layers, tokens, rows, width]} (any
-    device, float dtypes) and the token ids. dtype: the storage dtype of every
-    stream ("e4m3", "e5m2", "bf16", "f16", "f32"), or a dict {stream: dtype}."""
+    device, float dtypes) and the token ids, durably (synced when it returns).
+    dtype: the storage dtype of every stream ("e4m3", "e5m2", "nvfp4", "bf16",
+    "f16", "f32"), or a dict {stream: dtype}. encoder: "auto" encodes CUDA
+    tensors on the GPU (kvfile._torch_codec, the library's bytes) and hands CPU
+    tensors to the library; "torch" encodes with torch on any device;
+    "library" copies rows to the host and lets the library encode them."""
     torch = _torch()
     if not tensors:
         raise ValueError("tensors is empty")
@@ -319,12 +454,226 @@ def save(path, tensors, tokens, model="", fingerprint=0, dtype="e4m3", chunk_tok
         for name, t in tensors.items()]}
     with _kvfile.create(str(path), geometry, model=model, fingerprint=fingerprint,
                         chunk_tokens=chunk_tokens, overwrite=overwrite) as writer:
-        _append(torch, writer, tensors, tokens)
+        _append(torch, writer, tensors, tokens, encoder)
 
 
-def append(path, tensors, tokens):
+def append(path, tensors, tokens, encoder="auto"):
     """Appends tokens and their rows ({stream: tensor [layers, tokens, rows, width]})
-    to an existing .kv file."""
+    to an existing .kv file, durably. encoder: as for save."""
     torch = _torch()
     with _kvfile.open_writer(str(path)) as writer:
-        _append(torch, writer, tensors, tokens)
+        _append(torch, writer, tensors, tokens, encoder)
+
+
+def check_identity(path, model=None, fingerprint=None, describe=None):
+    """Raises kvfile.MismatchError when the file's model id or
+    fingerprint is not `model` / `fingerprint` (None: not checked).
+    describe(file_model, model) -> text naming what differs (default: both ids)."""
+    if model is None and fingerprint is None:
+        return
+    with _kvfile.open_reader(str(path)) as reader:
+        info = reader.info()
+    same_model = model is None or info["model"] == model
+    same_fp = fingerprint is None or info["fingerprint"] == fingerprint
+    if same_model and same_fp:
+        return
+    if describe is not None:
+        what = describe(info["model"], model if model is not None else info["model"])
+    elif not same_model:
+        what = f"model id {info['model']!r} in the file, {model!r} given"
+    else:
+        what = ""
+    if not same_fp and not what:
+        what = f"fingerprint {info['fingerprint']:016x} in the file, {fingerprint:016x} given"
+    raise _kvfile.MismatchError(f"{path}: written for another model: {what}")
+
+
+def append_turn(path, tensors, tokens, model=None, fingerprint=None, encoder="auto", describe=None):
+    """Brings the .kv file at `path` up to a session of `tokens` (every token
+    id so far) whose rows are `tensors` ({stream: [layers, tokens, rows,
+    width]}, any device; only the rows beyond the file's are read), or a
+    callable taking the count of tokens kept and returning the rows from that
+    token on. Keeps the
+    longest common prefix of the file's tokens and `tokens`; where they
+    diverge, the file is first rewound to that prefix (durably, with a
+    RuntimeWarning saying how many tokens were dropped). Then the tokens
+    beyond the prefix are appended in one durable append: a turn costs its
+    own tokens, not the session's. model/fingerprint: refused
+    (kvfile.MismatchError, naming what differs) when the file's are not these.
+    Returns {"kept": tokens kept, "dropped": tokens rewound away, "appended": n}."""
+    torch = _torch()
+    check_identity(path, model, fingerprint, describe)
+    ids = _token_ids(tokens)
+    with _kvfile.open_writer(str(path)) as writer:
+        had = len(writer)
+        kept = int(writer.longest_common_prefix(ids))
+        if kept < had:
+            warnings.warn(f"{path}: the file's tokens diverge from the session's at token {kept}; "
+                          f"rewound from {had} to {kept} tokens before appending", RuntimeWarning, stacklevel=2)
+            writer.rewind(kept)
+        if len(ids) > kept:
+            new = tensors(kept) if callable(tensors) else {name: t[:, kept:] for name, t in tensors.items()}
+            _append(torch, writer, new, ids[kept:], encoder)
+    return {"kept": kept, "dropped": had - kept, "appended": len(ids) - kept}
+
+
+_LAYOUTS = ("vllm", "nhd", "hnd")
+
+
+def _slot_indices(torch, layout, destination, device, tokens, block_ids, slot_mapping):
+    """(block index, offset in block) int64 tensors [tokens] on device."""
+    first = destination[0]
+    if layout == "vllm":
+        block_size = first.shape[2]  # [2, num_blocks, block_size, heads, dim]
+    elif layout == "nhd":
+        block_size = first.shape[2]  # [num_pages, 2, page_size, heads, dim]
+    else:
+        block_size = first.shape[3]  # [num_pages, 2, heads, page_size, dim]
+    if (block_ids is None) == (slot_mapping is None):
+        raise ValueError("pass exactly one of block_ids and slot_mapping")
+    if slot_mapping is not None:
+        slots = torch.as_tensor(slot_mapping, dtype=torch.int64).to(device)
+        if slots.numel() != tokens:
+            raise ValueError(f"slot_mapping has {slots.numel()} slots for {tokens} tokens")
+    else:
+        blocks = torch.as_tensor(block_ids, dtype=torch.int64).to(device)
+        need = (tokens + block_size - 1) // block_size
+        if blocks.numel() < need:
+            raise ValueError(f"block_ids has {blocks.numel()} blocks, {tokens} tokens need {need} "
+                             f"of {block_size}")
+        t = torch.arange(tokens, device=device)
+        slots = blocks[t // block_size] * block_size + t % block_size
+    return slots // block_size, slots % block_size
+
+
+class LayerLoad:
+    """A load_into running in a thread: wait_for_layer(i) makes the current
+    CUDA stream wait until layer i is in the destination (vLLM's
+    wait_for_layer_load); result() waits for the whole load and returns
+    its events."""
+
+    def __init__(self, layers, run):
+        self._queued = [threading.Event() for _ in range(layers)]
+        self.events = [None] * layers
+        self._error = None
+
+        def body():
+            try:
+                run(self._ready)
+            except BaseException as e:  # noqa: BLE001 - handed to the waiting caller
+                self._error = e
+            finally:
+                for q in self._queued:
+                    q.set()
+        self._thread = threading.Thread(target=body, daemon=True)
+        self._thread.start()
+
+    def _ready(self, layer, event):
+        self.events[layer] = event
+        self._queued[layer].set()
+
+    def wait_for_layer(self, layer):
+        self._queued[layer].wait()
+        if self._error is not None:
+            raise self._error
+        _torch().cuda.current_stream().wait_event(self.events[layer])
+
+    def result(self):
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self.events
+
+
+def load_into(path, destination, block_ids=None, slot_mapping=None, layout="vllm", heads=None,
+              streams=("k", "v"), start=0, on_layer=None, background=False, threads=0, staging_bytes=None):
+    """Reads tokens [start, ...) of a .kv file straight into a paged KV cache,
+    layer by layer. destination: one tensor per layer, in `layout`:
+      "vllm": [2, num_blocks, block_size, heads, head_dim]
+      "nhd":  [num_pages, 2, page_size, heads, head_dim] (FlashInfer)
+      "hnd":  [num_pages, 2, heads, page_size, head_dim] (FlashInfer)
+    index 0 of the "2" dimension takes streams[0] (keys), 1 streams[1]
+    (values); the destination's dtype is the output dtype. Token i goes to
+    slot_mapping[i] (block * block_size + offset), or to block
+    block_ids[i // block_size] at offset i % block_size. heads=(start, stop):
+    only those rows (KV heads) of each token, as a tensor-parallel rank
+    holds them; the destination has stop - start heads.
+    On CUDA the layers are read, copied and decoded on a copy stream as load
+    does (staging_bytes: as for load), layer 0 in a part of its own so that
+    it is ready first (fp8 and nvfp4 decoded on the GPU, bit-exact with the
+    library); layer i's CUDA event (timing enabled) is recorded once its rows are in place,
+    and on_layer(i, event) is called then. background=True runs the load in
+    a thread and returns a LayerLoad (wait_for_layer(i), result()); else the
+    call returns the events when every layer is in place. On the CPU
+    destination tensors are filled directly and the events are None."""
+    torch = _torch()
+    if layout not in _LAYOUTS:
+        raise ValueError(f"layout must be one of {', '.join(_LAYOUTS)}, not {layout!r}")
+    destination = list(destination)
+    device = destination[0].device
+    dtype = destination[0].dtype
+    _np_dtype_name(torch, dtype)
+
+    def run(ready):
+        with _kvfile.open_reader(str(path)) as reader:
+            geometry = reader.geometry
+            layers = geometry["layers"]
+            if len(destination) != layers:
+                raise ValueError(f"destination has {len(destination)} layers, the file {layers}")
+            specs = {s["name"]: s for s in geometry["streams"]}
+            for name in streams:
+                if name not in specs:
+                    raise ValueError(f"the file has no stream {name!r} (it has {', '.join(specs)})")
+            stop = len(reader.tokens)
+            tokens = stop - start
+            blk, off = _slot_indices(torch, layout, destination, device, tokens, block_ids, slot_mapping)
+            lo, hi = (0, specs[streams[0]]["rows_per_token"]) if heads is None else heads
+            which = {name: i for i, name in enumerate(streams)}
+
+            def sink(name, first, last, values):
+                if name not in which:
+                    return
+                values = values[:, :, lo:hi]
+                for layer in range(first, last):
+                    d = destination[layer]
+                    v = values[layer - first]
+                    if layout == "vllm":
+                        d[which[name], blk, off] = v
+                    elif layout == "nhd":
+                        d[blk, which[name], off] = v
+                    else:
+                        d[blk, which[name], :, off] = v
+
+            if device.type == "cuda":
+                dev = device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
+
+                def part_done(first, last, stream):
+                    for layer in range(first, last):
+                        event = torch.cuda.Event(enable_timing=True)
+                        event.record(stream)
+                        ready(layer, event)
+                        if on_layer is not None:
+                            on_layer(layer, event)
+
+                with _staging_lock:
+                    lock = _device_locks.setdefault(dev.index, threading.Lock())
+                with lock:
+                    _load_cuda(torch, reader, dev, dtype, _np_dtype_name(torch, dtype), start, stop, threads,
+                               STAGING_BYTES if staging_bytes is None else staging_bytes, None, sink, part_done,
+                               first_part=True)
+            else:
+                out = _load_cpu(torch, reader, dtype, _np_dtype_name(torch, dtype), start, stop, threads)
+                for name in streams:
+                    sink(name, 0, layers, out[name].to(device))
+                for layer in range(layers):
+                    ready(layer, None)
+                    if on_layer is not None:
+                        on_layer(layer, None)
+
+    if background:
+        with _kvfile.open_reader(str(path)) as reader:
+            layers = reader.geometry["layers"]
+        return LayerLoad(layers, run)
+    events = []
+    run(lambda layer, event: events.append(event))
+    return events
