@@ -21,18 +21,31 @@ bool IsLlamaStateFile(const std::string& path);
 struct LlamaImport {
   std::optional<Dtype> dtype;       // --dtype (default e4m3)
   std::set<std::string> keep_raw;   // streams stored raw (a raw --dtype, else lossless: the cache's type, f32 for q8_0)
-  std::optional<uint32_t> head_size;  // values per KV head (default 128 when it divides the rows)
+  std::optional<uint32_t> head_size;  // values per KV head (required: the file does not record it)
   std::optional<uint32_t> chunk_tokens;
   uint16_t major = 2;
+  std::optional<bool> rotated;  // --rotated yes|no: whether llama.cpp rotated a quantized cache
+  bool unrotate = false;        // --unrotate: store rotated rows un-rotated (plain keys and values)
 };
 Status ImportLlama(const std::string& in, const std::string& tmp, const LlamaImport& o, std::string* summary);
 
 struct LlamaExport {
   bool session = false;               // --format llama-session (else llama-seq)
-  std::optional<std::string> type;    // --dtype: f16 (default), bf16, f32, q8_0
+  std::optional<std::string> type;    // --dtype: TYPE or k=TYPE,v=TYPE (default: as imported, else f16)
   std::optional<uint32_t> v_trans;    // --v-trans (default: the imported file's, else 0)
   std::optional<std::string> arch;    // --arch (default: the imported file's)
+  std::optional<bool> rotated;        // --rotated: whether the context rotates (default: as llama.cpp does)
+  std::optional<uint32_t> n_stream;   // --n-stream: cache streams (default: as imported, else 1)
 };
+// Checks a llama.cpp export's --dtype: one of f16, bf16, f32, q8_0 for both
+// streams, or k=TYPE and/or v=TYPE, comma separated.
+Status CheckLlamaDtype(const std::string& spec);
+
+// Refuses (rotated=yes) or warns about (rotated=unknown, a type and head
+// size llama.cpp rotates) an export of `r`'s k and v rows to a consumer
+// that takes them for plain keys and values: rows imported from a
+// llama.cpp quantized cache may be Hadamard-rotated.
+Status CheckPlainRows(const std::string& in, const Reader& r, std::string* warning);
 // Exports the first `tokens` tokens of `r` (read from `in`).
 Status ExportLlama(const std::string& in, Reader& r, uint64_t tokens, const std::string& tmp, const LlamaExport& o,
                    std::string* summary, std::string* warning);
