@@ -807,8 +807,19 @@ TEST(LlamaConvert, RotatedRowsAreNotExportedAsPlain) {
                      "Hadamard-rotated, not plain keys: import the llama.cpp file again with --unrotate, or export "
                      "with --format llama-seq|llama-session (which un-rotates them for a float cache)",
                 st);
+  std::string mc = Out("plain-mooncake");
+  ExpectRefused("convert " + kv + " " + mc + " --format mooncake", 2,
+                kv + ": the k rows (imported from a llama.cpp q8_0 cache with heads of 64, rotated=yes) are "
+                     "Hadamard-rotated, not plain keys: import the llama.cpp file again with --unrotate, or export "
+                     "with --format llama-seq|llama-session (which un-rotates them for a float cache)",
+                mc);
   ASSERT_EQ(Kvfile("convert " + q8 + " " + kv + " --head-size 64 --force").exit_code, 0);
-  auto r = Kvfile("convert " + kv + " " + st);
+  auto r = Kvfile("convert " + kv + " " + mc + " --format mooncake");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.err, "kvfile: note: " + kv + ": the k rows (imported from a llama.cpp q8_0 cache with heads of 64, "
+                   "rotated=unknown) may be Hadamard-rotated (llama.cpp does so unless LLAMA_ATTN_ROT_DISABLE=1): "
+                   "import with --rotated yes --unrotate, or --rotated no, to say which\n");
+  r = Kvfile("convert " + kv + " " + st);
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.err, "kvfile: warning: " + kv + ": the k rows (imported from a llama.cpp q8_0 cache with heads of 64, "
                    "rotated=unknown) may be Hadamard-rotated (llama.cpp does so unless LLAMA_ATTN_ROT_DISABLE=1): "
