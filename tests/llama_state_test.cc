@@ -845,7 +845,7 @@ TEST(LlamaConvert, RotatedRowsAreNotExportedAsPlain) {
   EXPECT_NE(r.out.find("q8_0 cache; k rows rotated; v rows rotated;"), std::string::npos) << r.out;
   ExpectRefused("convert " + f16kv + " " + Out("r.bin") + " --format llama-seq --rotated yes", 2,
                 f16kv + ": --rotated yes: llama.cpp rotates only quantized (q8_0) rows with head sizes that are "
-                        "multiples of 64, and k is f16 with heads of 64",
+                        "multiples of 64, and k is f16 with heads of 64, v f16 with heads of 64",
                 TempPath("r.bin"));
 }
 
@@ -875,6 +875,10 @@ TEST(LlamaConvert, PerStreamTypes) {
   r = Kvfile("convert " + kv + " " + back + " --format llama-seq --dtype k=q8_0,v=f16 --force");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("k q8_0, v f16 cache (V transposed); k rows rotated;"), std::string::npos) << r.out;
+  r = Kvfile("convert " + kv + " " + back + " --format llama-seq --dtype k=q8_0,v=f16 --rotated yes --force");
+  EXPECT_NE(r.out.find("k q8_0, v f16 cache (V transposed); k rows rotated;"), std::string::npos) << r.err;
+  r = Kvfile("convert " + kv + " " + back + " --format llama-seq --dtype k=q8_0,v=f16 --rotated no --force");
+  EXPECT_NE(r.out.find("k q8_0, v f16 cache (V transposed); 19"), std::string::npos) << r.out << r.err;
   std::unique_ptr<File> f;
   ASSERT_TRUE(FileSystem::Default()->Open(back, OpenMode::kRead, &f).ok());
   StateLayout s;

@@ -283,15 +283,21 @@ Status ExportLlama(const std::string& in, Reader& r, uint64_t tokens, const std:
   // Hadamard transform, its own inverse, where they are known to differ.
   bool transform[2] = {false, false};
   std::string rotation_note;
+  const StreamSpec& kspec = g.streams[*ks];
+  const StreamSpec& vspec = g.streams[*vs];
+  if (o.rotated == true && !llama::RotatesRows(spec.k_type, kspec.row_width) &&
+      !llama::RotatesRows(spec.v_type, vspec.row_width))
+    return Status::InvalidArgument(in + ": --rotated yes: llama.cpp rotates only quantized (q8_0) rows with head "
+                                   "sizes that are multiples of 64, and k is " + llama::CacheTypeName(spec.k_type) +
+                                   " with heads of " + std::to_string(kspec.row_width) + ", v " +
+                                   llama::CacheTypeName(spec.v_type) + " with heads of " +
+                                   std::to_string(vspec.row_width));
   for (int part = 0; part < 2; ++part) {
-    const StreamSpec& ss = g.streams[part ? *vs : *ks];
+    const StreamSpec& ss = part ? vspec : kspec;
     llama::CacheType to = part ? spec.v_type : spec.k_type;
-    bool target = llama::RotatesRows(to, ss.row_width);
-    if (o.rotated == true && !target)
-      return Status::InvalidArgument(in + ": --rotated yes: llama.cpp rotates only quantized (q8_0) rows with head "
-                                     "sizes that are multiples of 64, and " + (part ? "v" : "k") + " is " +
-                                     llama::CacheTypeName(to) + " with heads of " + std::to_string(ss.row_width));
-    if (o.rotated) target = *o.rotated;
+    // What the restoring context stores: rotated rows where llama.cpp
+    // rotates, unless --rotated no (LLAMA_ATTN_ROT_DISABLE=1).
+    bool target = llama::RotatesRows(to, ss.row_width) && o.rotated != false;
     // Rows of files not from llama.cpp are plain keys and values.
     llama::Rotation have = prov ? llama::StreamRotation(*prov, part == 1, ss.row_width) : llama::Rotation::kNo;
     if (have == llama::Rotation::kUnknown) {
