@@ -212,6 +212,99 @@ bool HasStateMagic(const uint8_t* first4) {
   return m == kMagicSequence || m == kMagicSession;
 }
 
+namespace {
+Status ParseCache(Cursor& c, const std::string& what, StateLayout* sp);
+}  // namespace
+
+Status ParseState(File& file, const std::string& path, StateLayout* out) {
+  StateLayout s;
+  KVFILE_RETURN_IF_ERROR(file.Size(&s.file_size));
+  std::string what = path;
+  Cursor c(file, s.file_size, what);
+  uint32_t magic = 0;
+  KVFILE_RETURN_IF_ERROR(c.U32(&magic, "magic"));
+  if (magic != kMagicSequence && magic != kMagicSession)
+    return Status::Corruption(path + ": not a llama.cpp state file (magic is not 'ggsq' or 'ggsn')");
+  s.kind = magic == kMagicSequence ? FileKind::kSequence : FileKind::kSession;
+  what = path + ": " + KindName(s.kind);
+  KVFILE_RETURN_IF_ERROR(c.U32(&s.version, "version"));
+  uint32_t want = s.kind == FileKind::kSequence ? kSequenceVersion : kSessionVersion;
+  if (s.version != want)
+    return Status::Unsupported(what + " version " + std::to_string(s.version) + " (kvfile reads version " +
+                               std::to_string(want) + ", the one of llama.cpp v0.5.0)");
+  uint32_t n_tokens = 0;
+  KVFILE_RETURN_IF_ERROR(c.U32(&n_tokens, "token count"));
+  if (uint64_t{n_tokens} * 4 > c.left())
+    return Status::Corruption(what + ": truncated: " + std::to_string(n_tokens) + " token ids need " +
+                              std::to_string(uint64_t{n_tokens} * 4) + " bytes, " + std::to_string(c.left()) +
+                              " are left");
+  s.tokens.resize(n_tokens);
+  for (uint32_t i = 0; i < n_tokens; ++i) {
+    int32_t t;
+    KVFILE_RETURN_IF_ERROR(c.I32(&t, "token id"));
+    if (t < 0) return Status::Corruption(what + ": token " + std::to_string(i) + " has the negative id " + std::to_string(t));
+    s.tokens[i] = static_cast<uint32_t>(t);
+  }
+  if (s.kind == FileKind::kSession) {
+    uint32_t len = 0;
+    KVFILE_RETURN_IF_ERROR(c.U32(&len, "architecture length"));
+    if (len == 0 || len > kMaxArch)
+      return Status::Corruption(what + ": architecture name of " + std::to_string(len) + " bytes (1 to " +
+                                std::to_string(kMaxArch) + " expected)");
+    s.arch.resize(len);
+    KVFILE_RETURN_IF_ERROR(c.Read(s.arch.data(), len, "architecture name"));
+    Status st = CheckArch(s.arch);
+    if (!st.ok()) return Status::Corruption(what + ": " + st.message());
+  }
+  KVFILE_RETURN_IF_ERROR(ParseCache(c, what, &s));
+  s.cache_layers = {s.layers};
+  // A second cache (llama.cpp's iSWA models) begins with the same stream
+  // count; anything else after the first cache is trailing bytes.
+  while (c.left() >= 4 && s.cache_layers.size() < kMaxCaches) {
+    uint8_t b[4];
+    KVFILE_RETURN_IF_ERROR(file.ReadAt(c.pos(), b, 4));
+    if (format::LoadU32(b) != s.n_stream) break;
+    std::string cw = what + ": cache " + std::to_string(s.cache_layers.size()) + " (from byte " +
+                     std::to_string(c.pos()) + ")";
+    StateLayout t;
+    KVFILE_RETURN_IF_ERROR(ParseCache(c, cw, &t));
+    if (t.cells != s.cells || t.stream != s.stream)
+      return Status::Unsupported(cw + ": holds " + std::to_string(t.cells) + " cells in stream " +
+                                 std::to_string(t.stream) + ", the first cache " + std::to_string(s.cells) +
+                                 " in stream " + std::to_string(s.stream) +
+                                 ": a sliding-window cache (llama.cpp iSWA) that dropped the positions outside its "
+                                 "window; kvfile stores every position in every layer");
+    if (t.seq_id != s.seq_id || t.first_pos != s.first_pos)
+      return Status::Unsupported(cw + ": cells of sequence " + std::to_string(t.seq_id) + " from position " +
+                                 std::to_string(t.first_pos) + ", the first cache's of sequence " +
+                                 std::to_string(s.seq_id) + " from " + std::to_string(s.first_pos) +
+                                 " (kvfile needs the same cells in both caches)");
+    if (t.v_trans != s.v_trans || t.k_width != s.k_width || t.v_width != s.v_width ||
+        t.k[0].type != s.k[0].type || t.v[0].type != s.v[0].type)
+      return Status::Unsupported(cw + ": K " + CacheTypeName(t.k[0].type) + " x " + std::to_string(t.k_width) +
+                                 ", V " + CacheTypeName(t.v[0].type) + " x " + std::to_string(t.v_width) +
+                                 (t.v_trans ? " transposed" : "") + " differ from the first cache's (K " +
+                                 CacheTypeName(s.k[0].type) + " x " + std::to_string(s.k_width) + ", V " +
+                                 CacheTypeName(s.v[0].type) + " x " + std::to_string(s.v_width) +
+                                 (s.v_trans ? " transposed" : "") + "); kvfile needs the same shape in every layer");
+    if (s.layers + t.layers > kMaxLayers)
+      return Status::Corruption(cw + ": " + std::to_string(s.layers + t.layers) + " layers in all (1 to " +
+                                std::to_string(kMaxLayers) + " expected)");
+    s.layers += t.layers;
+    s.cache_layers.push_back(t.layers);
+    s.k.insert(s.k.end(), t.k.begin(), t.k.end());
+    s.v.insert(s.v.end(), t.v.begin(), t.v.end());
+  }
+  if (c.left() != 0)
+    return Status::Corruption(what + ": " + std::to_string(c.left()) + " bytes after the end of the cache data at byte " +
+                              std::to_string(c.pos()));
+  if (s.tokens.size() != s.cells)
+    return Status::Unsupported(what + ": " + std::to_string(s.tokens.size()) + " token ids for " +
+                               std::to_string(s.cells) + " cache cells (kvfile stores one token id per cell)");
+  *out = std::move(s);
+  return Status::OK();
+}
+
 Status CheckArch(std::string_view arch) {
   if (arch.empty() || arch.size() > kMaxArch)
     return Status::InvalidArgument("architecture name of " + std::to_string(arch.size()) + " bytes (1 to " +
@@ -382,95 +475,6 @@ Status ParseCache(Cursor& c, const std::string& what, StateLayout* sp) {
 }
 
 }  // namespace
-
-Status ParseState(File& file, const std::string& path, StateLayout* out) {
-  StateLayout s;
-  KVFILE_RETURN_IF_ERROR(file.Size(&s.file_size));
-  std::string what = path;
-  Cursor c(file, s.file_size, what);
-  uint32_t magic = 0;
-  KVFILE_RETURN_IF_ERROR(c.U32(&magic, "magic"));
-  if (magic != kMagicSequence && magic != kMagicSession)
-    return Status::Corruption(path + ": not a llama.cpp state file (magic is not 'ggsq' or 'ggsn')");
-  s.kind = magic == kMagicSequence ? FileKind::kSequence : FileKind::kSession;
-  what = path + ": " + KindName(s.kind);
-  KVFILE_RETURN_IF_ERROR(c.U32(&s.version, "version"));
-  uint32_t want = s.kind == FileKind::kSequence ? kSequenceVersion : kSessionVersion;
-  if (s.version != want)
-    return Status::Unsupported(what + " version " + std::to_string(s.version) + " (kvfile reads version " +
-                               std::to_string(want) + ", the one of llama.cpp v0.5.0)");
-  uint32_t n_tokens = 0;
-  KVFILE_RETURN_IF_ERROR(c.U32(&n_tokens, "token count"));
-  if (uint64_t{n_tokens} * 4 > c.left())
-    return Status::Corruption(what + ": truncated: " + std::to_string(n_tokens) + " token ids need " +
-                              std::to_string(uint64_t{n_tokens} * 4) + " bytes, " + std::to_string(c.left()) +
-                              " are left");
-  s.tokens.resize(n_tokens);
-  for (uint32_t i = 0; i < n_tokens; ++i) {
-    int32_t t;
-    KVFILE_RETURN_IF_ERROR(c.I32(&t, "token id"));
-    if (t < 0) return Status::Corruption(what + ": token " + std::to_string(i) + " has the negative id " + std::to_string(t));
-    s.tokens[i] = static_cast<uint32_t>(t);
-  }
-  if (s.kind == FileKind::kSession) {
-    uint32_t len = 0;
-    KVFILE_RETURN_IF_ERROR(c.U32(&len, "architecture length"));
-    if (len == 0 || len > kMaxArch)
-      return Status::Corruption(what + ": architecture name of " + std::to_string(len) + " bytes (1 to " +
-                                std::to_string(kMaxArch) + " expected)");
-    s.arch.resize(len);
-    KVFILE_RETURN_IF_ERROR(c.Read(s.arch.data(), len, "architecture name"));
-    Status st = CheckArch(s.arch);
-    if (!st.ok()) return Status::Corruption(what + ": " + st.message());
-  }
-  KVFILE_RETURN_IF_ERROR(ParseCache(c, what, &s));
-  s.cache_layers = {s.layers};
-  // A second cache (llama.cpp's iSWA models) begins with the same stream
-  // count; anything else after the first cache is trailing bytes.
-  while (c.left() >= 4 && s.cache_layers.size() < kMaxCaches) {
-    uint8_t b[4];
-    KVFILE_RETURN_IF_ERROR(file.ReadAt(c.pos(), b, 4));
-    if (format::LoadU32(b) != s.n_stream) break;
-    std::string cw = what + ": cache " + std::to_string(s.cache_layers.size()) + " (from byte " +
-                     std::to_string(c.pos()) + ")";
-    StateLayout t;
-    KVFILE_RETURN_IF_ERROR(ParseCache(c, cw, &t));
-    if (t.cells != s.cells || t.stream != s.stream)
-      return Status::Unsupported(cw + ": holds " + std::to_string(t.cells) + " cells in stream " +
-                                 std::to_string(t.stream) + ", the first cache " + std::to_string(s.cells) +
-                                 " in stream " + std::to_string(s.stream) +
-                                 ": a sliding-window cache (llama.cpp iSWA) that dropped the positions outside its "
-                                 "window; kvfile stores every position in every layer");
-    if (t.seq_id != s.seq_id || t.first_pos != s.first_pos)
-      return Status::Unsupported(cw + ": cells of sequence " + std::to_string(t.seq_id) + " from position " +
-                                 std::to_string(t.first_pos) + ", the first cache's of sequence " +
-                                 std::to_string(s.seq_id) + " from " + std::to_string(s.first_pos) +
-                                 " (kvfile needs the same cells in both caches)");
-    if (t.v_trans != s.v_trans || t.k_width != s.k_width || t.v_width != s.v_width ||
-        t.k[0].type != s.k[0].type || t.v[0].type != s.v[0].type)
-      return Status::Unsupported(cw + ": K " + CacheTypeName(t.k[0].type) + " x " + std::to_string(t.k_width) +
-                                 ", V " + CacheTypeName(t.v[0].type) + " x " + std::to_string(t.v_width) +
-                                 (t.v_trans ? " transposed" : "") + " differ from the first cache's (K " +
-                                 CacheTypeName(s.k[0].type) + " x " + std::to_string(s.k_width) + ", V " +
-                                 CacheTypeName(s.v[0].type) + " x " + std::to_string(s.v_width) +
-                                 (s.v_trans ? " transposed" : "") + "); kvfile needs the same shape in every layer");
-    if (s.layers + t.layers > kMaxLayers)
-      return Status::Corruption(cw + ": " + std::to_string(s.layers + t.layers) + " layers in all (1 to " +
-                                std::to_string(kMaxLayers) + " expected)");
-    s.layers += t.layers;
-    s.cache_layers.push_back(t.layers);
-    s.k.insert(s.k.end(), t.k.begin(), t.k.end());
-    s.v.insert(s.v.end(), t.v.begin(), t.v.end());
-  }
-  if (c.left() != 0)
-    return Status::Corruption(what + ": " + std::to_string(c.left()) + " bytes after the end of the cache data at byte " +
-                              std::to_string(c.pos()));
-  if (s.tokens.size() != s.cells)
-    return Status::Unsupported(what + ": " + std::to_string(s.tokens.size()) + " token ids for " +
-                               std::to_string(s.cells) + " cache cells (kvfile stores one token id per cell)");
-  *out = std::move(s);
-  return Status::OK();
-}
 
 Status ReadCells(File& file, const StateLayout& s, bool v, uint32_t layer, uint32_t c0, uint32_t c1, float* out) {
   const LayerBlock& b = v ? s.v[layer] : s.k[layer];
