@@ -9,7 +9,11 @@
 #   llama.cpp saves -> kvfile convert (raw) -> kvfile convert --format
 #   llama-seq (raw) -> llama.cpp restores -> logits
 # against restoring the original file (and the uninterrupted run), then the
-# same with e4m3 in between (logit error, greedy agreement).
+# same with e4m3 in between (logit error, greedy agreement). Then (issue 31)
+# the rotation of q8_0 caches (--rotated yes, --unrotate, against a file
+# saved with LLAMA_ATTN_ROT_DISABLE=1), a q8_0 K + f16 V cache, a 4-stream
+# context (-np 4) and a Gemma-2-shaped iSWA model's two caches (a window that
+# holds every token, and one that does not).
 #
 # usage: make_fixtures.sh KVFILE_BINARY WORK_DIR [LLAMA_CPP_SOURCE_DIR]
 #   WORK_DIR receives the npm package, the llama.cpp build and the run's
