@@ -893,6 +893,13 @@ TEST(LlamaConvert, PerStreamTypes) {
                   "--dtype " + dtype + ": " + why +
                       " (a llama.cpp cache is f16, bf16, f32 or q8_0: --dtype TYPE, or k=TYPE,v=TYPE for each stream)",
                   no);
+  ExpectRefused("convert " + kv + " " + no + " --format llama-seq --dtype e9m9", 2,
+                "--dtype: e9m9 not in {e4m3,e5m2,nvfp4,bf16,f16,f32,q8_0,k=TYPE,v=TYPE} (see kvfile convert --help)",
+                no);
+  ExpectRefused("convert " + kv + " " + no + " --format llama-seq --dtype e4m3", 2,
+                "--dtype e4m3: not a llama.cpp cache type (a llama.cpp cache is f16, bf16, f32 or q8_0: --dtype TYPE, "
+                "or k=TYPE,v=TYPE for each stream)",
+                no);
   ExpectRefused("convert " + kv + " " + Out("m.safetensors") + " --dtype k=f16", 2,
                 "--dtype k=f16 applies to --format llama-seq|llama-session", TempPath("m.safetensors"));
 }

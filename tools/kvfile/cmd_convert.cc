@@ -811,9 +811,15 @@ void RegisterConvert(CLI::App& app, int* exit_code) {
   cmd->add_option("--dtype", args->dtype,
                   "target dtype: e4m3, e5m2, nvfp4, bf16, f16 or f32; for --format llama-seq|llama-session\n"
                   "also q8_0, or k=TYPE,v=TYPE (a type for each stream)")
-      ->check(CLI::IsMember({"e4m3", "e5m2", "nvfp4", "bf16", "f16", "f32", "q8_0"}) |
-              CLI::Validator([](std::string& v) { return v.find('=') != std::string::npos ? std::string() : v; },
-                             "k=TYPE,v=TYPE", "llama.cpp stream types"));
+      ->check(CLI::Validator(
+          [](std::string& v) {
+            // k=TYPE,v=TYPE is checked with the other llama.cpp export flags (CheckLlamaDtype).
+            for (const char* d : {"e4m3", "e5m2", "nvfp4", "bf16", "f16", "f32", "q8_0"})
+              if (v == d) return std::string();
+            if (v.find('=') != std::string::npos) return std::string();
+            return v + " not in {e4m3,e5m2,nvfp4,bf16,f16,f32,q8_0,k=TYPE,v=TYPE}";
+          },
+          "{e4m3,e5m2,nvfp4,bf16,f16,f32,q8_0,k=TYPE,v=TYPE}", "dtype"));
   cmd->add_option("--keep-raw", args->keep_raw, "streams stored raw (bf16, or a raw --dtype); comma separated")
       ->delimiter(',');
   cmd->add_flag("--codes", args->codes, "export fp8 codes and scales; on import, keep value tensors as stored");
