@@ -943,7 +943,11 @@ TEST(LlamaConvert, TwoCachesImportAndExport) {
   EXPECT_NE(r.out.find(": 24 tokens; 4 layers in 2 caches (2+2); sequence state of f16/f16 cache;"), std::string::npos)
       << r.out;
   EXPECT_EQ(ModelId(kv), "llama.cpp:seq3 k=f16 v=f16 v_trans=0 stream=0/1 seq=0 pos=0 caches=2+2 rotated=no");
-  ASSERT_EQ(Kvfile("convert " + kv + " " + back + " --format llama-seq").exit_code, 0);
+  r = Kvfile("convert " + kv + " " + back + " --format llama-seq");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find(": 24 tokens; 4 layers in 2 caches (2+2); llama.cpp sequence state, f16 cache;"),
+            std::string::npos)
+      << r.out;
   EXPECT_EQ(ReadFile(back), ReadFile(w64));
   std::string w8 = (kFixtures / "seq-gemma2-w8-f16-fa1.bin").string(), no = Out("iswa8.kv");
   ExpectRefused("convert " + w8 + " " + no + " --head-size 64", 1, w8 + ": llama.cpp sequence state: cache 1 (from byte 25036): holds 8 cells in stream 0, the first cache "

@@ -34,6 +34,15 @@ Dtype LosslessDtype(llama::CacheType t) {
   }
 }
 
+// "4 layers", or "4 layers in 2 caches (2+2)".
+std::string LayersText(uint32_t layers, const std::vector<uint32_t>& caches) {
+  std::string t = std::to_string(layers) + " layers";
+  if (caches.size() < 2) return t;
+  t += " in " + std::to_string(caches.size()) + " caches (";
+  for (size_t i = 0; i < caches.size(); ++i) t += (i ? "+" : "") + std::to_string(caches[i]);
+  return t + ")";
+}
+
 }  // namespace
 
 bool IsLlamaStateFile(const std::string& path) {
@@ -156,13 +165,7 @@ Status ImportLlama(const std::string& in, const std::string& tmp, const LlamaImp
     KVFILE_RETURN_IF_ERROR(CheckInterrupt(in));
   }
   KVFILE_RETURN_IF_ERROR(w->Close());
-  std::string layers = std::to_string(s.layers) + " layers";
-  if (s.cache_layers.size() > 1) {
-    layers += " in " + std::to_string(s.cache_layers.size()) + " caches (";
-    for (size_t i = 0; i < s.cache_layers.size(); ++i) layers += (i ? "+" : "") + std::to_string(s.cache_layers[i]);
-    layers += ")";
-  }
-  *summary = std::to_string(s.cells) + " tokens; " + layers + "; " +
+  *summary = std::to_string(s.cells) + " tokens; " + LayersText(s.layers, s.cache_layers) + "; " +
              (s.kind == llama::FileKind::kSequence ? "sequence state" : "session") + " of " + cache +
              (s.v_trans ? " (V transposed)" : "") +
              (can_rotate ? std::string("; rotated ") + (o.unrotate ? "yes, stored un-rotated"
@@ -357,7 +360,7 @@ Status ExportLlama(const std::string& in, Reader& r, uint64_t tokens, const std:
     }
   }
   KVFILE_RETURN_IF_ERROR(out->Sync());
-  *summary = std::to_string(tokens) + " tokens; " + std::to_string(g.layers) + " layers; llama.cpp " +
+  *summary = std::to_string(tokens) + " tokens; " + LayersText(g.layers, spec.cache_layers) + "; llama.cpp " +
              (o.session ? "session" : "sequence state") + ", " +
              (spec.k_type == spec.v_type
                   ? std::string(llama::CacheTypeName(spec.k_type))
