@@ -949,6 +949,13 @@ TEST(LlamaConvert, TwoCachesImportAndExport) {
             std::string::npos)
       << r.out;
   EXPECT_EQ(ReadFile(back), ReadFile(w64));
+  // The session file of the window-8 model keeps the masked cells too: both caches hold all 24.
+  std::string s8 = (kFixtures / "session-gemma2-w8-f16-fa0.bin").string();
+  ASSERT_EQ(Kvfile("convert " + s8 + " " + kv + " --head-size 64 --keep-raw k,v --force").exit_code, 0);
+  EXPECT_EQ(ModelId(kv),
+            "llama.cpp:session10 arch=gemma2 k=f16 v=f16 v_trans=1 stream=0/1 seq=0 pos=0 caches=2+2 rotated=no");
+  ASSERT_EQ(Kvfile("convert " + kv + " " + back + " --format llama-session --force").exit_code, 0);
+  EXPECT_EQ(ReadFile(back), ReadFile(s8));
   std::string w8 = (kFixtures / "seq-gemma2-w8-f16-fa1.bin").string(), no = Out("iswa8.kv");
   ExpectRefused("convert " + w8 + " " + no + " --head-size 64", 1, w8 + ": llama.cpp sequence state: cache 1 (from byte 25036): holds 8 cells in stream 0, the first cache "
                      "24 in stream 0: a sliding-window cache (llama.cpp iSWA) that dropped the positions outside its "

@@ -224,6 +224,17 @@ $(compare "$WORK/seq-f16-fa1.orig.f32" "$WORK/one-np4.f32") against restoring th
     fi
     cp "$WORK/$name.bin" "$FIX/"
   done
+  # A session file keeps the masked cells the sliding-window cache still holds.
+  name=session-gemma2-w8-f16-fa0
+  "$RT" "$WORK/gemma2-w8.gguf" save "$WORK/$name.bin" f16 0 "$N" session
+  "$RT" "$WORK/gemma2-w8.gguf" restore "$WORK/$name.bin" f16 0 "$GREEDY" session "$WORK/$name.orig.f32" >/dev/null
+  "$KVFILE" convert "$WORK/$name.bin" "$WORK/$name.kv" --keep-raw k,v --head-size 64 --force >"$WORK/$name.imp"
+  "$KVFILE" convert "$WORK/$name.kv" "$WORK/$name.raw.bin" --format llama-session --force >/dev/null
+  cmp -s "$WORK/$name.bin" "$WORK/$name.raw.bin" && bytes=identical || bytes=DIFFERENT
+  "$RT" "$WORK/gemma2-w8.gguf" restore "$WORK/$name.raw.bin" f16 0 "$GREEDY" session "$WORK/$name.raw.f32" >/dev/null
+  echo "$name.bin | $(cut -d: -f2- "$WORK/$name.imp" | cut -d';' -f2); raw through kvfile: $bytes, $(compare \
+"$WORK/$name.orig.f32" "$WORK/$name.raw.f32")"
+  cp "$WORK/$name.bin" "$FIX/"
 } >>"$WORK/results.txt"
 cp "$WORK/results.txt" "$FIX/results.txt"
 cat "$FIX/results.txt"
