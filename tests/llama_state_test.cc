@@ -513,62 +513,78 @@ TEST(LlamaState, RefusesWhatItCannotImport) {
 }
 
 // Every proper prefix of a file is refused as truncated.
+// With two caches, the prefix that ends where the first cache ends is a
+// whole one-cache file, and parses as one.
 TEST(LlamaState, EveryTruncationIsRefused) {
-  for (bool session : {false, true})
-    for (bool vt : {false, true}) {
-      Spec sp;
-      sp.session = session;
-      sp.v_trans = vt;
-      sp.cells = 3;
-      sp.k_width = sp.v_width = 32;
-      sp.n_stream = 2;
-      std::string bytes = Build(sp);
-      StateLayout s;
-      ASSERT_TRUE(Parse(bytes, &s).ok());
-      std::string path = TempPath("trunc.bin");
-      Write(path, bytes);
-      std::unique_ptr<File> f;
-      ASSERT_TRUE(FileSystem::Default()->Open(path, OpenMode::kRead, &f).ok());
-      for (size_t n = 0; n < bytes.size(); ++n) {
-        ASSERT_EQ(::truncate(path.c_str(), static_cast<off_t>(n)), 0);
-        Status st = ParseState(*f, path, &s);
-        ASSERT_FALSE(st.ok()) << n;
-        ASSERT_TRUE(st.code() == Status::Code::kCorruption || st.code() == Status::Code::kUnsupported)
-            << n << ": " << st.ToString();
+  for (uint32_t caches : {1u, 2u})
+    for (bool session : {false, true})
+      for (bool vt : {false, true}) {
+        Spec sp;
+        sp.session = session;
+        sp.v_trans = vt;
+        sp.cells = 3;
+        sp.k_width = sp.v_width = 32;
+        sp.n_stream = 2;
+        Spec one = sp;
+        sp.caches = caches;
+        std::string bytes = Build(sp);
+        size_t whole_first = Build(one).size();
+        StateLayout s;
+        ASSERT_TRUE(Parse(bytes, &s).ok());
+        ASSERT_EQ(s.cache_layers.size(), caches);
+        std::string path = TempPath("trunc.bin");
+        Write(path, bytes);
+        std::unique_ptr<File> f;
+        ASSERT_TRUE(FileSystem::Default()->Open(path, OpenMode::kRead, &f).ok());
+        // Shortest last: truncate(2) only shrinks then (growing would fill with zeros).
+        for (size_t n = bytes.size(); n-- > 0;) {
+          ASSERT_EQ(::truncate(path.c_str(), static_cast<off_t>(n)), 0);
+          Status st = ParseState(*f, path, &s);
+          if (caches == 2 && n == whole_first) {
+            ASSERT_TRUE(st.ok()) << st.ToString();
+            ASSERT_EQ(s.cache_layers.size(), 1u);
+            continue;
+          }
+          ASSERT_FALSE(st.ok()) << n;
+          ASSERT_TRUE(st.code() == Status::Code::kCorruption || st.code() == Status::Code::kUnsupported)
+              << n << ": " << st.ToString();
+        }
       }
-    }
 }
 
 // Every single-bit flip: refused with a data error, or parsed into a layout
 // that fills the file exactly and reads without error.
 TEST(LlamaState, EveryBitFlipIsRefusedOrConsistent) {
-  Spec sp;
-  sp.session = true;
-  sp.cells = 2;
-  sp.k_width = sp.v_width = 32;
-  sp.layers = 1;
-  std::string bytes = Build(sp);
-  size_t accepted = 0;
-  for (size_t bit = 0; bit < bytes.size() * 8; ++bit) {
-    std::string b = bytes;
-    b[bit / 8] = static_cast<char>(b[bit / 8] ^ (1 << (bit % 8)));
-    auto f = std::make_unique<MemFile>(b);
-    StateLayout s;
-    Status st = ParseState(*f, "flip", &s);
-    if (!st.ok()) {
-      ASSERT_TRUE(st.code() == Status::Code::kCorruption || st.code() == Status::Code::kUnsupported)
-          << bit << ": " << st.ToString();
-      continue;
+  for (uint32_t caches : {1u, 2u}) {
+    Spec sp;
+    sp.session = true;
+    sp.cells = 2;
+    sp.k_width = sp.v_width = 32;
+    sp.layers = 1;
+    sp.caches = caches;
+    std::string bytes = Build(sp);
+    size_t accepted = 0;
+    for (size_t bit = 0; bit < bytes.size() * 8; ++bit) {
+      std::string b = bytes;
+      b[bit / 8] = static_cast<char>(b[bit / 8] ^ (1 << (bit % 8)));
+      auto f = std::make_unique<MemFile>(b);
+      StateLayout s;
+      Status st = ParseState(*f, "flip", &s);
+      if (!st.ok()) {
+        ASSERT_TRUE(st.code() == Status::Code::kCorruption || st.code() == Status::Code::kUnsupported)
+            << bit << ": " << st.ToString();
+        continue;
+      }
+      ++accepted;
+      std::vector<float> vals(uint64_t{s.cells} * std::max(s.k_width, s.v_width));
+      for (bool v : {false, true})
+        for (uint32_t l = 0; l < s.layers; ++l) ASSERT_TRUE(ReadCells(*f, s, v, l, 0, s.cells, vals.data()).ok()) << bit;
     }
-    ++accepted;
-    std::vector<float> vals(uint64_t{s.cells} * std::max(s.k_width, s.v_width));
-    for (bool v : {false, true})
-      for (uint32_t l = 0; l < s.layers; ++l) ASSERT_TRUE(ReadCells(*f, s, v, l, 0, s.cells, vals.data()).ok()) << bit;
+    // The flips in token ids and values are accepted (nothing checks them);
+    // those in the structure are not.
+    EXPECT_GT(accepted, 0u);
+    EXPECT_LT(accepted, bytes.size() * 8);
   }
-  // The flips in token ids and values are accepted (nothing checks them);
-  // those in the structure are not.
-  EXPECT_GT(accepted, 0u);
-  EXPECT_LT(accepted, bytes.size() * 8);
 }
 
 // ---- The CLI on llama.cpp's own files ---------------------------------------------------------
