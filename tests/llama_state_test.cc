@@ -717,6 +717,10 @@ TEST(LlamaConvert, MagicDecidesBeforeTheName) {
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out.rfind(slot + " -> " + kv + ": 24 tokens; 2 layers; sequence state of f16/f16 cache;", 0), 0u)
       << r.out;
+  // As an OUT, the name decides: --force replaces it with a .kv.
+  r = Kvfile("convert " + kv + " " + slot + " --force");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(Kvfile("verify " + slot).exit_code, 0);
 }
 
 // Float caches are recorded as unrotated; a quantized one as the user says

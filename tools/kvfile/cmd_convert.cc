@@ -81,20 +81,24 @@ struct Plan {
   std::optional<uint32_t> chunk_tokens;
   bool salvage = false;
   std::optional<uint32_t> head_size;  // llama.cpp import
-  std::optional<bool> rotated;        // llama.cpp import
+  std::optional<bool> rotated;        // llama.cpp import (the export's is in `llama`)
   bool unrotate = false;              // llama.cpp import
   LlamaExport llama;                  // llama.cpp export
 };
 
 enum class Kind { kKv, kSafetensors, kDirectory, kLlama, kOther };
 
-Kind KindOf(const std::string& path) {
+// An input is a llama.cpp state file by its magic, whatever its name (a
+// slot.kv too); an output by its name first (--force replaces a file that
+// holds such a state under a .kv name).
+Kind KindOf(const std::string& path, bool input = true) {
   std::error_code ec;
   if (fs::is_directory(path, ec)) return Kind::kDirectory;
-  if (IsLlamaStateFile(path)) return Kind::kLlama;  // by its magic, whatever the name (a slot.kv too)
+  if (input && IsLlamaStateFile(path)) return Kind::kLlama;
   std::string ext = fs::path(path).extension().string();
   if (ext == ".kv") return Kind::kKv;
   if (ext == ".safetensors") return Kind::kSafetensors;
+  if (IsLlamaStateFile(path)) return Kind::kLlama;
   return Kind::kOther;
 }
 
@@ -733,7 +737,7 @@ int RunConvert(const ConvertArgs& a) {
     return ConvertTree(a, p);
   }
   if (a.to) return UsageError("--to applies to a directory IN (a file's OUT suffix says the format)");
-  Kind out_kind = to_llama ? Kind::kLlama : KindOf(a.out);
+  Kind out_kind = to_llama ? Kind::kLlama : KindOf(a.out, false);
   if (to_llama) {
     if (in_kind != Kind::kKv)
       return UsageError(a.in + ": --format " + a.format + " writes a llama.cpp file from a .kv IN");
