@@ -982,6 +982,26 @@ TEST(LlamaConvert, TwoCachesImportAndExport) {
                      "window; kvfile stores every position in every layer", no);
 }
 
+// The llama.cpp flags where they do not apply, and --n-stream's range.
+TEST(LlamaConvert, FlagsOutOfPlaceAreRefused) {
+  std::string kv = Out("flags.kv"), bin = Out("flags.bin"), st = Out("flags.safetensors");
+  ASSERT_EQ(Kvfile("convert " + (kFixtures / "seq-f16-fa1.bin").string() + " " + kv + " --head-size 64").exit_code, 0);
+  ExpectRefused("convert " + kv + " " + bin + " --format llama-seq --unrotate", 2,
+                "--unrotate applies to a llama.cpp state IN (an export rotates or un-rotates rows as the context's "
+                "cache type needs, see --rotated)",
+                bin);
+  ExpectRefused("convert " + kv + " " + st + " --unrotate", 2,
+                "--head-size and --unrotate apply to a llama.cpp state IN", st);
+  ExpectRefused("convert " + kv + " " + st + " --rotated yes", 2,
+                "--rotated applies to a llama.cpp state IN or --format llama-seq|llama-session", st);
+  ExpectRefused("convert " + kv + " " + st + " --n-stream 2", 2,
+                "--v-trans, --arch and --n-stream apply to --format llama-seq|llama-session", st);
+  ExpectRefused("convert " + kv + " " + bin + " --format llama-seq --n-stream 0", 2,
+                "--n-stream: must be at least 1, not 0 (see kvfile convert --help)", bin);
+  ExpectRefused("convert " + kv + " " + bin + " --format llama-seq --n-stream 1025", 2,
+                "--n-stream: must be at most 1024, not 1025 (see kvfile convert --help)", bin);
+}
+
 // --arch on export follows the import's rule.
 TEST(LlamaConvert, ArchIsCheckedOnExport) {
   std::string kv = Out("arch.kv"), out = Out("arch.session");

@@ -753,8 +753,10 @@ int RunConvert(const ConvertArgs& a) {
   if (in_kind == Kind::kLlama) {
     if (out_kind != Kind::kKv) return UsageError(a.out + ": a llama.cpp state file is imported into a .kv OUT");
     if (a.codes) return UsageError("--codes applies to .safetensors input or output");
-  } else if (a.head_size || a.rotated || a.unrotate) {
-    return UsageError("--head-size, --rotated and --unrotate apply to a llama.cpp state IN");
+  } else if (a.head_size || a.unrotate) {
+    return UsageError("--head-size and --unrotate apply to a llama.cpp state IN");
+  } else if (a.rotated) {
+    return UsageError("--rotated applies to a llama.cpp state IN or --format llama-seq|llama-session");
   }
   auto kind_error = [](const std::string& path) {
     return UsageError(path + ": cannot tell the format: the name must end in .kv or .safetensors");
