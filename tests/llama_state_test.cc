@@ -429,6 +429,28 @@ TEST(LlamaState, TwoCachesParseAndWriteBack) {
   EXPECT_EQ(s.layers, 4u);
   EXPECT_EQ(s.cache_layers, (std::vector<uint32_t>{2, 2}));
   EXPECT_EQ(Rewrite(bytes), bytes);
+  // A second cache of other positions, or of another shape, is refused.
+  auto two = [](const Spec& a, const Spec& b) {
+    return Build(a) + Build(b).substr(12 + 4 * b.cells);  // b's cache after a's (b's header and ids dropped)
+  };
+  Spec moved = sp;
+  moved.caches = 1;
+  Spec other = moved;
+  other.pos0 = 7;
+  st = Parse(two(moved, other), &s);
+  EXPECT_EQ(st.code(), Status::Code::kUnsupported);
+  EXPECT_NE(st.ToString().find(": cells of sequence 0 from position 7, the first cache's of sequence 0 from 0 (kvfile "
+                               "needs the same cells in both caches)"),
+            std::string::npos)
+      << st.ToString();
+  other = moved;
+  other.k_width = 96;
+  st = Parse(two(moved, other), &s);
+  EXPECT_EQ(st.code(), Status::Code::kUnsupported);
+  EXPECT_NE(st.ToString().find(": K f16 x 96, V f16 x 64 differ from the first cache's (K f16 x 64, V f16 x 64); "
+                               "kvfile needs the same shape in every layer"),
+            std::string::npos)
+      << st.ToString();
   // A second cache that kept fewer cells (a sliding window) is refused, naming why.
   sp.cells2 = 3;
   st = Parse(Build(sp), &s);
