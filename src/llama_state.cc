@@ -7,6 +7,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <iterator>
+#include <map>
+#include <tuple>
 #include <utility>
 
 #include "kvfile/codec.h"
@@ -789,6 +792,130 @@ Status StateWriter::RawRows(bool v, uint32_t layer, uint64_t c0, uint64_t n, con
   uint64_t row = RowBytes(v ? spec_.v_type : spec_.k_type, v ? spec_.v_width : spec_.k_width);
   uint64_t base = (v ? VOffset(layer) : KOffset(layer)) + 12;
   return file_->WriteAt(base + c0 * row, rows, n * row);
+}
+
+// ---- GGUF model metadata -------------------------------------------------------------------
+
+namespace {
+
+constexpr uint32_t kGgufMagic = 0x46554747;  // "GGUF"
+enum GgufType : uint32_t { kGgufU32 = 4, kGgufI32 = 5, kGgufString = 8, kGgufArray = 9, kGgufU64 = 10 };
+
+// Bytes of one value of a fixed-size GGUF type, 0 for a string or array,
+// nullopt for a type id GGUF does not have.
+std::optional<uint64_t> GgufFixedSize(uint32_t type) {
+  static constexpr uint64_t kSizes[] = {1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8};
+  if (type >= std::size(kSizes)) return std::nullopt;
+  return kSizes[type];
+}
+
+Status GgufString(Cursor& c, const std::string& what, const char* field, std::string* out) {
+  uint64_t n = 0;
+  KVFILE_RETURN_IF_ERROR(c.U64(&n, field));
+  if (n > c.left() || n > (uint64_t{1} << 20))
+    return Status::Corruption(what + ": " + field + " of " + std::to_string(n) + " bytes (" + std::to_string(c.left()) +
+                              " are left)");
+  out->resize(static_cast<size_t>(n));
+  return c.Read(out->data(), n, field);
+}
+
+// Skips one value of `type` (arrays: of one level, GGUF has no deeper ones).
+Status GgufSkip(Cursor& c, const std::string& what, const std::string& key, uint32_t type, bool in_array) {
+  std::optional<uint64_t> size = GgufFixedSize(type);
+  if (!size || (in_array && type == kGgufArray))
+    return Status::Corruption(what + ": key " + key + " has value type " + std::to_string(type));
+  if (*size) return c.Skip(*size, "metadata value");
+  if (type == kGgufString) {
+    uint64_t n = 0;
+    KVFILE_RETURN_IF_ERROR(c.U64(&n, "string length"));
+    return c.Skip(n, "string");
+  }
+  uint32_t elem = 0;
+  uint64_t n = 0;
+  KVFILE_RETURN_IF_ERROR(c.U32(&elem, "array type"));
+  KVFILE_RETURN_IF_ERROR(c.U64(&n, "array length"));
+  std::optional<uint64_t> esize = GgufFixedSize(elem);
+  if (!esize || elem == kGgufArray)
+    return Status::Corruption(what + ": key " + key + " is an array of value type " + std::to_string(elem));
+  if (*esize) {
+    if (n > c.left() / *esize)
+      return Status::Corruption(what + ": key " + key + ": an array of " + std::to_string(n) + " values of " +
+                                std::to_string(*esize) + " bytes, " + std::to_string(c.left()) + " bytes are left");
+    return c.Skip(n * *esize, "array");
+  }
+  if (n > c.left() / 8)  // each string has at least its 8-byte length
+    return Status::Corruption(what + ": key " + key + ": an array of " + std::to_string(n) + " strings, " +
+                              std::to_string(c.left()) + " bytes are left");
+  for (uint64_t i = 0; i < n; ++i) KVFILE_RETURN_IF_ERROR(GgufSkip(c, what, key, elem, true));
+  return Status::OK();
+}
+
+}  // namespace
+
+Status ReadModelHeads(File& file, const std::string& path, ModelHeads* out) {
+  uint64_t size = 0;
+  KVFILE_RETURN_IF_ERROR(file.Size(&size));
+  std::string what = path + ": GGUF model";
+  Cursor c(file, size, what);
+  uint32_t magic = 0, version = 0;
+  KVFILE_RETURN_IF_ERROR(c.U32(&magic, "magic"));
+  if (magic != kGgufMagic) return Status::Corruption(path + ": not a GGUF model file (magic is not 'GGUF')");
+  KVFILE_RETURN_IF_ERROR(c.U32(&version, "version"));
+  if (version != 2 && version != 3)
+    return Status::Unsupported(what + " version " + std::to_string(version) + " (kvfile reads versions 2 and 3)");
+  uint64_t tensors = 0, keys = 0;
+  KVFILE_RETURN_IF_ERROR(c.U64(&tensors, "tensor count"));
+  KVFILE_RETURN_IF_ERROR(c.U64(&keys, "metadata key count"));
+  // Every key needs at least its length and value type.
+  if (keys > c.left() / 12)
+    return Status::Corruption(what + ": " + std::to_string(keys) + " metadata keys, " + std::to_string(c.left()) +
+                              " bytes are left");
+  std::string arch;
+  std::map<std::string, uint64_t> numbers;  // the unsigned integer values, by key
+  for (uint64_t i = 0; i < keys; ++i) {
+    std::string key;
+    uint32_t type = 0;
+    KVFILE_RETURN_IF_ERROR(GgufString(c, what, "metadata key", &key));
+    KVFILE_RETURN_IF_ERROR(c.U32(&type, "value type"));
+    if (key == "general.architecture" && type == kGgufString) {
+      KVFILE_RETURN_IF_ERROR(GgufString(c, what, "general.architecture", &arch));
+    } else if (type == kGgufU32 || type == kGgufI32) {
+      uint32_t v = 0;
+      KVFILE_RETURN_IF_ERROR(c.U32(&v, "metadata value"));
+      if (type == kGgufU32 || v < 0x80000000u) numbers[key] = v;
+    } else if (type == kGgufU64) {
+      uint64_t v = 0;
+      KVFILE_RETURN_IF_ERROR(c.U64(&v, "metadata value"));
+      numbers[key] = v;
+    } else {
+      KVFILE_RETURN_IF_ERROR(GgufSkip(c, what, key, type, false));
+    }
+  }
+  if (arch.empty()) return Status::Corruption(what + ": no general.architecture");
+  auto get = [&](const std::string& name) -> std::optional<uint64_t> {
+    auto it = numbers.find(arch + "." + name);
+    if (it == numbers.end()) return std::nullopt;
+    return it->second;
+  };
+  std::optional<uint64_t> embd = get("embedding_length"), heads = get("attention.head_count");
+  std::optional<uint64_t> kl = get("attention.key_length"), vl = get("attention.value_length");
+  std::optional<uint64_t> fallback;
+  if (embd && heads && *heads > 0 && *embd % *heads == 0) fallback = *embd / *heads;
+  ModelHeads m;
+  m.arch = arch;
+  for (auto [len, name, dst] : {std::tuple{kl, "key_length", &m.k_head}, std::tuple{vl, "value_length", &m.v_head}}) {
+    std::optional<uint64_t> h = len ? len : fallback;
+    if (!h)
+      return Status::Unsupported(what + ": no " + arch + ".attention." + name + ", nor an " + arch +
+                                 ".embedding_length that " + arch +
+                                 ".attention.head_count (a number, not one per layer) divides: give --head-size");
+    if (*h == 0 || *h > 65536)
+      return Status::Corruption(what + ": " + arch + ".attention." + name + " is " + std::to_string(*h) +
+                                " (1 to 65536 expected)");
+    *dst = static_cast<uint32_t>(*h);
+  }
+  *out = std::move(m);
+  return Status::OK();
 }
 
 }  // namespace kvfile::llama

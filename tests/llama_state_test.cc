@@ -483,6 +483,37 @@ TEST(LlamaState, ProvenanceRecordsCachesAndRotation) {
   EXPECT_FALSE(ParseModelId("llama.cpp:seq3 caches=2+0"));
 }
 
+// ReadModelHeads on llama.cpp's model file; every prefix of its metadata is
+// refused, and every bit flip in it refused or read without harm.
+TEST(LlamaState, ModelHeadsFromGguf) {
+  std::string gguf = ReadFile(fs::path(KVFILE_TEST_DATA) / "fixtures" / "llama" / "tiny.gguf");
+  auto read = [](const std::string& bytes, ModelHeads* m) {
+    auto f = std::make_unique<MemFile>(bytes);
+    return ReadModelHeads(*f, "m.gguf", m);
+  };
+  ModelHeads m;
+  Status st = read(gguf, &m);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(m.arch, "llama");
+  EXPECT_EQ(m.k_head, 64u);
+  EXPECT_EQ(m.v_head, 64u);
+  size_t whole = 0;  // the shortest prefix that holds all the metadata
+  while (!read(gguf.substr(0, whole), &m).ok()) ++whole;
+  EXPECT_GT(whole, 100u);
+  for (size_t n = 0; n < whole; ++n) {
+    st = read(gguf.substr(0, n), &m);
+    ASSERT_TRUE(st.code() == Status::Code::kCorruption || st.code() == Status::Code::kUnsupported)
+        << n << ": " << st.ToString();
+  }
+  for (size_t bit = 0; bit < whole * 8; ++bit) {
+    std::string b = gguf.substr(0, whole);
+    b[bit / 8] = static_cast<char>(b[bit / 8] ^ (1 << (bit % 8)));
+    st = read(b, &m);
+    ASSERT_TRUE(st.ok() || st.code() == Status::Code::kCorruption || st.code() == Status::Code::kUnsupported)
+        << bit << ": " << st.ToString();
+  }
+}
+
 struct Refusal {
   const char* what;
   Spec spec;
@@ -723,8 +754,8 @@ TEST(LlamaConvert, HeadSizeIsNeverGuessed) {
   std::string in = (kFixtures / "seq-f16-fa1.bin").string(), kv = Out("nohead.kv");
   ExpectRefused("convert " + in + " " + kv, 2,
                 in + ": a llama.cpp state file does not record the head size of its 128 K and 128 V values per "
-                     "token: give --head-size (the model's values per KV head, its GGUF's attention.key_length, or "
-                     "embedding_length / head_count)",
+                     "token: give --model MODEL.gguf, or --head-size (the model's values per KV head, its GGUF's "
+                     "attention.key_length, or embedding_length / head_count)",
                 kv);
   auto r = Kvfile("convert " + in + " " + kv + " --head-size 64");
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -1013,7 +1044,7 @@ TEST(LlamaConvert, FlagsOutOfPlaceAreRefused) {
                 "cache type needs, see --rotated)",
                 bin);
   ExpectRefused("convert " + kv + " " + st + " --unrotate", 2,
-                "--head-size and --unrotate apply to a llama.cpp state IN", st);
+                "--head-size, --model and --unrotate apply to a llama.cpp state IN", st);
   ExpectRefused("convert " + kv + " " + st + " --rotated yes", 2,
                 "--rotated applies to a llama.cpp state IN or --format llama-seq|llama-session", st);
   ExpectRefused("convert " + kv + " " + st + " --n-stream 2", 2,
@@ -1022,6 +1053,21 @@ TEST(LlamaConvert, FlagsOutOfPlaceAreRefused) {
                 "--n-stream: must be at least 1, not 0 (see kvfile convert --help)", bin);
   ExpectRefused("convert " + kv + " " + bin + " --format llama-seq --n-stream 1025", 2,
                 "--n-stream: must be at most 1024, not 1025 (see kvfile convert --help)", bin);
+}
+
+// The model's GGUF (here the one llama.cpp ran, written by gguf-py) gives
+// the head size: embedding_length 128 / head_count 2.
+TEST(LlamaConvert, ModelGivesTheHeadSize) {
+  std::string in = (kFixtures / "seq-f16-fa1.bin").string(), model = (kFixtures / "tiny.gguf").string();
+  std::string kv = Out("model.kv");
+  auto r = Kvfile("convert " + in + " " + kv + " --model " + model);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("; k 2 x 64 e4m3, v 2 x 64 e4m3;"), std::string::npos) << r.out;
+  std::string no = Out("model-refused.kv");
+  ExpectRefused("convert " + in + " " + no + " --model " + model + " --head-size 32", 2,
+                in + ": --head-size 32 contradicts --model " + model + " (llama, heads of 64)", no);
+  ExpectRefused("convert " + in + " " + no + " --model " + in, 1,
+                in + ": not a GGUF model file (magic is not 'GGUF')", no);
 }
 
 // --arch on export follows the import's rule.

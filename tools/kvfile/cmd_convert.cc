@@ -65,6 +65,7 @@ struct ConvertArgs {
   std::optional<uint32_t> group_size;  // --format mooncake (convert_seeds.h)
   std::optional<uint32_t> vocab;       // --format coli-v2 (convert_seeds.h)
   std::optional<uint32_t> head_size;  // llama.cpp import
+  std::optional<std::string> model;   // llama.cpp import
   std::optional<uint32_t> v_trans;    // llama.cpp export
   std::optional<std::string> arch;    // llama.cpp session export
   std::optional<std::string> rotated;  // llama.cpp import and export: yes|no
@@ -81,6 +82,7 @@ struct Plan {
   std::optional<uint32_t> chunk_tokens;
   bool salvage = false;
   std::optional<uint32_t> head_size;  // llama.cpp import
+  std::optional<std::string> model;   // llama.cpp import
   std::optional<bool> rotated;        // llama.cpp import (the export's is in `llama`)
   bool unrotate = false;              // llama.cpp import
   LlamaExport llama;                  // llama.cpp export
@@ -537,7 +539,7 @@ Outcome ConvertOne(const std::string& in, const std::string& out, Kind in_kind, 
   if (in_kind == Kind::kKv && out_kind == Kind::kKv) st = KvToKv(in, tmp, p, &summary, &warning);
   else if (in_kind == Kind::kSafetensors) st = Import(in, tmp, p, &summary);
   else if (in_kind == Kind::kLlama)
-    st = ImportLlama(in, tmp, {p.dtype, p.keep_raw, p.head_size, p.chunk_tokens, p.major, p.rotated, p.unrotate},
+    st = ImportLlama(in, tmp, {p.dtype, p.keep_raw, p.head_size, p.chunk_tokens, p.major, p.model, p.rotated, p.unrotate},
                      &summary);
   else if (out_kind == Kind::kLlama) st = ExportToLlama(in, tmp, p, &summary, &warning);
   else st = Export(in, tmp, p, &summary, &warning);
@@ -685,6 +687,7 @@ int RunConvert(const ConvertArgs& a) {
     p.dtype = ParseDtype(*a.dtype);
   }
   p.head_size = a.head_size;
+  p.model = a.model;
   if (a.rotated) p.rotated = *a.rotated == "yes";
   p.unrotate = a.unrotate;
   p.llama = {a.format == "llama-session", a.dtype, a.v_trans, a.arch, p.rotated, a.n_stream};
@@ -753,8 +756,8 @@ int RunConvert(const ConvertArgs& a) {
   if (in_kind == Kind::kLlama) {
     if (out_kind != Kind::kKv) return UsageError(a.out + ": a llama.cpp state file is imported into a .kv OUT");
     if (a.codes) return UsageError("--codes applies to .safetensors input or output");
-  } else if (a.head_size || a.unrotate) {
-    return UsageError("--head-size and --unrotate apply to a llama.cpp state IN");
+  } else if (a.head_size || a.model || a.unrotate) {
+    return UsageError("--head-size, --model and --unrotate apply to a llama.cpp state IN");
   } else if (a.rotated) {
     return UsageError("--rotated applies to a llama.cpp state IN or --format llama-seq|llama-session");
   }
@@ -859,6 +862,8 @@ void RegisterConvert(CLI::App& app, int* exit_code) {
   cmd->add_option("--head-size", args->head_size,
                   "llama.cpp import: values per KV head (required: the file does not record it)")
       ->check(Count(1, 65536));
+  cmd->add_option("--model", args->model,
+                  "llama.cpp import: the model's GGUF file, whose metadata gives the head size");
   cmd->add_option("--rotated", args->rotated,
                   "llama.cpp import: whether llama.cpp stored the quantized cache Hadamard-rotated (yes, its\n"
                   "default for head sizes that are multiples of 64; no: LLAMA_ATTN_ROT_DISABLE=1). Export:\n"

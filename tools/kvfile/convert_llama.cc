@@ -61,14 +61,31 @@ Status ImportLlama(const std::string& in, const std::string& tmp, const LlamaImp
   KVFILE_RETURN_IF_ERROR(llama::ParseState(*f, in, &s));
   for (const std::string& k : o.keep_raw)
     if (k != "k" && k != "v") return Status::InvalidArgument(in + ": --keep-raw: no stream '" + k + "' (streams: k, v)");
-  if (!o.head_size)
+  std::optional<uint32_t> given = o.head_size;
+  if (o.model) {
+    // The model's GGUF says it (llama_state.h, ReadModelHeads).
+    std::unique_ptr<File> mf;
+    KVFILE_RETURN_IF_ERROR(FileSystem::Default()->Open(*o.model, OpenMode::kRead, &mf));
+    llama::ModelHeads mh;
+    KVFILE_RETURN_IF_ERROR(llama::ReadModelHeads(*mf, *o.model, &mh));
+    if (mh.k_head != mh.v_head)
+      return Status::Unsupported(*o.model + ": K heads of " + std::to_string(mh.k_head) + " and V heads of " +
+                                 std::to_string(mh.v_head) + " values: kvfile imports one head size");
+    if (o.head_size && *o.head_size != mh.k_head)
+      return Status::InvalidArgument(in + ": --head-size " + std::to_string(*o.head_size) + " contradicts --model " +
+                                     *o.model + " (" + mh.arch + ", heads of " + std::to_string(mh.k_head) + ")");
+    given = mh.k_head;
+  }
+  if (!given)
     return Status::InvalidArgument(in + ": a llama.cpp state file does not record the head size of its " +
                                    std::to_string(s.k_width) + " K and " + std::to_string(s.v_width) +
-                                   " V values per token: give --head-size (the model's values per KV head, "
-                                   "its GGUF's attention.key_length, or embedding_length / head_count)");
-  uint32_t head = *o.head_size;
+                                   " V values per token: give --model MODEL.gguf, or --head-size (the model's "
+                                   "values per KV head, its GGUF's attention.key_length, or embedding_length / "
+                                   "head_count)");
+  uint32_t head = *given;
   if (head == 0 || s.k_width % head || s.v_width % head)
-    return Status::InvalidArgument(in + ": --head-size " + std::to_string(head) + " does not divide the " +
+    return Status::InvalidArgument(in + ": " + (o.head_size ? "--head-size " : "the model's head size ") +
+                                   std::to_string(head) + " does not divide the " +
                                    std::to_string(s.k_width) + " K and " + std::to_string(s.v_width) +
                                    " V values per token; give --head-size");
   // Rotation (llama_state.h): only quantized rows with heads of a multiple

@@ -24,6 +24,7 @@ struct LlamaImport {
   std::optional<uint32_t> head_size;  // values per KV head (required: the file does not record it)
   std::optional<uint32_t> chunk_tokens;
   uint16_t major = 2;
+  std::optional<std::string> model;  // --model: a GGUF model file that gives the head size
   std::optional<bool> rotated;  // --rotated yes|no: whether llama.cpp rotated a quantized cache
   bool unrotate = false;        // --unrotate: store rotated rows un-rotated (plain keys and values)
 };

@@ -171,4 +171,16 @@ class KVFILE_EXPORT StateWriter {
   std::vector<uint8_t> buf_;
 };
 
+// What a GGUF model file (llama.cpp's model format, version 2 or 3) says
+// about its KV heads: the values per K and V head (its architecture's
+// attention.key_length and value_length, else embedding_length /
+// attention.head_count). Only the metadata is read, each count checked
+// against the file's size. Errors name `path` and the key that is wrong.
+struct KVFILE_EXPORT ModelHeads {
+  std::string arch;
+  uint32_t k_head = 0;
+  uint32_t v_head = 0;
+};
+KVFILE_EXPORT Status ReadModelHeads(File& file, const std::string& path, ModelHeads* out);
+
 }  // namespace kvfile::llama
