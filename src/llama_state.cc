@@ -7,6 +7,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <iterator>
+#include <map>
+#include <tuple>
+#include <utility>
 
 #include "kvfile/codec.h"
 #include "format/endian.h"
@@ -29,6 +33,7 @@ constexpr uint64_t kQ8Block = 32;       // values per q8_0 block
 constexpr uint64_t kQ8BlockBytes = 34;  // f16 scale + 32 int8
 constexpr uint32_t kMaxLayers = 1024;   // the .kv limit; more is refused
 constexpr uint32_t kMaxStreams = 1024;
+constexpr size_t kMaxCaches = 2;        // llama.cpp's iSWA: a full and a sliding-window cache
 constexpr size_t kMaxArch = 64;
 constexpr std::string_view kModelIdPrefix = "llama.cpp:";
 constexpr int32_t kServerTokensMarker = -1;  // LLAMA_TOKEN_NULL, first value of llama-server's token record
@@ -212,6 +217,10 @@ bool HasStateMagic(const uint8_t* first4) {
   return m == kMagicSequence || m == kMagicSession;
 }
 
+namespace {
+Status ParseCache(Cursor& c, const std::string& what, StateLayout* sp);
+}  // namespace
+
 Status ParseState(File& file, const std::string& path, StateLayout* out) {
   StateLayout s;
   KVFILE_RETURN_IF_ERROR(file.Size(&s.file_size));
@@ -273,10 +282,111 @@ Status ParseState(File& file, const std::string& path, StateLayout* out) {
                                 std::to_string(kMaxArch) + " expected)");
     s.arch.resize(len);
     KVFILE_RETURN_IF_ERROR(c.Read(s.arch.data(), len, "architecture name"));
-    for (char ch : s.arch)
-      if (!((ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '-' || ch == '_' || ch == '.'))
-        return Status::Corruption(what + ": architecture name has a byte outside [a-z0-9._-]");
+    Status st = CheckArch(s.arch);
+    if (!st.ok()) return Status::Corruption(what + ": " + st.message());
   }
+  KVFILE_RETURN_IF_ERROR(ParseCache(c, what, &s));
+  s.cache_layers = {s.layers};
+  // A second cache (llama.cpp's iSWA models) begins with the same stream
+  // count; anything else after the first cache is trailing bytes.
+  while (c.left() >= 4 && s.cache_layers.size() < kMaxCaches) {
+    uint8_t b[4];
+    KVFILE_RETURN_IF_ERROR(file.ReadAt(c.pos(), b, 4));
+    if (format::LoadU32(b) != s.n_stream) break;
+    std::string cw = what + ": cache " + std::to_string(s.cache_layers.size()) + " (from byte " +
+                     std::to_string(c.pos()) + ")";
+    StateLayout t;
+    KVFILE_RETURN_IF_ERROR(ParseCache(c, cw, &t));
+    if (t.cells != s.cells || t.stream != s.stream)
+      return Status::Unsupported(cw + ": holds " + std::to_string(t.cells) + " cells in stream " +
+                                 std::to_string(t.stream) + ", the first cache " + std::to_string(s.cells) +
+                                 " in stream " + std::to_string(s.stream) +
+                                 ": a sliding-window cache (llama.cpp iSWA) that dropped the positions outside its "
+                                 "window; kvfile stores every position in every layer");
+    if (t.seq_id != s.seq_id || t.first_pos != s.first_pos)
+      return Status::Unsupported(cw + ": cells of sequence " + std::to_string(t.seq_id) + " from position " +
+                                 std::to_string(t.first_pos) + ", the first cache's of sequence " +
+                                 std::to_string(s.seq_id) + " from " + std::to_string(s.first_pos) +
+                                 " (kvfile needs the same cells in both caches)");
+    if (t.v_trans != s.v_trans || t.k_width != s.k_width || t.v_width != s.v_width ||
+        t.k[0].type != s.k[0].type || t.v[0].type != s.v[0].type)
+      return Status::Unsupported(cw + ": K " + CacheTypeName(t.k[0].type) + " x " + std::to_string(t.k_width) +
+                                 ", V " + CacheTypeName(t.v[0].type) + " x " + std::to_string(t.v_width) +
+                                 (t.v_trans ? " transposed" : "") + " differ from the first cache's (K " +
+                                 CacheTypeName(s.k[0].type) + " x " + std::to_string(s.k_width) + ", V " +
+                                 CacheTypeName(s.v[0].type) + " x " + std::to_string(s.v_width) +
+                                 (s.v_trans ? " transposed" : "") + "); kvfile needs the same shape in every layer");
+    if (s.layers + t.layers > kMaxLayers)
+      return Status::Corruption(cw + ": " + std::to_string(s.layers + t.layers) + " layers in all (1 to " +
+                                std::to_string(kMaxLayers) + " expected)");
+    s.layers += t.layers;
+    s.cache_layers.push_back(t.layers);
+    s.k.insert(s.k.end(), t.k.begin(), t.k.end());
+    s.v.insert(s.v.end(), t.v.begin(), t.v.end());
+  }
+  if (c.left() != 0)
+    return Status::Corruption(what + ": " + std::to_string(c.left()) + " bytes after the end of the cache data at byte " +
+                              std::to_string(c.pos()));
+  if (s.tokens.size() != s.cells)
+    return Status::Unsupported(what + ": " + std::to_string(s.tokens.size()) + " token ids for " +
+                               std::to_string(s.cells) + " cache cells (kvfile stores one token id per cell)");
+  *out = std::move(s);
+  return Status::OK();
+}
+
+Status CheckArch(std::string_view arch) {
+  if (arch.empty() || arch.size() > kMaxArch)
+    return Status::InvalidArgument("architecture name of " + std::to_string(arch.size()) + " bytes (1 to " +
+                                   std::to_string(kMaxArch) + " expected)");
+  for (char ch : arch)
+    if (!((ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '-' || ch == '_' || ch == '.'))
+      return Status::InvalidArgument("architecture name has a byte outside [a-z0-9._-]");
+  return Status::OK();
+}
+
+const char* RotationName(Rotation r) {
+  switch (r) {
+    case Rotation::kNo: return "no";
+    case Rotation::kYes: return "yes";
+    case Rotation::kUnknown: return "unknown";
+  }
+  return "?";
+}
+
+bool RotatesRows(CacheType t, uint64_t head_size) { return IsQuantized(t) && head_size > 0 && head_size % 64 == 0; }
+
+uint32_t RotationBlock(bool v, uint64_t head_size) {
+  if (v) return 64;
+  uint32_t n = 64;
+  while (n < (uint32_t{1} << 30) && head_size % (2 * n) == 0) n *= 2;
+  return n;
+}
+
+void Hadamard(float* x, uint64_t width, uint32_t block) {
+  // The fast transform of Sylvester's matrix (entry (i, j) is
+  // (-1)^popcount(i & j)), scaled by 1/sqrt(block): the matrix ggml_gen_hadamard builds.
+  const float scale = 1.0f / std::sqrt(static_cast<float>(block));
+  for (uint64_t b0 = 0; b0 + block <= width; b0 += block) {
+    float* y = x + b0;
+    for (uint32_t h = 1; h < block; h *= 2)
+      for (uint32_t i = 0; i < block; i += 2 * h)
+        for (uint32_t j = i; j < i + h; ++j) {
+          float a = y[j], b = y[j + h];
+          y[j] = a + b;
+          y[j + h] = a - b;
+        }
+    for (uint32_t i = 0; i < block; ++i) y[i] *= scale;
+  }
+}
+
+namespace {
+
+// One cache's part of a state file (llama_kv_cache::state_write): the
+// stream count, each stream's cells and, for the one stream holding cells,
+// their positions and sequence ids, v_trans and every layer's K and V.
+// Fills the cache's fields of `s`; errors begin with `what`.
+Status ParseCache(Cursor& c, const std::string& what, StateLayout* sp) {
+  StateLayout& s = *sp;
   KVFILE_RETURN_IF_ERROR(c.U32(&s.n_stream, "cache stream count"));
   if (s.n_stream == 0 || s.n_stream > kMaxStreams)
     return Status::Corruption(what + ": " + std::to_string(s.n_stream) + " cache streams (1 to " +
@@ -326,14 +436,21 @@ Status ParseState(File& file, const std::string& path, StateLayout* out) {
       return Status::Corruption(what + ": " + std::to_string(s.layers) + " layers (1 to " +
                                 std::to_string(kMaxLayers) + " expected)");
     // K of every layer, then V of every layer.
+    std::string prev;  // the block before, "<what>: layer L K: row size R x C cells"
     for (int part = 0; part < 2; ++part) {
       bool is_v = part == 1;
       const char* name = is_v ? "V" : "K";
       for (uint32_t l = 0; l < s.layers; ++l) {
         std::string at = what + ": layer " + std::to_string(l) + " " + name;
         int32_t type_id = 0;
+        uint64_t header_at = c.pos();
         KVFILE_RETURN_IF_ERROR(c.I32(&type_id, "cache type"));
         std::optional<CacheType> type = TypeFromId(type_id);
+        if (!type && !prev.empty())
+          // The previous block's size led here: name it, not this header.
+          return Status::Corruption(prev + " ends at byte " + std::to_string(header_at) + ", where " + name +
+                                    " of layer " + std::to_string(l) + " would begin but ggml type " +
+                                    std::to_string(type_id) + " is: that size or the header after it is damaged");
         if (!type)
           return Status::Unsupported(at + ": ggml type " + std::to_string(type_id) +
                                      " (kvfile reads f32, f16, bf16 and q8_0 caches)");
@@ -368,21 +485,25 @@ Status ParseState(File& file, const std::string& path, StateLayout* out) {
                                      std::to_string(want_w) + "); kvfile needs the same shape in every layer");
         }
         blocks.push_back({*type, c.pos()});
-        // bytes * cells cannot overflow: bytes < 2^36, cells < 2^32.
+        // bytes is below 2^35 and cells below 2^32: their product can
+        // overflow 64 bits, so the check divides.
+        if (bytes > c.left() / cells)
+          return Status::Corruption(at + ": truncated: " + std::to_string(cells) + " cells of " +
+                                    std::to_string(bytes) + " bytes at byte " + std::to_string(c.pos()) + ", " +
+                                    std::to_string(c.left()) + " bytes are left");
         KVFILE_RETURN_IF_ERROR(c.Skip(bytes * cells, "cache rows"));
+        prev = at + ": " + (is_v && s.v_trans ? "value width " + std::to_string(width) + " (x " +
+                                                    std::to_string(bytes / width) + " bytes)"
+                                              : "row size " + std::to_string(bytes)) +
+               " x " + std::to_string(cells) + " cells";
       }
     }
   }
   if (!found) return Status::Corruption(what + ": no cache stream holds cells (nothing to import)");
-  if (c.left() != 0)
-    return Status::Corruption(what + ": " + std::to_string(c.left()) + " bytes after the end of the cache data at byte " +
-                              std::to_string(c.pos()));
-  if (s.tokens.size() != s.cells)
-    return Status::Unsupported(what + ": " + std::to_string(s.tokens.size()) + " token ids for " +
-                               std::to_string(s.cells) + " cache cells (kvfile stores one token id per cell)");
-  *out = std::move(s);
   return Status::OK();
 }
+
+}  // namespace
 
 Status ReadCells(File& file, const StateLayout& s, bool v, uint32_t layer, uint32_t c0, uint32_t c1, float* out) {
   const LayerBlock& b = v ? s.v[layer] : s.k[layer];
@@ -430,8 +551,17 @@ std::string FormatModelId(const Provenance& p) {
   s += " stream=" + std::to_string(p.stream) + "/" + std::to_string(p.n_stream);
   s += " seq=" + std::to_string(p.seq_id) + " pos=" + std::to_string(p.first_pos);
   if (p.server_tokens) s += " tokens=server";
-  s += " rotated=unknown";
+  if (p.cache_layers.size() > 1) {
+    s += " caches=";
+    for (size_t i = 0; i < p.cache_layers.size(); ++i) s += (i ? "+" : "") + std::to_string(p.cache_layers[i]);
+  }
+  s += std::string(" rotated=") + RotationName(p.rotated);
   return s;
+}
+
+Rotation StreamRotation(const Provenance& p, bool v, uint64_t head_size) {
+  if (!RotatesRows(v ? p.v_type : p.k_type, head_size)) return Rotation::kNo;
+  return p.rotated;
 }
 
 std::optional<Provenance> ParseModelId(std::string_view id) {
@@ -489,19 +619,54 @@ std::optional<Provenance> ParseModelId(std::string_view id) {
     } else if (key == "seq" || key == "pos") {
       if (!number(val, 0, 0x7FFFFFFF, &x)) return std::nullopt;
       (key == "seq" ? p.seq_id : p.first_pos) = static_cast<int32_t>(x);
+    } else if (key == "caches") {
+      p.cache_layers.clear();
+      while (!val.empty()) {
+        size_t plus = val.find('+');
+        if (!number(val.substr(0, plus), 1, kMaxLayers, &x) || p.cache_layers.size() == kMaxCaches)
+          return std::nullopt;
+        p.cache_layers.push_back(static_cast<uint32_t>(x));
+        val = plus == std::string_view::npos ? std::string_view() : val.substr(plus + 1);
+      }
+      if (p.cache_layers.size() < 2) return std::nullopt;
+    } else if (key == "rotated") {
+      if (val == "no") p.rotated = Rotation::kNo;
+      else if (val == "yes") p.rotated = Rotation::kYes;
+      else p.rotated = Rotation::kUnknown;  // "unknown", or a value this reader does not know
     }
-    // Other keys (rotated=...) are informational.
+    // Other keys are ignored.
   }
   return first ? std::nullopt : std::optional<Provenance>(p);
 }
 
 // ---- Writing ----------------------------------------------------------------------------------
 
+namespace {
+// The layers of each cache a file holds.
+std::vector<uint32_t> Caches(const WriteSpec& w) {
+  return w.cache_layers.empty() ? std::vector<uint32_t>{w.layers} : w.cache_layers;
+}
+}  // namespace
+
 Status CheckWriteSpec(const WriteSpec& w) {
   if (w.layers == 0 || w.layers > kMaxLayers) return Status::InvalidArgument("layer count out of range");
-  if (w.n_stream == 0 || w.stream >= w.n_stream) return Status::InvalidArgument("cache stream out of range");
-  if (w.kind == FileKind::kSession && (w.arch.empty() || w.arch.size() > kMaxArch))
-    return Status::InvalidArgument("a session file needs the model architecture name (--arch)");
+  if (!w.cache_layers.empty()) {
+    uint64_t sum = 0;
+    for (uint32_t n : w.cache_layers) sum += n;
+    if (w.cache_layers.size() > kMaxCaches || sum != w.layers ||
+        std::count(w.cache_layers.begin(), w.cache_layers.end(), 0u) > 0)
+      return Status::InvalidArgument("the caches' layers (caches=) do not add up to the " + std::to_string(w.layers) +
+                                     " layers");
+  }
+  if (w.n_stream == 0 || w.n_stream > kMaxStreams || w.stream >= w.n_stream)
+    return Status::InvalidArgument("cache stream " + std::to_string(w.stream) + " of " + std::to_string(w.n_stream) +
+                                   " (a stream below the stream count, at most " + std::to_string(kMaxStreams) +
+                                   ", expected)");
+  if (w.kind == FileKind::kSession) {
+    if (w.arch.empty()) return Status::InvalidArgument("a session file needs the model architecture name (--arch)");
+    Status st = CheckArch(w.arch);
+    if (!st.ok()) return Status::InvalidArgument("--arch '" + w.arch + "': " + st.message());
+  }
   for (auto [t, width, name] : {std::tuple{w.k_type, w.k_width, "K"}, std::tuple{w.v_type, w.v_width, "V"}}) {
     if (width == 0) return Status::InvalidArgument(std::string(name) + " width 0");
     if (t == CacheType::kQ8_0 && width % kQ8Block)
@@ -515,34 +680,61 @@ Status CheckWriteSpec(const WriteSpec& w) {
 }
 
 namespace {
-uint64_t PrefixBytes(const WriteSpec& w, uint64_t tokens) {
+// Magic, version, token ids (llama-server's record: 16 bytes more) and
+// (session) the architecture name.
+uint64_t TopBytes(const WriteSpec& w, uint64_t tokens) {
   uint64_t n = 12 + tokens * 4 + (w.server_tokens ? 16 : 0);
   if (w.kind == FileKind::kSession) n += 4 + w.arch.size();
-  // stream count, the cell counts up to the one holding cells, cells, v_trans, layer count
-  n += 4 + 4 * (uint64_t{w.stream} + 1) + tokens * 12 + 8;
   return n;
+}
+// A cache's stream count, the cell counts up to the one holding cells,
+// cells, v_trans, layer count.
+uint64_t CacheHeadBytes(const WriteSpec& w, uint64_t tokens) {
+  return 4 + 4 * (uint64_t{w.stream} + 1) + tokens * 12 + 8;
 }
 uint64_t KLayerBytes(const WriteSpec& w, uint64_t tokens) { return 12 + tokens * RowBytes(w.k_type, w.k_width); }
 // type + row size, or (transposed) type + element size + width: 12 bytes either way.
 uint64_t VLayerBytes(const WriteSpec& w, uint64_t tokens) { return 12 + tokens * RowBytes(w.v_type, w.v_width); }
+// A cache of `layers` layers, with the cell counts (0) of the streams after
+// the one holding cells last.
+uint64_t CacheBytes(const WriteSpec& w, uint64_t tokens, uint32_t layers) {
+  return CacheHeadBytes(w, tokens) + layers * (KLayerBytes(w, tokens) + VLayerBytes(w, tokens)) +
+         4 * uint64_t{w.n_stream - w.stream - 1};
+}
+// The cache holding a layer, and the layer's index in it.
+std::pair<size_t, uint32_t> CacheOf(const std::vector<uint32_t>& caches, uint32_t layer) {
+  size_t c = 0;
+  while (c + 1 < caches.size() && layer >= caches[c]) layer -= caches[c++];
+  return {c, layer};
+}
 }  // namespace
 
 uint64_t StateFileSize(const WriteSpec& w, uint64_t tokens) {
-  // The cell counts (0) of the streams after the one holding cells come last.
-  return PrefixBytes(w, tokens) + w.layers * (KLayerBytes(w, tokens) + VLayerBytes(w, tokens)) +
-         4 * uint64_t{w.n_stream - w.stream - 1};
+  uint64_t n = TopBytes(w, tokens);
+  for (uint32_t layers : Caches(w)) n += CacheBytes(w, tokens, layers);
+  return n;
 }
 
 StateWriter::StateWriter(File* file, WriteSpec spec, uint64_t tokens)
     : file_(file), spec_(std::move(spec)), cells_(tokens) {
-  meta_end_ = PrefixBytes(spec_, cells_);
+  meta_end_ = TopBytes(spec_, cells_);
 }
 
+uint64_t StateWriter::CacheStart(size_t cache) const {
+  std::vector<uint32_t> caches = Caches(spec_);
+  uint64_t at = meta_end_;
+  for (size_t c = 0; c < cache; ++c) at += CacheBytes(spec_, cells_, caches[c]);
+  return at;
+}
 uint64_t StateWriter::KOffset(uint32_t layer) const {
-  return meta_end_ + layer * KLayerBytes(spec_, cells_);
+  auto [c, l] = CacheOf(Caches(spec_), layer);
+  return CacheStart(c) + CacheHeadBytes(spec_, cells_) + l * KLayerBytes(spec_, cells_);
 }
 uint64_t StateWriter::VOffset(uint32_t layer) const {
-  return meta_end_ + spec_.layers * KLayerBytes(spec_, cells_) + layer * VLayerBytes(spec_, cells_);
+  std::vector<uint32_t> caches = Caches(spec_);
+  auto [c, l] = CacheOf(caches, layer);
+  return CacheStart(c) + CacheHeadBytes(spec_, cells_) + caches[c] * KLayerBytes(spec_, cells_) +
+         l * VLayerBytes(spec_, cells_);
 }
 
 Status StateWriter::Header(const std::vector<uint32_t>& tokens) {
@@ -572,20 +764,25 @@ Status StateWriter::Header(const std::vector<uint32_t>& tokens) {
     u32(static_cast<uint32_t>(spec_.arch.size()));
     b.insert(b.end(), spec_.arch.begin(), spec_.arch.end());
   }
-  u32(spec_.n_stream);
-  for (uint32_t s = 0; s < spec_.stream; ++s) u32(0);
-  u32(static_cast<uint32_t>(cells_));
-  for (uint64_t i = 0; i < cells_; ++i) {
-    u32(static_cast<uint32_t>(spec_.first_pos + static_cast<int64_t>(i)));
-    u32(1);
-    u32(static_cast<uint32_t>(spec_.seq_id));
-  }
-  u32(spec_.v_trans ? 1 : 0);
-  u32(spec_.layers);
   KVFILE_RETURN_IF_ERROR(file_->WriteAt(0, b.data(), b.size()));
-  if (spec_.stream + 1 < spec_.n_stream) {
-    b.assign(4 * uint64_t{spec_.n_stream - spec_.stream - 1}, 0);
-    KVFILE_RETURN_IF_ERROR(file_->WriteAt(VOffset(spec_.layers), b.data(), b.size()));
+  std::vector<uint32_t> caches = Caches(spec_);
+  for (size_t c = 0; c < caches.size(); ++c) {
+    b.clear();
+    u32(spec_.n_stream);
+    for (uint32_t s = 0; s < spec_.stream; ++s) u32(0);
+    u32(static_cast<uint32_t>(cells_));
+    for (uint64_t i = 0; i < cells_; ++i) {
+      u32(static_cast<uint32_t>(spec_.first_pos + static_cast<int64_t>(i)));
+      u32(1);
+      u32(static_cast<uint32_t>(spec_.seq_id));
+    }
+    u32(spec_.v_trans ? 1 : 0);
+    u32(caches[c]);
+    KVFILE_RETURN_IF_ERROR(file_->WriteAt(CacheStart(c), b.data(), b.size()));
+    if (spec_.stream + 1 < spec_.n_stream) {
+      b.assign(4 * uint64_t{spec_.n_stream - spec_.stream - 1}, 0);
+      KVFILE_RETURN_IF_ERROR(file_->WriteAt(CacheStart(c + 1) - b.size(), b.data(), b.size()));
+    }
   }
   // Each layer's own header.
   for (uint32_t l = 0; l < spec_.layers; ++l) {
@@ -632,6 +829,130 @@ Status StateWriter::RawRows(bool v, uint32_t layer, uint64_t c0, uint64_t n, con
   uint64_t row = RowBytes(v ? spec_.v_type : spec_.k_type, v ? spec_.v_width : spec_.k_width);
   uint64_t base = (v ? VOffset(layer) : KOffset(layer)) + 12;
   return file_->WriteAt(base + c0 * row, rows, n * row);
+}
+
+// ---- GGUF model metadata -------------------------------------------------------------------
+
+namespace {
+
+constexpr uint32_t kGgufMagic = 0x46554747;  // "GGUF"
+enum GgufType : uint32_t { kGgufU32 = 4, kGgufI32 = 5, kGgufString = 8, kGgufArray = 9, kGgufU64 = 10 };
+
+// Bytes of one value of a fixed-size GGUF type, 0 for a string or array,
+// nullopt for a type id GGUF does not have.
+std::optional<uint64_t> GgufFixedSize(uint32_t type) {
+  static constexpr uint64_t kSizes[] = {1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8};
+  if (type >= std::size(kSizes)) return std::nullopt;
+  return kSizes[type];
+}
+
+Status GgufString(Cursor& c, const std::string& what, const char* field, std::string* out) {
+  uint64_t n = 0;
+  KVFILE_RETURN_IF_ERROR(c.U64(&n, field));
+  if (n > c.left() || n > (uint64_t{1} << 20))
+    return Status::Corruption(what + ": " + field + " of " + std::to_string(n) + " bytes (" + std::to_string(c.left()) +
+                              " are left)");
+  out->resize(static_cast<size_t>(n));
+  return c.Read(out->data(), n, field);
+}
+
+// Skips one value of `type` (arrays: of one level, GGUF has no deeper ones).
+Status GgufSkip(Cursor& c, const std::string& what, const std::string& key, uint32_t type, bool in_array) {
+  std::optional<uint64_t> size = GgufFixedSize(type);
+  if (!size || (in_array && type == kGgufArray))
+    return Status::Corruption(what + ": key " + key + " has value type " + std::to_string(type));
+  if (*size) return c.Skip(*size, "metadata value");
+  if (type == kGgufString) {
+    uint64_t n = 0;
+    KVFILE_RETURN_IF_ERROR(c.U64(&n, "string length"));
+    return c.Skip(n, "string");
+  }
+  uint32_t elem = 0;
+  uint64_t n = 0;
+  KVFILE_RETURN_IF_ERROR(c.U32(&elem, "array type"));
+  KVFILE_RETURN_IF_ERROR(c.U64(&n, "array length"));
+  std::optional<uint64_t> esize = GgufFixedSize(elem);
+  if (!esize || elem == kGgufArray)
+    return Status::Corruption(what + ": key " + key + " is an array of value type " + std::to_string(elem));
+  if (*esize) {
+    if (n > c.left() / *esize)
+      return Status::Corruption(what + ": key " + key + ": an array of " + std::to_string(n) + " values of " +
+                                std::to_string(*esize) + " bytes, " + std::to_string(c.left()) + " bytes are left");
+    return c.Skip(n * *esize, "array");
+  }
+  if (n > c.left() / 8)  // each string has at least its 8-byte length
+    return Status::Corruption(what + ": key " + key + ": an array of " + std::to_string(n) + " strings, " +
+                              std::to_string(c.left()) + " bytes are left");
+  for (uint64_t i = 0; i < n; ++i) KVFILE_RETURN_IF_ERROR(GgufSkip(c, what, key, elem, true));
+  return Status::OK();
+}
+
+}  // namespace
+
+Status ReadModelHeads(File& file, const std::string& path, ModelHeads* out) {
+  uint64_t size = 0;
+  KVFILE_RETURN_IF_ERROR(file.Size(&size));
+  std::string what = path + ": GGUF model";
+  Cursor c(file, size, what);
+  uint32_t magic = 0, version = 0;
+  KVFILE_RETURN_IF_ERROR(c.U32(&magic, "magic"));
+  if (magic != kGgufMagic) return Status::Corruption(path + ": not a GGUF model file (magic is not 'GGUF')");
+  KVFILE_RETURN_IF_ERROR(c.U32(&version, "version"));
+  if (version != 2 && version != 3)
+    return Status::Unsupported(what + " version " + std::to_string(version) + " (kvfile reads versions 2 and 3)");
+  uint64_t tensors = 0, keys = 0;
+  KVFILE_RETURN_IF_ERROR(c.U64(&tensors, "tensor count"));
+  KVFILE_RETURN_IF_ERROR(c.U64(&keys, "metadata key count"));
+  // Every key needs at least its length and value type.
+  if (keys > c.left() / 12)
+    return Status::Corruption(what + ": " + std::to_string(keys) + " metadata keys, " + std::to_string(c.left()) +
+                              " bytes are left");
+  std::string arch;
+  std::map<std::string, uint64_t> numbers;  // the unsigned integer values, by key
+  for (uint64_t i = 0; i < keys; ++i) {
+    std::string key;
+    uint32_t type = 0;
+    KVFILE_RETURN_IF_ERROR(GgufString(c, what, "metadata key", &key));
+    KVFILE_RETURN_IF_ERROR(c.U32(&type, "value type"));
+    if (key == "general.architecture" && type == kGgufString) {
+      KVFILE_RETURN_IF_ERROR(GgufString(c, what, "general.architecture", &arch));
+    } else if (type == kGgufU32 || type == kGgufI32) {
+      uint32_t v = 0;
+      KVFILE_RETURN_IF_ERROR(c.U32(&v, "metadata value"));
+      if (type == kGgufU32 || v < 0x80000000u) numbers[key] = v;
+    } else if (type == kGgufU64) {
+      uint64_t v = 0;
+      KVFILE_RETURN_IF_ERROR(c.U64(&v, "metadata value"));
+      numbers[key] = v;
+    } else {
+      KVFILE_RETURN_IF_ERROR(GgufSkip(c, what, key, type, false));
+    }
+  }
+  if (arch.empty()) return Status::Corruption(what + ": no general.architecture");
+  auto get = [&](const std::string& name) -> std::optional<uint64_t> {
+    auto it = numbers.find(arch + "." + name);
+    if (it == numbers.end()) return std::nullopt;
+    return it->second;
+  };
+  std::optional<uint64_t> embd = get("embedding_length"), heads = get("attention.head_count");
+  std::optional<uint64_t> kl = get("attention.key_length"), vl = get("attention.value_length");
+  std::optional<uint64_t> fallback;
+  if (embd && heads && *heads > 0 && *embd % *heads == 0) fallback = *embd / *heads;
+  ModelHeads m;
+  m.arch = arch;
+  for (auto [len, name, dst] : {std::tuple{kl, "key_length", &m.k_head}, std::tuple{vl, "value_length", &m.v_head}}) {
+    std::optional<uint64_t> h = len ? len : fallback;
+    if (!h)
+      return Status::Unsupported(what + ": no " + arch + ".attention." + name + ", nor an " + arch +
+                                 ".embedding_length that " + arch +
+                                 ".attention.head_count (a number, not one per layer) divides: give --head-size");
+    if (*h == 0 || *h > 65536)
+      return Status::Corruption(what + ": " + arch + ".attention." + name + " is " + std::to_string(*h) +
+                                " (1 to 65536 expected)");
+    *dst = static_cast<uint32_t>(*h);
+  }
+  *out = std::move(m);
+  return Status::OK();
 }
 
 }  // namespace kvfile::llama

@@ -65,8 +65,12 @@ struct ConvertArgs {
   std::optional<uint32_t> group_size;  // --format mooncake (convert_seeds.h)
   std::optional<uint32_t> vocab;       // --format coli-v2|coli-v1 (convert_seeds.h)
   std::optional<uint32_t> head_size;  // llama.cpp import
+  std::optional<std::string> model;   // llama.cpp import
   std::optional<uint32_t> v_trans;    // llama.cpp export
   std::optional<std::string> arch;    // llama.cpp session export
+  std::optional<std::string> rotated;  // llama.cpp import and export: yes|no
+  bool unrotate = false;               // llama.cpp import
+  std::optional<uint32_t> n_stream;    // llama.cpp export
 };
 
 // What to do with each stream, resolved from the flags.
@@ -78,18 +82,25 @@ struct Plan {
   std::optional<uint32_t> chunk_tokens;
   bool salvage = false;
   std::optional<uint32_t> head_size;  // llama.cpp import
+  std::optional<std::string> model;   // llama.cpp import
+  std::optional<bool> rotated;        // llama.cpp import (the export's is in `llama`)
+  bool unrotate = false;              // llama.cpp import
   LlamaExport llama;                  // llama.cpp export
 };
 
 enum class Kind { kKv, kSafetensors, kDirectory, kLlama, kOther };
 
-Kind KindOf(const std::string& path) {
+// An input is a llama.cpp state file by its magic, whatever its name (a
+// slot.kv too); an output by its name first (--force replaces a file that
+// holds such a state under a .kv name).
+Kind KindOf(const std::string& path, bool input = true) {
   std::error_code ec;
   if (fs::is_directory(path, ec)) return Kind::kDirectory;
+  if (input && IsLlamaStateFile(path)) return Kind::kLlama;
   std::string ext = fs::path(path).extension().string();
   if (ext == ".kv") return Kind::kKv;
   if (ext == ".safetensors") return Kind::kSafetensors;
-  if (IsLlamaStateFile(path)) return Kind::kLlama;  // by its magic, whatever the name
+  if (IsLlamaStateFile(path)) return Kind::kLlama;
   return Kind::kOther;
 }
 
@@ -323,6 +334,11 @@ Status Export(const std::string& in, const std::string& tmp, const Plan& p, std:
   const Geometry& g = r->geometry();
   uint64_t T = 0;
   KVFILE_RETURN_IF_ERROR(CheckInput(in, *r, p, &T, warning));
+  {
+    std::string w;
+    KVFILE_RETURN_IF_ERROR(CheckPlainRows(in, *r, &w));
+    if (!w.empty()) *warning = warning->empty() ? w : *warning + "; " + w;
+  }
   Dtype out_dtype = p.dtype.value_or(Dtype::kBF16);
   // One entry per tensor to write: which stream, and what of it.
   enum class Part { kValues, kCodes, kBlockScales, kScales };
@@ -523,7 +539,8 @@ Outcome ConvertOne(const std::string& in, const std::string& out, Kind in_kind, 
   if (in_kind == Kind::kKv && out_kind == Kind::kKv) st = KvToKv(in, tmp, p, &summary, &warning);
   else if (in_kind == Kind::kSafetensors) st = Import(in, tmp, p, &summary);
   else if (in_kind == Kind::kLlama)
-    st = ImportLlama(in, tmp, {p.dtype, p.keep_raw, p.head_size, p.chunk_tokens, p.major}, &summary);
+    st = ImportLlama(in, tmp, {p.dtype, p.keep_raw, p.head_size, p.chunk_tokens, p.major, p.model, p.rotated, p.unrotate},
+                     &summary);
   else if (out_kind == Kind::kLlama) st = ExportToLlama(in, tmp, p, &summary, &warning);
   else st = Export(in, tmp, p, &summary, &warning);
   if (!st.ok() && PendingSignal()) st = CheckInterrupt(out);  // a signal ended it: OUT is as it was
@@ -662,13 +679,23 @@ int RunConvert(const ConvertArgs& a) {
   Plan p;
   p.major = a.format == "v1" ? 1 : 2;
   bool to_llama = a.format.starts_with("llama-");
-  if (a.dtype && *a.dtype == "q8_0" && !to_llama)
-    return UsageError("--dtype q8_0 applies to --format llama-seq|llama-session");
-  if (a.dtype && *a.dtype != "q8_0") p.dtype = ParseDtype(*a.dtype);
+  if (a.dtype && (*a.dtype == "q8_0" || a.dtype->find('=') != std::string::npos) && !to_llama)
+    return UsageError("--dtype " + *a.dtype + " applies to --format llama-seq|llama-session");
+  if (to_llama && a.dtype) {
+    if (Status st = CheckLlamaDtype(*a.dtype); !st.ok()) return ReportError(st);
+  } else if (a.dtype) {
+    p.dtype = ParseDtype(*a.dtype);
+  }
   p.head_size = a.head_size;
-  p.llama = {a.format == "llama-session", a.dtype, a.v_trans, a.arch};
-  if (!to_llama && (a.v_trans || a.arch))
-    return UsageError("--v-trans and --arch apply to --format llama-seq|llama-session");
+  p.model = a.model;
+  if (a.rotated) p.rotated = *a.rotated == "yes";
+  p.unrotate = a.unrotate;
+  p.llama = {a.format == "llama-session", a.dtype, a.v_trans, a.arch, p.rotated, a.n_stream};
+  if (!to_llama && (a.v_trans || a.arch || a.n_stream))
+    return UsageError("--v-trans, --arch and --n-stream apply to --format llama-seq|llama-session");
+  if (to_llama && a.unrotate)
+    return UsageError("--unrotate applies to a llama.cpp state IN (an export rotates or un-rotates rows as the "
+                      "context's cache type needs, see --rotated)");
   if (p.major == 1 && p.dtype && IsQuantized(*p.dtype))
     return UsageError("--format v1 stores raw rows: --dtype must be bf16, f16 or f32");
   if (p.major == 1 && !a.keep_raw.empty()) return UsageError("--keep-raw applies to v2 output (v1 is all raw)");
@@ -713,12 +740,10 @@ int RunConvert(const ConvertArgs& a) {
     return ConvertTree(a, p);
   }
   if (a.to) return UsageError("--to applies to a directory IN (a file's OUT suffix says the format)");
-  Kind out_kind = to_llama ? Kind::kLlama : KindOf(a.out);
+  Kind out_kind = to_llama ? Kind::kLlama : KindOf(a.out, false);
   if (to_llama) {
     if (in_kind != Kind::kKv)
       return UsageError(a.in + ": --format " + a.format + " writes a llama.cpp file from a .kv IN");
-    if (p.dtype && IsQuantized(*p.dtype))
-      return UsageError("--dtype " + *a.dtype + ": a llama.cpp cache is f16, bf16, f32 or q8_0");
     if (!a.keep_raw.empty() || a.chunk_tokens || a.codes)
       return UsageError("--keep-raw, --chunk-tokens and --codes apply to .kv or .safetensors output");
     if (fs::exists(a.out, ec) && fs::equivalent(in, a.out, ec))
@@ -731,8 +756,10 @@ int RunConvert(const ConvertArgs& a) {
   if (in_kind == Kind::kLlama) {
     if (out_kind != Kind::kKv) return UsageError(a.out + ": a llama.cpp state file is imported into a .kv OUT");
     if (a.codes) return UsageError("--codes applies to .safetensors input or output");
-  } else if (a.head_size) {
-    return UsageError("--head-size applies to a llama.cpp state IN");
+  } else if (a.head_size || a.model || a.unrotate) {
+    return UsageError("--head-size, --model and --unrotate apply to a llama.cpp state IN");
+  } else if (a.rotated) {
+    return UsageError("--rotated applies to a llama.cpp state IN or --format llama-seq|llama-session");
   }
   auto kind_error = [](const std::string& path) {
     return UsageError(path + ": cannot tell the format: the name must end in .kv or .safetensors");
@@ -783,14 +810,25 @@ void RegisterConvert(CLI::App& app, int* exit_code) {
       "or to a raw --dtype); a v1 input converted to v2 is quantized (e4m3 unless --dtype).\n"
       "  llama.cpp state file ('ggsq' sequence state, 'ggsn' session; found by its magic) -> .kv: streams\n"
       "      k and v ([KV heads] x --head-size), e4m3 unless --dtype/--keep-raw; provenance in the model id.\n"
-      "  .kv (streams k, v) -> llama.cpp file: --format llama-seq|llama-session, --dtype f16 (default),\n"
-      "      bf16, f32 or q8_0, --v-trans, --arch (docs/llama.md).\n"
+      "  .kv (streams k, v) -> llama.cpp file: --format llama-seq|llama-session, --dtype f16, bf16, f32,\n"
+      "      q8_0 or k=TYPE,v=TYPE (default: as imported, else f16), --v-trans, --arch, --n-stream,\n"
+      "      --rotated (docs/llama.md).\n"
       "Example: kvfile convert session.kv session-e5m2.kv --dtype e5m2 --chunk-tokens 512\n"
       "         kvfile convert session.kv session.safetensors --codes");
   cmd->add_option("IN", args->in, "input: .kv, .safetensors, PACK:MEMBER (a member of a .kvpack), or a directory of .kv files")->required();
   cmd->add_option("OUT", args->out, "output: .kv, .safetensors, or a directory")->required();
-  cmd->add_option("--dtype", args->dtype, "target dtype: e4m3, e5m2, nvfp4, bf16, f16 or f32; q8_0 for --format llama-seq|llama-session")
-      ->check(CLI::IsMember({"e4m3", "e5m2", "nvfp4", "bf16", "f16", "f32", "q8_0"}));
+  cmd->add_option("--dtype", args->dtype,
+                  "target dtype: e4m3, e5m2, nvfp4, bf16, f16 or f32; for --format llama-seq|llama-session\n"
+                  "also q8_0, or k=TYPE,v=TYPE (a type for each stream)")
+      ->check(CLI::Validator(
+          [](std::string& v) {
+            // k=TYPE,v=TYPE is checked with the other llama.cpp export flags (CheckLlamaDtype).
+            for (const char* d : {"e4m3", "e5m2", "nvfp4", "bf16", "f16", "f32", "q8_0"})
+              if (v == d) return std::string();
+            if (v.find('=') != std::string::npos) return std::string();
+            return v + " not in {e4m3,e5m2,nvfp4,bf16,f16,f32,q8_0,k=TYPE,v=TYPE}";
+          },
+          "{e4m3,e5m2,nvfp4,bf16,f16,f32,q8_0,k=TYPE,v=TYPE}", "dtype"));
   cmd->add_option("--keep-raw", args->keep_raw, "streams stored raw (bf16, or a raw --dtype); comma separated")
       ->delimiter(',');
   cmd->add_flag("--codes", args->codes, "export fp8 codes and scales; on import, keep value tensors as stored");
@@ -824,8 +862,22 @@ void RegisterConvert(CLI::App& app, int* exit_code) {
                   "--format coli-v2|coli-v1: the model's vocabulary size for the header (default: from a model id\n"
                   "'coli_kv:vocab=N' that an import of a .coli_kv file gives)")
       ->check(Count(1, 0x7FFFFFFFu));
-  cmd->add_option("--head-size", args->head_size, "llama.cpp import: values per KV head (default 128)")
+  cmd->add_option("--head-size", args->head_size,
+                  "llama.cpp import: values per KV head (required: the file does not record it)")
       ->check(Count(1, 65536));
+  cmd->add_option("--model", args->model,
+                  "llama.cpp import: the model's GGUF file, whose metadata gives the head size");
+  cmd->add_option("--rotated", args->rotated,
+                  "llama.cpp import: whether llama.cpp stored the quantized cache Hadamard-rotated (yes, its\n"
+                  "default for head sizes that are multiples of 64; no: LLAMA_ATTN_ROT_DISABLE=1). Export:\n"
+                  "whether the restoring context rotates (default: as llama.cpp does for the cache type)")
+      ->check(CLI::IsMember({"yes", "no"}));
+  cmd->add_flag("--unrotate", args->unrotate,
+                "llama.cpp import: store a rotated quantized cache's rows un-rotated (plain keys and values)");
+  cmd->add_option("--n-stream", args->n_stream,
+                  "llama.cpp export: cache streams in the file (llama-server -np N: N; default: as imported, "
+                  "else 1)")
+      ->check(Count(1, 1024));
   cmd->add_option("--v-trans", args->v_trans,
                   "llama.cpp export: 1 writes V transposed (a context without flash attention), 0 not "
                   "(default: as imported, else 0)")

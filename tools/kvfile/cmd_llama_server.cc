@@ -26,6 +26,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -56,7 +57,7 @@ struct ServerArgs {
   std::string file;
   std::string slot_dir;
   std::optional<std::string> dtype;
-  uint32_t head_size = 128;
+  std::optional<uint32_t> head_size;  // else the served model's GGUF says it
   uint32_t timeout = 600;
 };
 
@@ -160,6 +161,22 @@ Status GetModel(const ServerArgs& a, ServedModel* out) {
   return Status::OK();
 }
 
+// The model file the server loaded (GET /props: model_path), which gives
+// the head size; refused when this machine cannot read it.
+Status ServedModelPath(const ServerArgs& a, std::optional<std::string>* path) {
+  nlohmann::json j;
+  KVFILE_RETURN_IF_ERROR(Call(a, "/props", nullptr, &j));
+  if (!j.contains("model_path") || !j["model_path"].is_string() || j["model_path"].get<std::string>().empty())
+    return Status::InvalidArgument(ServerUrl(a) + "/props: llama-server names no model file, which gives the head "
+                                   "size; give --head-size");
+  std::string p = j["model_path"].get<std::string>();
+  if (::access(p.c_str(), R_OK) != 0)
+    return Status::InvalidArgument(ServerUrl(a) + ": the served model " + p + " is not readable here (" +
+                                   std::strerror(errno) + "); it gives the head size: give --head-size");
+  *path = p;
+  return Status::OK();
+}
+
 bool ProcessGone(long pid) { return pid > 0 && kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH; }
 
 // A temporary slot file "kvfile-tmp-PID-N.slot" in the slot directory:
@@ -257,6 +274,11 @@ int RunSave(const ServerArgs& a) {
     o.keep_raw = {"k", "v"};  // lossless: the cache's own values
   }
   o.head_size = a.head_size;
+  if (!a.head_size) {
+    // The head size is the model's: read from the GGUF file the server
+    // loaded (its /props model_path), as `convert --model` reads it.
+    if (Status st = ServedModelPath(a, &o.model); !st.ok()) return ReportError(st);
+  }
   Geometry g;
   ModelIdentity id;
   if (Status st = PlanLlamaImport(tmp.path(), s, o, &g, &id); !st.ok()) return ReportError(st);
@@ -310,7 +332,7 @@ int RunSave(const ServerArgs& a) {
       st = Status::Busy(a.file + ": created by another process while the save was being prepared");
     if (st.ok()) st = Writer::Create(create->temp_path(), g, id, opt, &w).WithContext(a.file);
   }
-  if (st.ok() && keep < s.cells) st = AppendLlamaCells(tmp.path(), *f, s, keep, s.cells, *w);
+  if (st.ok() && keep < s.cells) st = AppendLlamaCells(tmp.path(), *f, s, 0, keep, s.cells, *w);
   if (w) {
     Status closed = w->Close();  // drops an unfinished append
     if (st.ok()) st = create ? closed.WithContext(a.file) : closed;
@@ -468,7 +490,8 @@ void RegisterLlamaServer(CLI::App& app, int* exit_code) {
   AddCommon(s, save.get(), "the .kv file");
   s->add_option("--dtype", save->dtype, "store fp8 rows (e4m3 or e5m2) instead of the cache's own values")
       ->check(CLI::IsMember({"e4m3", "e5m2"}));
-  s->add_option("--head-size", save->head_size, "values per KV head (default 128)")->check(Count(1, 65536));
+  s->add_option("--head-size", save->head_size,
+                "values per KV head (default: read from the model file the server loaded, its /props model_path)")->check(Count(1, 65536));
   s->callback([save, exit_code] { *exit_code = RunSave(*save); });
   auto restore = std::make_shared<ServerArgs>();
   CLI::App* r = top->add_subcommand(

@@ -34,6 +34,15 @@ Dtype LosslessDtype(llama::CacheType t) {
   }
 }
 
+// "4 layers", or "4 layers in 2 caches (2+2)".
+std::string LayersText(uint32_t layers, const std::vector<uint32_t>& caches) {
+  std::string t = std::to_string(layers) + " layers";
+  if (caches.size() < 2) return t;
+  t += " in " + std::to_string(caches.size()) + " caches (";
+  for (size_t i = 0; i < caches.size(); ++i) t += (i ? "+" : "") + std::to_string(caches[i]);
+  return t + ")";
+}
+
 }  // namespace
 
 bool IsLlamaStateFile(const std::string& path) {
@@ -49,13 +58,50 @@ Status PlanLlamaImport(const std::string& in, const llama::StateLayout& s, const
                        ModelIdentity* id) {
   for (const std::string& k : o.keep_raw)
     if (k != "k" && k != "v") return Status::InvalidArgument(in + ": --keep-raw: no stream '" + k + "' (streams: k, v)");
-  uint32_t head = o.head_size.value_or(128);
-  if (head == 0 || s.k_width % head || s.v_width % head) {
-    std::string why = o.head_size ? "--head-size " + std::to_string(head) + " does not divide"
-                                  : "the default head size 128 does not divide";
-    return Status::InvalidArgument(in + ": " + why + " the " + std::to_string(s.k_width) + " K and " +
-                                   std::to_string(s.v_width) + " V values per token; give --head-size");
+  std::optional<uint32_t> given = o.head_size;
+  if (o.model) {
+    // The model's GGUF says it (llama_state.h, ReadModelHeads).
+    std::unique_ptr<File> mf;
+    KVFILE_RETURN_IF_ERROR(FileSystem::Default()->Open(*o.model, OpenMode::kRead, &mf));
+    llama::ModelHeads mh;
+    KVFILE_RETURN_IF_ERROR(llama::ReadModelHeads(*mf, *o.model, &mh));
+    if (mh.k_head != mh.v_head)
+      return Status::Unsupported(*o.model + ": K heads of " + std::to_string(mh.k_head) + " and V heads of " +
+                                 std::to_string(mh.v_head) + " values: kvfile imports one head size");
+    if (o.head_size && *o.head_size != mh.k_head)
+      return Status::InvalidArgument(in + ": --head-size " + std::to_string(*o.head_size) + " contradicts --model " +
+                                     *o.model + " (" + mh.arch + ", heads of " + std::to_string(mh.k_head) + ")");
+    given = mh.k_head;
   }
+  if (!given)
+    return Status::InvalidArgument(in + ": a llama.cpp state file does not record the head size of its " +
+                                   std::to_string(s.k_width) + " K and " + std::to_string(s.v_width) +
+                                   " V values per token: give --model MODEL.gguf, or --head-size (the model's "
+                                   "values per KV head, its GGUF's attention.key_length, or embedding_length / "
+                                   "head_count)");
+  uint32_t head = *given;
+  if (head == 0 || s.k_width % head || s.v_width % head)
+    return Status::InvalidArgument(in + ": " + (o.head_size ? "--head-size " : "the model's head size ") +
+                                   std::to_string(head) + " does not divide the " +
+                                   std::to_string(s.k_width) + " K and " + std::to_string(s.v_width) +
+                                   " V values per token; give --head-size");
+  // Rotation (llama_state.h): only quantized rows with heads of a multiple
+  // of 64 can be rotated; whether they were, only the user can say.
+  llama::CacheType kt = s.k[0].type, vt = s.v[0].type;
+  bool can_rotate = llama::RotatesRows(kt, head) || llama::RotatesRows(vt, head);
+  std::string cache = std::string(llama::CacheTypeName(kt)) + "/" + llama::CacheTypeName(vt) + " cache";
+  if ((o.rotated || o.unrotate) && !can_rotate) {
+    std::string flag = o.unrotate ? "--unrotate" : std::string("--rotated ") + (*o.rotated ? "yes" : "no");
+    return Status::InvalidArgument(
+        in + ": " + flag + ": llama.cpp rotates only quantized (q8_0) rows with head sizes that are multiples of "
+        "64, and this is a " + cache + " with --head-size " + std::to_string(head) + ": its rows are never rotated");
+  }
+  if (o.unrotate && o.rotated == false)
+    return Status::InvalidArgument(in + ": --unrotate with --rotated no: the rows are not rotated");
+  llama::Rotation rotation = !can_rotate ? llama::Rotation::kNo
+                             : o.unrotate ? llama::Rotation::kNo
+                             : o.rotated  ? (*o.rotated ? llama::Rotation::kYes : llama::Rotation::kNo)
+                                          : llama::Rotation::kUnknown;
   *g = Geometry();
   g->layers = s.layers;
   for (int part = 0; part < 2; ++part) {
@@ -84,12 +130,16 @@ Status PlanLlamaImport(const std::string& in, const llama::StateLayout& s, const
   p.seq_id = s.seq_id;
   p.first_pos = s.first_pos;
   p.server_tokens = s.server_tokens;
+  if (s.cache_layers.size() > 1) p.cache_layers = s.cache_layers;
+  p.rotated = rotation;
   *id = ModelIdentity{llama::FormatModelId(p), 0};
   return Status::OK();
 }
 
-Status AppendLlamaCells(const std::string& in, File& f, const llama::StateLayout& s, uint64_t c0, uint64_t c1,
-                        Writer& w) {
+Status AppendLlamaCells(const std::string& in, File& f, const llama::StateLayout& s, uint32_t unrotate_head,
+                        uint64_t c0, uint64_t c1, Writer& w) {
+  const bool unrotate[2] = {unrotate_head != 0 && llama::RotatesRows(s.k[0].type, unrotate_head),
+                            unrotate_head != 0 && llama::RotatesRows(s.v[0].type, unrotate_head)};
   uint64_t per_token = (uint64_t{s.k_width} + s.v_width) * (4 + 4) * s.layers;  // f32 values + the read buffer
   uint64_t block = safetensors::BlockTokens(per_token, kConvertBufferBudget);
   std::vector<std::vector<float>> data(2 * s.layers);
@@ -104,7 +154,7 @@ Status AppendLlamaCells(const std::string& in, File& f, const llama::StateLayout
     for (uint32_t l = 0; l < s.layers; ++l) {
       for (int part = 0; part < 2; ++part) {
         llama::CacheType type = part ? s.v[l].type : s.k[l].type;
-        if (type != llama::CacheType::kQ8_0 && llama::IsRowMajor(s, part == 1)) {
+        if (type != llama::CacheType::kQ8_0 && llama::IsRowMajor(s, part == 1) && !unrotate[part]) {
           // f32/f16/bf16 rows go to the writer as stored (little-endian, as
           // the writer takes them on the little-endian hosts kvfile runs on).
           std::vector<uint8_t>& b = bytes[2 * l + part];
@@ -118,6 +168,11 @@ Status AppendLlamaCells(const std::string& in, File& f, const llama::StateLayout
         d.resize(n * (part ? s.v_width : s.k_width));
         KVFILE_RETURN_IF_ERROR(llama::ReadCells(f, s, part == 1, l, static_cast<uint32_t>(t0),
                                                 static_cast<uint32_t>(t0 + n), d.data()));
+        if (unrotate[part]) {
+          uint64_t width = part ? s.v_width : s.k_width;
+          for (uint64_t i = 0; i < n; ++i)
+            llama::Hadamard(d.data() + i * width, width, llama::RotationBlock(part == 1, unrotate_head));
+        }
         batch.blocks.push_back({Dtype::kF32, d.data(), nullptr});
       }
     }
@@ -136,22 +191,97 @@ Status ImportLlama(const std::string& in, const std::string& tmp, const LlamaImp
   Geometry g;
   ModelIdentity id;
   KVFILE_RETURN_IF_ERROR(PlanLlamaImport(in, s, o, &g, &id));
+  const uint32_t head = g.streams[0].row_width;
   WriterOptions wo;
   wo.threads = 0;  // quantize on every core (the bytes do not depend on it)
   wo.format_major = o.major;
   wo.chunk_tokens = o.chunk_tokens ? *o.chunk_tokens : BoundedChunkTokens(g, 256, in);
   std::unique_ptr<Writer> w;
   KVFILE_RETURN_IF_ERROR(Writer::Create(tmp, g, id, wo, &w));
-  KVFILE_RETURN_IF_ERROR(AppendLlamaCells(in, *f, s, 0, s.cells, *w));
+  KVFILE_RETURN_IF_ERROR(AppendLlamaCells(in, *f, s, o.unrotate ? head : 0, 0, s.cells, *w));
   KVFILE_RETURN_IF_ERROR(w->Close());
-  *summary = std::to_string(s.cells) + " tokens; " + std::to_string(s.layers) + " layers; " +
+  llama::CacheType kt = s.k[0].type, vt = s.v[0].type;
+  bool can_rotate = llama::RotatesRows(kt, head) || llama::RotatesRows(vt, head);
+  std::optional<llama::Provenance> p = llama::ParseModelId(id.model_id);
+  llama::Rotation rotation = p ? p->rotated : llama::Rotation::kUnknown;
+  *summary = std::to_string(s.cells) + " tokens; " + LayersText(s.layers, s.cache_layers) + "; " +
              (s.kind == llama::FileKind::kSequence ? "sequence state" : "session") + " of " +
-             llama::CacheTypeName(s.k[0].type) + "/" + llama::CacheTypeName(s.v[0].type) + " cache" +
+             llama::CacheTypeName(kt) + "/" + llama::CacheTypeName(vt) + " cache" +
              (s.v_trans ? " (V transposed)" : "") + (s.server_tokens ? " (llama-server token record)" : "") +
+             (can_rotate ? std::string("; rotated ") + (o.unrotate ? "yes, stored un-rotated"
+                                                                    : llama::RotationName(rotation))
+                         : "") +
              "; k " + std::to_string(g.streams[0].rows_per_token) + " x " +
-             std::to_string(g.streams[0].row_width) + " " + DtypeName(g.streams[0].dtype) + ", v " +
-             std::to_string(g.streams[1].rows_per_token) + " x " + std::to_string(g.streams[1].row_width) + " " +
+             std::to_string(head) + " " + DtypeName(g.streams[0].dtype) + ", v " +
+             std::to_string(g.streams[1].rows_per_token) + " x " + std::to_string(head) + " " +
              DtypeName(g.streams[1].dtype) + "; " + std::to_string(FileSizeOf(tmp)) + " bytes";
+  return Status::OK();
+}
+
+namespace {
+
+// --dtype of a llama.cpp export into k and v (either left as it is if the
+// spec does not name it).
+Status ParseLlamaTypes(const std::string& spec, llama::CacheType* k, llama::CacheType* v) {
+  auto bad = [&spec](const std::string& why) {
+    return Status::InvalidArgument("--dtype " + spec + ": " + why +
+                                   " (a llama.cpp cache is f16, bf16, f32 or q8_0: --dtype TYPE, or "
+                                   "k=TYPE,v=TYPE for each stream)");
+  };
+  if (spec.find('=') == std::string::npos) {
+    std::optional<llama::CacheType> t = llama::CacheTypeFromName(spec);
+    if (!t) return bad("not a llama.cpp cache type");
+    *k = *v = *t;
+    return Status::OK();
+  }
+  bool seen[2] = {false, false};
+  std::string_view rest = spec;
+  while (!rest.empty()) {
+    size_t comma = rest.find(',');
+    std::string_view item = rest.substr(0, comma);
+    rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+    size_t eq = item.find('=');
+    std::string_view key = item.substr(0, eq);
+    if (eq == std::string_view::npos || (key != "k" && key != "v"))
+      return bad("'" + std::string(item) + "' is not k=TYPE or v=TYPE");
+    int i = key == "v";
+    if (seen[i]) return bad("stream " + std::string(key) + " given twice");
+    seen[i] = true;
+    std::optional<llama::CacheType> t = llama::CacheTypeFromName(item.substr(eq + 1));
+    if (!t) return bad("'" + std::string(item.substr(eq + 1)) + "' is not a llama.cpp cache type");
+    *(i ? v : k) = *t;
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+Status CheckLlamaDtype(const std::string& spec) {
+  llama::CacheType k = llama::CacheType::kF16, v = k;
+  return ParseLlamaTypes(spec, &k, &v);
+}
+
+Status CheckPlainRows(const std::string& in, const Reader& r, std::string* warning) {
+  std::optional<llama::Provenance> prov = llama::ParseModelId(r.identity().model_id);
+  if (!prov) return Status::OK();
+  const Geometry& g = r.geometry();
+  for (bool v : {false, true}) {
+    std::optional<uint32_t> i = g.FindStream(v ? "v" : "k");
+    if (!i) continue;
+    llama::CacheType t = v ? prov->v_type : prov->k_type;
+    llama::Rotation rot = llama::StreamRotation(*prov, v, g.streams[*i].row_width);
+    std::string what = std::string(v ? "v" : "k") + " rows (imported from a llama.cpp " + llama::CacheTypeName(t) +
+                       " cache with heads of " + std::to_string(g.streams[*i].row_width) + ", rotated=" +
+                       llama::RotationName(rot) + ")";
+    if (rot == llama::Rotation::kYes)
+      return Status::InvalidArgument(in + ": the " + what + " are Hadamard-rotated, not plain " +
+                                     (v ? "values" : "keys") +
+                                     ": import the llama.cpp file again with --unrotate, or export with --format "
+                                     "llama-seq|llama-session (which un-rotates them for a float cache)");
+    if (rot == llama::Rotation::kUnknown && warning->empty())
+      *warning = in + ": the " + what + " may be Hadamard-rotated (llama.cpp does so unless "
+                 "LLAMA_ATTN_ROT_DISABLE=1): import with --rotated yes --unrotate, or --rotated no, to say which";
+  }
   return Status::OK();
 }
 
@@ -175,15 +305,21 @@ Status ExportLlama(const std::string& in, Reader& r, uint64_t tokens, const std:
     spec.first_pos = prov->first_pos;
     spec.v_trans = prov->v_trans;
     spec.server_tokens = prov->server_tokens;
+    spec.k_type = prov->k_type;  // the imported types unless --dtype
+    spec.v_type = prov->v_type;
+    spec.cache_layers = prov->cache_layers;
   }
   if (o.v_trans) spec.v_trans = *o.v_trans == 1;
+  if (o.n_stream) {
+    spec.n_stream = *o.n_stream;
+    if (spec.stream >= spec.n_stream) spec.stream = 0;
+  }
   if (at) {
     spec.n_stream = at->n_stream;
     spec.stream = at->stream;
     spec.seq_id = at->seq_id;
   }
-  llama::CacheType type = llama::CacheTypeFromName(o.type.value_or("f16")).value_or(llama::CacheType::kF16);
-  spec.k_type = spec.v_type = type;
+  if (o.type) KVFILE_RETURN_IF_ERROR(ParseLlamaTypes(*o.type, &spec.k_type, &spec.v_type));
   spec.layers = g.layers;
   spec.k_width = static_cast<uint32_t>(g.streams[*ks].ElementsPerToken());
   spec.v_width = static_cast<uint32_t>(g.streams[*vs].ElementsPerToken());
@@ -191,12 +327,43 @@ Status ExportLlama(const std::string& in, Reader& r, uint64_t tokens, const std:
     return Status::InvalidArgument(in + ": positions past 2^31");
   Status st = llama::CheckWriteSpec(spec);
   if (!st.ok()) return st.WithContext(in);
-  if (prov && (llama::IsQuantized(prov->k_type) != llama::IsQuantized(type) ||
-               llama::IsQuantized(prov->v_type) != llama::IsQuantized(type)))
-    *warning = in + ": imported from a " + llama::CacheTypeName(prov->k_type) + "/" +
-               llama::CacheTypeName(prov->v_type) + " cache, exported as " + llama::CacheTypeName(type) +
-               ": llama.cpp Hadamard-rotates K and V of quantized caches with head sizes that are multiples of 64 "
-               "(unless LLAMA_ATTN_ROT_DISABLE=1), so the rows may not match what the new context expects";
+  // Rotation: rows go out as the new context expects them (rotated where
+  // llama.cpp rotates, unless --rotated says otherwise), through the
+  // Hadamard transform, its own inverse, where they are known to differ.
+  bool transform[2] = {false, false};
+  std::string rotation_note;
+  const StreamSpec& kspec = g.streams[*ks];
+  const StreamSpec& vspec = g.streams[*vs];
+  if (o.rotated == true && !llama::RotatesRows(spec.k_type, kspec.row_width) &&
+      !llama::RotatesRows(spec.v_type, vspec.row_width))
+    return Status::InvalidArgument(in + ": --rotated yes: llama.cpp rotates only quantized (q8_0) rows with head "
+                                   "sizes that are multiples of 64, and k is " + llama::CacheTypeName(spec.k_type) +
+                                   " with heads of " + std::to_string(kspec.row_width) + ", v " +
+                                   llama::CacheTypeName(spec.v_type) + " with heads of " +
+                                   std::to_string(vspec.row_width));
+  for (int part = 0; part < 2; ++part) {
+    const StreamSpec& ss = part ? vspec : kspec;
+    llama::CacheType to = part ? spec.v_type : spec.k_type;
+    // What the restoring context stores: rotated rows where llama.cpp
+    // rotates, unless --rotated no (LLAMA_ATTN_ROT_DISABLE=1).
+    bool target = llama::RotatesRows(to, ss.row_width) && o.rotated != false;
+    // Rows of files not from llama.cpp are plain keys and values.
+    llama::Rotation have = prov ? llama::StreamRotation(*prov, part == 1, ss.row_width) : llama::Rotation::kNo;
+    if (have == llama::Rotation::kUnknown) {
+      bool maybe = llama::RotatesRows(part ? prov->v_type : prov->k_type, ss.row_width);
+      if (maybe != target && warning->empty())
+        *warning = in + ": imported from a " + llama::CacheTypeName(prov->k_type) + "/" +
+                   llama::CacheTypeName(prov->v_type) + " cache (rotated=unknown), exported as " +
+                   llama::CacheTypeName(spec.k_type) + "/" + llama::CacheTypeName(spec.v_type) +
+                   ": llama.cpp Hadamard-rotates K and V of quantized caches with head sizes that are multiples of 64 "
+                   "(unless LLAMA_ATTN_ROT_DISABLE=1), so the rows may not match what the new context expects; "
+                   "import with --rotated yes|no to say";
+      continue;
+    }
+    transform[part] = (have == llama::Rotation::kYes) != target;
+    if (transform[part])
+      rotation_note += std::string("; ") + (part ? "v" : "k") + " rows " + (target ? "rotated" : "un-rotated");
+  }
   std::unique_ptr<File> out;
   KVFILE_RETURN_IF_ERROR(FileSystem::Default()->Open(tmp, OpenMode::kCreateExclusive, &out));
   uint64_t total = llama::StateFileSize(spec, tokens);
@@ -208,19 +375,20 @@ Status ExportLlama(const std::string& in, Reader& r, uint64_t tokens, const std:
   uint64_t block = safetensors::BlockTokens(per_token, uint64_t{64} << 20);
   std::vector<float> vals;
   std::vector<uint8_t> raw;
-  std::optional<Dtype> raw_dtype;  // the type as a kvfile dtype, when rows can be read in it directly
-  if (type == llama::CacheType::kF16) raw_dtype = Dtype::kF16;
-  if (type == llama::CacheType::kBF16) raw_dtype = Dtype::kBF16;
-  if (type == llama::CacheType::kF32) raw_dtype = Dtype::kF32;
   Progress progress("convert " + in, tokens * 2 * g.layers);
   for (int part = 0; part < 2; ++part) {
     uint32_t s = part ? *vs : *ks;
     uint64_t width = g.streams[s].ElementsPerToken();
+    llama::CacheType type = part ? spec.v_type : spec.k_type;
+    std::optional<Dtype> raw_dtype;  // the type as a kvfile dtype, when rows can be read in it directly
+    if (type == llama::CacheType::kF16) raw_dtype = Dtype::kF16;
+    if (type == llama::CacheType::kBF16) raw_dtype = Dtype::kBF16;
+    if (type == llama::CacheType::kF32) raw_dtype = Dtype::kF32;
     for (uint32_t l = 0; l < g.layers; ++l) {
       for (uint64_t t0 = 0; t0 < tokens; t0 += block) {
         uint64_t n = std::min(block, tokens - t0);
         progress.Add(n);
-        if (raw_dtype && !(part == 1 && spec.v_trans)) {
+        if (raw_dtype && !(part == 1 && spec.v_trans) && !transform[part]) {
           raw.resize(n * width * ElementSize(*raw_dtype));
           KVFILE_RETURN_IF_ERROR(r.ReadRows(l, s, t0, t0 + n, *raw_dtype, raw.data()));
           KVFILE_RETURN_IF_ERROR(sw.RawRows(part == 1, l, t0, n, raw.data()));  // errors name tmp
@@ -229,15 +397,24 @@ Status ExportLlama(const std::string& in, Reader& r, uint64_t tokens, const std:
         }
         vals.resize(n * width);
         KVFILE_RETURN_IF_ERROR(r.ReadRows(l, s, t0, t0 + n, Dtype::kF32, vals.data()));
+        if (transform[part])
+          for (uint64_t i = 0; i < n; ++i)
+            llama::Hadamard(vals.data() + i * width, width, llama::RotationBlock(part == 1, g.streams[s].row_width));
         KVFILE_RETURN_IF_ERROR(sw.Rows(part == 1, l, t0, n, vals.data()));
         KVFILE_RETURN_IF_ERROR(CheckInterrupt(in));
       }
     }
   }
   KVFILE_RETURN_IF_ERROR(out->Sync());
-  *summary = std::to_string(tokens) + " tokens; " + std::to_string(g.layers) + " layers; llama.cpp " +
-             (o.session ? "session" : "sequence state") + ", " + llama::CacheTypeName(type) + " cache" +
-             (spec.v_trans ? " (V transposed)" : "") + "; " + std::to_string(total) + " bytes";
+  *summary = std::to_string(tokens) + " tokens; " + LayersText(g.layers, spec.cache_layers) + "; llama.cpp " +
+             (o.session ? "session" : "sequence state") + ", " +
+             (spec.k_type == spec.v_type
+                  ? std::string(llama::CacheTypeName(spec.k_type))
+                  : std::string("k ") + llama::CacheTypeName(spec.k_type) + ", v " + llama::CacheTypeName(spec.v_type)) +
+             " cache" + (spec.v_trans ? " (V transposed)" : "") +
+             (spec.n_stream > 1 ? "; stream " + std::to_string(spec.stream) + " of " + std::to_string(spec.n_stream)
+                                : "") +
+             rotation_note + "; " + std::to_string(total) + " bytes";
   return Status::OK();
 }
 

@@ -27,6 +27,7 @@
 
 #include "kvfile/replace.h"
 #include "cli_common.h"
+#include "convert_llama.h"
 #include "convert_seeds.h"
 #include "input_file.h"
 #include "kvfile/codec.h"
@@ -363,6 +364,8 @@ namespace {
 Status Export(const SeedConvertArgs& a, const std::string& dir, std::string* line, std::string* note) {
   std::unique_ptr<Reader> r;
   KVFILE_RETURN_IF_ERROR(Reader::Open(a.in, {}, &r));
+  std::string rotation;  // rows of a llama.cpp import that may be rotated (convert_llama.h)
+  KVFILE_RETURN_IF_ERROR(CheckPlainRows(a.in, *r, &rotation));
   const Geometry& g = r->geometry();
   json streams = json::array(), skipped = json::array(), records = json::array();
   std::vector<uint32_t> fp8;
@@ -446,6 +449,7 @@ Status Export(const SeedConvertArgs& a, const std::string& dir, std::string* lin
     parts += (parts.empty() ? "" : "; ") + std::string("raw streams not exported (Mooncake records are fp8): ") +
              skipped.dump();
   if (!parts.empty()) *note = a.out + ": " + parts;
+  if (!rotation.empty()) *note = note->empty() ? rotation : *note + "; " + rotation;
   return Status::OK();
 }
 

@@ -9,7 +9,11 @@
 #   llama.cpp saves -> kvfile convert (raw) -> kvfile convert --format
 #   llama-seq (raw) -> llama.cpp restores -> logits
 # against restoring the original file (and the uninterrupted run), then the
-# same with e4m3 in between (logit error, greedy agreement).
+# same with e4m3 in between (logit error, greedy agreement). Then (issue 31)
+# the rotation of q8_0 caches (--rotated yes, --unrotate, against a file
+# saved with LLAMA_ATTN_ROT_DISABLE=1), a q8_0 K + f16 V cache, a 4-stream
+# context (-np 4) and a Gemma-2-shaped iSWA model's two caches (a window that
+# holds every token, and one that does not).
 #
 # usage: make_fixtures.sh KVFILE_BINARY WORK_DIR [LLAMA_CPP_SOURCE_DIR]
 #   WORK_DIR receives the npm package, the llama.cpp build and the run's
@@ -42,6 +46,9 @@ cd "$WORK"
 g++ -std=c++17 -O2 -I"$SRC/include" -I"$SRC/ggml/include" "$ROOT/tools/llama_roundtrip/roundtrip.cc" \
     -L"$LIB" -lllama -lggml -lggml-base -Wl,-rpath,"$LIB" -o llama_roundtrip
 /usr/bin/python3 "$ROOT/tools/llama_roundtrip/make_model.py" "$SRC/gguf-py" tiny.gguf
+# Gemma-2-shaped (iSWA: two caches): a window of 64 holds all N tokens, one of 8 does not.
+/usr/bin/python3 "$ROOT/tools/llama_roundtrip/make_model.py" "$SRC/gguf-py" gemma2-w64.gguf gemma2 64
+/usr/bin/python3 "$ROOT/tools/llama_roundtrip/make_model.py" "$SRC/gguf-py" gemma2-w8.gguf gemma2 8
 RT="$WORK/llama_roundtrip"
 MODEL="$WORK/tiny.gguf"
 
@@ -135,5 +142,99 @@ if [ -f "$WORK/seq-q8_0-fa1.bin" ]; then
 $(agreement "$ref.txt" "$WORK/norot.txt")"
   } >>"$WORK/results.txt"
 fi
+# Rotation, mixed types, streams and two caches (issue 31).
+"$RT" "$MODEL" straight "$N" q8_0 1 "$GREEDY" "$WORK/q8.straight.f32" >"$WORK/q8.straight.txt"
+{
+  echo "# Rotation: the q8_0 file imported with --rotated yes, exported as f16 (kvfile un-rotates it), into an f16"
+  echo "# context; the same with --unrotate at import; against the f16 uninterrupted run:"
+  "$KVFILE" convert "$WORK/seq-q8_0-fa1.bin" "$WORK/rot.kv" --keep-raw k,v --head-size 64 --rotated yes --force \
+    >/dev/null
+  "$KVFILE" convert "$WORK/rot.kv" "$WORK/rot-f16.bin" --format llama-seq --dtype f16 --force >/dev/null
+  "$RT" "$MODEL" restore "$WORK/rot-f16.bin" f16 1 "$GREEDY" seq "$WORK/rot-f16.f32" >"$WORK/rot-f16.txt"
+  echo "--rotated yes, export f16 | $(compare "$ref.f32" "$WORK/rot-f16.f32"); greedy $(agreement "$ref.txt" \
+"$WORK/rot-f16.txt")"
+  "$KVFILE" convert "$WORK/seq-q8_0-fa1.bin" "$WORK/unrot.kv" --keep-raw k,v --head-size 64 --unrotate --force \
+    >/dev/null
+  "$KVFILE" convert "$WORK/unrot.kv" "$WORK/unrot-f16.bin" --format llama-seq --dtype f16 --force >/dev/null
+  "$RT" "$MODEL" restore "$WORK/unrot-f16.bin" f16 1 "$GREEDY" seq "$WORK/unrot-f16.f32" >"$WORK/unrot-f16.txt"
+  echo "--unrotate, export f16 | $(compare "$ref.f32" "$WORK/unrot-f16.f32"); greedy $(agreement "$ref.txt" \
+"$WORK/unrot-f16.txt")"
+  # and back: the un-rotated rows exported as q8_0 (kvfile rotates them) into a q8_0 context
+  "$KVFILE" convert "$WORK/unrot.kv" "$WORK/unrot-q8.bin" --format llama-seq --force >/dev/null
+  "$RT" "$MODEL" restore "$WORK/unrot-q8.bin" q8_0 1 "$GREEDY" seq "$WORK/unrot-q8.f32" >"$WORK/unrot-q8.txt"
+  echo "--unrotate, export q8_0 (rotated again) into a q8_0 context, against its uninterrupted run | $(compare \
+"$WORK/q8.straight.f32" "$WORK/unrot-q8.f32"); greedy $(agreement "$WORK/q8.straight.txt" "$WORK/unrot-q8.txt")"
+  cp "$WORK/norot.bin" "$FIX/seq-q8_0-fa1-norot.bin"
+
+  echo "# Mixed types: a q8_0 K + f16 V cache, flash attention off (-ctk q8_0 alone)"
+  name=seq-q8_0-f16-fa0
+  "$RT" "$MODEL" save "$WORK/$name.bin" q8_0/f16 0 "$N"
+  "$RT" "$MODEL" restore "$WORK/$name.bin" q8_0/f16 0 "$GREEDY" seq "$WORK/$name.orig.f32" >/dev/null
+  "$KVFILE" convert "$WORK/$name.bin" "$WORK/$name.kv" --keep-raw k,v --head-size 64 --force >/dev/null
+  "$KVFILE" convert "$WORK/$name.kv" "$WORK/$name.raw.bin" --format llama-seq --force >/dev/null
+  cmp -s "$WORK/$name.bin" "$WORK/$name.raw.bin" && bytes=identical || bytes=DIFFERENT
+  "$RT" "$MODEL" restore "$WORK/$name.raw.bin" q8_0/f16 0 "$GREEDY" seq "$WORK/$name.raw.f32" >/dev/null
+  echo "$name.bin, raw import, export with the recorded types | $bytes, $(compare "$WORK/$name.orig.f32" \
+"$WORK/$name.raw.f32")"
+  "$KVFILE" convert "$WORK/seq-f16-fa0.bin" "$WORK/f16.kv" --head-size 64 --force >/dev/null
+  "$KVFILE" convert "$WORK/f16.kv" "$WORK/f16-to-mixed.bin" --format llama-seq --dtype k=q8_0,v=f16 --v-trans 1 \
+    --force >/dev/null
+  "$RT" "$MODEL" restore "$WORK/f16-to-mixed.bin" q8_0/f16 0 "$GREEDY" seq "$WORK/f16-to-mixed.f32" \
+    >"$WORK/f16-to-mixed.txt"
+  "$RT" "$MODEL" straight "$N" q8_0/f16 0 "$GREEDY" "$WORK/mixed.straight.f32" >"$WORK/mixed.straight.txt"
+  echo "seq-f16-fa0.bin as e4m3, exported --dtype k=q8_0,v=f16, into that context, against its uninterrupted run \
+| $(compare "$WORK/mixed.straight.f32" "$WORK/f16-to-mixed.f32"); greedy $(agreement "$WORK/mixed.straight.txt" \
+"$WORK/f16-to-mixed.txt")"
+  cp "$WORK/$name.bin" "$FIX/"
+
+  echo "# Streams: a 4-stream context (llama-server -np 4), sequence 0"
+  name=seq-f16-fa1-np4
+  RT_NSEQ=4 "$RT" "$MODEL" save "$WORK/$name.bin" f16 1 "$N"
+  "$KVFILE" convert "$WORK/$name.bin" "$WORK/$name.kv" --keep-raw k,v --head-size 64 --force >/dev/null
+  "$KVFILE" convert "$WORK/$name.kv" "$WORK/$name.raw.bin" --format llama-seq --force >/dev/null
+  cmp -s "$WORK/$name.bin" "$WORK/$name.raw.bin" && bytes=identical || bytes=DIFFERENT
+  echo "$name.bin, raw import and export | $bytes"
+  "$KVFILE" convert "$WORK/seq-f16-fa1.bin" "$WORK/one.kv" --keep-raw k,v --head-size 64 --force >/dev/null
+  "$KVFILE" convert "$WORK/one.kv" "$WORK/one-np4.bin" --format llama-seq --n-stream 4 --force >/dev/null
+  RT_NSEQ=4 RT_SEQ=2 "$RT" "$MODEL" restore "$WORK/one-np4.bin" f16 1 "$GREEDY" seq "$WORK/one-np4.f32" \
+    >"$WORK/one-np4.txt"
+  echo "seq-f16-fa1.bin (1 stream) exported --n-stream 4, restored into sequence 2 of a 4-stream context | \
+$(compare "$WORK/seq-f16-fa1.orig.f32" "$WORK/one-np4.f32") against restoring the original into a 1-stream one"
+  if RT_NSEQ=4 "$RT" "$MODEL" restore "$WORK/seq-f16-fa1.bin" f16 1 1 seq 2>"$WORK/np4-refused.err" >/dev/null; then
+    echo "the 1-stream file itself into the 4-stream context | restored"
+  else
+    echo "the 1-stream file itself into the 4-stream context | refused by llama.cpp"
+  fi
+  cp "$WORK/$name.bin" "$FIX/"
+
+  echo "# Two caches: Gemma-2-shaped, 4 layers (even ones sliding-window), window 64 then 8"
+  for w in 64 8; do
+    name=seq-gemma2-w$w-f16-fa1
+    "$RT" "$WORK/gemma2-w$w.gguf" save "$WORK/$name.bin" f16 1 "$N"
+    "$RT" "$WORK/gemma2-w$w.gguf" restore "$WORK/$name.bin" f16 1 "$GREEDY" seq "$WORK/$name.orig.f32" >/dev/null
+    if "$KVFILE" convert "$WORK/$name.bin" "$WORK/$name.kv" --keep-raw k,v --head-size 64 --force \
+        >"$WORK/$name.imp" 2>&1; then
+      "$KVFILE" convert "$WORK/$name.kv" "$WORK/$name.raw.bin" --format llama-seq --force >/dev/null
+      cmp -s "$WORK/$name.bin" "$WORK/$name.raw.bin" && bytes=identical || bytes=DIFFERENT
+      "$RT" "$WORK/gemma2-w$w.gguf" restore "$WORK/$name.raw.bin" f16 1 "$GREEDY" seq "$WORK/$name.raw.f32" >/dev/null
+      echo "$name.bin | $(cut -d: -f2- "$WORK/$name.imp" | cut -d';' -f2); raw through kvfile: $bytes, $(compare \
+"$WORK/$name.orig.f32" "$WORK/$name.raw.f32")"
+    else
+      echo "$name.bin | refused: $(sed 's/.*(from byte [0-9]*): //' "$WORK/$name.imp")"
+    fi
+    cp "$WORK/$name.bin" "$FIX/"
+  done
+  # A session file keeps the masked cells the sliding-window cache still holds.
+  name=session-gemma2-w8-f16-fa0
+  "$RT" "$WORK/gemma2-w8.gguf" save "$WORK/$name.bin" f16 0 "$N" session
+  "$RT" "$WORK/gemma2-w8.gguf" restore "$WORK/$name.bin" f16 0 "$GREEDY" session "$WORK/$name.orig.f32" >/dev/null
+  "$KVFILE" convert "$WORK/$name.bin" "$WORK/$name.kv" --keep-raw k,v --head-size 64 --force >"$WORK/$name.imp"
+  "$KVFILE" convert "$WORK/$name.kv" "$WORK/$name.raw.bin" --format llama-session --force >/dev/null
+  cmp -s "$WORK/$name.bin" "$WORK/$name.raw.bin" && bytes=identical || bytes=DIFFERENT
+  "$RT" "$WORK/gemma2-w8.gguf" restore "$WORK/$name.raw.bin" f16 0 "$GREEDY" session "$WORK/$name.raw.f32" >/dev/null
+  echo "$name.bin | $(cut -d: -f2- "$WORK/$name.imp" | cut -d';' -f2); raw through kvfile: $bytes, $(compare \
+"$WORK/$name.orig.f32" "$WORK/$name.raw.f32")"
+  cp "$WORK/$name.bin" "$FIX/"
+} >>"$WORK/results.txt"
 cp "$WORK/results.txt" "$FIX/results.txt"
 cat "$FIX/results.txt"

@@ -13,8 +13,11 @@
 //   llama_roundtrip MODEL straight N TYPE FA G [LOGITS]
 //       the uninterrupted run: decodes 1..N and 7 in one context, same output.
 //
-// TYPE is the cache type of K and V (f32, f16, bf16, q8_0); FA 1 turns
-// flash attention on, 0 off.
+// TYPE is the cache type of K and V (f32, f16, bf16, q8_0), or K/V with
+// two types (q8_0/f16: llama.cpp's -ctk q8_0 alone); FA 1 turns flash
+// attention on, 0 off. In the environment, RT_NSEQ=N makes a context of N
+// sequences with a cache stream each (llama-server -np N, kv_unified off),
+// and RT_SEQ=S saves or restores sequence S (default 0).
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -40,31 +43,49 @@ ggml_type TypeOf(const std::string& s) {
   Die("unknown cache type " + s);
 }
 
+int EnvInt(const char* name, int dflt) {
+  const char* v = std::getenv(name);
+  return v ? std::atoi(v) : dflt;
+}
+
 llama_context* NewContext(llama_model* model, const std::string& type, bool fa) {
   llama_context_params p = llama_context_default_params();
-  p.n_ctx = 256;
+  int n_seq = EnvInt("RT_NSEQ", 1);
+  p.n_ctx = 256 * n_seq;
   p.n_batch = 256;
   p.n_ubatch = 256;
-  p.n_seq_max = 1;
+  p.n_seq_max = n_seq;
+  p.kv_unified = n_seq == 1;
   p.n_threads = 1;
   p.n_threads_batch = 1;
-  p.type_k = TypeOf(type);
-  p.type_v = TypeOf(type);
+  size_t slash = type.find('/');
+  p.type_k = TypeOf(type.substr(0, slash));
+  p.type_v = TypeOf(slash == std::string::npos ? type : type.substr(slash + 1));
   p.flash_attn_type = fa ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
   llama_context* ctx = llama_init_from_model(model, p);
   if (!ctx) Die("cannot create a context with a " + type + " cache, flash attention " + (fa ? "on" : "off"));
   return ctx;
 }
 
-void Decode(llama_context* ctx, std::vector<llama_token> tokens) {
-  llama_batch b = llama_batch_get_one(tokens.data(), static_cast<int32_t>(tokens.size()));
+// Decodes `tokens` into sequence RT_SEQ after the `past` tokens it holds.
+void Decode(llama_context* ctx, std::vector<llama_token> tokens, int past) {
+  llama_batch b = llama_batch_init(static_cast<int32_t>(tokens.size()), 0, 1);
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    b.token[i] = tokens[i];
+    b.pos[i] = past + static_cast<int>(i);
+    b.n_seq_id[i] = 1;
+    b.seq_id[i][0] = EnvInt("RT_SEQ", 0);
+    b.logits[i] = i + 1 == tokens.size();
+  }
+  b.n_tokens = static_cast<int32_t>(tokens.size());
   if (llama_decode(ctx, b) != 0) Die("llama_decode failed");
+  llama_batch_free(b);
 }
 
 // Decodes kNextToken, writes its logits, then greedy steps; prints the result.
 void Continue(llama_context* ctx, const llama_model* model, size_t n, int greedy, const char* logits_path) {
   int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
-  Decode(ctx, {kNextToken});
+  Decode(ctx, {kNextToken}, static_cast<int>(n));
   const float* logits = llama_get_logits_ith(ctx, -1);
   if (logits_path) {
     FILE* f = std::fopen(logits_path, "wb");
@@ -78,7 +99,7 @@ void Continue(llama_context* ctx, const llama_model* model, size_t n, int greedy
     for (int i = 1; i < n_vocab; ++i)
       if (logits[i] > logits[best]) best = i;
     std::printf("%s%d", g ? "," : "", best);
-    Decode(ctx, {best});
+    Decode(ctx, {best}, static_cast<int>(n) + 1 + g);
   }
   std::printf("\n");
 }
@@ -103,9 +124,9 @@ int main(int argc, char** argv) {
     llama_context* ctx = NewContext(model, type, fa);
     std::vector<llama_token> toks;
     for (int i = 1; i <= n; ++i) toks.push_back(i);
-    Decode(ctx, toks);
+    Decode(ctx, toks, 0);
     bool ok = session ? llama_state_save_file(ctx, out.c_str(), toks.data(), toks.size())
-                      : llama_state_seq_save_file(ctx, out.c_str(), 0, toks.data(), toks.size()) > 0;
+                      : llama_state_seq_save_file(ctx, out.c_str(), EnvInt("RT_SEQ", 0), toks.data(), toks.size()) > 0;
     if (!ok) Die("cannot save " + out);
     llama_free(ctx);
   } else if (mode == "restore") {
@@ -118,7 +139,7 @@ int main(int argc, char** argv) {
     std::vector<llama_token> toks(256);
     size_t n = 0;
     bool ok = session ? llama_state_load_file(ctx, in.c_str(), toks.data(), toks.size(), &n)
-                      : llama_state_seq_load_file(ctx, in.c_str(), 0, toks.data(), toks.size(), &n) > 0;
+                      : llama_state_seq_load_file(ctx, in.c_str(), EnvInt("RT_SEQ", 0), toks.data(), toks.size(), &n) > 0;
     if (!ok) Die("cannot restore " + in);
     Continue(ctx, model, n, greedy, logits_path);
     llama_free(ctx);
@@ -131,7 +152,7 @@ int main(int argc, char** argv) {
     llama_context* ctx = NewContext(model, type, fa);
     std::vector<llama_token> toks;
     for (int i = 1; i <= n; ++i) toks.push_back(i);
-    Decode(ctx, toks);
+    Decode(ctx, toks, 0);
     Continue(ctx, model, toks.size(), greedy, logits_path);
     llama_free(ctx);
   } else {

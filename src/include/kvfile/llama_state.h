@@ -38,6 +38,25 @@ KVFILE_EXPORT void EncodeRow(CacheType t, const float* src, uint64_t width, uint
 // True if the first 4 bytes are one of the two magics.
 KVFILE_EXPORT bool HasStateMagic(const uint8_t* first4);
 
+// A session file's architecture name: 1 to 64 bytes of [a-z0-9._-], the
+// rule of import and export alike. Errors say what is wrong with `arch`.
+KVFILE_EXPORT Status CheckArch(std::string_view arch);
+
+// llama.cpp v0.5.0 stores the rows of a quantized cache multiplied by an
+// orthonormal Walsh-Hadamard matrix when the head size is a multiple of 64
+// (unless LLAMA_ATTN_ROT_DISABLE=1): K in blocks of the largest power of two
+// that divides the head size, V in blocks of 64 (src/llama-kv-cache.cpp).
+enum class Rotation { kNo, kYes, kUnknown };
+KVFILE_EXPORT const char* RotationName(Rotation r);
+// True if llama.cpp rotates rows of type `t` with heads of `head_size`.
+KVFILE_EXPORT bool RotatesRows(CacheType t, uint64_t head_size);
+// Values per rotation block of K (v false) or V rows with heads of `head_size`.
+KVFILE_EXPORT uint32_t RotationBlock(bool v, uint64_t head_size);
+// Multiplies each block of `block` (a power of two) values of x[width] by
+// the orthonormal Walsh-Hadamard matrix of that size, in place. The matrix
+// is its own inverse: the same call rotates and un-rotates.
+KVFILE_EXPORT void Hadamard(float* x, uint64_t width, uint32_t block);
+
 // Where the data of one layer's K or V lies in a state file.
 struct KVFILE_EXPORT LayerBlock {
   CacheType type = CacheType::kF16;
@@ -46,7 +65,11 @@ struct KVFILE_EXPORT LayerBlock {
 
 // The parsed layout of a state file holding one sequence: exactly one
 // non-empty cache stream whose cells hold positions first_pos,
-// first_pos+1, ... of one sequence id, one cell per token id.
+// first_pos+1, ... of one sequence id, one cell per token id. A model with
+// two caches (llama.cpp's iSWA: the full-attention layers' cache, then the
+// sliding-window layers') writes one after the other; both must hold the
+// same cells, and `layers`, `k`, `v` run over the first cache's layers,
+// then the second's.
 struct KVFILE_EXPORT StateLayout {
   FileKind kind = FileKind::kSequence;
   uint32_t version = 0;
@@ -63,6 +86,7 @@ struct KVFILE_EXPORT StateLayout {
   uint32_t cells = 0;
   bool v_trans = false;
   uint32_t layers = 0;
+  std::vector<uint32_t> cache_layers;  // layers of each cache, in file order (sum: layers)
   uint32_t k_width = 0;  // values per cell and layer (KV heads x head size)
   uint32_t v_width = 0;
   std::vector<LayerBlock> k, v;
@@ -97,7 +121,13 @@ struct KVFILE_EXPORT Provenance {
   int32_t seq_id = 0;
   int32_t first_pos = 0;
   bool server_tokens = false;  // the token array is llama-server's record ("tokens=server")
+  std::vector<uint32_t> cache_layers;  // two or more caches: the layers of each; else empty
+  Rotation rotated = Rotation::kUnknown;  // of the quantized streams (float ones are never rotated)
 };
+// True if the rows of stream k (v false) or v with heads of `head_size`, as
+// the file `p` describes them, are (kYes), are not (kNo) or may be
+// (kUnknown) rotated.
+KVFILE_EXPORT Rotation StreamRotation(const Provenance& p, bool v, uint64_t head_size);
 KVFILE_EXPORT std::string FormatModelId(const Provenance& p);
 KVFILE_EXPORT std::optional<Provenance> ParseModelId(std::string_view model_id);
 
@@ -113,6 +143,7 @@ struct KVFILE_EXPORT WriteSpec {
   CacheType k_type = CacheType::kF16;
   CacheType v_type = CacheType::kF16;
   uint32_t layers = 0;
+  std::vector<uint32_t> cache_layers;  // two caches: the layers of each (sum: layers); empty: one
   uint32_t k_width = 0;
   uint32_t v_width = 0;
   bool server_tokens = false;  // write the token array as llama-server's record
@@ -122,8 +153,8 @@ KVFILE_EXPORT Status CheckWriteSpec(const WriteSpec& w);
 KVFILE_EXPORT uint64_t StateFileSize(const WriteSpec& w, uint64_t tokens);
 
 // Writes a state file at the offsets StateFileSize implies: the caller
-// calls Header() once, then for every layer, K then (after all K layers)
-// V, Rows() with the cells in order, in blocks.
+// calls Header() once, then Rows() or RawRows() for every layer's K and V
+// (any order, in blocks of cells).
 class KVFILE_EXPORT StateWriter {
  public:
   StateWriter(File* file, WriteSpec spec, uint64_t tokens);
@@ -135,6 +166,7 @@ class KVFILE_EXPORT StateWriter {
   Status RawRows(bool v, uint32_t layer, uint64_t c0, uint64_t n, const uint8_t* rows);
 
  private:
+  uint64_t CacheStart(size_t cache) const;
   uint64_t KOffset(uint32_t layer) const;
   uint64_t VOffset(uint32_t layer) const;
 
@@ -144,5 +176,17 @@ class KVFILE_EXPORT StateWriter {
   uint64_t meta_end_ = 0;  // where the layer data begins
   std::vector<uint8_t> buf_;
 };
+
+// What a GGUF model file (llama.cpp's model format, version 2 or 3) says
+// about its KV heads: the values per K and V head (its architecture's
+// attention.key_length and value_length, else embedding_length /
+// attention.head_count). Only the metadata is read, each count checked
+// against the file's size. Errors name `path` and the key that is wrong.
+struct KVFILE_EXPORT ModelHeads {
+  std::string arch;
+  uint32_t k_head = 0;
+  uint32_t v_head = 0;
+};
+KVFILE_EXPORT Status ReadModelHeads(File& file, const std::string& path, ModelHeads* out);
 
 }  // namespace kvfile::llama

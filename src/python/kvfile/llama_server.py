@@ -42,12 +42,13 @@ def _run(verb, url, slot, path, slot_dir, extra, timeout):
     return p.stdout.strip()
 
 
-def save(url, slot, path, slot_dir, dtype=None, head_size=128, timeout=600):
+def save(url, slot, path, slot_dir, dtype=None, head_size=None, timeout=600):
     """Saves slot `slot` of the llama-server at `url` into the .kv file
     `path` (created, or appended with the tokens past what it shares with
     the slot). `slot_dir` is the server's --slot-save-path as seen here.
-    dtype None keeps the cache's values; "e4m3" or "e5m2" stores fp8."""
-    extra = ["--head-size", str(int(head_size))]
+    dtype None keeps the cache's values; "e4m3" or "e5m2" stores fp8.
+    head_size None: read from the model file the server loaded."""
+    extra = [] if head_size is None else ["--head-size", str(int(head_size))]
     if dtype is not None:
         extra += ["--dtype", str(dtype)]
     return _run("save", url, slot, path, slot_dir, extra, timeout)
