@@ -249,7 +249,6 @@ Status Client::PerformMany(std::span<const Request> requests, std::span<Response
   if (requests.empty()) return Status::OK();
   CURLM* multi = pool_->Take();
   if (!multi) return Status::IOError(requests[0].url.ToString() + ": cannot start a curl multi handle");
-  const std::string userpwd = config_.access_key + ":" + config_.secret_key;
   const std::string sigv4 = "aws:amz:" + config_.region + ":s3";
   std::vector<Transfer> transfers(requests.size());
   std::vector<size_t> waiting;  // indices not yet started, in order
@@ -278,7 +277,9 @@ Status Client::PerformMany(std::span<const Request> requests, std::span<Response
     CURL* e = t.easy;
     curl_easy_setopt(e, CURLOPT_URL, t.url.c_str());
     curl_easy_setopt(e, CURLOPT_AWS_SIGV4, sigv4.c_str());
-    curl_easy_setopt(e, CURLOPT_USERPWD, userpwd.c_str());
+    // Apart, not as "key:secret": an access key may hold ':' (Swift's "account:user").
+    curl_easy_setopt(e, CURLOPT_USERNAME, config_.access_key.c_str());
+    curl_easy_setopt(e, CURLOPT_PASSWORD, config_.secret_key.c_str());
     curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, EnvLong("KVFILE_S3_CONNECT_TIMEOUT_MS", 10000, 1, 600000));
     // A stalled transfer (under 1 byte/s for 30 s) is a timeout, retried.

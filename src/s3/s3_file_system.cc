@@ -5,7 +5,8 @@
 // whose Content-Range gives the size; small reads go through a cache of
 // up to 16 such blocks, fetched whole (the header, the commit record and
 // the tables of a .kv, a pack or an index are small reads close together);
-// reads of a block or more go straight into the caller's buffer. ReadBatch
+// reads of a block or more go straight into the caller's buffer. A miss
+// right after a cached block reads ahead (8 blocks in one GET). ReadBatch
 // sends the GETs it needs together (up to 8 in flight), adjacent blocks
 // merged into one request. Every answer must carry the ETag the first one
 // had: an object replaced while it is read is an error, not a mix.
@@ -30,6 +31,7 @@ namespace {
 
 constexpr uint64_t kBlock = 1u << 20;
 constexpr size_t kCachedBlocks = 16;
+constexpr uint64_t kReadAhead = 8;
 constexpr int kReadsInFlight = 8;
 constexpr int kPartsInFlight = 4;
 
@@ -103,13 +105,22 @@ class S3ReadFile final : public File {
     }
     std::sort(missing.begin(), missing.end());
     missing.erase(std::unique(missing.begin(), missing.end()), missing.end());
+    // Sequential reading (the block before the first missing one cached):
+    // read ahead, up to kReadAhead blocks in the same request.
+    if (!missing.empty()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      uint64_t last = missing.back(), blocks = (size_ + kBlock - 1) / kBlock;
+      if (missing.front() > 0 && blocks_.count(missing.front() - 1))
+        for (uint64_t b = last + 1; b < blocks && b <= missing.front() + kReadAhead - 1; ++b)
+          if (!blocks_.count(b)) missing.push_back(b);
+    }
     // One GET per run of adjacent missing blocks, one per direct read.
     std::vector<Request> gets;
     std::vector<std::vector<uint8_t>> runs;
     std::vector<uint64_t> run_first;
     for (size_t i = 0; i < missing.size();) {
       size_t j = i + 1;
-      while (j < missing.size() && missing[j] == missing[j - 1] + 1 && j - i < kCachedBlocks / 2) ++j;
+      while (j < missing.size() && missing[j] == missing[j - 1] + 1 && j - i < kReadAhead) ++j;
       uint64_t begin = missing[i] * kBlock, end = std::min(size_, (missing[j - 1] + 1) * kBlock);
       runs.emplace_back(end - begin);
       run_first.push_back(missing[i]);
