@@ -440,6 +440,10 @@ Status UploadFile(FileSystem* fs, const std::string& local, const std::string& p
                                      " has no ETag"));
     }
   }
+  // The last point to stop: a File that reports a stop (the CLI's, after a
+  // signal) fails this empty read, and the upload is aborted, not completed.
+  st = in->ReadAt(0, nullptr, 0);
+  if (!st.ok()) return abort(st);
   st = client->CompleteUpload(url, upload_id, etags);
   if (!st.ok()) return abort(st);
   (void)client->Delete(marker);  // the object is whole; a marker left is cleaned by the next writer
