@@ -143,6 +143,7 @@ TEST_F(S3Cli, PackUploadsByMultipartAndEveryReadVerbReadsIt) {
   CliRun r = Traced("pack -o " + url + " " + In("a.kv") + " " + In("b.kv"), &n);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.err, "");
+  std::printf("[ info     ] requests: pack -o of 37,581,680 bytes in 5 MiB parts %zu\n", n);
   // 37,581,680 bytes in 5 MiB parts: 8 parts, all of them PUT once.
   std::string t = Trace();
   EXPECT_EQ(std::count(t.begin(), t.end(), '\n') - static_cast<long>(n), 0);
