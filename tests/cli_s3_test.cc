@@ -228,6 +228,33 @@ TEST_F(S3Cli, VerifyReadsEveryObjectUnderAPrefix) {
   EXPECT_EQ(r.err, "kvfile: error: " + Url("none/") + ": no .kv or .kvpack objects under this prefix\n");
 }
 
+TEST_F(S3Cli, FindOnAPrefixReadsItsIndexInAtMostThreeRequests) {
+  const std::string dir = Url("idx/");
+  ASSERT_EQ(Kvfile("convert " + In("a.kv") + " " + dir + "a.kv").exit_code, 0);
+  ASSERT_EQ(Kvfile("convert " + In("b.kv") + " " + dir + "sub/b.kv").exit_code, 0);
+  size_t n = 0;
+  CliRun r = Traced("index " + dir, &n);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, dir + ".kvfile-index: 2 files indexed (2 read, 0 unchanged)\n");
+  EXPECT_TRUE(ObjectExists(dir + ".kvfile-index"));
+  r = Traced("index " + dir, &n);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, dir + ".kvfile-index: up to date (2 files)\n");
+  std::ofstream(P("tokens")) << "70876 24851 111887 1\n";
+  r = Traced("find " + dir + " --tokens " + P("tokens") + " --no-write", &n);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(r.out.starts_with(dir)) << r.out;
+  EXPECT_NE(r.out.find(": 3 of 4 tokens match ("), std::string::npos) << r.out;
+  // The listing, the index: at most 3 requests.
+  EXPECT_LE(n, 3u) << Trace();
+  std::printf("[ info     ] requests: find on a prefix with a current index %zu\n", n);
+  // An object replaced: the index is stale (its ETag changed) and rebuilt.
+  ASSERT_EQ(Kvfile("convert --force " + In("b.kv") + " " + dir + "sub/b.kv").exit_code, 0);
+  r = Kvfile("index " + dir);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, dir + ".kvfile-index: 2 files indexed (1 read, 1 unchanged)\n");
+}
+
 TEST_F(S3Cli, AnExistingKeyIsRefusedWithoutForce) {
   const std::string url = Url("p.kvpack");
   ASSERT_EQ(Kvfile("pack -o " + url + " " + In("b.kv")).exit_code, 0);

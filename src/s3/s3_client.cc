@@ -194,6 +194,18 @@ size_t OnHeader(char* data, size_t size, size_t n, void* user) {
   return bytes;
 }
 
+// "2026-12-03T13:04:05.123Z" -> nanoseconds since the epoch (0 if not that).
+int64_t ParseIsoTime(const std::string& s) {
+  struct tm t = {};
+  int ms = 0;
+  if (std::sscanf(s.c_str(), "%d-%d-%dT%d:%d:%d.%dZ", &t.tm_year, &t.tm_mon, &t.tm_mday, &t.tm_hour, &t.tm_min,
+                  &t.tm_sec, &ms) < 6)
+    return 0;
+  t.tm_year -= 1900;
+  t.tm_mon -= 1;
+  return static_cast<int64_t>(timegm(&t)) * 1000000000 + int64_t{ms} * 1000000;
+}
+
 }  // namespace
 
 uint64_t RequestCount() { return g_requests.load(); }
@@ -502,6 +514,11 @@ Status Client::List(const std::string& bucket, const std::string& prefix, const 
       if (XmlTag(raw, "Key", &k, &o.key)) {
         k = 0;
         if (XmlTag(raw, "Size", &k, &size)) o.size = std::strtoull(size.c_str(), nullptr, 10);
+        k = 0;
+        XmlTag(raw, "ETag", &k, &o.etag);
+        k = 0;
+        std::string when;
+        if (XmlTag(raw, "LastModified", &k, &when)) o.mtime_ns = ParseIsoTime(when);
         objects->push_back(std::move(o));
       }
       pos = e;

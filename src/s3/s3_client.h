@@ -46,6 +46,8 @@ struct Response {
 struct ObjectInfo {
   std::string key;
   uint64_t size = 0;
+  int64_t mtime_ns = 0;  // LastModified
+  std::string etag;
 };
 
 // One multipart upload in progress.

@@ -340,7 +340,7 @@ Status StatObject(const std::string& path, PathInfo* info) {
   return Status::OK();
 }
 
-Status WalkPrefix(const std::string& dir, const std::vector<std::string>& suffixes, std::vector<WalkEntry>* out) {
+Status ListPrefix(const std::string& dir, const std::vector<std::string>& suffixes, std::vector<RemoteObject>* out) {
   S3Url url;
   KVFILE_RETURN_IF_ERROR(ParseS3Url(dir, &url));
   if (!url.key.empty() && url.key.back() != '/') url.key += '/';
@@ -352,9 +352,17 @@ Status WalkPrefix(const std::string& dir, const std::vector<std::string>& suffix
   for (const ObjectInfo& o : objects)
     for (const std::string& s : suffixes)
       if (o.key.ends_with(s)) {
-        out->push_back({S3Url{url.bucket, o.key}.ToString(), Status::OK()});
+        out->push_back({S3Url{url.bucket, o.key}.ToString(), o.size, o.mtime_ns, XXH3_64bits(o.etag.data(), o.etag.size())});
         break;
       }
+  return Status::OK();
+}
+
+Status WalkPrefix(const std::string& dir, const std::vector<std::string>& suffixes, std::vector<WalkEntry>* out) {
+  std::vector<RemoteObject> objects;
+  KVFILE_RETURN_IF_ERROR(ListPrefix(dir, suffixes, &objects));
+  out->clear();
+  for (RemoteObject& o : objects) out->push_back({std::move(o.path), Status::OK()});
   return Status::OK();
 }
 

@@ -18,8 +18,19 @@ namespace kvfile::s3 {
 // The process-wide FileSystem for s3:// paths.
 Status S3FileSystemInstance(FileSystem** out);
 
-// WalkDirectory over "s3://bucket/prefix": every object under the prefix
-// (a '/' is added when missing) whose key ends in one of `suffixes`.
+// One object found under a prefix, with what tells that it changed.
+struct RemoteObject {
+  std::string path;  // "s3://bucket/key"
+  uint64_t size = 0;
+  int64_t mtime_ns = 0;     // its LastModified
+  uint64_t etag_hash = 0;   // XXH3-64 of its ETag
+};
+// Every object under "s3://bucket/prefix" (a '/' is added when missing)
+// whose key ends in one of `suffixes`, in key order (one ListObjectsV2
+// request per 1000 keys).
+Status ListPrefix(const std::string& dir, const std::vector<std::string>& suffixes, std::vector<RemoteObject>* out);
+
+// WalkDirectory over a prefix: ListPrefix's paths.
 Status WalkPrefix(const std::string& dir, const std::vector<std::string>& suffixes, std::vector<WalkEntry>* out);
 
 // What a remote destination was at PendingReplace::Begin.

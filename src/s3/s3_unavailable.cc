@@ -15,6 +15,9 @@ Status S3FileSystemInstance(FileSystem** out) {
   *out = nullptr;
   return NoS3("s3://");
 }
+Status ListPrefix(const std::string& dir, const std::vector<std::string>&, std::vector<RemoteObject>*) {
+  return NoS3(dir);
+}
 Status WalkPrefix(const std::string& dir, const std::vector<std::string>&, std::vector<WalkEntry>*) {
   return NoS3(dir);
 }
