@@ -179,6 +179,15 @@ TEST_F(S3Cli, PackUploadsByMultipartAndEveryReadVerbReadsIt) {
   EXPECT_EQ(r.err, "kvfile: error: " + url + ": no member shares the first token of the query (2 searched)\n");
   EXPECT_LE(n, 3u) << Trace();
   std::printf("[ info     ] requests: ls %zu, find %zu\n", ls_requests, n);
+  // Packed again from the objects: inputs are read paths too.
+  ASSERT_EQ(Kvfile("convert " + In("a.kv") + " " + Url("in/a.kv")).exit_code, 0);
+  r = Kvfile("pack -o " + P("again.kvpack") + " " + Url("in/") + " " + Url("in/a.kv"));
+  EXPECT_EQ(r.exit_code, 2);  // the same member name twice
+  EXPECT_EQ(r.err, "kvfile: error: " + Url("in/a.kv") + ": member name 'a.kv' is also the name of " + Url("in/a.kv") + "\n");
+  r = Kvfile("pack -o " + P("again.kvpack") + " " + Url("in/"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  CliRun ls = Kvfile("ls " + P("again.kvpack"));
+  EXPECT_NE(ls.out.find("\na.kv                                            512 "), std::string::npos) << ls.out;
   r = Traced("unpack " + url + " -o " + P("out"), &n);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   // Members come out as .kv files of their own (a fresh salt each, so not
@@ -421,8 +430,8 @@ TEST_F(S3Cli, AStoreStoppedUnderAReadOrAnUploadFailsTheCommandCleanly) {
     EXPECT_TRUE(err.ends_with(" (2 attempts)\n")) << err;
     fs::remove(trace_);
   }
-  // An upload: the same, once its first parts are stored. The abort
-  // cannot reach the stopped store either: the next run aborts it.
+  // An upload: the same, once its first parts are stored; the next run
+  // aborts what the failed one could not.
   {
     KvfileChild child(P("err2"));
     StartFrozenUpload(&child, pack, In("big.kv"), trace_);
@@ -437,10 +446,13 @@ TEST_F(S3Cli, AStoreStoppedUnderAReadOrAnUploadFailsTheCommandCleanly) {
   ::unsetenv("KVFILE_S3_BACKOFF_MS");
   ::unsetenv("KVFILE_S3_STALL_S");
   EXPECT_FALSE(ObjectExists(pack));
-  EXPECT_EQ(Uploads(pack).size(), 1u);
+  // The abort's request may sit in the stopped store's socket and run when
+  // it continues, or time out unsent: at most the one upload is left.
+  EXPECT_LE(Uploads(pack).size(), 1u);
   CliRun r = Kvfile("pack -o " + pack + " " + In("b.kv"));
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_TRUE(Uploads(pack).empty());
+  EXPECT_EQ(Keys(pack), std::vector<std::string>{Parse(pack).key});  // no marker left
   EXPECT_EQ(Kvfile("verify " + pack).exit_code, 0);
 }
 
