@@ -16,6 +16,7 @@
 
 #include <gtest/gtest.h>
 
+#include "kvfile/file.h"
 #include "s3/s3_client.h"
 #include "support/adversity.h"
 #include "support/cli_run.h"
@@ -29,6 +30,11 @@ namespace {
 
 namespace fs = std::filesystem;
 using s3::S3Url;
+using kvfile::File;
+using kvfile::FileSystem;
+using kvfile::OpenMode;
+using kvfile::ReadRequest;
+using kvfile::Status;
 
 constexpr const char* kBucket = "kvtest";
 
@@ -262,6 +268,57 @@ TEST_F(S3Cli, FindOnAPrefixReadsItsIndexInAtMostThreeRequests) {
   r = Kvfile("index " + dir);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out, dir + ".kvfile-index: 2 files indexed (1 read, 1 unchanged)\n");
+}
+
+// The library's remote File (FileSystem::Default() routes s3:// paths):
+// reads batched into few ranged GETs, every byte as stored, and a read of
+// an object replaced since it was opened refused, never mixed.
+TEST_F(S3Cli, RemoteFileReadsBatchedAndRefusesAReplacedObject) {
+  const std::string url = Url("blob");
+  std::string a(4u << 20, '\0');
+  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<char>((i * 2654435761u) >> 13);
+  ASSERT_TRUE(Client().PutSmall(Parse(url), a).ok());
+  std::unique_ptr<File> f;
+  uint64_t before = s3::RequestCount();
+  ASSERT_TRUE(FileSystem::Default()->Open(url, OpenMode::kRead, &f).ok());
+  EXPECT_EQ(s3::RequestCount() - before, 1u);  // the first MiB, which gives the size
+  EXPECT_STREQ(f->backend(), "s3");
+  uint64_t size = 0;
+  ASSERT_TRUE(f->Size(&size).ok());
+  EXPECT_EQ(size, a.size());
+  // Three small reads in blocks 1 to 3 (one GET for the run of blocks)
+  // and one of a whole MiB (a GET of its own into the caller's buffer).
+  const uint64_t mib = 1u << 20;
+  std::string r1(10, 'x'), r2(10, 'x'), r3(10, 'x'), r4(mib, 'x');
+  std::vector<ReadRequest> batch = {{mib + mib / 2, r1.data(), 10}, {2 * mib + mib / 2, r2.data(), 10},
+                                    {3 * mib - 5, r3.data(), 10}, {mib / 2, r4.data(), mib}};
+  before = s3::RequestCount();
+  ASSERT_TRUE(f->ReadBatch(batch).ok());
+  EXPECT_EQ(s3::RequestCount() - before, 2u);
+  EXPECT_EQ(r1, a.substr(mib + mib / 2, 10));
+  EXPECT_EQ(r2, a.substr(2 * mib + mib / 2, 10));
+  EXPECT_EQ(r3, a.substr(3 * mib - 5, 10));
+  EXPECT_TRUE(r4 == a.substr(mib / 2, mib));
+  // Cached now: no request.
+  before = s3::RequestCount();
+  ASSERT_TRUE(f->ReadAt(3 * mib + 7, r1.data(), 10).ok());
+  EXPECT_EQ(s3::RequestCount() - before, 0u);
+  EXPECT_EQ(r1, a.substr(3 * mib + 7, 10));
+  // Past the end: the format's "unexpected end of file".
+  Status st = f->ReadAt(size - 5, r1.data(), 10);
+  EXPECT_EQ(st.code(), Status::Code::kCorruption);
+  EXPECT_EQ(st.message(), url + ": unexpected end of file: 10 bytes at offset 4194299 of a 4194304-byte object");
+  // Replaced: a block not cached yet comes from another version.
+  std::unique_ptr<File> g;
+  ASSERT_TRUE(FileSystem::Default()->Open(url, OpenMode::kRead, &g).ok());
+  std::string b = a;
+  b[2 * mib] = static_cast<char>(b[2 * mib] + 1);
+  ASSERT_TRUE(Client().PutSmall(Parse(url), b).ok());
+  st = g->ReadAt(2 * mib, r1.data(), 10);
+  EXPECT_EQ(st.code(), Status::Code::kBusy);
+  EXPECT_TRUE(st.message().starts_with(url + ": the object was replaced while it was read (ETag ")) << st.message();
+  // Writing is refused: objects are written whole.
+  EXPECT_EQ(FileSystem::Default()->Open(url, OpenMode::kReadWrite, &g).code(), Status::Code::kUnsupported);
 }
 
 TEST_F(S3Cli, AnExistingKeyIsRefusedWithoutForce) {
