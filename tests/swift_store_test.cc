@@ -51,6 +51,9 @@ TEST_F(SwiftStoreTest, AnswersSignedRequestsAndStopsLeavingNothing) {
   WriteFile(P("b.bin"), std::string(100000, 'x'));
   EXPECT_EQ(CurlStatus(sign + "-H 'x-amz-content-sha256: UNSIGNED-PAYLOAD' -T " + P("b.bin") + " " + url), 200);
   EXPECT_EQ(CurlStatus(sign + "-H 'x-amz-content-sha256: UNSIGNED-PAYLOAD' -r 10-19 " + url), 206);
+  // Counted at the store: the PUT and the ranged GET above (not the
+  // harness's own bucket creation).
+  EXPECT_EQ(store.Requests(), (std::map<std::string, long>{{"GET", 1}, {"PUT", 1}, {"total", 2}}));
   // Unsigned, wrongly signed, a bucket that is not there.
   EXPECT_EQ(CurlStatus(url), 403);
   EXPECT_EQ(CurlStatus("--aws-sigv4 aws:amz:us-east-1:s3 --user test:tester:wrong "

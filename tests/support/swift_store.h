@@ -111,6 +111,24 @@ class SwiftStore {
     return answer == "ok";
   }
 
+  // The requests clients made of the store so far (the harness's own not
+  // counted), from the proxy's access log: {"total": N, "GET": N, ...};
+  // empty on failure. Diff two calls to count an operation's requests.
+  std::map<std::string, long> Requests() {
+    std::map<std::string, long> counts;
+    static const char kCmd[] = "requests\n";
+    if (!ok_ || ::write(to_, kCmd, sizeof kCmd - 1) != static_cast<ssize_t>(sizeof kCmd - 1)) return counts;
+    std::istringstream words(ReadLine(60));
+    std::string w;
+    words >> w;
+    if (w != "ok") return counts;
+    while (words >> w) {
+      size_t eq = w.find('=');
+      if (eq != std::string::npos) counts[w.substr(0, eq)] = std::stol(w.substr(eq + 1));
+    }
+    return counts;
+  }
+
   // The AWS variables a client reads (credentials, region, endpoint), set in
   // this process's environment so that the children it starts inherit them.
   void ExportEnvironment() const {
