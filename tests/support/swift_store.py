@@ -14,7 +14,7 @@ process here sets that module attribute to the temporary copy before the
 server loads, so /etc is never read or written). When a request has gone
 through every server, prints one line on stdout:
 
-    ready endpoint=http://127.0.0.1:PORT access_key=test:tester secret_key=testing region=us-east-1 proxy_pid=PID dir=DIR
+    ready endpoint=http://127.0.0.1:PORT access_key=test:tester secret_key=testing region=us-east-1 proxy_pid=PID dir=DIR netrc=DIR/netrc ready_s=SECONDS
 
 then reads commands on stdin, one a line, each answered by one line:
 
@@ -246,7 +246,7 @@ class Store:
         self.dir = tempfile.mkdtemp(prefix="kvfile-swift-", dir=parent_dir)
         self.procs = []
         self.token = None
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()  # stop() from a signal handler during stop()
 
     def start(self):
         os.makedirs(os.path.join(self.dir, "srv", "d0"))
@@ -331,6 +331,12 @@ class Store:
             if time.monotonic() > deadline:
                 raise RuntimeError("not ready after %d s (logs in %s)" % (READY_TIMEOUT_S, self.dir))
             time.sleep(0.05)
+
+    def write_netrc(self):
+        """DIR/netrc: the credentials for curl --aws-sigv4 (its --user cuts
+        the access key at its first ':')."""
+        with open(os.path.join(self.dir, "netrc"), "w") as f:
+            f.write("machine 127.0.0.1\nlogin %s:%s\npassword %s\n" % (ACCOUNT, USER, PASSWORD))
 
     def create_bucket(self, name):
         status = self.swift("PUT", "/" + name)
@@ -422,6 +428,11 @@ class Harness:
             raise RuntimeError("counting requests: %s" % " ".join(answer))
         return {k: int(v) for k, v in (w.split("=", 1) for w in answer[1:])}
 
+    def curl_args(self):
+        """The arguments that make curl sign its requests for this store."""
+        return ["--aws-sigv4", "aws:amz:%s:s3" % self.region, "--netrc-file", self.fields["netrc"],
+                "-H", "x-amz-content-sha256: UNSIGNED-PAYLOAD"]
+
     def env(self, base=None):
         """`base` (default os.environ) with the AWS variables of this store
         (and without the ASan pass's LD_PRELOAD: the children are awscli or
@@ -469,6 +480,7 @@ def main():
     try:
         store.start()
         store.wait_ready()
+        store.write_netrc()
     except Exception as e:  # one line on stderr, nothing left running
         print("swift_store: %s" % e, file=sys.stderr)
         store.print_logs()
@@ -478,8 +490,8 @@ def main():
     timer.daemon = True
     timer.start()
     print("ready endpoint=http://127.0.0.1:%d access_key=%s:%s secret_key=%s region=%s proxy_pid=%d "
-          "dir=%s ready_s=%.2f" % (store.proxy_port, ACCOUNT, USER, PASSWORD, REGION, store.proxy_pid,
-                                   store.dir, time.monotonic() - started), flush=True)
+          "dir=%s netrc=%s/netrc ready_s=%.2f" % (store.proxy_port, ACCOUNT, USER, PASSWORD, REGION, store.proxy_pid,
+                                                  store.dir, store.dir, time.monotonic() - started), flush=True)
     for line in sys.stdin:
         words = line.split()
         if words[:1] == ["bucket"] and len(words) == 2:
