@@ -74,8 +74,12 @@ int RunPack(const PackArgs& a) {
   Status st = ListInputs(a.inputs, &files);
   if (!st.ok()) return ReportError(st);
   std::error_code ec;
-  if (!a.force && fs::exists(a.out, ec))
-    return ReportError(Status::InvalidArgument(a.out + ": file exists; use --force to replace it"));
+  if (!a.force) {
+    bool exists = false;
+    st = OutputExists(a.out, &exists);
+    if (!st.ok()) return ReportError(st);
+    if (exists) return ReportError(Status::InvalidArgument(a.out + ": file exists; use --force to replace it"));
+  }
   uint64_t total = 0;
   for (const auto& f : files) total += fs::file_size(f.second, ec), ec.clear();
   // A signal stops the pack at its next read or write (the temp goes).
