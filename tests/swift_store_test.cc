@@ -46,16 +46,19 @@ TEST_F(SwiftStoreTest, AnswersSignedRequestsAndStopsLeavingNothing) {
   EXPECT_EQ(store.access_key(), "test:tester");
   EXPECT_EQ(store.secret_key(), "testing");
   ASSERT_TRUE(store.CreateBucket("kvtest"));
-  const std::string sign = "--aws-sigv4 aws:amz:us-east-1:s3 --user test:tester:testing ";
+  const std::string sign = store.CurlArgs() + " ";
   const std::string url = store.endpoint() + "/kvtest/a/b.bin";
   WriteFile(P("b.bin"), std::string(100000, 'x'));
-  EXPECT_EQ(CurlStatus(sign + "-H 'x-amz-content-sha256: UNSIGNED-PAYLOAD' -T " + P("b.bin") + " " + url), 200);
-  EXPECT_EQ(CurlStatus(sign + "-H 'x-amz-content-sha256: UNSIGNED-PAYLOAD' -r 10-19 " + url), 206);
-  // Unsigned, wrongly signed, a bucket that is not there.
-  EXPECT_EQ(CurlStatus(url), 403);
-  EXPECT_EQ(CurlStatus("--aws-sigv4 aws:amz:us-east-1:s3 --user test:tester:wrong "
-                       "-H 'x-amz-content-sha256: UNSIGNED-PAYLOAD' " + url), 403);
-  EXPECT_EQ(CurlStatus(sign + "-H 'x-amz-content-sha256: UNSIGNED-PAYLOAD' " + store.endpoint() + "/nobucket/k"), 404);
+  EXPECT_EQ(CurlStatus(sign + "-T " + P("b.bin") + " " + url), 200);
+  EXPECT_EQ(CurlStatus(sign + "-r 10-19 " + url), 206);
+  // Counted at the store: the PUT and the ranged GET above (not the
+  // harness's own bucket creation).
+  EXPECT_EQ(store.Requests(), (std::map<std::string, long>{{"GET", 1}, {"PUT", 1}, {"total", 2}}));
+  // A wrong secret, a bucket that is not there.
+  WriteFile(P("wrong.netrc"), "machine 127.0.0.1\nlogin test:tester\npassword wrong\n");
+  EXPECT_EQ(CurlStatus("--aws-sigv4 aws:amz:us-east-1:s3 --netrc-file " + P("wrong.netrc") +
+                       " -H 'x-amz-content-sha256: UNSIGNED-PAYLOAD' " + url), 403);
+  EXPECT_EQ(CurlStatus(sign + store.endpoint() + "/nobucket/k"), 404);
   pid_t proxy = store.proxy_pid();
   EXPECT_TRUE(Alive(proxy));
   const std::string harness_dir = store.dir();

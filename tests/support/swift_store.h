@@ -18,7 +18,9 @@
 //   ... kvfile ... s3://kvtest/key ...
 #pragma once
 
+#include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -90,6 +92,13 @@ class SwiftStore {
   std::string access_key() const { return Field("access_key"); }  // "test:tester"
   std::string secret_key() const { return Field("secret_key"); }  // tempauth's password
   std::string region() const { return Field("region"); }
+  // The arguments that make curl sign its requests for this store (SigV4;
+  // the credentials in a netrc file, as curl's --user cuts the access key
+  // at its ':'), for shell commands.
+  std::string CurlArgs() const {
+    return "--aws-sigv4 aws:amz:" + region() + ":s3 --netrc-file " + Field("netrc") +
+           " -H 'x-amz-content-sha256: UNSIGNED-PAYLOAD'";
+  }
   // The proxy server's process (the one the clients talk to): SIGSTOP it to
   // freeze the store, SIGKILL it to stop it under a client.
   pid_t proxy_pid() const { return static_cast<pid_t>(std::stol(Field("proxy_pid", "-1"))); }
@@ -104,11 +113,27 @@ class SwiftStore {
   // client code is involved); false with the harness's answer on failure.
   bool CreateBucket(const std::string& name) {
     if (!ok_) return false;
-    std::string cmd = "bucket " + name + "\n";
-    if (::write(to_, cmd.data(), cmd.size()) != static_cast<ssize_t>(cmd.size())) return false;
+    if (!WriteLine("bucket " + name + "\n")) return false;
     std::string answer = ReadLine(60);
     if (answer != "ok") ADD_FAILURE() << "creating bucket " << name << ": " << answer;
     return answer == "ok";
+  }
+
+  // The requests clients made of the store so far (the harness's own not
+  // counted), from the proxy's access log: {"total": N, "GET": N, ...};
+  // empty on failure. Diff two calls to count an operation's requests.
+  std::map<std::string, long> Requests() {
+    std::map<std::string, long> counts;
+    if (!ok_ || !WriteLine("requests\n")) return counts;
+    std::istringstream words(ReadLine(60));
+    std::string w;
+    words >> w;
+    if (w != "ok") return counts;
+    while (words >> w) {
+      size_t eq = w.find('=');
+      if (eq != std::string::npos) counts[w.substr(0, eq)] = std::stol(w.substr(eq + 1));
+    }
+    return counts;
   }
 
   // The AWS variables a client reads (credentials, region, endpoint), set in
@@ -126,8 +151,7 @@ class SwiftStore {
   // directory). Idempotent.
   void Stop() {
     if (to_ >= 0) {
-      static const char kStop[] = "stop\n";
-      (void)!::write(to_, kStop, sizeof kStop - 1);
+      WriteLine("stop\n");
       ::close(to_);
       to_ = -1;
     }
@@ -151,6 +175,22 @@ class SwiftStore {
   }
 
  private:
+  // Writes a command to the harness; false if it is gone (EPIPE: the
+  // SIGPIPE that comes with it is blocked and taken, not delivered).
+  bool WriteLine(const std::string& line) {
+    if (to_ < 0) return false;
+    sigset_t pipe_set, old;
+    sigemptyset(&pipe_set);
+    sigaddset(&pipe_set, SIGPIPE);
+    ::pthread_sigmask(SIG_BLOCK, &pipe_set, &old);
+    ssize_t n = ::write(to_, line.data(), line.size());
+    if (n < 0 && errno == EPIPE) {
+      timespec zero{0, 0};
+      ::sigtimedwait(&pipe_set, nullptr, &zero);
+    }
+    ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    return n == static_cast<ssize_t>(line.size());
+  }
   std::string Field(const std::string& key, const std::string& fallback = "") const {
     auto it = fields_.find(key);
     return it == fields_.end() ? fallback : it->second;

@@ -14,11 +14,13 @@ process here sets that module attribute to the temporary copy before the
 server loads, so /etc is never read or written). When a request has gone
 through every server, prints one line on stdout:
 
-    ready endpoint=http://127.0.0.1:PORT access_key=test:tester secret_key=testing region=us-east-1 proxy_pid=PID dir=DIR
+    ready endpoint=http://127.0.0.1:PORT access_key=test:tester secret_key=testing region=us-east-1 proxy_pid=PID dir=DIR netrc=DIR/netrc ready_s=SECONDS
 
 then reads commands on stdin, one a line, each answered by one line:
 
     bucket NAME   creates the bucket NAME (a Swift container): "ok" or "error: WHY"
+    requests      the requests clients made so far (the harness's own not
+                  counted), from the proxy's access log: "ok total=N GET=N HEAD=N ..."
     stop          stops every server, removes the directory, exits 0
 
 End of input (the parent died or closed the pipe) is `stop`; so is the end
@@ -104,6 +106,11 @@ use = egg:swift#healthcheck
 
 [filter:proxy-logging]
 use = egg:swift#proxy_logging
+# Every request's line, to the harness's request counter.
+access_log_level = INFO
+access_log_udp_host = 127.0.0.1
+access_log_udp_port = {counter_port}
+log_msg_template = kvfile-request {{method}} {{status_int}} {{source}} {{path}}
 
 [filter:cache]
 use = egg:swift#memcache
@@ -183,12 +190,63 @@ def request(port, method, path, headers=None):
         c.close()
 
 
+class RequestCounter:
+    """Counts the requests clients made of the store, by method, from the
+    proxy's access log lines (sent to a UDP socket of the harness). A line
+    of a client's request has no swift.source ("-", "None"); those of the
+    subrequests a middleware makes (s3api's, slo's) name it, and so do the
+    harness's own requests (its bucket command, its sentinel)."""
+
+    def __init__(self, store):
+        self.store = store
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.counts = {}
+        self.sentinels = 0
+        self.cond = threading.Condition()
+        threading.Thread(target=self.receive, daemon=True).start()
+
+    def receive(self):
+        while True:
+            try:
+                line = self.sock.recv(65536).decode("utf-8", "replace")
+            except OSError:
+                return
+            words = line[line.find("kvfile-request "):].split()
+            if len(words) < 5:
+                continue
+            method, source, path = words[1], words[3], words[4]
+            with self.cond:
+                if path.startswith("/kvfile-sentinel"):
+                    self.sentinels += 1
+                    self.cond.notify_all()
+                elif source in ("-", "None") and not path.startswith(("/v1/", "/auth/")):
+                    self.counts[method] = self.counts.get(method, 0) + 1
+
+    def snapshot(self):
+        """The counts once every request answered so far is counted: a
+        sentinel request's line arrives after theirs."""
+        with self.cond:
+            want = self.sentinels + 1
+        request(self.store.proxy_port, "HEAD", "/kvfile-sentinel")
+        deadline = time.monotonic() + 10
+        with self.cond:
+            while self.sentinels < want and time.monotonic() < deadline:
+                self.cond.wait(0.1)
+            if self.sentinels < want:
+                return "error: the proxy's log line did not arrive"
+            total = sum(self.counts.values())
+            return "ok total=%d %s" % (total, " ".join("%s=%d" % kv for kv in sorted(self.counts.items())))
+
+
 class Store:
     def __init__(self, parent_dir):
         self.dir = tempfile.mkdtemp(prefix="kvfile-swift-", dir=parent_dir)
         self.procs = []
         self.token = None
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()  # stop() from a signal handler during stop()
 
     def start(self):
         os.makedirs(os.path.join(self.dir, "srv", "d0"))
@@ -197,6 +255,7 @@ class Store:
         socks = {k: listening_socket() for k in SERVERS}
         ports = {k: s.getsockname()[1] for k, s in socks.items()}
         self.proxy_port = ports["proxy"]
+        self.counter = RequestCounter(self)
         build_rings(self.dir, ports)
         memcached_port = self.start_memcached()
         for kind in SERVERS:
@@ -204,7 +263,7 @@ class Store:
             with open(conf, "w") as f:
                 f.write(COMMON.format(dir=self.dir, name=kind, port=ports[kind]))
                 f.write("\n" + SERVER_CONF[kind].format(
-                    memcached_port=memcached_port, region=REGION, account=ACCOUNT, user=USER,
+                    memcached_port=memcached_port, counter_port=self.counter.port, region=REGION, account=ACCOUNT, user=USER,
                     password=PASSWORD))
             fd = socks[kind].fileno()
             log = open(os.path.join(self.dir, kind + ".log"), "wb")
@@ -273,6 +332,12 @@ class Store:
                 raise RuntimeError("not ready after %d s (logs in %s)" % (READY_TIMEOUT_S, self.dir))
             time.sleep(0.05)
 
+    def write_netrc(self):
+        """DIR/netrc: the credentials for curl --aws-sigv4 (its --user cuts
+        the access key at its first ':')."""
+        with open(os.path.join(self.dir, "netrc"), "w") as f:
+            f.write("machine 127.0.0.1\nlogin %s:%s\npassword %s\n" % (ACCOUNT, USER, PASSWORD))
+
     def create_bucket(self, name):
         status = self.swift("PUT", "/" + name)
         if status not in (201, 202):
@@ -319,7 +384,10 @@ class Harness:
         cmd = [DEBIAN_PYTHON, os.path.abspath(__file__)]
         if parent_dir is not None:
             cmd += ["--dir", str(parent_dir)]
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        # Not under the sanitizer runtime the ASan pass preloads into the
+        # test's interpreter: Swift is no code of kvfile's.
+        env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "ASAN_OPTIONS")}
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
                                      preexec_fn=lambda: ctypes.CDLL(None).prctl(1, signal.SIGTERM))
         line = self._read_line(timeout_s)
         if not line.startswith("ready "):
@@ -350,10 +418,27 @@ class Harness:
             raise RuntimeError("creating bucket %s: %s" % (name, answer))
         return name
 
+    def requests(self):
+        """The requests clients made of the store so far, by method, and
+        their "total" (the harness's own not counted)."""
+        self.proc.stdin.write("requests\n")
+        self.proc.stdin.flush()
+        answer = self._read_line(60).split()
+        if answer[:1] != ["ok"]:
+            raise RuntimeError("counting requests: %s" % " ".join(answer))
+        return {k: int(v) for k, v in (w.split("=", 1) for w in answer[1:])}
+
+    def curl_args(self):
+        """The arguments that make curl sign its requests for this store."""
+        return ["--aws-sigv4", "aws:amz:%s:s3" % self.region, "--netrc-file", self.fields["netrc"],
+                "-H", "x-amz-content-sha256: UNSIGNED-PAYLOAD"]
+
     def env(self, base=None):
-        """`base` (default os.environ) with the AWS variables of this store."""
+        """`base` (default os.environ) with the AWS variables of this store
+        (and without the ASan pass's LD_PRELOAD: the children are awscli or
+        kvfile, which links its own)."""
         env = dict(os.environ if base is None else base)
-        for k in ("AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ENDPOINT_URL_S3"):
+        for k in ("AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ENDPOINT_URL_S3", "LD_PRELOAD", "ASAN_OPTIONS"):
             env.pop(k, None)
         env.update(AWS_ACCESS_KEY_ID=self.access_key, AWS_SECRET_ACCESS_KEY=self.secret_key,
                    AWS_REGION=self.region, AWS_DEFAULT_REGION=self.region, AWS_ENDPOINT_URL=self.endpoint)
@@ -395,6 +480,7 @@ def main():
     try:
         store.start()
         store.wait_ready()
+        store.write_netrc()
     except Exception as e:  # one line on stderr, nothing left running
         print("swift_store: %s" % e, file=sys.stderr)
         store.print_logs()
@@ -404,8 +490,8 @@ def main():
     timer.daemon = True
     timer.start()
     print("ready endpoint=http://127.0.0.1:%d access_key=%s:%s secret_key=%s region=%s proxy_pid=%d "
-          "dir=%s ready_s=%.2f" % (store.proxy_port, ACCOUNT, USER, PASSWORD, REGION, store.proxy_pid,
-                                   store.dir, time.monotonic() - started), flush=True)
+          "dir=%s netrc=%s/netrc ready_s=%.2f" % (store.proxy_port, ACCOUNT, USER, PASSWORD, REGION, store.proxy_pid,
+                                                  store.dir, store.dir, time.monotonic() - started), flush=True)
     for line in sys.stdin:
         words = line.split()
         if words[:1] == ["bucket"] and len(words) == 2:
@@ -413,6 +499,8 @@ def main():
                 print(store.create_bucket(words[1]), flush=True)
             except (OSError, http.client.HTTPException) as e:
                 print("error: %s" % e, flush=True)
+        elif words == ["requests"]:
+            print(store.counter.snapshot(), flush=True)
         elif words == ["stop"]:
             break
         else:
