@@ -396,6 +396,16 @@ TEST_F(S3Cli, DroppedConnectionsAreRetriedThenFailCleanly) {
   EXPECT_EQ(proxy.connections(), 3);
 }
 
+TEST_F(S3Cli, ConnectionsAreReused) {
+  ASSERT_EQ(Kvfile("pack -o " + Url("p.kvpack") + " " + In("a.kv") + " " + In("b.kv")).exit_code, 0);
+  FaultProxy proxy(PortOf(store_->endpoint()), FaultProxy::Fault::k503, 0);  // forwards every connection
+  size_t n = 0;
+  CliRun r = Traced("ls " + Url("p.kvpack"), &n, "AWS_ENDPOINT_URL=" + proxy.endpoint());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(n, 3u) << Trace();
+  EXPECT_EQ(proxy.connections(), 1);  // three requests one after another: one connection
+}
+
 TEST_F(S3Cli, RetriesRideOutTransientFaults) {
   // Two 503s, then two dropped connections, then the store: every
   // operation succeeds.
