@@ -194,6 +194,16 @@ TEST_F(S3Cli, PackUploadsByMultipartAndEveryReadVerbReadsIt) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   CliRun ls = Kvfile("ls " + P("again.kvpack"));
   EXPECT_NE(ls.out.find("\na.kv                                            512 "), std::string::npos) << ls.out;
+  // unpack writes local files: an s3:// OUT is refused before anything is made.
+  r = Kvfile("unpack " + url + " -o s3://kvtest/out/");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err, "kvfile: error: s3://kvtest/out/: unpack writes local files; upload a member with: kvfile convert "
+                   "PACK:MEMBER s3://BUCKET/KEY.kv\n");
+  r = Kvfile("convert " + (*root_ / "").string() + " s3://kvtest/out/ --to kv", "cd " + dir_.string() + " &&");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err, "kvfile: error: s3://kvtest/out/: a directory is converted into a local directory; an object "
+                   "store takes one file per convert\n");
+  EXPECT_FALSE(fs::exists(dir_ / "s3:"));
   r = Traced("unpack " + url + " -o " + P("out"), &n);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   // Members come out as .kv files of their own (a fresh salt each, so not

@@ -153,6 +153,8 @@ struct UnpackArgs {
 int RunUnpack(const UnpackArgs& a) {
   InstallSignalHandlers();
   SetCurrentPath(a.pack);
+  if (a.out.starts_with("s3://"))
+    return UsageError(a.out + ": unpack writes local files; upload a member with: kvfile convert PACK:MEMBER s3://BUCKET/KEY.kv");
   // A signal stops the unpack at its next read or write: the member being
   // written is left as it was.
   ReadProgressFileSystem stop_fs(FileSystem::Default(), nullptr, ReadProgressFileSystem::Signals::kStop);
