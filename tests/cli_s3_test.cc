@@ -233,6 +233,9 @@ TEST_F(S3Cli, ConvertWritesAndReadsObjects) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("io backend:      s3\n"), std::string::npos) << r.out;
   std::printf("[ info     ] requests: info of a 34.6 MB .kv object %zu\n", n);
+  r = Kvfile("dump --tokens " + kv);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, Kvfile("dump --tokens " + In("a.kv")).out);
   r = Traced("verify " + fp4, &n);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out, fp4 + ": ok: 512 tokens in 2 chunks, 19025920 bytes\n");
