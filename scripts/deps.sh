@@ -12,8 +12,12 @@ KVFILE_PACKAGES=(
   python3-torch  # kvfile.torch's CPU paths (tests/python/test_torch*.py; 1.13, CPU only: the CUDA tests skip)
   python3-venv python3-pip python3-setuptools python3-wheel  # pip install . (scripts/install_test.sh)
   clang libclang-rt-14-dev  # the libFuzzer build (scripts/fuzz.sh); libclang-rt-14-dev has libFuzzer
-  libcurl4-openssl-dev  # kvfile llama-server (HTTP)
+  libcurl4-openssl-dev  # the S3 client (KVFILE_WITH_S3) and kvfile llama-server (HTTP)
   npm git  # llama-server from node-llama-cpp's llama.cpp bundle (scripts/llama_server_build.sh)
+  # The S3 tests: a real object store (OpenStack Swift with s3api and
+  # memcached, tests/support/swift_store.py), the clients kvfile must agree
+  # with (awscli, boto3, curl), and Dask for the fan-out recipe.
+  python3-swift memcached awscli python3-boto3 curl python3-distributed
 )
 
 kvfile_install_deps() {

@@ -16,6 +16,9 @@
 #include <cstdlib>
 #include <vector>
 
+#include "s3/s3_file_system.h"
+#include "s3/s3_url.h"
+
 namespace kvfile::internal {
 
 Status LockWithGrace(File& file) {
@@ -106,6 +109,11 @@ Status PendingReplace::Begin(const std::string& dest, FileSystem* fs, std::uniqu
   std::unique_ptr<PendingReplace> r(new PendingReplace());
   r->fs_ = fs ? fs : FileSystem::Default();
   r->dest_ = dest;
+  if (s3::IsS3Path(dest)) {
+    KVFILE_RETURN_IF_ERROR(r->BeginRemote());
+    *out = std::move(r);
+    return Status::OK();
+  }
   KVFILE_RETURN_IF_ERROR(r->fs_->ResolveSymlinks(dest, &r->target_));
   KVFILE_RETURN_IF_ERROR(r->fs_->Stat(r->target_, &r->original_));
   if (r->original_.exists && !r->original_.regular)
@@ -122,6 +130,37 @@ Status PendingReplace::Begin(const std::string& dest, FileSystem* fs, std::uniqu
     if (!exists) break;
   }
   *out = std::move(r);
+  return Status::OK();
+}
+
+// A remote destination: staged in $TMPDIR as kvfile-upload-<pid>-<n>-<name>
+// (such files of dead processes removed first), uploaded by Commit. The
+// uploads a killed kvfile left for the same key are aborted here.
+Status PendingReplace::BeginRemote() {
+  remote_ = true;
+  target_ = dest_;
+  KVFILE_RETURN_IF_ERROR(s3::StatObject(dest_, &original_));
+  KVFILE_RETURN_IF_ERROR(s3::AbortStaleUploads(dest_, &removed_stale_));
+  const char* tmp = std::getenv("TMPDIR");
+  const std::string dir = tmp && *tmp ? tmp : "/tmp";
+  const std::string prefix = "kvfile-upload-";
+  std::vector<std::string> names;
+  if (fs_->ListDir(dir, &names).ok()) {
+    for (const std::string& name : names) {
+      if (!name.starts_with(prefix)) continue;
+      size_t i = prefix.size();
+      long pid;
+      if (!Digits(name, &i, &pid) || pid == ::getpid() || ProcessAlive(pid)) continue;
+      (void)fs_->Remove(dir + "/" + name);
+    }
+  }
+  const std::string stem = dir + "/" + prefix + std::to_string(::getpid()) + "-";
+  for (;;) {
+    temp_ = stem + std::to_string(next_temp.fetch_add(1)) + "-" + TempStem(BaseName(dest_));
+    bool exists = false;
+    KVFILE_RETURN_IF_ERROR(fs_->Exists(temp_, &exists));
+    if (!exists) break;
+  }
   return Status::OK();
 }
 
@@ -159,6 +198,11 @@ Status PendingReplace::RemoveStaleTemps() {
 
 Status PendingReplace::Commit() {
   if (committed_) return Status::OK();
+  if (remote_) {
+    KVFILE_RETURN_IF_ERROR(s3::UploadFile(fs_, temp_, target_));
+    committed_ = true;
+    return Status::OK();
+  }
   std::unique_ptr<File> temp;
   KVFILE_RETURN_IF_ERROR(fs_->Open(temp_, OpenMode::kReadWrite, &temp));
   Status st = temp->LockExclusive();

@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "kvfile/file.h"
+#include "s3/s3_file_system.h"
+#include "s3/s3_url.h"
 
 namespace kvfile {
 
@@ -63,6 +65,7 @@ Status Walk(const std::string& dir, const std::vector<std::string>& suffixes, st
 
 Status WalkDirectory(const std::string& dir, const std::vector<std::string>& suffixes, std::vector<WalkEntry>* out) {
   out->clear();
+  if (s3::IsS3Path(dir)) return s3::WalkPrefix(dir, suffixes, out);  // a key prefix
   return Walk(dir, suffixes, out);
 }
 

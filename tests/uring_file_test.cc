@@ -712,7 +712,8 @@ TEST(KvfileIo, ChoosesTheBackend) {
               uring != nullptr ? "available" : why.c_str(), env ? env : "(unset)",
               BackendOf(FileSystem::Default()).c_str());
   if (env == nullptr) {
-    EXPECT_EQ(FileSystem::Default(), best);
+    // Default() routes s3:// paths elsewhere and every other path to `best`.
+    EXPECT_EQ(BackendOf(FileSystem::Default()), BackendOf(best));
   }
 }
 

@@ -25,6 +25,8 @@
 #include "kvfile/pack.h"
 #include "kvfile/prefix_index.h"
 #include "kvfile/reader.h"
+#include "s3/s3_file_system.h"
+#include "s3/s3_url.h"
 
 namespace kvfile {
 namespace {
@@ -43,12 +45,34 @@ bool SameFile(const PrefixEntry& a, const PrefixEntry& b) {
          a.inode == b.inode;
 }
 
+// The .kv objects under an s3:// prefix, sorted by path: their size, their
+// LastModified as both times, and their ETag's hash as the inode (the
+// digest then changes when an object is replaced, whatever its times).
+Status ScanPrefix(const std::string& dir, std::vector<ScannedFile>* out) {
+  std::vector<s3::RemoteObject> objects;
+  KVFILE_RETURN_IF_ERROR(s3::ListPrefix(dir, {".kv"}, &objects));
+  const std::string prefix = dir.ends_with('/') ? dir : dir + "/";
+  for (const s3::RemoteObject& o : objects) {
+    ScannedFile f;
+    f.stat.path = o.path.substr(prefix.size());
+    f.stat.size = o.size;
+    f.stat.mtime_ns = f.stat.ctime_ns = o.mtime_ns;
+    f.stat.device = 0x5333;
+    f.stat.inode = o.etag_hash;
+    if (f.stat.path.empty() || f.stat.path.size() > index::kMaxPathBytes) continue;
+    out->push_back(std::move(f));
+  }
+  std::sort(out->begin(), out->end(), [](const ScannedFile& a, const ScannedFile& b) { return a.stat.path < b.stat.path; });
+  return Status::OK();
+}
+
 // The .kv regular files under `dir` (symlinks followed), sorted by path.
 // A subdirectory that cannot be read is left out like an unreadable .kv
 // file: counted in *unreadable, *first_unreadable naming it.
 Status ScanDirectory(const std::string& dir, std::vector<ScannedFile>* out, uint64_t* unreadable,
                      std::string* first_unreadable) {
   namespace fs = std::filesystem;
+  if (s3::IsS3Path(dir)) return ScanPrefix(dir, out);
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return Status::InvalidArgument(dir + ": not a directory");
   std::vector<WalkEntry> walked;
@@ -221,8 +245,19 @@ struct Refresh {
     uint64_t digest = DirectoryDigest(files);
     const std::string index_path = IndexPath();
     std::unique_ptr<PrefixIndex> old;
-    bool exists = std::filesystem::exists(index_path);
-    if (exists && (distrust || !PrefixIndex::Open(index_path, fs, &old).ok())) {
+    // An object store's index is opened without asking first whether it
+    // exists (a request saved); only "no such object" means it does not.
+    Status opened;
+    bool exists = false;
+    if (s3::IsS3Path(index_path)) {
+      opened = PrefixIndex::Open(index_path, fs, &old);
+      exists = opened.code() != Status::Code::kNotFound;
+      if (exists && !opened.ok() && !opened.IsDataError()) return opened;  // the store failed, not the index
+    } else {
+      exists = std::filesystem::exists(index_path);
+      if (exists && !distrust) opened = PrefixIndex::Open(index_path, fs, &old);
+    }
+    if (exists && (distrust || !opened.ok())) {
       old.reset();
       report->rebuilt = true;
     }
@@ -371,7 +406,9 @@ Status FindPrefix(const std::string& path, std::span<const uint32_t> query, cons
   FileSystem* fs = options.fs ? options.fs : FileSystem::Default();
   BestMatch best{query, options.fingerprint, std::nullopt, 0};
   std::error_code ec;
-  if (!std::filesystem::is_directory(path, ec)) {
+  // An s3:// path ending in '/' is a key prefix, searched as a directory.
+  const bool prefix = s3::IsS3Path(path) && path.ends_with('/');
+  if (!prefix && !std::filesystem::is_directory(path, ec)) {
     Status st = FindInPack(path, fs, &best, report);
     if (st.ok()) *out = best.Result();
     return st;

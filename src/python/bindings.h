@@ -12,6 +12,6 @@ void BindWriter(pybind11::module_& m);   // Writer, create(), open_writer()
 void BindVerify(pybind11::module_& m);   // verify()
 void BindFormats(pybind11::module_& m);  // mooncake_encode/decode, coli_import/export
 void BindPack(pybind11::module_& m);     // Pack
-void BindFind(pybind11::module_& m);     // find(), index_directory()
+void BindFind(pybind11::module_& m);     // find(), index_directory(), walk()
 
 }  // namespace kvfile::python

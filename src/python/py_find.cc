@@ -1,16 +1,20 @@
 // SPDX-License-Identifier: Apache-2.0
 // kvfile.find(path, tokens) and kvfile.index_directory(dir): prefix lookup
-// over a directory of .kv files or a pack (kvfile/prefix_index.h).
+// over a directory of .kv files or a pack (kvfile/prefix_index.h); and
+// kvfile.walk(dir), the files under a directory or an s3:// key prefix.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <pybind11/stl/filesystem.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "bindings.h"
 #include "errors.h"
+#include "kvfile/file.h"
 #include "kvfile/prefix_index.h"
 
 namespace py = pybind11;
@@ -49,6 +53,24 @@ py::dict Index(const std::filesystem::path& dir) {
                   py::arg("kept") = r.kept, py::arg("skipped") = r.skipped, py::arg("written") = r.written);
 }
 
+// kvfile.walk(dir, suffixes): WalkDirectory's files, sorted.
+std::vector<std::string> Walk(const std::filesystem::path& dir, const std::vector<std::string>& suffixes) {
+  std::vector<WalkEntry> entries;
+  Status st;
+  {
+    py::gil_scoped_release release;
+    st = WalkDirectory(dir.string(), suffixes, &entries);
+  }
+  ThrowIfError(st);
+  std::vector<std::string> files;
+  for (const WalkEntry& e : entries) {
+    ThrowIfError(e.error);
+    files.push_back(e.path);
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
 }  // namespace
 
 void BindFind(py::module_& m) {
@@ -58,6 +80,10 @@ void BindFind(py::module_& m) {
         "the member of the pack `path`, sharing the longest prefix with `tokens` (a sequence of ints). "
         "Returns a dict: path (relative path or member name), model, fingerprint, tokens, matched; or None "
         "when nothing shares the first token. Ties: smallest fingerprint, then token sequence, then path.");
+  m.def("walk", &Walk, py::arg("dir"), py::arg("suffixes") = std::vector<std::string>{".kv", ".kvpack"},
+        "The sorted paths of the files under `dir` (a directory, or an s3://bucket/prefix/ of keys) whose names end "
+        "with one of `suffixes`, as the CLI's directory verbs walk it (docs/cli.md, \"Directories\"). An "
+        "unreadable subdirectory raises its error.");
   m.def("index_directory", &Index, py::arg("dir"),
         "Writes or refreshes dir/.kvfile-index. Returns a dict: files, indexed, read, kept, skipped, written.");
 }

@@ -719,8 +719,10 @@ int RunConvert(const ConvertArgs& a) {
     o.warning = members.Name(o.warning);
     return Report({o});
   };
-  if (!from_pack && !fs::exists(a.in, ec)) return ReportError(Status::NotFound(a.in + ": No such file or directory"));
-  if (!from_pack && !fs::is_directory(a.in, ec) && !fs::is_regular_file(a.in, ec)) {
+  // An s3:// IN is an object (the store says whether it exists when it is read).
+  const bool local_in = !from_pack && !a.in.starts_with("s3://");
+  if (local_in && !fs::exists(a.in, ec)) return ReportError(Status::NotFound(a.in + ": No such file or directory"));
+  if (local_in && !fs::is_directory(a.in, ec) && !fs::is_regular_file(a.in, ec)) {
     // A FIFO, device or socket: the file layer's one refusal ("not a
     // regular file (a FIFO)"), before its name decides anything.
     std::unique_ptr<File> f;
@@ -732,11 +734,13 @@ int RunConvert(const ConvertArgs& a) {
     SeedConvertArgs sa{a.in, a.out, a.format, a.group_size, a.vocab, a.force,
                        a.dtype || !a.keep_raw.empty() || a.codes || a.chunk_tokens || a.salvage || a.jobs != 1};
     int code = 0;
-    if (!from_pack && ConvertSeedFormat(sa, &code)) return code;
+    if (local_in && ConvertSeedFormat(sa, &code)) return code;
   }
   Kind in_kind = from_pack ? Kind::kKv : KindOf(a.in);
   if (in_kind == Kind::kDirectory) {
     if (to_llama) return UsageError(a.in + ": --format " + a.format + " converts one .kv file, not a directory");
+    if (a.out.starts_with("s3://"))
+      return UsageError(a.out + ": a directory is converted into a local directory; an object store takes one file per convert");
     return ConvertTree(a, p);
   }
   if (a.to) return UsageError("--to applies to a directory IN (a file's OUT suffix says the format)");

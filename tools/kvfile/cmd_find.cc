@@ -105,7 +105,7 @@ int RunFind(const FindArgs& a) {
   Status st = ReadTokens(a.tokens_file, &query);
   if (!st.ok()) return ReportError(st);
   std::error_code ec;
-  const bool dir = std::filesystem::is_directory(a.path, ec);
+  const bool dir = IsObjectPrefix(a.path) || std::filesystem::is_directory(a.path, ec);
   std::optional<PrefixMatch> m;
   PrefixIndexReport report;
   // A signal stops the refresh of a directory's index at its next read or

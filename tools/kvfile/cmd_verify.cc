@@ -14,6 +14,7 @@
 #include "damage_advice.h"
 #include "json_output.h"
 #include "kvfile/pack.h"
+#include "input_file.h"
 #include "kvfile/verify.h"
 #include "natural_sort.h"
 #include "pack_member.h"
@@ -73,15 +74,22 @@ Status Expand(const std::vector<std::string>& paths, std::vector<std::string>* f
   namespace fs = std::filesystem;
   for (const std::string& p : paths) {
     std::error_code ec;
-    if (p != "-" && fs::is_directory(p, ec)) {  // "-" is standard input, whatever is named "-" (./- is that)
+    // An s3:// path ending in '/' is a key prefix: its .kv files and packs.
+    const bool prefix = IsObjectPrefix(p);
+    if (prefix || (p != "-" && fs::is_directory(p, ec))) {  // "-" is standard input, whatever is named "-" (./- is that)
       std::vector<WalkEntry> walked;
-      KVFILE_RETURN_IF_ERROR(WalkDirectory(p, {".kv"}, &walked));
+      if (prefix)
+        KVFILE_RETURN_IF_ERROR(WalkDirectory(p, {".kv", ".kvpack"}, &walked));
+      else
+        KVFILE_RETURN_IF_ERROR(WalkDirectory(p, {".kv"}, &walked));
       std::vector<std::string> found;
       for (WalkEntry& w : walked) {
         if (!w.error.ok()) unreadable->emplace(w.path, w.error);
         found.push_back(std::move(w.path));
       }
-      if (found.empty()) return Status::InvalidArgument(p + ": no .kv files in this directory");
+      if (found.empty())
+        return Status::InvalidArgument(p + (prefix ? ": no .kv or .kvpack objects under this prefix"
+                                                   : ": no .kv files in this directory"));
       NaturalSort(&found);
       *directory = true;
       files->insert(files->end(), found.begin(), found.end());

@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 
 #include "kvfile/file.h"
@@ -47,6 +48,18 @@ bool FileStartsWith(const std::string& path, std::string_view magic) {
   if (!f->Size(&size).ok() || size < magic.size()) return false;
   std::string head(magic.size(), '\0');
   return f->ReadAt(0, head.data(), head.size()).ok() && head == magic;
+}
+
+bool IsObjectPrefix(const std::string& path) {
+  if (!path.starts_with("s3://")) return false;
+  return path.back() == '/' || path.find('/', 5) == std::string::npos;
+}
+
+Status OutputExists(const std::string& path, bool* exists) {
+  if (path.starts_with("s3://")) return FileSystem::Default()->Exists(path, exists);
+  std::error_code ec;
+  *exists = std::filesystem::exists(path, ec);
+  return Status::OK();
 }
 
 }  // namespace kvfile::cli

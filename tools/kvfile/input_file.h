@@ -32,4 +32,14 @@ Status ReadWholeStdin(uint64_t limit, std::vector<uint8_t>* out);
 // else (absent, a FIFO, a device, too short) is false, without waiting.
 bool FileStartsWith(const std::string& path, std::string_view magic);
 
+// Object storage (docs/object-storage-core.md): whether `path` is an
+// s3:// key prefix ("s3://bucket/", "s3://bucket/corpus/"), read as a
+// directory is.
+bool IsObjectPrefix(const std::string& path);
+// Whether an output path exists, for the --force check: std::filesystem's
+// answer for a local path (a dangling symlink counts as absent); for an
+// s3:// object, the store's (a missing bucket or refused credentials are
+// the error returned).
+Status OutputExists(const std::string& path, bool* exists);
+
 }  // namespace kvfile::cli

@@ -11,6 +11,11 @@
 // directory. Until that rename the destination is exactly as it was; a
 // PendingReplace destroyed without a successful Commit() removes its
 // temporary file.
+//
+// An s3://bucket/key destination (docs/object-storage-core.md) is staged in
+// a temporary file under $TMPDIR (or /tmp), and Commit() uploads it by
+// multipart: the object appears only when the upload completes. Begin
+// aborts the uploads of the same key left by a killed kvfile.
 #pragma once
 
 #include <memory>
@@ -72,6 +77,7 @@ class KVFILE_EXPORT PendingReplace {
  private:
   PendingReplace() = default;
   Status RemoveStaleTemps();
+  Status BeginRemote();
 
   FileSystem* fs_ = nullptr;
   std::string dest_;
@@ -80,6 +86,7 @@ class KVFILE_EXPORT PendingReplace {
   PathInfo original_;
   int removed_stale_ = 0;
   bool committed_ = false;
+  bool remote_ = false;  // an s3:// destination, uploaded by Commit
 };
 
 }  // namespace kvfile

@@ -8,6 +8,9 @@ A thin layer over the C++ library's binding (the extension kvfile._kvfile):
     kvfile.open(path, "a", sync=...)              -> Writer appending to the file
     kvfile.verify(path)                           -> dict of findings
     kvfile.find(dir_or_pack, tokens)              -> longest-prefix match (dict) or None
+    kvfile.walk(dir_or_prefix)                    -> the .kv and .kvpack paths under it
+    kvfile.convert(src, dst, dtype)               -> dst: src with every stream in dtype
+    kvfile.convert_pack(src, dst, dtype)          -> dst: src checked, every member converted
     Reader.read_all(...) / Reader.codes_all(...)  -> every stream at once (bulk)
 
 kvfile.torch (torch tensors, CUDA loads), kvfile.transformers (a
@@ -17,7 +20,10 @@ only when one of their functions is called, so `import kvfile` never does.
 
 Arrays: a stream's rows are shaped [layers, tokens, rows_per_token,
 row_width] for Writer.append and for Reader.read(stream) of every layer;
-Reader.read(stream, layer) drops the layer axis. Row data is float32,
+Reader.read(stream, layer) drops the layer axis. Paths: a local path, or "s3://bucket/key" (a str: pathlib would fold the
+"//") wherever a file is read or written, read with ranged GETs and checked
+as a local file is, written by a multipart upload that completes only with
+the whole file (docs/object-storage.md). Row data is float32,
 float16, or uint16 holding bf16 bit patterns ("bf16" where a dtype is asked
 for). Library failures raise kvfile.Error subclasses carrying the library's
 message; bad arguments raise TypeError or ValueError. See docs/api.md,
@@ -52,7 +58,9 @@ from ._kvfile import (  # noqa: F401  (re-exported)
     pack,
     presets,
     verify,
+    walk,
 )
+from ._convert import convert, convert_pack  # noqa: F401  (re-exported)
 
 def open(path, mode="r", **options):  # noqa: A001  (the module's entry point, like io.open)
     """Opens a .kv file: mode "r" returns a Reader, mode "a" a Writer that

@@ -1,0 +1,461 @@
+// SPDX-License-Identifier: Apache-2.0
+// s3:// objects as kvfile Files (see s3_file_system.h).
+//
+// Reads: an object opens with one ranged GET of its first block (1 MiB),
+// whose Content-Range gives the size; small reads go through a cache of
+// up to 16 such blocks, fetched whole (the header, the commit record and
+// the tables of a .kv, a pack or an index are small reads close together);
+// reads of a block or more go straight into the caller's buffer. A miss
+// right after a cached block reads ahead (8 blocks in one GET). ReadBatch
+// sends the GETs it needs together (up to 8 in flight), adjacent blocks
+// merged into one request. Every answer must carry the ETag the first one
+// had: an object replaced while it is read is an error, not a mix.
+#include "s3/s3_file_system.h"
+
+#include <signal.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <list>
+#include <map>
+#include <mutex>
+
+#include "s3/s3_client.h"
+
+namespace kvfile::s3 {
+
+namespace {
+
+constexpr uint64_t kBlock = 1u << 20;
+constexpr size_t kCachedBlocks = 16;
+constexpr uint64_t kReadAhead = 8;
+constexpr int kReadsInFlight = 8;
+constexpr int kPartsInFlight = 4;
+
+Status ClientFor(const std::string& path, Client** out) {
+  Status st = Client::Instance(out);
+  if (!st.ok()) return Status::InvalidArgument(path + ": " + st.message());
+  return Status::OK();
+}
+
+class S3ReadFile final : public File {
+ public:
+  S3ReadFile(Client* client, S3Url url, std::string path) : client_(client), url_(std::move(url)), path_(std::move(path)) {}
+
+  // The first GET: block 0, the size and the ETag.
+  Status Open() {
+    std::vector<uint8_t> block(kBlock);
+    Request r;
+    r.url = url_;
+    r.has_range = true;
+    r.range_begin = 0;
+    r.range_bytes = kBlock;
+    r.sink = block.data();
+    r.sink_size = block.size();
+    Response resp;
+    KVFILE_RETURN_IF_ERROR(client_->PerformMany(std::span<const Request>(&r, 1), std::span<Response>(&resp, 1), 1));
+    if (resp.status == 416) {  // an empty object: no byte to range over
+      size_ = 0;
+      etag_ = resp.headers["etag"];
+      return Status::OK();
+    }
+    if (resp.status != 206 && resp.status != 200) return client_->ErrorFor(r, resp);
+    etag_ = resp.headers["etag"];
+    const std::string& range = resp.headers["content-range"];
+    size_t slash = range.rfind('/');
+    if (resp.status == 206 && slash != std::string::npos)
+      size_ = std::strtoull(range.c_str() + slash + 1, nullptr, 10);
+    else
+      size_ = resp.sink_bytes;  // 200: the whole object fitted in the block
+    if (resp.sink_bytes != std::min<uint64_t>(size_, kBlock))
+      return Status::IOError(path_ + ": the store sent " + std::to_string(resp.sink_bytes) +
+                             " bytes of the first block");
+    block.resize(resp.sink_bytes);
+    Insert(0, std::move(block));
+    return Status::OK();
+  }
+
+  Status ReadAt(uint64_t offset, void* buf, size_t n) override {
+    ReadRequest one{offset, buf, n};
+    return ReadBatch(std::span<const ReadRequest>(&one, 1));
+  }
+
+  Status ReadBatch(std::span<const ReadRequest> requests) override {
+    for (const ReadRequest& q : requests)
+      if (q.offset > size_ || q.n > size_ - q.offset)
+        return Status::Corruption(path_ + ": unexpected end of file: " + std::to_string(q.n) + " bytes at offset " +
+                                  std::to_string(q.offset) + " of a " + std::to_string(size_) + "-byte object");
+    // Which blocks the small reads need, and which reads go direct.
+    std::vector<uint64_t> missing;
+    std::vector<const ReadRequest*> direct;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const ReadRequest& q : requests) {
+        if (q.n == 0) continue;
+        if (q.n >= kBlock) {
+          direct.push_back(&q);
+          continue;
+        }
+        for (uint64_t b = q.offset / kBlock; b <= (q.offset + q.n - 1) / kBlock; ++b)
+          if (!blocks_.count(b)) missing.push_back(b);
+      }
+    }
+    std::sort(missing.begin(), missing.end());
+    missing.erase(std::unique(missing.begin(), missing.end()), missing.end());
+    // Sequential reading (the block before the first missing one cached):
+    // read ahead, up to kReadAhead blocks in the same request.
+    if (!missing.empty()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      uint64_t last = missing.back(), blocks = (size_ + kBlock - 1) / kBlock;
+      if (missing.front() > 0 && blocks_.count(missing.front() - 1))
+        for (uint64_t b = last + 1; b < blocks && b <= missing.front() + kReadAhead - 1; ++b)
+          if (!blocks_.count(b)) missing.push_back(b);
+    }
+    // One GET per run of adjacent missing blocks, one per direct read.
+    std::vector<Request> gets;
+    std::vector<std::vector<uint8_t>> runs;
+    std::vector<uint64_t> run_first;
+    for (size_t i = 0; i < missing.size();) {
+      size_t j = i + 1;
+      while (j < missing.size() && missing[j] == missing[j - 1] + 1 && j - i < kReadAhead) ++j;
+      uint64_t begin = missing[i] * kBlock, end = std::min(size_, (missing[j - 1] + 1) * kBlock);
+      runs.emplace_back(end - begin);
+      run_first.push_back(missing[i]);
+      i = j;
+    }
+    for (size_t i = 0; i < runs.size(); ++i) {
+      Request r;
+      r.url = url_;
+      r.has_range = true;
+      r.range_begin = run_first[i] * kBlock;
+      r.range_bytes = runs[i].size();
+      r.sink = runs[i].data();
+      r.sink_size = runs[i].size();
+      gets.push_back(std::move(r));
+    }
+    for (const ReadRequest* q : direct) {
+      Request r;
+      r.url = url_;
+      r.has_range = true;
+      r.range_begin = q->offset;
+      r.range_bytes = q->n;
+      r.sink = q->buf;
+      r.sink_size = q->n;
+      gets.push_back(std::move(r));
+    }
+    std::vector<Response> answers(gets.size());
+    KVFILE_RETURN_IF_ERROR(client_->PerformMany(gets, answers, kReadsInFlight));
+    for (size_t i = 0; i < gets.size(); ++i) {
+      if (answers[i].status != 206 && !(answers[i].status == 200 && gets[i].range_begin == 0 &&
+                                        gets[i].range_bytes == size_))
+        return client_->ErrorFor(gets[i], answers[i]);
+      if (answers[i].headers["etag"] != etag_)
+        return Status::Busy(path_ + ": the object was replaced while it was read (ETag " + etag_ + " became " +
+                            answers[i].headers["etag"] + ")");
+      if (answers[i].sink_bytes != gets[i].range_bytes)
+        return Status::IOError(path_ + ": the store sent " + std::to_string(answers[i].sink_bytes) + " of " +
+                               std::to_string(gets[i].range_bytes) + " bytes at offset " +
+                               std::to_string(gets[i].range_begin));
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    // The fetched blocks, split into the cache; then the small reads copied
+    // from it (the fetched runs kept alive until then).
+    std::map<uint64_t, const uint8_t*> fresh;
+    for (size_t i = 0; i < runs.size(); ++i)
+      for (uint64_t off = 0; off < runs[i].size(); off += kBlock) fresh[run_first[i] + off / kBlock] = runs[i].data() + off;
+    for (const ReadRequest& q : requests) {
+      if (q.n == 0 || q.n >= kBlock) continue;
+      uint8_t* out = static_cast<uint8_t*>(q.buf);
+      for (uint64_t at = q.offset; at < q.offset + q.n;) {
+        uint64_t b = at / kBlock, in = at - b * kBlock;
+        uint64_t take = std::min<uint64_t>(kBlock - in, q.offset + q.n - at);
+        auto it = fresh.find(b);
+        const uint8_t* src = it != fresh.end() ? it->second : blocks_.at(b).data();
+        std::memcpy(out + (at - q.offset), src + in, take);
+        at += take;
+      }
+    }
+    for (const auto& [b, p] : fresh) {
+      uint64_t bytes = std::min(kBlock, size_ - b * kBlock);
+      InsertLocked(b, std::vector<uint8_t>(p, p + bytes));
+    }
+    return Status::OK();
+  }
+
+  Status WriteAt(uint64_t, const void*, size_t) override { return ReadOnly(); }
+  Status Sync() override { return ReadOnly(); }
+  Status Truncate(uint64_t) override { return ReadOnly(); }
+  Status Size(uint64_t* size) override {
+    *size = size_;
+    return Status::OK();
+  }
+  Status LockExclusive() override { return Status::OK(); }  // objects are written whole, never in place
+  Status Id(FileId* id) override {
+    id->device = 0x5333;  // "S3"
+    id->inode = XXH3_64bits(path_.data(), path_.size());
+    return Status::OK();
+  }
+  const char* backend() const override { return "s3"; }
+  const std::string& path() const override { return path_; }
+
+ private:
+  Status ReadOnly() const {
+    return Status::Unsupported(path_ + ": objects are read-only; kvfile writes them whole (pack -o, convert, index -o)");
+  }
+  void Insert(uint64_t b, std::vector<uint8_t> bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    InsertLocked(b, std::move(bytes));
+  }
+  void InsertLocked(uint64_t b, std::vector<uint8_t> bytes) {
+    if (blocks_.count(b)) return;
+    blocks_[b] = std::move(bytes);
+    order_.push_back(b);
+    while (order_.size() > kCachedBlocks) {
+      blocks_.erase(order_.front());
+      order_.pop_front();
+    }
+  }
+
+  Client* client_;
+  S3Url url_;
+  std::string path_;
+  uint64_t size_ = 0;
+  std::string etag_;
+  std::mutex mu_;
+  std::map<uint64_t, std::vector<uint8_t>> blocks_;
+  std::list<uint64_t> order_;  // oldest first
+};
+
+class S3FileSystem final : public FileSystem {
+ public:
+  Status Open(const std::string& path, OpenMode mode, std::unique_ptr<File>* out) override {
+    if (mode != OpenMode::kRead)
+      return Status::Unsupported(path + ": objects are written whole (pack -o, convert, index -o), not opened for writing");
+    S3Url url;
+    KVFILE_RETURN_IF_ERROR(ParseS3Url(path, &url));
+    if (url.key.empty() || url.key.back() == '/') return Status::InvalidArgument(path + ": a prefix, not an object");
+    Client* client;
+    KVFILE_RETURN_IF_ERROR(ClientFor(path, &client));
+    auto f = std::make_unique<S3ReadFile>(client, url, path);
+    KVFILE_RETURN_IF_ERROR(f->Open());
+    *out = std::move(f);
+    return Status::OK();
+  }
+  Status Rename(const std::string& from, const std::string&, bool) override {
+    return Status::Unsupported(from + ": objects cannot be renamed");
+  }
+  Status Remove(const std::string& path) override {
+    S3Url url;
+    KVFILE_RETURN_IF_ERROR(ParseS3Url(path, &url));
+    Client* client;
+    KVFILE_RETURN_IF_ERROR(ClientFor(path, &client));
+    return client->Delete(url);
+  }
+  Status SyncDir(const std::string&) override { return Status::OK(); }  // a completed upload is durable
+  Status Exists(const std::string& path, bool* exists) override {
+    PathInfo info;
+    KVFILE_RETURN_IF_ERROR(StatObject(path, &info));
+    *exists = info.exists;
+    return Status::OK();
+  }
+  Status PathId(const std::string& path, FileId* id) override {
+    id->device = 0x5333;
+    id->inode = XXH3_64bits(path.data(), path.size());
+    return Status::OK();
+  }
+  Status Stat(const std::string& path, PathInfo* info) override { return StatObject(path, info); }
+  Status ListDir(const std::string& dir, std::vector<std::string>* names) override {
+    S3Url url;
+    KVFILE_RETURN_IF_ERROR(ParseS3Url(dir, &url));
+    if (!url.key.empty() && url.key.back() != '/') url.key += '/';
+    Client* client;
+    KVFILE_RETURN_IF_ERROR(ClientFor(dir, &client));
+    std::vector<ObjectInfo> objects;
+    std::vector<std::string> prefixes;
+    KVFILE_RETURN_IF_ERROR(client->List(url.bucket, url.key, "/", &objects, &prefixes));
+    names->clear();
+    for (const ObjectInfo& o : objects) names->push_back(o.key.substr(url.key.size()));
+    for (const std::string& p : prefixes) names->push_back(p.substr(url.key.size(), p.size() - url.key.size() - 1));
+    return Status::OK();
+  }
+};
+
+// The marker of an upload in progress: KEY.kvupload-<16 hex of the id>,
+// holding "kvfile-upload\nUPLOAD_ID\nHOST\nPID\n".
+constexpr std::string_view kMarkerInfix = ".kvupload-";
+
+std::string HostName() {
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0) return "unknown";
+  return host;
+}
+
+S3Url MarkerFor(const S3Url& url, const std::string& upload_id) {
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx",
+                static_cast<unsigned long long>(XXH3_64bits(upload_id.data(), upload_id.size())));
+  return S3Url{url.bucket, url.key + std::string(kMarkerInfix) + hex};
+}
+
+bool Alive(long pid) { return pid > 0 && pid <= INT32_MAX && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM); }
+
+}  // namespace
+
+uint64_t PartBytes() {
+  static const uint64_t n = [] {
+    const char* v = std::getenv("KVFILE_S3_PART_BYTES");
+    uint64_t bytes = v ? std::strtoull(v, nullptr, 10) : 0;
+    return bytes >= (5u << 20) ? bytes : uint64_t{8} << 20;
+  }();
+  return n;
+}
+
+Status S3FileSystemInstance(FileSystem** out) {
+  static S3FileSystem fs;
+  *out = &fs;
+  return Status::OK();
+}
+
+Status StatObject(const std::string& path, PathInfo* info) {
+  S3Url url;
+  KVFILE_RETURN_IF_ERROR(ParseS3Url(path, &url));
+  Client* client;
+  KVFILE_RETURN_IF_ERROR(ClientFor(path, &client));
+  *info = PathInfo();
+  if (url.key.empty() || url.key.back() == '/') {  // a prefix: "exists" when it has objects
+    std::vector<ObjectInfo> objects;
+    KVFILE_RETURN_IF_ERROR(client->List(url.bucket, url.key, "/", &objects, nullptr));
+    info->exists = !objects.empty();
+    return Status::OK();
+  }
+  KVFILE_RETURN_IF_ERROR(client->Head(url, &info->exists, nullptr));
+  info->regular = info->exists;
+  info->mode = 0644;
+  info->links = 1;
+  info->id.device = 0x5333;
+  info->id.inode = XXH3_64bits(path.data(), path.size());
+  return Status::OK();
+}
+
+Status ListPrefix(const std::string& dir, const std::vector<std::string>& suffixes, std::vector<RemoteObject>* out) {
+  S3Url url;
+  KVFILE_RETURN_IF_ERROR(ParseS3Url(dir, &url));
+  if (!url.key.empty() && url.key.back() != '/') url.key += '/';
+  Client* client;
+  KVFILE_RETURN_IF_ERROR(ClientFor(dir, &client));
+  std::vector<ObjectInfo> objects;
+  KVFILE_RETURN_IF_ERROR(client->List(url.bucket, url.key, "", &objects, nullptr));
+  out->clear();
+  for (const ObjectInfo& o : objects)
+    for (const std::string& s : suffixes)
+      if (o.key.ends_with(s)) {
+        out->push_back({S3Url{url.bucket, o.key}.ToString(), o.size, o.mtime_ns, XXH3_64bits(o.etag.data(), o.etag.size())});
+        break;
+      }
+  return Status::OK();
+}
+
+Status WalkPrefix(const std::string& dir, const std::vector<std::string>& suffixes, std::vector<WalkEntry>* out) {
+  std::vector<RemoteObject> objects;
+  KVFILE_RETURN_IF_ERROR(ListPrefix(dir, suffixes, &objects));
+  out->clear();
+  for (RemoteObject& o : objects) out->push_back({std::move(o.path), Status::OK()});
+  return Status::OK();
+}
+
+Status AbortStaleUploads(const std::string& path, int* aborted) {
+  *aborted = 0;
+  S3Url url;
+  KVFILE_RETURN_IF_ERROR(ParseS3Url(path, &url));
+  Client* client;
+  KVFILE_RETURN_IF_ERROR(ClientFor(path, &client));
+  std::vector<ObjectInfo> markers;
+  KVFILE_RETURN_IF_ERROR(client->List(url.bucket, url.key + std::string(kMarkerInfix), "", &markers, nullptr));
+  const std::string host = HostName();
+  for (const ObjectInfo& m : markers) {
+    S3Url marker{url.bucket, m.key};
+    std::string text;
+    Status st = client->GetSmall(marker, &text);
+    if (st.code() == Status::Code::kNotFound) continue;  // another run cleaned it meanwhile
+    KVFILE_RETURN_IF_ERROR(st);
+    std::vector<std::string> lines;
+    for (size_t at = 0; at < text.size();) {
+      size_t nl = text.find('\n', at);
+      if (nl == std::string::npos) nl = text.size();
+      lines.push_back(text.substr(at, nl - at));
+      at = nl + 1;
+    }
+    if (lines.size() < 4 || lines[0] != "kvfile-upload" || MarkerFor(url, lines[1]).key != m.key) continue;
+    long pid = std::strtol(lines[3].c_str(), nullptr, 10);
+    if (lines[2] == host && (pid == ::getpid() || Alive(pid))) continue;  // a live upload of this host
+    KVFILE_RETURN_IF_ERROR(client->AbortUpload(url, lines[1]));
+    KVFILE_RETURN_IF_ERROR(client->Delete(marker));
+    ++*aborted;
+  }
+  return Status::OK();
+}
+
+Status UploadFile(FileSystem* fs, const std::string& local, const std::string& path) {
+  S3Url url;
+  KVFILE_RETURN_IF_ERROR(ParseS3Url(path, &url));
+  Client* client;
+  KVFILE_RETURN_IF_ERROR(ClientFor(path, &client));
+  std::unique_ptr<File> in;
+  KVFILE_RETURN_IF_ERROR(fs->Open(local, OpenMode::kRead, &in));
+  uint64_t size = 0;
+  KVFILE_RETURN_IF_ERROR(in->Size(&size));
+  uint64_t part = std::max<uint64_t>(PartBytes(), (size + 9999) / 10000);
+  uint64_t parts = std::max<uint64_t>(1, (size + part - 1) / part);
+
+  std::string upload_id;
+  KVFILE_RETURN_IF_ERROR(client->CreateUpload(url, &upload_id));
+  const S3Url marker = MarkerFor(url, upload_id);
+  auto abort = [&](Status why) {
+    (void)client->AbortUpload(url, upload_id);
+    (void)client->Delete(marker);
+    return why;
+  };
+  Status st = client->PutSmall(marker, "kvfile-upload\n" + upload_id + "\n" + HostName() + "\n" +
+                                          std::to_string(::getpid()) + "\n");
+  if (!st.ok()) return abort(st);
+  std::vector<std::string> etags(parts);
+  std::vector<std::vector<uint8_t>> buffers(kPartsInFlight);
+  for (uint64_t first = 0; first < parts; first += kPartsInFlight) {
+    uint64_t count = std::min<uint64_t>(kPartsInFlight, parts - first);
+    std::vector<Request> puts(count);
+    for (uint64_t i = 0; i < count; ++i) {
+      uint64_t begin = (first + i) * part, bytes = std::min(part, size - begin);
+      buffers[i].resize(bytes);
+      if (bytes) st = in->ReadAt(begin, buffers[i].data(), bytes);
+      if (!st.ok()) return abort(st);
+      puts[i].method = "PUT";
+      puts[i].url = url;
+      puts[i].query = {{"partNumber", std::to_string(first + i + 1)}, {"uploadId", upload_id}};
+      puts[i].body = buffers[i].data();
+      puts[i].body_size = bytes;
+    }
+    std::vector<Response> answers(count);
+    st = client->PerformMany(puts, answers, kPartsInFlight);
+    if (!st.ok()) return abort(st);
+    for (uint64_t i = 0; i < count; ++i) {
+      if (answers[i].status < 200 || answers[i].status > 299) return abort(client->ErrorFor(puts[i], answers[i]));
+      etags[first + i] = answers[i].headers["etag"];
+      if (etags[first + i].empty())
+        return abort(Status::IOError(path + ": the store's answer to part " + std::to_string(first + i + 1) +
+                                     " has no ETag"));
+    }
+  }
+  // The last point to stop: a File that reports a stop (the CLI's, after a
+  // signal) fails this empty read, and the upload is aborted, not completed.
+  st = in->ReadAt(0, nullptr, 0);
+  if (!st.ok()) return abort(st);
+  st = client->CompleteUpload(url, upload_id, etags);
+  if (!st.ok()) return abort(st);
+  (void)client->Delete(marker);  // the object is whole; a marker left is cleaned by the next writer
+  return Status::OK();
+}
+
+}  // namespace kvfile::s3

@@ -1,0 +1,55 @@
+// SPDX-License-Identifier: Apache-2.0
+// s3:// paths in the library (docs/object-storage-core.md): a read-only File
+// over ranged GETs, a FileSystem for s3:// paths, the prefix walk, and the
+// multipart upload a PendingReplace commits a remote destination with.
+// Declared whether or not the build has S3 (KVFILE_WITH_S3); without it
+// each returns kUnsupported (s3_unavailable.cc).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kvfile/file.h"
+#include "kvfile/status.h"
+
+namespace kvfile::s3 {
+
+// The process-wide FileSystem for s3:// paths.
+Status S3FileSystemInstance(FileSystem** out);
+
+// One object found under a prefix, with what tells that it changed.
+struct RemoteObject {
+  std::string path;  // "s3://bucket/key"
+  uint64_t size = 0;
+  int64_t mtime_ns = 0;     // its LastModified
+  uint64_t etag_hash = 0;   // XXH3-64 of its ETag
+};
+// Every object under "s3://bucket/prefix" (a '/' is added when missing)
+// whose key ends in one of `suffixes`, in key order (one ListObjectsV2
+// request per 1000 keys).
+Status ListPrefix(const std::string& dir, const std::vector<std::string>& suffixes, std::vector<RemoteObject>* out);
+
+// WalkDirectory over a prefix: ListPrefix's paths.
+Status WalkPrefix(const std::string& dir, const std::vector<std::string>& suffixes, std::vector<WalkEntry>* out);
+
+// What a remote destination was at PendingReplace::Begin.
+Status StatObject(const std::string& path, PathInfo* info);
+
+// Aborts the multipart uploads kvfile left for `path` (a process killed
+// mid-upload): those whose marker object (KEY.kvupload-ID) names an upload
+// whose creator is not a live process of this host. Others' uploads (no
+// marker) are never touched. *aborted counts them.
+Status AbortStaleUploads(const std::string& path, int* aborted);
+
+// Uploads the local file `local` (read through `fs`) to `path` by
+// multipart: parts of max(8 MiB, size/10000), up to 4 in flight (memory:
+// parts in flight x part size), the object appearing only when the upload
+// completes. Any failure aborts the upload and removes its marker.
+Status UploadFile(FileSystem* fs, const std::string& local, const std::string& path);
+
+// Test hook: the part size (KVFILE_S3_PART_BYTES, at least 5 MiB, the S3
+// minimum; default 8 MiB).
+uint64_t PartBytes();
+
+}  // namespace kvfile::s3

@@ -1,0 +1,78 @@
+# SPDX-License-Identifier: Apache-2.0
+# kvfile.walk, kvfile.convert and kvfile.convert_pack on local paths (their
+# s3:// use: test_s3_reach.py, test_s3_fanout.py).
+import numpy as np
+import pytest
+
+import kvfile
+
+
+def write(path, ids, seed, dtype="e4m3"):
+    """The tiny geometry (2 layers, streams k and v of 2 rows x 16) in `dtype`."""
+    rng = np.random.default_rng(seed)
+    block = {s: rng.standard_normal((2, len(ids), 2, 16)).astype(np.float32) for s in ("k", "v")}
+    geometry = {"layers": 2, "streams": [{"name": s, "rows_per_token": 2, "row_width": 16, "dtype": dtype}
+                                         for s in ("k", "v")]}
+    with kvfile.create(str(path), geometry, model="test/tiny", fingerprint=7, chunk_tokens=4) as w:
+        w.append(ids, block)
+    return block
+
+
+def test_walk_lists_kv_and_kvpack_files_sorted(tmp_path):
+    (tmp_path / "sub").mkdir()
+    for name in ("b.kv", "a.kvpack", "sub/c.kv", "notes.txt"):
+        (tmp_path / name).write_bytes(b"")
+    d = str(tmp_path) + "/"
+    assert kvfile.walk(d) == [d + "a.kvpack", d + "b.kv", d + "sub/c.kv"]
+    assert kvfile.walk(d, [".kvpack"]) == [d + "a.kvpack"]
+    with pytest.raises(kvfile.NotFoundError):
+        kvfile.walk(str(tmp_path / "nosuch"))
+
+
+def test_convert_to_nvfp4_keeps_tokens_identity_and_values_within_nvfp4_error(tmp_path):
+    ids = list(range(300))  # more than one block of 256 tokens
+    write(tmp_path / "a.kv", ids, 1)
+    out = kvfile.convert(str(tmp_path / "a.kv"), str(tmp_path / "b.kv"), "nvfp4")
+    assert out == {"tokens": 300, "bytes": (tmp_path / "b.kv").stat().st_size}
+    with kvfile.open(str(tmp_path / "a.kv")) as a, kvfile.open(str(tmp_path / "b.kv")) as b:
+        assert [s["dtype"] for s in b.geometry["streams"]] == ["nvfp4", "nvfp4"]
+        assert (b.info()["model"], b.info()["fingerprint"], b.info()["chunk_tokens"]) == ("test/tiny", 7, 4)
+        assert np.array_equal(b.tokens, a.tokens)
+        x, y = a.read_all()["k"], b.read_all()["k"]
+        # nvfp4: 4-bit elements, a scale per 16: within a quarter of each block's largest value.
+        block_max = np.abs(x).reshape(-1, 16).max(axis=1, keepdims=True)
+        assert np.all(np.abs(x - y).reshape(-1, 16) <= 0.25 * block_max + 1e-6)
+    with pytest.raises(kvfile.Error, match="exists"):
+        kvfile.convert(str(tmp_path / "a.kv"), str(tmp_path / "b.kv"), "nvfp4")
+
+
+def test_convert_pack_verifies_then_writes_every_member_converted(tmp_path):
+    # bf16 to e4m3: packs hold bf16, f16, f32, e4m3 and e5m2 streams (not nvfp4: spec/PACK.md).
+    write(tmp_path / "a.kv", list(range(10)), 1, "bf16")
+    write(tmp_path / "b.kv", list(range(100, 106)), 2, "bf16")
+    kvfile.pack(str(tmp_path / "in.kvpack"), {"a.kv": str(tmp_path / "a.kv"), "s/b.kv": str(tmp_path / "b.kv")},
+                chunk_tokens=4)
+    r = kvfile.convert_pack(str(tmp_path / "in.kvpack"), str(tmp_path / "out.kvpack"), "e4m3", chunk_tokens=4,
+                            scratch=str(tmp_path))
+    assert r == {"src": str(tmp_path / "in.kvpack"), "dst": str(tmp_path / "out.kvpack"), "members": 2, "tokens": 16,
+                 "verified_bytes": (tmp_path / "in.kvpack").stat().st_size,
+                 "bytes": (tmp_path / "out.kvpack").stat().st_size}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.kv", "b.kv", "in.kvpack", "out.kvpack"]
+    # Each member is what kvfile.convert makes of it.
+    kvfile.convert(str(tmp_path / "b.kv"), str(tmp_path / "b8.kv"), "e4m3")
+    kvfile.Pack(str(tmp_path / "out.kvpack")).materialize("s/b.kv", str(tmp_path / "m.kv"))
+    with kvfile.open(str(tmp_path / "m.kv")) as m, kvfile.open(str(tmp_path / "b8.kv")) as ref:
+        assert [s["dtype"] for s in m.geometry["streams"]] == ["e4m3", "e4m3"]
+        assert np.array_equal(m.tokens, ref.tokens)
+        assert all(np.array_equal(m.read_all()[s], ref.read_all()[s]) for s in ("k", "v"))
+
+
+def test_convert_pack_of_a_damaged_pack_writes_nothing(tmp_path):
+    write(tmp_path / "a.kv", list(range(10)), 1)
+    kvfile.pack(str(tmp_path / "in.kvpack"), {"a.kv": str(tmp_path / "a.kv")}, chunk_tokens=4)
+    data = bytearray((tmp_path / "in.kvpack").read_bytes())
+    data[200] ^= 0x10
+    (tmp_path / "in.kvpack").write_bytes(bytes(data))
+    with pytest.raises(kvfile.CorruptionError, match="checksum mismatch"):
+        kvfile.convert_pack(str(tmp_path / "in.kvpack"), str(tmp_path / "out.kvpack"), "e4m3")
+    assert not (tmp_path / "out.kvpack").exists()
