@@ -2,6 +2,7 @@
 # The Dask fan-out recipe (src/python/examples/dask_fanout.py, shown whole in
 # docs/object-storage.md): every pack under an s3:// prefix verified and
 # converted bf16 -> e4m3 on a LocalCluster of 2 worker processes.
+import os
 import re
 import subprocess
 import sys
@@ -14,6 +15,13 @@ from test_convert import write
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "src" / "python" / "examples" / "dask_fanout.py"
+
+
+def recipe_env():
+    """This process's environment (the store's AWS variables, set by the
+    swift_store fixture, and under the ASan pass the preloaded runtime the
+    module needs) with the kvfile this test imported."""
+    return dict(os.environ, PYTHONPATH=str(Path(kvfile.__file__).resolve().parents[1]))
 
 
 def test_docs_show_the_recipe_file_whole():
@@ -32,8 +40,7 @@ def test_recipe_verifies_and_converts_every_pack_on_two_workers(swift_store, s3_
             members[f"s{m}.kv"] = str(tmp_path / f"{p}_{m}.kv")
         kvfile.pack(str(tmp_path / f"p{p}.kvpack"), members, chunk_tokens=4)
         s3.upload_file(str(tmp_path / f"p{p}.kvpack"), s3_bucket, f"bf16/sub{p % 2}/p{p}.kvpack")
-    env = swift_store.env()
-    env["PYTHONPATH"] = str(Path(kvfile.__file__).resolve().parents[1])
+    env = recipe_env()
     src, dst = f"s3://{s3_bucket}/bf16/", f"s3://{s3_bucket}/e4m3/"
     out = subprocess.run([sys.executable, str(RECIPE), src, dst, "--dtype", "e4m3", "--workers", "2"],
                          env=env, capture_output=True, text=True, timeout=300)
@@ -60,8 +67,7 @@ def test_recipe_fails_on_a_damaged_pack_and_writes_no_object_for_it(swift_store,
     data[200] ^= 0x10
     s3 = swift_store.boto3()
     s3.put_object(Bucket=s3_bucket, Key="in/bad.kvpack", Body=bytes(data))
-    env = swift_store.env()
-    env["PYTHONPATH"] = str(Path(kvfile.__file__).resolve().parents[1])
+    env = recipe_env()
     out = subprocess.run([sys.executable, str(RECIPE), f"s3://{s3_bucket}/in/", f"s3://{s3_bucket}/out/",
                           "--workers", "2"], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 1
