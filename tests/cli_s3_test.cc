@@ -16,6 +16,7 @@
 
 #include <gtest/gtest.h>
 
+#include "kvfile/file.h"
 #include "s3/s3_client.h"
 #include "support/adversity.h"
 #include "support/cli_run.h"
@@ -29,6 +30,11 @@ namespace {
 
 namespace fs = std::filesystem;
 using s3::S3Url;
+using kvfile::File;
+using kvfile::FileSystem;
+using kvfile::OpenMode;
+using kvfile::ReadRequest;
+using kvfile::Status;
 
 constexpr const char* kBucket = "kvtest";
 
@@ -179,6 +185,25 @@ TEST_F(S3Cli, PackUploadsByMultipartAndEveryReadVerbReadsIt) {
   EXPECT_EQ(r.err, "kvfile: error: " + url + ": no member shares the first token of the query (2 searched)\n");
   EXPECT_LE(n, 3u) << Trace();
   std::printf("[ info     ] requests: ls %zu, find %zu\n", ls_requests, n);
+  // Packed again from the objects: inputs are read paths too.
+  ASSERT_EQ(Kvfile("convert " + In("a.kv") + " " + Url("in/a.kv")).exit_code, 0);
+  r = Kvfile("pack -o " + P("again.kvpack") + " " + Url("in/") + " " + Url("in/a.kv"));
+  EXPECT_EQ(r.exit_code, 2);  // the same member name twice
+  EXPECT_EQ(r.err, "kvfile: error: " + Url("in/a.kv") + ": member name 'a.kv' is also the name of " + Url("in/a.kv") + "\n");
+  r = Kvfile("pack -o " + P("again.kvpack") + " " + Url("in/"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  CliRun ls = Kvfile("ls " + P("again.kvpack"));
+  EXPECT_NE(ls.out.find("\na.kv                                            512 "), std::string::npos) << ls.out;
+  // unpack writes local files: an s3:// OUT is refused before anything is made.
+  r = Kvfile("unpack " + url + " -o s3://kvtest/out/");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err, "kvfile: error: s3://kvtest/out/: unpack writes local files; upload a member with: kvfile convert "
+                   "PACK:MEMBER s3://BUCKET/KEY.kv\n");
+  r = Kvfile("convert " + (*root_ / "").string() + " s3://kvtest/out/ --to kv", "cd " + dir_.string() + " &&");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err, "kvfile: error: s3://kvtest/out/: a directory is converted into a local directory; an object "
+                   "store takes one file per convert\n");
+  EXPECT_FALSE(fs::exists(dir_ / "s3:"));
   r = Traced("unpack " + url + " -o " + P("out"), &n);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   // Members come out as .kv files of their own (a fresh salt each, so not
@@ -208,6 +233,9 @@ TEST_F(S3Cli, ConvertWritesAndReadsObjects) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("io backend:      s3\n"), std::string::npos) << r.out;
   std::printf("[ info     ] requests: info of a 34.6 MB .kv object %zu\n", n);
+  r = Kvfile("dump --tokens " + kv);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, Kvfile("dump --tokens " + In("a.kv")).out);
   r = Traced("verify " + fp4, &n);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out, fp4 + ": ok: 512 tokens in 2 chunks, 19025920 bytes\n");
@@ -253,6 +281,57 @@ TEST_F(S3Cli, FindOnAPrefixReadsItsIndexInAtMostThreeRequests) {
   r = Kvfile("index " + dir);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out, dir + ".kvfile-index: 2 files indexed (1 read, 1 unchanged)\n");
+}
+
+// The library's remote File (FileSystem::Default() routes s3:// paths):
+// reads batched into few ranged GETs, every byte as stored, and a read of
+// an object replaced since it was opened refused, never mixed.
+TEST_F(S3Cli, RemoteFileReadsBatchedAndRefusesAReplacedObject) {
+  const std::string url = Url("blob");
+  std::string a(4u << 20, '\0');
+  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<char>((i * 2654435761u) >> 13);
+  ASSERT_TRUE(Client().PutSmall(Parse(url), a).ok());
+  std::unique_ptr<File> f;
+  uint64_t before = s3::RequestCount();
+  ASSERT_TRUE(FileSystem::Default()->Open(url, OpenMode::kRead, &f).ok());
+  EXPECT_EQ(s3::RequestCount() - before, 1u);  // the first MiB, which gives the size
+  EXPECT_STREQ(f->backend(), "s3");
+  uint64_t size = 0;
+  ASSERT_TRUE(f->Size(&size).ok());
+  EXPECT_EQ(size, a.size());
+  // Three small reads in blocks 1 to 3 (one GET for the run of blocks)
+  // and one of a whole MiB (a GET of its own into the caller's buffer).
+  const uint64_t mib = 1u << 20;
+  std::string r1(10, 'x'), r2(10, 'x'), r3(10, 'x'), r4(mib, 'x');
+  std::vector<ReadRequest> batch = {{mib + mib / 2, r1.data(), 10}, {2 * mib + mib / 2, r2.data(), 10},
+                                    {3 * mib - 5, r3.data(), 10}, {mib / 2, r4.data(), mib}};
+  before = s3::RequestCount();
+  ASSERT_TRUE(f->ReadBatch(batch).ok());
+  EXPECT_EQ(s3::RequestCount() - before, 2u);
+  EXPECT_EQ(r1, a.substr(mib + mib / 2, 10));
+  EXPECT_EQ(r2, a.substr(2 * mib + mib / 2, 10));
+  EXPECT_EQ(r3, a.substr(3 * mib - 5, 10));
+  EXPECT_TRUE(r4 == a.substr(mib / 2, mib));
+  // Cached now: no request.
+  before = s3::RequestCount();
+  ASSERT_TRUE(f->ReadAt(3 * mib + 7, r1.data(), 10).ok());
+  EXPECT_EQ(s3::RequestCount() - before, 0u);
+  EXPECT_EQ(r1, a.substr(3 * mib + 7, 10));
+  // Past the end: the format's "unexpected end of file".
+  Status st = f->ReadAt(size - 5, r1.data(), 10);
+  EXPECT_EQ(st.code(), Status::Code::kCorruption);
+  EXPECT_EQ(st.message(), url + ": unexpected end of file: 10 bytes at offset 4194299 of a 4194304-byte object");
+  // Replaced: a block not cached yet comes from another version.
+  std::unique_ptr<File> g;
+  ASSERT_TRUE(FileSystem::Default()->Open(url, OpenMode::kRead, &g).ok());
+  std::string b = a;
+  b[2 * mib] = static_cast<char>(b[2 * mib] + 1);
+  ASSERT_TRUE(Client().PutSmall(Parse(url), b).ok());
+  st = g->ReadAt(2 * mib, r1.data(), 10);
+  EXPECT_EQ(st.code(), Status::Code::kBusy);
+  EXPECT_TRUE(st.message().starts_with(url + ": the object was replaced while it was read (ETag ")) << st.message();
+  // Writing is refused: objects are written whole.
+  EXPECT_EQ(FileSystem::Default()->Open(url, OpenMode::kReadWrite, &g).code(), Status::Code::kUnsupported);
 }
 
 TEST_F(S3Cli, AnExistingKeyIsRefusedWithoutForce) {
@@ -328,6 +407,16 @@ TEST_F(S3Cli, DroppedConnectionsAreRetriedThenFailCleanly) {
       << r.err;
   EXPECT_TRUE(r.err.ends_with(" (3 attempts)\n")) << r.err;
   EXPECT_EQ(proxy.connections(), 3);
+}
+
+TEST_F(S3Cli, ConnectionsAreReused) {
+  ASSERT_EQ(Kvfile("pack -o " + Url("p.kvpack") + " " + In("a.kv") + " " + In("b.kv")).exit_code, 0);
+  FaultProxy proxy(PortOf(store_->endpoint()), FaultProxy::Fault::k503, 0);  // forwards every connection
+  size_t n = 0;
+  CliRun r = Traced("ls " + Url("p.kvpack"), &n, "AWS_ENDPOINT_URL=" + proxy.endpoint());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(n, 3u) << Trace();
+  EXPECT_EQ(proxy.connections(), 1);  // three requests one after another: one connection
 }
 
 TEST_F(S3Cli, RetriesRideOutTransientFaults) {
@@ -421,8 +510,8 @@ TEST_F(S3Cli, AStoreStoppedUnderAReadOrAnUploadFailsTheCommandCleanly) {
     EXPECT_TRUE(err.ends_with(" (2 attempts)\n")) << err;
     fs::remove(trace_);
   }
-  // An upload: the same, once its first parts are stored. The abort
-  // cannot reach the stopped store either: the next run aborts it.
+  // An upload: the same, once its first parts are stored; the next run
+  // aborts what the failed one could not.
   {
     KvfileChild child(P("err2"));
     StartFrozenUpload(&child, pack, In("big.kv"), trace_);
@@ -437,10 +526,13 @@ TEST_F(S3Cli, AStoreStoppedUnderAReadOrAnUploadFailsTheCommandCleanly) {
   ::unsetenv("KVFILE_S3_BACKOFF_MS");
   ::unsetenv("KVFILE_S3_STALL_S");
   EXPECT_FALSE(ObjectExists(pack));
-  EXPECT_EQ(Uploads(pack).size(), 1u);
+  // The abort's request may sit in the stopped store's socket and run when
+  // it continues, or time out unsent: at most the one upload is left.
+  EXPECT_LE(Uploads(pack).size(), 1u);
   CliRun r = Kvfile("pack -o " + pack + " " + In("b.kv"));
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_TRUE(Uploads(pack).empty());
+  EXPECT_EQ(Keys(pack), std::vector<std::string>{Parse(pack).key});  // no marker left
   EXPECT_EQ(Kvfile("verify " + pack).exit_code, 0);
 }
 

@@ -712,6 +712,8 @@ int RunConvert(const ConvertArgs& a) {
   Kind in_kind = from_pack ? Kind::kKv : KindOf(a.in);
   if (in_kind == Kind::kDirectory) {
     if (to_llama) return UsageError(a.in + ": --format " + a.format + " converts one .kv file, not a directory");
+    if (a.out.starts_with("s3://"))
+      return UsageError(a.out + ": a directory is converted into a local directory; an object store takes one file per convert");
     return ConvertTree(a, p);
   }
   if (a.to) return UsageError("--to applies to a directory IN (a file's OUT suffix says the format)");

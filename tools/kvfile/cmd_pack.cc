@@ -41,7 +41,8 @@ struct PackArgs {
 Status ListInputs(const std::vector<std::string>& inputs, std::vector<std::pair<std::string, std::string>>* out) {
   for (const std::string& p : inputs) {
     std::error_code ec;
-    if (fs::is_directory(p, ec)) {
+    const bool prefix = IsObjectPrefix(p);  // s3://BUCKET/PREFIX/: its .kv objects
+    if (prefix || fs::is_directory(p, ec)) {
       std::vector<std::pair<std::string, std::string>> found;
       std::vector<WalkEntry> walked;
       KVFILE_RETURN_IF_ERROR(WalkDirectory(p, {".kv"}, &walked));
@@ -52,7 +53,7 @@ Status ListInputs(const std::vector<std::string>& inputs, std::vector<std::pair<
       }
       std::sort(found.begin(), found.end());
       out->insert(out->end(), found.begin(), found.end());
-    } else if (fs::exists(p, ec)) {
+    } else if (p.starts_with("s3://") || fs::exists(p, ec)) {  // an object: the store says whether it exists
       out->emplace_back(fs::path(p).filename().string(), p);
     } else {
       return Status::NotFound(p + ": No such file or directory");
@@ -152,6 +153,8 @@ struct UnpackArgs {
 int RunUnpack(const UnpackArgs& a) {
   InstallSignalHandlers();
   SetCurrentPath(a.pack);
+  if (a.out.starts_with("s3://"))
+    return UsageError(a.out + ": unpack writes local files; upload a member with: kvfile convert PACK:MEMBER s3://BUCKET/KEY.kv");
   // A signal stops the unpack at its next read or write: the member being
   // written is left as it was.
   ReadProgressFileSystem stop_fs(FileSystem::Default(), nullptr, ReadProgressFileSystem::Signals::kStop);
