@@ -10,7 +10,9 @@
 # long ones, the damage sweeps checking 1 case in 8 (KVFILE_SWEEP_SAMPLE;
 # every byte of every fixture is still flipped, every block boundary still
 # cut) and the Python module with the ASan runtime preloaded into the
-# interpreter; and last every fuzz target for 15 seconds (nine targets: the CPU time seven took at 20), two at a time
+# interpreter (the S3 tests in both passes start their own object store,
+# OpenStack Swift on 127.0.0.1: tests/support/swift_store.py); and last
+# every fuzz target for 15 seconds (nine targets: the CPU time seven took at 20), two at a time
 # (scripts/fuzz.sh).
 set -euo pipefail
 KVFILE_ROOT=$(cd "$(dirname "$0")/.." && pwd)

@@ -13,5 +13,6 @@ void BindVerify(pybind11::module_& m);   // verify()
 void BindFormats(pybind11::module_& m);  // mooncake_encode/decode, coli_import/export
 void BindPack(pybind11::module_& m);     // Pack
 void BindFind(pybind11::module_& m);     // find(), index_directory(), walk()
+void BindReplace(pybind11::module_& m);  // _Replace (kvfile.convert's output)
 
 }  // namespace kvfile::python

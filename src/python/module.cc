@@ -19,6 +19,7 @@ PYBIND11_MODULE(_kvfile, m) {
   kvfile::python::BindFormats(m);
   kvfile::python::BindPack(m);
   kvfile::python::BindFind(m);
+  kvfile::python::BindReplace(m);
   m.def("presets", [] { return pybind11::cast(kvfile::PresetNames()); },
         "The names of the preset geometries create() accepts.");
 }

@@ -42,8 +42,14 @@ def test_convert_to_nvfp4_keeps_tokens_identity_and_values_within_nvfp4_error(tm
         # nvfp4: 4-bit elements, a scale per 16: within a quarter of each block's largest value.
         block_max = np.abs(x).reshape(-1, 16).max(axis=1, keepdims=True)
         assert np.all(np.abs(x - y).reshape(-1, 16) <= 0.25 * block_max + 1e-6)
-    with pytest.raises(kvfile.Error, match="exists"):
-        kvfile.convert(str(tmp_path / "a.kv"), str(tmp_path / "b.kv"), "nvfp4")
+    before = (tmp_path / "b.kv").read_bytes()
+    with pytest.raises(kvfile.InvalidArgumentError, match="b.kv: file exists; pass overwrite=True to replace it"):
+        kvfile.convert(str(tmp_path / "a.kv"), str(tmp_path / "b.kv"), "e5m2")
+    assert (tmp_path / "b.kv").read_bytes() == before
+    assert kvfile.convert(str(tmp_path / "a.kv"), str(tmp_path / "b.kv"), "e5m2", overwrite=True)["tokens"] == 300
+    with kvfile.open(str(tmp_path / "b.kv")) as b:
+        assert [s["dtype"] for s in b.geometry["streams"]] == ["e5m2", "e5m2"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.kv", "b.kv"]  # no temporary file left
 
 
 def test_convert_pack_verifies_then_writes_every_member_converted(tmp_path):

@@ -87,6 +87,9 @@ class SwiftStore {
   SwiftStore& operator=(const SwiftStore&) = delete;
 
   bool ok() const { return ok_; }
+  // Whether Debian's python3-swift is there to start (scripts/deps.sh
+  // installs it; tests skip without it).
+  static bool Installed() { return std::filesystem::exists("/usr/lib/python3/dist-packages/swift/__init__.py"); }
   // http://127.0.0.1:PORT, path-style addressing.
   std::string endpoint() const { return Field("endpoint"); }
   std::string access_key() const { return Field("access_key"); }  // "test:tester"

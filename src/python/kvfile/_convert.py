@@ -12,7 +12,7 @@ maps it over the packs of a prefix.
 import os
 import tempfile
 
-from ._kvfile import Pack, create, open_reader, pack
+from ._kvfile import InvalidArgumentError, Pack, _Replace, create, open_reader, pack
 
 # Tokens decoded and appended at a time: bounds the float32 rows in memory
 # (a block of 256 llama-3.1-8b tokens is 256 MiB of float32).
@@ -22,8 +22,25 @@ _BLOCK_TOKENS = 256
 def convert(src, dst, dtype, *, chunk_tokens=None, overwrite=False):
     """Writes the .kv file `src` as the new .kv file `dst` with every stream
     in `dtype` ("e4m3", "e5m2", "nvfp4", "bf16", ...): same tokens, model,
-    fingerprint and geometry. chunk_tokens defaults to src's. Returns
-    {tokens, bytes}."""
+    fingerprint and geometry. chunk_tokens defaults to src's. dst is
+    written whole under a temporary name (an s3:// key: staged locally,
+    then uploaded) and replaces what was there (overwrite=True) only when
+    complete; an existing dst without overwrite raises
+    InvalidArgumentError. Returns {tokens, bytes}."""
+    replace = _Replace(dst)
+    try:
+        if replace.existed and not overwrite:
+            raise InvalidArgumentError(f"{dst}: file exists; pass overwrite=True to replace it")
+        _convert_to(src, replace.temp_path, dtype, chunk_tokens)
+        with open_reader(replace.temp_path) as out:
+            result = {"tokens": len(out), "bytes": out.info()["bytes"]}
+        replace.commit()
+        return result
+    finally:
+        replace.discard()
+
+
+def _convert_to(src, dst, dtype, chunk_tokens):
     with open_reader(src) as r:
         info = r.info()
         geometry = {"layers": info["geometry"]["layers"],
@@ -31,12 +48,10 @@ def convert(src, dst, dtype, *, chunk_tokens=None, overwrite=False):
         n = len(r)
         ids = r.tokens
         with create(dst, geometry, model=info["model"], fingerprint=info["fingerprint"],
-                    chunk_tokens=chunk_tokens or info["chunk_tokens"], overwrite=overwrite) as w:
+                    chunk_tokens=chunk_tokens or info["chunk_tokens"]) as w:
             for start in range(0, n, _BLOCK_TOKENS):
                 stop = min(n, start + _BLOCK_TOKENS)
                 w.append(ids[start:stop], r.read_all(start=start, stop=stop))
-    with open_reader(dst) as out:
-        return {"tokens": len(out), "bytes": out.info()["bytes"]}
 
 
 def convert_pack(src, dst, dtype, *, chunk_tokens=256, scratch=None):
