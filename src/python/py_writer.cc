@@ -39,8 +39,13 @@ SyncMode SyncModeByName(const std::string& name) {
 }
 
 // The expected shape of a stream's array, as text for messages.
+// A stream's leading axis: its layers (all, or its layer set's).
+uint32_t LayersOf(const Geometry& g, const StreamSpec& s) {
+  return s.layers.empty() ? g.layers : static_cast<uint32_t>(s.layers.size());
+}
+
 std::string ExpectedShape(const Geometry& g, const StreamSpec& s, size_t tokens) {
-  return "[layers=" + std::to_string(g.layers) + ", tokens=" + std::to_string(tokens) +
+  return "[layers=" + std::to_string(LayersOf(g, s)) + ", tokens=" + std::to_string(tokens) +
          ", rows_per_token=" + std::to_string(s.rows_per_token) + ", row_width=" + std::to_string(s.row_width) +
          "]";
 }
@@ -80,7 +85,7 @@ class PyWriter {
       if (!streams.contains(spec.name))
         throw py::value_error("append: no array for stream '" + spec.name + "'");
       py::array a = RowArray(streams[spec.name.c_str()], "stream '" + spec.name + "'", &dtypes[s]);
-      const std::vector<py::ssize_t> want = {g.layers, static_cast<py::ssize_t>(count), spec.rows_per_token,
+      const std::vector<py::ssize_t> want = {LayersOf(g, spec), static_cast<py::ssize_t>(count), spec.rows_per_token,
                                              spec.row_width};
       if (a.ndim() != 4 || !std::equal(want.begin(), want.end(), a.shape()))
         throw py::value_error("stream '" + spec.name + "': shape " + ShapeText(a) + ", expected " +
@@ -96,8 +101,11 @@ class PyWriter {
       arrays[s] = Contiguous(arrays[s], "stream '" + spec.name + "'");
       const auto* base = static_cast<const char*>(arrays[s].data());
       const size_t layer_bytes = count * spec.ElementsPerToken() * ElementSize(dtypes[s]);
+      // The array's i-th layer is the stream's i-th; absent layers keep an empty block.
+      size_t i = 0;
       for (uint32_t layer = 0; layer < g.layers; ++layer)
-        batch.blocks[layer * g.streams.size() + s] = {dtypes[s], base + layer * layer_bytes, nullptr};
+        if (g.InLayer(layer, static_cast<uint32_t>(s)))
+          batch.blocks[layer * g.streams.size() + s] = {dtypes[s], base + i++ * layer_bytes, nullptr};
     }
     guarded_.Run([&](Writer& w) { return w.Append(batch); });
   }
@@ -206,7 +214,7 @@ void BindWriter(py::module_& m) {
         py::arg("fingerprint") = 0, py::arg("dtype") = "e4m3", py::arg("chunk_tokens") = 256,
         py::arg("sync") = "close", py::arg("overwrite") = false, py::arg("format") = 2,
         "Creates a .kv file. geometry: a preset name (kvfile.presets()) or a dict {\"layers\": n, "
-        "\"streams\": [{\"name\", \"rows_per_token\", \"row_width\", \"dtype\"}]}; dtype is the fp8 "
+        "\"streams\": [{\"name\", \"rows_per_token\", \"row_width\", \"dtype\"[, \"layers\"]}]} (\"layers\": a stream in those layers only); dtype is the fp8 "
         "dtype of preset streams and of dict streams without one. sync: \"none\", \"chunk\" or "
         "\"close\". format=1 writes the older raw layout.");
   m.def("open_writer", &OpenWriter, py::arg("path"), py::kw_only(), py::arg("sync") = "close",
