@@ -305,6 +305,34 @@ TEST_F(CliVerbsTest, RoundTripEveryPresetAndDtypeThroughSafetensors) {
   }
 }
 
+// The glm-5.2 preset (78 layers, the indexer in 21): synth writes a 2.3
+// file whose indexer has its 21 layers, synth --check and verify pass, info
+// shows the layers, and bench, which measures presets in every layer, says
+// why it does not take it (exit 2).
+TEST_F(CliVerbsTest, Glm52PresetKeepsItsIndexerIn21Layers) {
+  Synth("g.kv", "--preset glm-5.2 --tokens 5 --chunk-tokens 2 --seed 4");
+  CliRun check = Kvfile("synth --check " + P("g.kv"));
+  EXPECT_EQ(check.exit_code, 0) << check.err;
+  CliRun v = Kvfile("verify " + P("g.kv"));
+  EXPECT_EQ(v.exit_code, 0) << v.err;
+  auto info = nlohmann::json::parse(Kvfile("info --json " + P("g.kv")).out);
+  EXPECT_EQ(info["version"], "2.3");
+  EXPECT_EQ(info["layers"], 78);
+  EXPECT_FALSE(info["streams"][0].contains("layers"));
+  EXPECT_EQ(info["streams"][2]["layers"],
+            json({0, 4, 8, 12, 16, 20, 24, 28, 32, 36, 40, 44, 48, 52, 56, 60, 64, 68, 72, 76, 77}));
+  CliRun text = Kvfile("info " + P("g.kv"));
+  EXPECT_NE(text.out.find("bf16  in layers 0,4,8,12,16,20,24,28,32,36,40,44,48,52,56,60,64,68,72,76,77\n"),
+            std::string::npos)
+      << text.out;
+  fs::create_directories(P("bench"));
+  CliRun b = Kvfile("bench --preset glm-5.2 --tokens 4 --dir " + P("bench"));
+  EXPECT_EQ(b.exit_code, 2);
+  EXPECT_EQ(b.err, "kvfile bench: generating the session\nkvfile: error: preset glm-5.2 has a stream in some "
+                   "layers only; bench measures presets whose "
+                   "streams are in every layer (--fidelity takes it)\n");
+}
+
 TEST_F(CliVerbsTest, ImportQuantizesValuesWithTheCodec) {
   Input in(37, 1);
   in.Write(P("in.safetensors"), kMeta);
