@@ -470,7 +470,8 @@ KVFILE_EXPORT kvfile_status kvfile_mooncake_decode(const uint8_t* record, size_t
 /* Imports a colibri session (COLIKV1 or COLIKV2) as a new .kv file at
  * kv_path (which must not exist): streams latent, rope (e4m3) and indexer
  * (f32). Bad data: KVFILE_CORRUPTION or KVFILE_UNSUPPORTED; kv_path is then
- * removed. */
+ * removed. A session whose indexer is in some layers only needs them named:
+ * KVFILE_INVALID_ARGUMENT here, kvfile_coli_import_layers takes them. */
 KVFILE_EXPORT kvfile_status kvfile_coli_import(const char* coli_path, const char* kv_path);
 
 /* kvfile_coli_import of a session whose indexer is in some layers only
