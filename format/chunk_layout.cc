@@ -8,7 +8,7 @@ namespace kvfile::format {
 // over sections < 2^59, so plain u64 arithmetic cannot overflow; the geometry
 // must have passed Validate(), which DecodeFileHeader guarantees.
 uint64_t HeadBytes(const Geometry& g, uint32_t token_count) {
-  uint64_t n = ch::kHeaderSize + 8ull * g.layers * g.streams.size() + 4ull * token_count + 8;
+  uint64_t n = ch::kHeaderSize + 8ull * g.SectionCount() + 4ull * token_count + 8;
   return AlignUp(n, kSectionAlign);
 }
 
@@ -21,15 +21,20 @@ Status ComputeChunkLayout(const Geometry& g, uint32_t token_count, ChunkLayout* 
   l.layers = g.layers;
   l.streams = static_cast<uint32_t>(g.streams.size());
   l.section_checksums_offset = ch::kHeaderSize;
-  l.tokens_offset = ch::kHeaderSize + 8ull * l.layers * l.streams;
+  l.tokens_offset = ch::kHeaderSize + 8ull * g.SectionCount();
   l.head_bytes = HeadBytes(g, token_count);
   l.head_checksum_offset = l.head_bytes - 8;
-  l.sections.resize(static_cast<size_t>(l.layers) * l.streams);
+  l.sections.reserve(g.SectionCount());
+  l.section_index.assign(static_cast<size_t>(l.layers) * l.streams, ChunkLayout::kAbsent);
   uint64_t pos = l.head_bytes;
   for (uint32_t layer = 0; layer < l.layers; ++layer) {
     for (uint32_t s = 0; s < l.streams; ++s) {
+      if (!g.InLayer(layer, s)) continue;
       const StreamSpec& spec = g.streams[s];
-      SectionLayout& sec = l.sections[static_cast<size_t>(layer) * l.streams + s];
+      l.section_index[static_cast<size_t>(layer) * l.streams + s] = static_cast<uint32_t>(l.sections.size());
+      SectionLayout& sec = l.sections.emplace_back();
+      sec.layer = layer;
+      sec.stream = s;
       uint64_t rows = uint64_t{token_count} * spec.rows_per_token;
       sec.offset = pos;
       sec.data_bytes = CodeBytes(spec.dtype, rows * spec.row_width);

@@ -3,11 +3,13 @@
 // chunk's token count. Reader and writer both use this single definition.
 //
 //   [0, 64)                 chunk header
-//   [64, 64 + 8*L*S)        section checksums, u64, index layer*S + stream
+//   [64, 64 + 8*N)          section checksums, u64, one per section in
+//                           section order; N = L*S, or with layer sets the
+//                           (layer, stream) pairs present
 //   [.., + 4*T)             token ids, u32
 //   zero padding, then head checksum u64 in the last 8 bytes of the head;
 //                           the head is a multiple of 64 bytes
-//   sections, layer-major:  for layer l, stream s: rows [T][R][W] of the
+//   sections, layer-major:  for layer l, stream s (if present in l): rows [T][R][W] of the
 //                           stream's dtype, zero pad to 64, and for fp8
 //                           streams the scales f32[T][R], zero pad to 64.
 //                           An nvfp4 section (one row of R*W per token):
@@ -30,6 +32,8 @@
 namespace kvfile::format {
 
 struct SectionLayout {
+  uint32_t layer = 0;          // which (layer, stream) the section holds
+  uint32_t stream = 0;
   uint64_t offset = 0;         // from the chunk's start, multiple of 64
   uint64_t data_bytes = 0;     // T*R*W*element size (T*R*W/2 for nvfp4)
   uint64_t block_scales_offset = 0;  // from the chunk's start; nvfp4 only
@@ -58,11 +62,19 @@ struct ChunkLayout {
   uint64_t head_checksum_offset = 0;  // = head_bytes - 8
   uint64_t head_bytes = 0;
   uint64_t chunk_bytes = 0;
-  std::vector<SectionLayout> sections;  // layers * streams
+  std::vector<SectionLayout> sections;  // the sections present, in order
+  // sections[] index of (layer, stream) at layer * streams + stream, or
+  // kAbsent where the stream is not in the layer.
+  std::vector<uint32_t> section_index;
+  static constexpr uint32_t kAbsent = ~uint32_t{0};
 
-  const SectionLayout& section(uint32_t layer, uint32_t stream) const {
-    return sections[static_cast<size_t>(layer) * streams + stream];
+  bool present(uint32_t layer, uint32_t stream) const { return index(layer, stream) != kAbsent; }
+  // The section's index (and checksum index); kAbsent if not present.
+  uint32_t index(uint32_t layer, uint32_t stream) const {
+    return section_index[static_cast<size_t>(layer) * streams + stream];
   }
+  // Only for a (layer, stream) present.
+  const SectionLayout& section(uint32_t layer, uint32_t stream) const { return sections[index(layer, stream)]; }
 };
 
 // The rows a stream's section holds as the codec sees them: rows_per_token

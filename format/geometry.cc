@@ -2,6 +2,7 @@
 // Geometry validation and the expected-vs-actual comparison.
 #include "format/geometry.h"
 
+#include <algorithm>
 #include <set>
 
 namespace kvfile {
@@ -49,8 +50,90 @@ Status Geometry::Validate() const {
       return Status::InvalidArgument("stream '" + s.name + "': nvfp4 needs rows x width (" +
                                      std::to_string(s.ElementsPerToken()) +
                                      ") to be a multiple of 16 (one block scale per 16 elements)");
+    for (size_t i = 0; i < s.layers.size(); ++i) {
+      if (s.layers[i] >= layers)
+        return Status::InvalidArgument("stream '" + s.name + "': layer " + std::to_string(s.layers[i]) +
+                                       " outside 0.." + std::to_string(layers - 1));
+      if (i > 0 && s.layers[i] <= s.layers[i - 1])
+        return Status::InvalidArgument("stream '" + s.name + "': its layers are not ascending without repeats");
+    }
+    if (s.layers.size() == layers)
+      return Status::InvalidArgument("stream '" + s.name +
+                                     "': lists every layer (a stream in every layer has no layer list)");
   }
   return Status::OK();
+}
+
+bool Geometry::InLayer(uint32_t layer, uint32_t stream) const {
+  const std::vector<uint32_t>& ls = streams[stream].layers;
+  return ls.empty() ? layer < layers : std::binary_search(ls.begin(), ls.end(), layer);
+}
+
+uint32_t Geometry::StreamLayers(uint32_t stream) const {
+  const std::vector<uint32_t>& ls = streams[stream].layers;
+  return ls.empty() ? layers : static_cast<uint32_t>(ls.size());
+}
+
+bool Geometry::HasLayerSets() const {
+  for (const StreamSpec& s : streams)
+    if (!s.layers.empty()) return true;
+  return false;
+}
+
+uint64_t Geometry::SectionCount() const {
+  uint64_t n = 0;
+  for (uint32_t s = 0; s < streams.size(); ++s) n += StreamLayers(s);
+  return n;
+}
+
+Status ParseLayerList(std::string_view text, std::vector<uint32_t>* out) {
+  std::vector<uint32_t> layers;
+  auto bad = [&](const std::string& why) {
+    return Status::InvalidArgument("layer list '" + std::string(text) + "': " + why);
+  };
+  auto number = [&](std::string_view t, uint32_t* v) {
+    if (t.empty() || t.size() > 4) return false;
+    uint32_t n = 0;
+    for (char c : t) {
+      if (c < '0' || c > '9') return false;
+      n = n * 10 + static_cast<uint32_t>(c - '0');
+    }
+    *v = n;
+    return true;
+  };
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    size_t comma = text.find(',', pos);
+    std::string_view item = text.substr(pos, comma == std::string_view::npos ? std::string_view::npos : comma - pos);
+    size_t dots = item.find("..");
+    uint32_t a, b;
+    if (dots == std::string_view::npos ? !number(item, &a) : !number(item.substr(0, dots), &a) || !number(item.substr(dots + 2), &b))
+      return bad("'" + std::string(item) + "' is not a layer number or a range A..B");
+    if (dots == std::string_view::npos) b = a;
+    if (b < a) return bad("range '" + std::string(item) + "' runs backwards");
+    if (b >= kMaxLayers) return bad("layer " + std::to_string(b) + " is past the format's " + std::to_string(kMaxLayers) + " layers");
+    for (uint32_t l = a; l <= b; ++l) {
+      if (!layers.empty() && l <= layers.back()) return bad("layers are not ascending without repeats");
+      layers.push_back(l);
+    }
+    if (comma == std::string_view::npos) break;
+    pos = comma + 1;
+  }
+  *out = std::move(layers);
+  return Status::OK();
+}
+
+std::string FormatLayerList(const std::vector<uint32_t>& layers) {
+  std::string s;
+  for (size_t i = 0; i < layers.size();) {
+    size_t j = i;
+    while (j + 1 < layers.size() && layers[j + 1] == layers[j] + 1) ++j;
+    if (!s.empty()) s += ',';
+    s += std::to_string(layers[i]);
+    if (j > i) s += (j == i + 1 ? "," : "..") + std::to_string(layers[j]);
+    i = j + 1;
+  }
+  return s;
 }
 
 std::optional<uint32_t> Geometry::FindStream(std::string_view name) const {
@@ -61,16 +144,19 @@ std::optional<uint32_t> Geometry::FindStream(std::string_view name) const {
 
 uint64_t Geometry::PayloadBytesPerToken() const {
   uint64_t total = 0;
-  for (const StreamSpec& s : streams) {
+  for (uint32_t i = 0; i < streams.size(); ++i) {
+    const StreamSpec& s = streams[i];
+    uint64_t bytes;
     if (IsNvfp4(s.dtype)) {
       // Codes, block scales and one row scale per token.
-      total += s.ElementsPerToken() / 2 + s.ElementsPerToken() / 16 + 4;
-      continue;
+      bytes = s.ElementsPerToken() / 2 + s.ElementsPerToken() / 16 + 4;
+    } else {
+      uint64_t row_bytes = uint64_t{s.row_width} * ElementSize(s.dtype) + (IsFp8(s.dtype) ? 4 : 0);
+      bytes = row_bytes * s.rows_per_token;
     }
-    uint64_t row_bytes = uint64_t{s.row_width} * ElementSize(s.dtype) + (IsFp8(s.dtype) ? 4 : 0);
-    total += row_bytes * s.rows_per_token;
+    total += bytes * StreamLayers(i);
   }
-  return total * layers;
+  return total;
 }
 
 namespace {
@@ -107,6 +193,10 @@ Status CheckExpected(const ModelIdentity& fid, const Geometry& fg, const ModelId
     if (f.row_width != e.row_width)
       return differ(where + " row width", std::to_string(f.row_width), std::to_string(e.row_width));
     if (f.dtype != e.dtype) return differ(where + " dtype", DtypeName(f.dtype), DtypeName(e.dtype));
+    auto layer_text = [&](const StreamSpec& x) {
+      return x.layers.empty() ? std::string("every layer") : "layers " + FormatLayerList(x.layers);
+    };
+    if (f.layers != e.layers) return differ(where + " layers", layer_text(f), layer_text(e));
   }
   return Status::OK();
 }

@@ -50,8 +50,12 @@ struct Range {
 };
 constexpr Range kHeaderReserved[] = {
     {68, hdr::kModelId},  // after model_id_length up to model_id
-    {hdr::kStreams + hdr::kMaxStreams * hdr::kStreamDescriptorSize, hdr::kChecksum},
+    {hdr::kLayerSetsEnd, hdr::kChecksum},
 };
+// Reserved unless the file sets kFlagLayerSets.
+constexpr Range kLayerSetRange = {hdr::kLayerSets, hdr::kLayerSetsEnd};
+static_assert(hdr::kLayerSets == hdr::kStreams + hdr::kMaxStreams * hdr::kStreamDescriptorSize);
+static_assert(hdr::kLayerSetBytes * 8 == kMaxLayers);
 
 }  // namespace
 
@@ -76,7 +80,12 @@ Status ValidateFileHeader(const FileHeader& h) {
     if (nvfp4 != ((h.required_flags & kFlagNvfp4) != 0))
       return Status::InvalidArgument(nvfp4 ? "an nvfp4 stream without the NVFP4 required flag"
                                            : "the NVFP4 required flag without an nvfp4 stream");
+    const bool sets = h.geometry.HasLayerSets();
+    if (sets != ((h.required_flags & kFlagLayerSets) != 0))
+      return Status::InvalidArgument(sets ? "a stream absent from some layer without the LAYER_SETS required flag"
+                                          : "the LAYER_SETS required flag with every stream in every layer");
   } else if (h.major == kMajorV1) {
+    if (h.geometry.HasLayerSets()) return Status::InvalidArgument("v1 files keep every stream in every layer");
     for (const StreamSpec& s : h.geometry.streams)
       if (IsQuantized(s.dtype))
         return Status::InvalidArgument("stream '" + s.name + "': v1 files store raw rows only");
@@ -111,7 +120,36 @@ void EncodeFileHeader(const FileHeader& h, std::span<uint8_t, kHeaderSize> out) 
     StoreU32(d + sd::kRowsPerToken, s.rows_per_token);
     StoreU32(d + sd::kRowWidth, s.row_width);
   }
+  if (h.required_flags & kFlagLayerSets) EncodeLayerSets(h.geometry, p + hdr::kLayerSets);
   StoreU64(p + hdr::kChecksum, Checksum(p, hdr::kChecksum));
+}
+
+void EncodeLayerSets(const Geometry& g, uint8_t* out) {
+  std::memset(out, 0, hdr::kMaxStreams * hdr::kLayerSetBytes);
+  for (uint32_t s = 0; s < g.streams.size(); ++s)
+    for (uint32_t l = 0; l < g.layers; ++l)
+      if (g.InLayer(l, s)) out[s * hdr::kLayerSetBytes + l / 8] |= static_cast<uint8_t>(1u << (l % 8));
+}
+
+Status DecodeLayerSets(const uint8_t* in, size_t at, Geometry* g) {
+  for (uint32_t s = 0; s < hdr::kMaxStreams; ++s) {
+    const uint8_t* bits = in + s * hdr::kLayerSetBytes;
+    const std::string where = " (offset " + std::to_string(at + s * hdr::kLayerSetBytes) + ")";
+    std::vector<uint32_t> layers;
+    for (uint32_t l = 0; l < kMaxLayers; ++l) {
+      if (!(bits[l / 8] >> (l % 8) & 1)) continue;
+      if (s >= g->streams.size()) return Status::Corruption("unused layer set " + std::to_string(s) + " is not zero" + where);
+      if (l >= g->layers)
+        return Status::Corruption("stream '" + g->streams[s].name + "' is in layer " + std::to_string(l) + " of " +
+                                  std::to_string(g->layers) + where);
+      layers.push_back(l);
+    }
+    if (s >= g->streams.size()) continue;
+    if (layers.empty()) return Status::Corruption("stream '" + g->streams[s].name + "' is in no layer" + where);
+    if (layers.size() == g->layers) layers.clear();  // every layer
+    g->streams[s].layers = std::move(layers);
+  }
+  return Status::OK();
 }
 
 Status DecodeFileHeader(std::span<const uint8_t, kHeaderSize> in, FileHeader* out) {
@@ -186,6 +224,11 @@ Status DecodeFileHeader(std::span<const uint8_t, kHeaderSize> in, FileHeader* ou
     s.rows_per_token = LoadU32(d + sd::kRowsPerToken);
     s.row_width = LoadU32(d + sd::kRowWidth);
     h.geometry.streams.push_back(std::move(s));
+  }
+  if (h.required_flags & kFlagLayerSets) {
+    KVFILE_RETURN_IF_ERROR(DecodeLayerSets(p + hdr::kLayerSets, hdr::kLayerSets, &h.geometry));
+  } else if (!AllZero(in.subspan(kLayerSetRange.begin, kLayerSetRange.end - kLayerSetRange.begin))) {
+    return Status::Corruption("reserved header bytes are not zero" + At(kLayerSetRange.begin));
   }
   Status st = ValidateFileHeader(h);
   if (!st.ok()) return Status::Corruption("invalid header: " + st.message());

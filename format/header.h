@@ -80,6 +80,17 @@ void EncodeChunkHeader(const ChunkHeader& c, std::span<uint8_t, ch::kHeaderSize>
 // ChunkLayout).
 Status DecodeChunkHeader(std::span<const uint8_t, ch::kHeaderSize> in, bool append_ends, ChunkHeader* out);
 
+// The layer sets of `g`'s streams as FORMAT.md 3.2 lays them out: 16 bitmaps
+// of hdr::kLayerSetBytes (a stream in every layer gets every bit below
+// g.layers, an unused descriptor none). A pack's model entry holds the same
+// bytes (spec/PACK.md 3).
+void EncodeLayerSets(const Geometry& g, uint8_t* out);
+// Reads them back into g->streams[*].layers (g->layers and the streams must
+// be set); refuses set bits past the layer count or in an unused
+// descriptor, and a stream in no layer. `at` is the offset of the bitmaps
+// in the containing record, for the error text.
+Status DecodeLayerSets(const uint8_t* in, size_t at, Geometry* g);
+
 // True if every byte of `bytes` is zero.
 bool AllZero(std::span<const uint8_t> bytes);
 

@@ -21,6 +21,7 @@ inline constexpr uint16_t kMajorV1 = 1;  // raw rows, no scales (spec/FORMAT.md,
 inline constexpr uint16_t kMajorV2 = 2;  // fp8 codes + per-row f32 scales
 inline constexpr uint16_t kMinorV2 = 1;  // the minor version this library writes
 inline constexpr uint16_t kMinorNvfp4 = 2;  // ... for a file with an nvfp4 stream (2.2)
+inline constexpr uint16_t kMinorLayerSets = 3;  // ... for a file with a stream absent from some layer (2.3)
 
 // ---- Header flags -----------------------------------------------------------------
 // Required flag bit 0 (version 2.1): chunk headers carry append_end
@@ -32,7 +33,13 @@ inline constexpr uint64_t kFlagAppendEnds = uint64_t{1} << 0;
 // set exactly when one is, so that a 2.0 or 2.1 reader refuses the file as
 // unsupported rather than as damaged.
 inline constexpr uint64_t kFlagNvfp4 = uint64_t{1} << 1;
-inline constexpr uint64_t kKnownRequiredFlags = kFlagAppendEnds | kFlagNvfp4;
+// Required flag bit 2 (version 2.3): a stream is absent from some layer;
+// the header's layer sets (hdr::kLayerSets) say where each stream is, and
+// chunks hold sections only for (layer, stream) pairs present. Set exactly
+// when a stream has a layer list, so a 2.2 reader refuses the file as
+// unsupported rather than reading its chunks with the wrong layout.
+inline constexpr uint64_t kFlagLayerSets = uint64_t{1} << 2;
+inline constexpr uint64_t kKnownRequiredFlags = kFlagAppendEnds | kFlagNvfp4 | kFlagLayerSets;
 
 // ---- Fixed regions ------------------------------------------------------------
 inline constexpr uint64_t kBlockSize = 4096;        // header size and chunk alignment
@@ -63,6 +70,11 @@ inline constexpr size_t kModelIdCapacity = 256;
 inline constexpr size_t kStreams = 384;          // StreamDescriptor[16]
 inline constexpr size_t kStreamDescriptorSize = 64;
 inline constexpr size_t kMaxStreams = 16;
+// With kFlagLayerSets: u8[128] per stream descriptor, bit l (byte l / 8,
+// bit l % 8) set when the stream is present in layer l; reserved otherwise.
+inline constexpr size_t kLayerSets = 1408;
+inline constexpr size_t kLayerSetBytes = 128;
+inline constexpr size_t kLayerSetsEnd = kLayerSets + kMaxStreams * kLayerSetBytes;  // 3456
 inline constexpr size_t kChecksum = 4088;        // u64 XXH3-64 of bytes [0, 4088)
 }  // namespace hdr
 
@@ -111,7 +123,8 @@ inline constexpr size_t kChunkBytes = 32;        // u64, whole chunk, multiple o
 inline constexpr size_t kEpoch = 40;             // u32
 inline constexpr size_t kAppendEnd = 44;         // u32, 0..token_count (kFlagAppendEnds files; else reserved)
 inline constexpr size_t kHeaderSize = 64;
-// After the header: section_checksums u64[layers*streams], token_ids u32[token_count],
+// After the header: section_checksums u64[sections] (one per (layer, stream)
+// pair present, layers * streams without layer sets), token_ids u32[token_count],
 // head_checksum u64, zero padding to a multiple of 64 (the "head"); then the sections.
 }  // namespace ch
 

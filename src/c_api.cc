@@ -250,6 +250,24 @@ kvfile_status Append(const char* function, kvfile_writer* writer, const uint32_t
   return Report(writer->impl->Append(batch));
 }
 
+// Copies the layers stream `stream` of `g` is in to out[0, capacity).
+kvfile_status CopyStreamLayers(const char* function, const Geometry& g, uint32_t stream, uint32_t* out,
+                               size_t capacity, size_t* count) {
+  if (stream >= g.streams.size())
+    return Fail(KVFILE_INVALID_ARGUMENT, std::string(function) + ": stream " + std::to_string(stream) +
+                                             " out of range (" + std::to_string(g.streams.size()) + " streams)");
+  std::vector<uint32_t> layers = g.streams[stream].layers;
+  if (layers.empty())
+    for (uint32_t l = 0; l < g.layers; ++l) layers.push_back(l);
+  if (count != nullptr) *count = layers.size();
+  if (kvfile_status st = CheckCapacity(std::string(function) + ": the buffer", layers.size(), capacity);
+      st != KVFILE_OK)
+    return st;
+  if (out == nullptr) return NullArgument(function, "out");
+  std::copy(layers.begin(), layers.end(), out);
+  return KVFILE_OK;
+}
+
 }  // namespace
 
 extern "C" {
@@ -292,6 +310,17 @@ kvfile_status kvfile_preset(const char* name, kvfile_dtype fp8_dtype, kvfile_geo
   });
 }
 
+kvfile_status kvfile_preset_stream_layers(const char* name, uint32_t stream, uint32_t* out, size_t capacity,
+                                          size_t* count) {
+  return Guarded([&] {
+    if (name == nullptr) return NullArgument("kvfile_preset_stream_layers", "name");
+    Geometry g;
+    kvfile_status st = Report(kvfile::GetPreset(name, kvfile::Dtype::kE4M3, &g));
+    if (st != KVFILE_OK) return st;
+    return CopyStreamLayers("kvfile_preset_stream_layers", g, stream, out, capacity, count);
+  });
+}
+
 // ---- Writing ----
 
 kvfile_status kvfile_writer_create(const char* path, const kvfile_geometry* geometry, const char* model_id,
@@ -305,6 +334,34 @@ kvfile_status kvfile_writer_create(const char* path, const kvfile_geometry* geom
     if (!IsSyncMode(options)) return InvalidSyncMode();
     Geometry g;
     if (kvfile_status st = ToGeometry(*geometry, &g); st != KVFILE_OK) return st;
+    kvfile::ModelIdentity identity{model_id ? model_id : "", fingerprint};
+    auto w = std::make_unique<kvfile_writer>();
+    kvfile_status st = Report(kvfile::Writer::Create(path, g, identity, ToWriterOptions(options), &w->impl));
+    if (st == KVFILE_OK) *out = w.release();
+    return st;
+  });
+}
+
+kvfile_status kvfile_writer_create_layers(const char* path, const kvfile_geometry* geometry,
+                                          const uint32_t* const* stream_layers, const uint32_t* stream_layer_counts,
+                                          const char* model_id, uint64_t fingerprint,
+                                          const kvfile_writer_options* options, kvfile_writer** out) {
+  return Guarded([&] {
+    if (out == nullptr) return NullArgument("kvfile_writer_create_layers", "out");
+    *out = nullptr;
+    if (path == nullptr) return NullArgument("kvfile_writer_create_layers", "path");
+    if (geometry == nullptr) return NullArgument("kvfile_writer_create_layers", "geometry");
+    if (stream_layer_counts == nullptr) return NullArgument("kvfile_writer_create_layers", "stream_layer_counts");
+    if (!IsSyncMode(options)) return InvalidSyncMode();
+    Geometry g;
+    if (kvfile_status st = ToGeometry(*geometry, &g); st != KVFILE_OK) return st;
+    for (uint32_t s = 0; s < g.streams.size(); ++s) {
+      if (stream_layer_counts[s] == 0) continue;
+      if (stream_layers == nullptr || stream_layers[s] == nullptr)
+        return NullArgument("kvfile_writer_create_layers", "stream_layers[" + std::to_string(s) + "]");
+      g.streams[s].layers.assign(stream_layers[s], stream_layers[s] + stream_layer_counts[s]);
+      if (g.streams[s].layers.size() == g.layers) g.streams[s].layers.clear();  // every layer
+    }
     kvfile::ModelIdentity identity{model_id ? model_id : "", fingerprint};
     auto w = std::make_unique<kvfile_writer>();
     kvfile_status st = Report(kvfile::Writer::Create(path, g, identity, ToWriterOptions(options), &w->impl));
@@ -394,6 +451,14 @@ kvfile_status kvfile_reader_token_count(const kvfile_reader* reader, uint64_t* o
     if (out == nullptr) return NullArgument("kvfile_reader_token_count", "out");
     *out = reader->impl->token_count();
     return KVFILE_OK;
+  });
+}
+
+kvfile_status kvfile_reader_stream_layers(const kvfile_reader* reader, uint32_t stream, uint32_t* out,
+                                          size_t capacity, size_t* count) {
+  return Guarded([&] {
+    if (reader == nullptr) return NullArgument("kvfile_reader_stream_layers", "reader");
+    return CopyStreamLayers("kvfile_reader_stream_layers", reader->impl->geometry(), stream, out, capacity, count);
   });
 }
 
@@ -702,13 +767,22 @@ kvfile_status kvfile_mooncake_decode(const uint8_t* record, size_t record_bytes,
 }
 
 kvfile_status kvfile_coli_import(const char* coli_path, const char* kv_path) {
+  return kvfile_coli_import_layers(coli_path, kv_path, nullptr, 0);
+}
+
+kvfile_status kvfile_coli_import_layers(const char* coli_path, const char* kv_path, const uint32_t* indexer_layers,
+                                        size_t count) {
   return Guarded([&] {
     if (coli_path == nullptr) return NullArgument("kvfile_coli_import", "coli_path");
     if (kv_path == nullptr) return NullArgument("kvfile_coli_import", "kv_path");
+    if (indexer_layers == nullptr && count > 0) return NullArgument("kvfile_coli_import_layers", "indexer_layers");
     kvfile::FileSystem* fs = kvfile::FileSystem::Default();
     if (kvfile_status st = RefuseExisting(fs, kv_path); st != KVFILE_OK) return st;
+    kvfile::coli::ImportOptions o;
+    o.fs = fs;
+    if (indexer_layers != nullptr) o.indexer_layers = std::vector<uint32_t>(indexer_layers, indexer_layers + count);
     kvfile::coli::ImportResult res;
-    Status st = kvfile::coli::Import(coli_path, kv_path, fs, &res);
+    Status st = kvfile::coli::Import(coli_path, kv_path, o, &res);
     if (!st.ok()) (void)fs->Remove(kv_path);
     return Report(st);
   });

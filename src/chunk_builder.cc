@@ -101,6 +101,10 @@ Status ChunkBuilder::Validate(const AppendBatch& b, bool scan_values, uint64_t s
     const RowBlock& blk = b.blocks[i];
     const StreamSpec& spec = g.streams[s];
     std::string where = "layer " + std::to_string(layer) + ", stream '" + spec.name + "'";
+    // A stream absent from a layer (FORMAT.md 3.2) has no rows there.
+    if (!g.InLayer(layer, s))
+      return blk.data == nullptr ? Status::OK()
+                                 : Status::InvalidArgument(where + ": rows given, but the stream is not in this layer");
     if (blk.data == nullptr) return Status::InvalidArgument(where + ": no rows given");
     bool prequantized = IsQuantized(blk.dtype);
     if (prequantized && blk.dtype != spec.dtype)
@@ -134,6 +138,7 @@ Status ChunkBuilder::Stage(const AppendBatch& b, uint64_t from, uint32_t n, uint
   // order, however many threads run.
   auto stage = [&](unsigned, size_t i) -> Status {
     const uint32_t layer = static_cast<uint32_t>(i / streams), s = static_cast<uint32_t>(i % streams);
+    if (!full_.present(layer, s)) return Status::OK();
     const RowBlock& blk = b.blocks[i];
     const StreamSpec& spec = g.streams[s];
     const SectionLayout& sec = full_.section(layer, s);

@@ -104,9 +104,6 @@ Status ParseHeader(const uint8_t* b, uint64_t file_size, Header* out) {
   if (w[4] > 0 && w[3] < 1) return Status::Corruption("header: indexer layers without an indexer width");
   if (w[3] > 0 && w[4] == 0)
     return Status::Unsupported("an indexer width without indexer layers: a layout this reader does not know");
-  if (w[4] > 0 && w[4] != w[0])
-    return Status::Unsupported("an indexer in " + std::to_string(w[4]) + " of " + std::to_string(w[0]) +
-                               " layers: the file does not say which, so it cannot be mapped to streams");
   h.layers = static_cast<uint32_t>(w[0]);
   h.kv_lora = static_cast<uint32_t>(w[1]);
   h.qk_rope = static_cast<uint32_t>(w[2]);
@@ -134,14 +131,39 @@ Geometry GeometryOf(const Header& h) {
   g.layers = h.layers;
   g.streams.push_back({kLatent, 1, h.kv_lora, Dtype::kE4M3});
   g.streams.push_back({kRope, 1, h.qk_rope, Dtype::kE4M3});
-  if (h.indexer_layers > 0) g.streams.push_back({kIndexer, 1, h.index_hd, Dtype::kF32});
+  if (h.indexer_layers > 0) g.streams.push_back({kIndexer, 1, h.index_hd, Dtype::kF32, h.indexer_layer_list});
   return g;
+}
+
+Status SetIndexerLayers(const std::optional<std::vector<uint32_t>>& given, Header* h) {
+  const std::string of = std::to_string(h->indexer_layers) + " of " + std::to_string(h->layers) + " layers";
+  if (!given) {
+    if (h->indexer_layers == 0 || h->indexer_layers == h->layers) return Status::OK();
+    return Status::InvalidArgument("the indexer is in " + of +
+                                   " and a colibri header does not say which: give them (--indexer-layers, "
+                                   "e.g. 0..20 or 0,4,8)");
+  }
+  if (h->indexer_layers == 0) return Status::InvalidArgument("--indexer-layers given, but the file has no indexer");
+  if (given->size() != h->indexer_layers)
+    return Status::InvalidArgument("--indexer-layers names " + std::to_string(given->size()) +
+                                   " layers; the header's h[4] says the indexer is in " + of);
+  if (!given->empty() && given->back() >= h->layers)
+    return Status::InvalidArgument("--indexer-layers names layer " + std::to_string(given->back()) +
+                                   "; the file has " + std::to_string(h->layers) + " layers");
+  h->indexer_layer_list = given->size() == h->layers ? std::vector<uint32_t>{} : *given;
+  return Status::OK();
 }
 
 std::string ModelIdFor(uint32_t vocab) { return kVocabPrefix + std::to_string(vocab); }
 
 Status Import(const std::string& in, const std::string& out, FileSystem* fs, ImportResult* result) {
-  if (!fs) fs = FileSystem::Default();
+  ImportOptions o;
+  o.fs = fs;
+  return Import(in, out, o, result);
+}
+
+Status Import(const std::string& in, const std::string& out, const ImportOptions& options, ImportResult* result) {
+  FileSystem* fs = options.fs ? options.fs : FileSystem::Default();
   std::unique_ptr<File> f;
   KVFILE_RETURN_IF_ERROR(fs->Open(in, OpenMode::kRead, &f));
   uint64_t size = 0;
@@ -152,8 +174,13 @@ Status Import(const std::string& in, const std::string& out, FileSystem* fs, Imp
   KVFILE_RETURN_IF_ERROR(f->ReadAt(0, hb, sizeof hb));
   Header h;
   Status st = ParseHeader(hb, size, &h);
+  if (st.ok()) st = SetIndexerLayers(options.indexer_layers, &h);
   if (!st.ok()) return st.WithContext(in);
   Geometry g = GeometryOf(h);
+  // The layers whose records hold an indexer row, in record order.
+  std::vector<uint32_t> index_layers;
+  for (uint32_t l = 0; h.indexer_layers > 0 && l < h.layers; ++l)
+    if (g.InLayer(l, 2)) index_layers.push_back(l);
   uint64_t rec = h.record_bytes;
   uint64_t batch = std::clamp<uint64_t>(kBatchBytes / rec, 1, 65536);
   WriterOptions wo;
@@ -174,6 +201,7 @@ Status Import(const std::string& in, const std::string& out, FileSystem* fs, Imp
     ids.resize(n);
     for (size_t i = 0; i < data.size(); ++i) {
       const StreamSpec& s = g.streams[i % S];
+      if (!g.InLayer(static_cast<uint32_t>(i / S), static_cast<uint32_t>(i % S))) continue;
       bool codes = h.version == 2 && s.name != kIndexer;
       data[i].resize(n * s.row_width * (codes ? 1 : 4));
       scales[i].resize(codes ? n : 0);
@@ -201,11 +229,10 @@ Status Import(const std::string& in, const std::string& out, FileSystem* fs, Imp
           }
         }
       }
-      if (h.indexer_layers > 0)
-        for (uint32_t l = 0; l < h.layers; ++l) {
-          std::memcpy(data[l * S + 2].data() + t * h.index_hd * 4, p, h.index_hd * 4);
-          p += h.index_hd * 4;
-        }
+      for (uint32_t l : index_layers) {
+        std::memcpy(data[l * S + 2].data() + t * h.index_hd * 4, p, h.index_hd * 4);
+        p += h.index_hd * 4;
+      }
     }
     // Check everything of the batch before appending any of it.
     AppendBatch b;
@@ -213,6 +240,10 @@ Status Import(const std::string& in, const std::string& out, FileSystem* fs, Imp
     for (size_t i = 0; i < data.size(); ++i) {
       const StreamSpec& s = g.streams[i % S];
       uint32_t layer = static_cast<uint32_t>(i / S);
+      if (!g.InLayer(layer, static_cast<uint32_t>(i % S))) {
+        b.blocks.push_back({});  // the indexer is not in this layer
+        continue;
+      }
       uint64_t elems = n * s.row_width;
       auto where = [&](uint64_t row) {
         return in + ": " + Where(t0 + row) + ": layer " + std::to_string(layer) + " " + s.name + " row: ";
@@ -303,7 +334,12 @@ Status Export(const std::string& in, const std::string& out, const ExportOptions
   h.kv_lora = g.streams[*si_latent].row_width;
   h.qk_rope = g.streams[*si_rope].row_width;
   h.index_hd = si_index ? g.streams[*si_index].row_width : 0;
-  h.indexer_layers = si_index ? g.layers : 0;
+  // The indexer's layers as the file records them: h[4] counts them, and
+  // each record holds their rows in layer order.
+  std::vector<uint32_t> index_layers;
+  for (uint32_t l = 0; si_index && l < g.layers; ++l)
+    if (g.InLayer(l, *si_index)) index_layers.push_back(l);
+  h.indexer_layers = static_cast<uint32_t>(index_layers.size());
   h.vocab = vocab;
   h.records = static_cast<uint32_t>(T);
   uint64_t rec = RecordBytes(h.version, h.layers, h.kv_lora, h.qk_rope, h.index_hd, h.indexer_layers);
@@ -322,7 +358,7 @@ Status Export(const std::string& in, const std::string& out, const ExportOptions
   std::vector<float> decoded;  // COLIKV1: one row
   std::vector<std::vector<uint8_t>> codes(h.layers * 2);
   std::vector<std::vector<float>> scales(h.layers * 2);
-  std::vector<std::vector<float>> index(si_index ? h.layers : 0);
+  std::vector<std::vector<float>> index(index_layers.size());
   for (uint64_t t0 = 0; t0 < T; t0 += batch) {
     uint64_t n = std::min<uint64_t>(batch, T - t0);
     for (uint32_t l = 0; l < h.layers; ++l) {
@@ -334,10 +370,10 @@ Status Export(const std::string& in, const std::string& out, const ExportOptions
         KVFILE_RETURN_IF_ERROR(r->ReadCodes(l, s == 0 ? *si_latent : *si_rope, t0, t0 + n, codes[i].data(),
                                             scales[i].data()));
       }
-      if (si_index) {
-        index[l].resize(n * h.index_hd);
-        KVFILE_RETURN_IF_ERROR(r->ReadRows(l, *si_index, t0, t0 + n, Dtype::kF32, index[l].data()));
-      }
+    }
+    for (size_t k = 0; k < index_layers.size(); ++k) {
+      index[k].resize(n * h.index_hd);
+      KVFILE_RETURN_IF_ERROR(r->ReadRows(index_layers[k], *si_index, t0, t0 + n, Dtype::kF32, index[k].data()));
     }
     buf.resize(n * rec);
     uint8_t* p = buf.data();
@@ -362,7 +398,7 @@ Status Export(const std::string& in, const std::string& out, const ExportOptions
           format::StoreU32(p, std::bit_cast<uint32_t>(scale));
           p += 4;
         }
-      for (uint32_t l = 0; l < index.size(); ++l) {
+      for (size_t l = 0; l < index.size(); ++l) {
         const float* row = index[l].data() + t * h.index_hd;
         for (uint32_t e = 0; e < h.index_hd; ++e) format::StoreU32(p + 4 * e, std::bit_cast<uint32_t>(row[e]));
         p += uint64_t{h.index_hd} * 4;

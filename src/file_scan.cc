@@ -274,20 +274,18 @@ Status ReadAndCheckChunk(File& file, const Geometry& g, LayoutCache& layouts,
   if (!ChecksumMatches(LoadU64(p + layout->head_checksum_offset), Checksum(p, layout->head_checksum_offset)) ||
       LoadU64(p + layout->head_checksum_offset) != c.info.head_checksum)
     return Status::Corruption("chunk head checksum mismatch");
-  for (uint32_t l = 0; l < layout->layers; ++l) {
-    for (uint32_t s = 0; s < layout->streams; ++s) {
-      const SectionLayout& sec = layout->section(l, s);
-      // Built only on failure (a string per section cost more than checking it in small files).
-      auto where = [&] { return "layer " + std::to_string(l) + " stream '" + g.streams[s].name + "'"; };
-      KVFILE_RETURN_IF_ERROR(file.ReadAt(c.info.offset + sec.offset, p, sec.end - sec.offset));
-      if (!ChecksumMatches(section_checksums[static_cast<size_t>(l) * layout->streams + s],
-                           Checksum(p, sec.end - sec.offset)))
-        return Status::Corruption("payload checksum mismatch in " + where() + " (section at offset " +
-                                  std::to_string(c.info.offset + sec.offset) + ")");
-      Status st = CheckSectionPadding(sec, p, c.info.offset);
-      if (st.ok()) st = CheckSectionValues(g.streams[s], sec, p, c.info.first_token, 0, c.info.stored_tokens);
-      if (!st.ok()) return st.WithContext(where());
-    }
+  for (size_t i = 0; i < layout->sections.size(); ++i) {
+    const SectionLayout& sec = layout->sections[i];
+    const uint32_t l = sec.layer, s = sec.stream;
+    // Built only on failure (a string per section cost more than checking it in small files).
+    auto where = [&] { return "layer " + std::to_string(l) + " stream '" + g.streams[s].name + "'"; };
+    KVFILE_RETURN_IF_ERROR(file.ReadAt(c.info.offset + sec.offset, p, sec.end - sec.offset));
+    if (!ChecksumMatches(section_checksums[i], Checksum(p, sec.end - sec.offset)))
+      return Status::Corruption("payload checksum mismatch in " + where() + " (section at offset " +
+                                std::to_string(c.info.offset + sec.offset) + ")");
+    Status st = CheckSectionPadding(sec, p, c.info.offset);
+    if (st.ok()) st = CheckSectionValues(g.streams[s], sec, p, c.info.first_token, 0, c.info.stored_tokens);
+    if (!st.ok()) return st.WithContext(where());
   }
   return Status::OK();
 }
@@ -411,7 +409,7 @@ Status ScanFile(File& file, ScanResult* out, DamageLocation* where) {
   PageBuffer whole;
   std::vector<uint32_t> chunk_tokens;
   uint64_t pos = kDataOffset;
-  r.sections = static_cast<size_t>(r.header.geometry.layers) * r.header.geometry.streams.size();
+  r.sections = r.header.geometry.SectionCount();
   // The committed region's tables, reserved up front for what the commit
   // record claims (growing them chunk by chunk would fault fresh pages in
   // again and again), but bounded by the file's size (a chunk takes at

@@ -37,10 +37,10 @@ struct ScanResult {
   std::array<CommitSlotState, 2> slots;    // each slot as found (the error without the slot's offset)
   PageVector<ScannedChunk> chunks;
   PageVector<uint32_t> tokens;       // live tokens, in order
-  // Every chunk's section checksums (layers * streams of them), chunk after
+  // Every chunk's section checksums (Geometry::SectionCount() of them), chunk after
   // chunk: one table, not one allocation per chunk (open stays cheap).
   PageVector<uint64_t> section_checksums;
-  size_t sections = 0;               // layers * streams
+  size_t sections = 0;               // Geometry::SectionCount()
   TailInfo tail;
 
   const uint64_t* SectionChecksums(size_t chunk) const { return section_checksums.data() + chunk * sections; }

@@ -3,7 +3,8 @@
 // Llama 3.1 8B (32 layers, 8 KV heads of 128), Qwen2.5 7B (28 layers, 4 KV
 // heads of 128), DeepSeek-V3 (61 layers, MLA latent 512 + decoupled RoPE key
 // 64), and a DeepSeek sparse-attention cache whose lightning-indexer keys
-// (128 dims) stay bf16 beside the fp8 latent.
+// (128 dims) stay bf16 beside the fp8 latent; and GLM-5.2 (78 MLA layers
+// of the same shape, its indexer kept in 21 of them: docs/presets.md).
 #include "kvfile/presets.h"
 
 namespace kvfile {
@@ -15,7 +16,17 @@ struct PresetStream {
   uint32_t rows;
   uint32_t width;
   bool raw_bf16;  // stored bf16 whatever the fp8 dtype
+  std::vector<uint32_t> layers = {};  // empty: every layer
 };
+
+// GLM-5.2's indexer layers: one full indexer per four layers (IndexShare),
+// 21 of the 78 as colibri writes h[4]: layers 0, 4, ..., 76 and 77.
+std::vector<uint32_t> Glm52IndexerLayers() {
+  std::vector<uint32_t> l;
+  for (uint32_t i = 0; i < 78; i += 4) l.push_back(i);
+  l.push_back(77);
+  return l;
+}
 
 struct Preset {
   const char* name;
@@ -29,6 +40,8 @@ const std::vector<Preset>& Presets() {
       {"qwen2.5-7b", 28, {{"k", 4, 128, false}, {"v", 4, 128, false}}},
       {"deepseek-v3", 61, {{"latent", 1, 512, false}, {"rope", 1, 64, false}}},
       {"dsa-mixed", 61, {{"latent", 1, 512, false}, {"rope", 1, 64, false}, {"indexer", 1, 128, true}}},
+      {"glm-5.2", 78,
+       {{"latent", 1, 512, false}, {"rope", 1, 64, false}, {"indexer", 1, 128, true, Glm52IndexerLayers()}}},
       {"tiny", 2, {{"k", 2, 16, false}, {"v", 2, 16, false}}},
   };
   return presets;
@@ -52,7 +65,7 @@ Status GetPreset(std::string_view name, Dtype fp8_dtype, Geometry* out) {
     Geometry g;
     g.layers = p.layers;
     for (const PresetStream& s : p.streams)
-      g.streams.push_back({s.name, s.rows, s.width, s.raw_bf16 ? Dtype::kBF16 : fp8_dtype});
+      g.streams.push_back({s.name, s.rows, s.width, s.raw_bf16 ? Dtype::kBF16 : fp8_dtype, s.layers});
     *out = std::move(g);
     return Status::OK();
   }

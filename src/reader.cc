@@ -89,6 +89,10 @@ Status Reader::Impl::CheckRange(uint32_t layer, uint32_t stream, uint64_t begin,
                                    std::to_string(g().layers) + " layers)");
   if (stream >= g().streams.size())
     return Status::InvalidArgument(path + ": stream " + std::to_string(stream) + " out of range");
+  if (!g().InLayer(layer, stream))
+    return Status::InvalidArgument(path + ": stream '" + g().streams[stream].name + "' is not in layer " +
+                                   std::to_string(layer) + " (it is in layers " +
+                                   FormatLayerList(g().streams[stream].layers) + ")");
   return CheckTokenRange(begin, end);
 }
 
@@ -196,13 +200,14 @@ size_t Reader::Impl::FirstChunkFor(uint64_t begin) const {
 Status Reader::Impl::LoadSections(uint32_t layer, uint32_t stream, uint64_t begin, uint64_t end,
                                   std::vector<Piece>* pieces) {
   const StreamSpec& spec = g().streams[stream];
-  size_t idx = static_cast<size_t>(layer) * g().streams.size() + stream;
   size_t total = 0;
+  size_t idx = 0;
   for (size_t ci = FirstChunkFor(begin); ci < chunk_infos.size(); ++ci) {
     const ChunkInfo& c = chunk_infos[ci];
     if (c.first_token >= end) break;
     const ChunkLayout* layout;
     KVFILE_RETURN_IF_ERROR(layouts->Get(c.stored_tokens, &layout));
+    idx = layout->index(layer, stream);  // the same in every chunk
     SectionLayout sec = layout->sections[idx];
     uint64_t from = std::max(begin, c.first_token);
     uint64_t to = std::min(end, c.first_token + c.live_tokens);
@@ -243,7 +248,7 @@ Status Reader::Impl::ForEachCheckedSection(File& f, internal::LayoutCache& chunk
     uint64_t bytes = sec.end - sec.offset;
     if (buf->size() < bytes && !buf->Resize(bytes))
       return Status::IOError(path + ": no memory for a section of " + std::to_string(bytes) + " bytes");
-    size_t idx = static_cast<size_t>(t.layer) * g().streams.size() + t.stream;
+    size_t idx = layout->index(t.layer, t.stream);
     Status st = f.ReadAt(c.offset + sec.offset, buf->data(), bytes);
     if (st.ok())
       st = CheckSection(spec, sec, buf->data(), scan->SectionChecksums(ci)[idx], c.offset + sec.offset,

@@ -668,7 +668,18 @@ Status DescribeKv(const Header& h, KvTensors* out) {
   if (kv.token_ids == nullptr) return Status::InvalidArgument("no 'tokens' tensor");
   if (kv.streams.empty()) return Status::InvalidArgument("no stream tensors");
   kv.tokens = kv.token_ids->shape[0];
-  bool first = true;
+  // With layer sets the model's layer count is stated, not taken from a tensor.
+  std::optional<uint32_t> layer_count;
+  if (auto it = h.metadata.find("kvfile.layer_count"); it != h.metadata.end()) {
+    uint32_t n = 0;
+    auto r = std::from_chars(it->second.data(), it->second.data() + it->second.size(), n);
+    if (r.ec != std::errc() || r.ptr != it->second.data() + it->second.size() || n == 0 || n > format::kMaxLayers)
+      return Status::InvalidArgument("__metadata__ 'kvfile.layer_count' is " + Quote(it->second) + "; expected 1.." +
+                                     std::to_string(format::kMaxLayers));
+    layer_count = n;
+    kv.layers = n;
+  }
+  bool first = !layer_count;
   for (KvStream& s : kv.streams) {
     std::string where = "stream " + Quote(s.name);
     if (s.values && (s.codes || s.scales || s.block_scales))
@@ -706,11 +717,26 @@ Status DescribeKv(const Header& h, KvTensors* out) {
     if (shape[3] == 0 || shape[3] > format::kMaxRowWidth)
       return Status::InvalidArgument("tensor " + Quote(t.name) + ": row width " + std::to_string(shape[3]) +
                                      " outside 1.." + std::to_string(format::kMaxRowWidth));
-    if (first) kv.layers = static_cast<uint32_t>(shape[0]);
-    first = false;
-    if (shape[0] != kv.layers)
-      return Status::InvalidArgument("tensor " + Quote(t.name) + " has " + std::to_string(shape[0]) +
-                                     " layers; the other streams have " + std::to_string(kv.layers));
+    if (auto it = h.metadata.find("kvfile.layers." + s.name); it != h.metadata.end()) {
+      Status ls = ParseLayerList(it->second, &s.layers);
+      if (!ls.ok()) return Status::InvalidArgument("__metadata__ " + Quote(it->first) + ": " + ls.message());
+      if (!layer_count)
+        return Status::InvalidArgument("__metadata__ " + Quote(it->first) +
+                                       " without 'kvfile.layer_count' (the model's layers)");
+      if (s.layers.empty() || s.layers.back() >= *layer_count)
+        return Status::InvalidArgument("__metadata__ " + Quote(it->first) + " names layers outside 0.." +
+                                       std::to_string(*layer_count - 1));
+      if (shape[0] != s.layers.size())
+        return Status::InvalidArgument("tensor " + Quote(t.name) + " has " + std::to_string(shape[0]) +
+                                       " layers; " + Quote(it->first) + " names " + std::to_string(s.layers.size()));
+      if (s.layers.size() == *layer_count) s.layers.clear();  // every layer
+    } else {
+      if (first) kv.layers = static_cast<uint32_t>(shape[0]);
+      first = false;
+      if (shape[0] != kv.layers)
+        return Status::InvalidArgument("tensor " + Quote(t.name) + " has " + std::to_string(shape[0]) +
+                                       " layers; the other streams have " + std::to_string(kv.layers));
+    }
     if (shape[1] != kv.tokens)
       return Status::InvalidArgument("tensor " + Quote(t.name) + " has " + std::to_string(shape[1]) +
                                      " tokens; 'tokens' has " + std::to_string(kv.tokens));
@@ -762,8 +788,12 @@ Status ReadTokenIds(SafetensorsFile& f, const KvTensors& kv, std::vector<uint32_
   return Status::OK();
 }
 
-Status ReadStreamSlab(SafetensorsFile& f, const KvTensors& kv, const KvStream& s, uint32_t layer,
+Status ReadStreamSlab(SafetensorsFile& f, const KvTensors& kv, const KvStream& s, uint32_t model_layer,
                       uint64_t t0, uint64_t n, std::vector<uint8_t>* data, std::vector<float>* scales) {
+  // The tensors hold the stream's own layers only.
+  const uint32_t layer = s.layers.empty() ? model_layer
+                                          : static_cast<uint32_t>(std::lower_bound(s.layers.begin(), s.layers.end(),
+                                                                                   model_layer) - s.layers.begin());
   if (s.block_scales) {
     // nvfp4: one row per token; the codes, then the block scales, in data.
     const uint64_t e = uint64_t{s.rows_per_token} * s.row_width;
@@ -796,6 +826,7 @@ Status CheckValues(SafetensorsFile& f, const KvTensors& kv) {
     uint64_t block = std::max<uint64_t>(1, (uint64_t{64} << 20) / (elems_per_token * DTypeSize(t.dtype)));
     Dtype dt = s.source_dtype();
     for (uint32_t l = 0; l < kv.layers; ++l) {
+      if (!s.layers.empty() && !std::binary_search(s.layers.begin(), s.layers.end(), l)) continue;
       for (uint64_t t0 = 0; t0 < kv.tokens; t0 += block) {
         uint64_t n = std::min(block, kv.tokens - t0);
         KVFILE_RETURN_IF_ERROR(ReadStreamSlab(f, kv, s, l, t0, n, &data, &scales));
@@ -850,6 +881,10 @@ Status AppendAll(SafetensorsFile& f, const KvTensors& kv, std::span<const uint32
         const KvStream& src = kv.streams[stream_of[s]];
         const StreamSpec& spec = g.streams[s];
         size_t i = l * S + s;
+        if (!g.InLayer(l, static_cast<uint32_t>(s))) {
+          batch.blocks.push_back({});  // the stream is not in this layer
+          continue;
+        }
         KVFILE_RETURN_IF_ERROR(ReadStreamSlab(f, kv, src, l, t0, n, &data[i], &scales[i]));
         Dtype from = src.source_dtype();
         // nvfp4 codes: one row per token, the block scales after the codes.

@@ -62,6 +62,11 @@ FileHeader NewHeader(const Geometry& geometry, const ModelIdentity& identity, ui
       h.minor = kMinorNvfp4;
       h.required_flags |= kFlagNvfp4;
     }
+  // A stream absent from some layer makes it 2.3 (the layer sets).
+  if (major == kMajorV2 && geometry.HasLayerSets()) {
+    h.minor = kMinorLayerSets;
+    h.required_flags |= kFlagLayerSets;
+  }
   h.identity = identity;
   h.geometry = geometry;
   h.chunk_tokens = chunk_tokens;

@@ -696,6 +696,67 @@ static void test_nvfp4_codes_append(void) {
   kvfile_reader_close(a);
 }
 
+/* Layer sets (spec/FORMAT.md 3.2): glm-5.2's indexer layers from the
+ * preset; a file whose stream "x" is in layers 1 and 2 of 3, written with
+ * kvfile_writer_create_layers and NULL rows where "x" is absent, read back
+ * with its layers; a read where it is absent, rows given there, and a short
+ * buffer are refused. */
+static void test_layer_sets(void) {
+  uint32_t layers[1024];
+  size_t count = 0;
+  CHECK_STATUS(kvfile_preset_stream_layers("glm-5.2", 2, layers, 1024, &count), KVFILE_OK);
+  CHECK(count == 21 && layers[0] == 0 && layers[1] == 4 && layers[19] == 76 && layers[20] == 77);
+  CHECK_STATUS(kvfile_preset_stream_layers("glm-5.2", 0, layers, 1024, &count), KVFILE_OK);
+  CHECK(count == 78 && layers[77] == 77);
+  CHECK_STATUS(kvfile_preset_stream_layers("glm-5.2", 2, layers, 20, &count), KVFILE_BUFFER_TOO_SMALL);
+  CHECK(count == 21);
+
+  const char* path = in_dir(dir, "layers.kv");
+  kvfile_geometry g;
+  memset(&g, 0, sizeof g);
+  g.layers = 3;
+  g.stream_count = 2;
+  snprintf(g.streams[0].name, sizeof g.streams[0].name, "k");
+  g.streams[0].rows_per_token = 1;
+  g.streams[0].row_width = 4;
+  g.streams[0].dtype = KVFILE_F32;
+  snprintf(g.streams[1].name, sizeof g.streams[1].name, "x");
+  g.streams[1].rows_per_token = 1;
+  g.streams[1].row_width = 2;
+  g.streams[1].dtype = KVFILE_F32;
+  const uint32_t x_layers[2] = {1, 2};
+  const uint32_t* sets[2] = {NULL, x_layers};
+  const uint32_t counts[2] = {0, 2};
+  kvfile_writer* w = NULL;
+  CHECK_STATUS(kvfile_writer_create_layers(path, &g, sets, counts, "m", 1, NULL, &w), KVFILE_OK);
+  float k_rows[4] = {1, 2, 3, 4}, x_rows[2] = {5, 6};
+  uint32_t token = 9;
+  kvfile_rows rows[6];
+  for (int l = 0; l < 3; ++l) {
+    rows[2 * l] = (kvfile_rows){KVFILE_F32, k_rows, NULL};
+    rows[2 * l + 1] = (kvfile_rows){KVFILE_F32, l == 0 ? NULL : x_rows, NULL};
+  }
+  rows[1].data = x_rows; /* rows where "x" is absent */
+  CHECK_STATUS(kvfile_writer_append(w, &token, 1, rows, 6), KVFILE_INVALID_ARGUMENT);
+  CHECK(strcmp(kvfile_last_error(), "layer 0, stream 'x': rows given, but the stream is not in this layer") == 0);
+  rows[1].data = NULL;
+  CHECK_STATUS(kvfile_writer_append(w, &token, 1, rows, 6), KVFILE_OK);
+  CHECK_STATUS(kvfile_writer_close(w), KVFILE_OK);
+
+  kvfile_reader* r = NULL;
+  CHECK_STATUS(kvfile_reader_open(path, &r), KVFILE_OK);
+  CHECK_STATUS(kvfile_reader_stream_layers(r, 1, layers, 1024, &count), KVFILE_OK);
+  CHECK(count == 2 && layers[0] == 1 && layers[1] == 2);
+  CHECK_STATUS(kvfile_reader_stream_layers(r, 0, layers, 1024, &count), KVFILE_OK);
+  CHECK(count == 3);
+  float out[2] = {0, 0};
+  CHECK_STATUS(kvfile_reader_read_rows(r, 2, 1, 0, 1, KVFILE_F32, out, sizeof out), KVFILE_OK);
+  CHECK(out[0] == 5 && out[1] == 6);
+  CHECK_STATUS(kvfile_reader_read_rows(r, 0, 1, 0, 1, KVFILE_F32, out, sizeof out), KVFILE_INVALID_ARGUMENT);
+  CHECK_CONTAINS(kvfile_last_error(), ": stream 'x' is not in layer 0 (it is in layers 1,2)");
+  kvfile_reader_close(r);
+}
+
 int main(int argc, char** argv) {
   if (argc != 2) {
     fprintf(stderr, "usage: c_api_test DIR\n");
@@ -714,5 +775,6 @@ int main(int argc, char** argv) {
   test_explicit_geometry();
   test_nvfp4();
   test_nvfp4_codes_append();
+  test_layer_sets();
   return check_summary("c_api_test");
 }

@@ -113,6 +113,11 @@ Snap TakeSnap(const std::string& path) {
   uint64_t T = r->token_count();
   for (uint32_t l = 0; l < s.g.layers; ++l)
     for (uint32_t k = 0; k < s.g.streams.size(); ++k) {
+      if (!s.g.InLayer(l, k)) {  // a stream absent from the layer: nothing
+        s.data.emplace_back();
+        s.scales.emplace_back();
+        continue;
+      }
       const kvfile::StreamSpec& spec = s.g.streams[k];
       uint64_t rows = T * spec.rows_per_token;
       std::string d(rows * spec.row_width * kvfile::ElementSize(spec.dtype), '\0');
@@ -162,7 +167,8 @@ std::pair<std::string, std::vector<float>> Quantized(Dtype kind, Dtype in, const
 
 std::string Concat(const Snap& s, uint32_t stream, const std::function<std::string(size_t)>& part) {
   std::string all;
-  for (uint32_t l = 0; l < s.g.layers; ++l) all += part(l * s.g.streams.size() + stream);
+  for (uint32_t l = 0; l < s.g.layers; ++l)
+    if (s.g.InLayer(l, stream)) all += part(l * s.g.streams.size() + stream);
   return all;
 }
 
@@ -231,7 +237,7 @@ TEST_F(CliVerbsTest, RoundTripEveryPresetAndDtypeThroughSafetensors) {
     int chunk;
   };
   for (Case c : {Case{"tiny", 300, 64}, Case{"llama-3.1-8b", 3, 2}, Case{"qwen2.5-7b", 4, 3},
-                 Case{"deepseek-v3", 3, 2}, Case{"dsa-mixed", 3, 2}}) {
+                 Case{"deepseek-v3", 3, 2}, Case{"dsa-mixed", 3, 2}, Case{"glm-5.2", 3, 2}}) {
     for (const char* fp8 : {"e4m3", "e5m2"}) {
       SCOPED_TRACE(std::string(c.preset) + " " + fp8);
       std::string a = P("a.kv");
@@ -254,15 +260,22 @@ TEST_F(CliVerbsTest, RoundTripEveryPresetAndDtypeThroughSafetensors) {
       EXPECT_TRUE(std::equal(ids.begin(), ids.end(), sa.tokens.begin()));
       for (uint32_t s = 0; s < sa.g.streams.size(); ++s) {
         const auto& spec = sa.g.streams[s];
-        json shape = {sa.g.layers, T, spec.rows_per_token, spec.row_width};
+        // A stream's tensors hold its own layers (glm-5.2's indexer: 21 of 78).
+        const uint32_t nl = sa.g.StreamLayers(s);
+        json shape = {nl, T, spec.rows_per_token, spec.row_width};
+        if (!spec.layers.empty()) {
+          EXPECT_EQ(st.header["__metadata__"]["kvfile.layers." + spec.name], kvfile::FormatLayerList(spec.layers));
+          EXPECT_EQ(st.header["__metadata__"]["kvfile.layer_count"], std::to_string(sa.g.layers));
+        }
         if (kvfile::IsFp8(spec.dtype)) {
           EXPECT_EQ(st.header[spec.name + ".codes"]["dtype"], StDtype(spec.dtype));
           EXPECT_EQ(st.header[spec.name + ".codes"]["shape"], shape);
-          EXPECT_EQ(st.header[spec.name + ".scales"]["shape"], json({sa.g.layers, T, spec.rows_per_token}));
+          EXPECT_EQ(st.header[spec.name + ".scales"]["shape"], json({nl, T, spec.rows_per_token}));
           EXPECT_TRUE(st.Tensor(spec.name + ".codes") == Concat(sa, s, [&](size_t i) { return sa.data[i]; }));
           EXPECT_TRUE(st.Tensor(spec.name + ".scales") == Concat(sa, s, [&](size_t i) { return Bytes(sa.scales[i]); }));
         } else {
           EXPECT_EQ(st.header[spec.name]["dtype"], StDtype(spec.dtype));
+          EXPECT_EQ(st.header[spec.name]["shape"], shape);
           EXPECT_TRUE(st.Tensor(spec.name) == Concat(sa, s, [&](size_t i) { return sa.data[i]; }));
         }
       }
@@ -290,6 +303,34 @@ TEST_F(CliVerbsTest, RoundTripEveryPresetAndDtypeThroughSafetensors) {
       EXPECT_TRUE(ReadFile(a) == a_bytes) << "convert must never write IN";
     }
   }
+}
+
+// The glm-5.2 preset (78 layers, the indexer in 21): synth writes a 2.3
+// file whose indexer has its 21 layers, synth --check and verify pass, info
+// shows the layers, and bench, which measures presets in every layer, says
+// why it does not take it (exit 2).
+TEST_F(CliVerbsTest, Glm52PresetKeepsItsIndexerIn21Layers) {
+  Synth("g.kv", "--preset glm-5.2 --tokens 5 --chunk-tokens 2 --seed 4");
+  CliRun check = Kvfile("synth --check " + P("g.kv"));
+  EXPECT_EQ(check.exit_code, 0) << check.err;
+  CliRun v = Kvfile("verify " + P("g.kv"));
+  EXPECT_EQ(v.exit_code, 0) << v.err;
+  auto info = nlohmann::json::parse(Kvfile("info --json " + P("g.kv")).out);
+  EXPECT_EQ(info["version"], "2.3");
+  EXPECT_EQ(info["layers"], 78);
+  EXPECT_FALSE(info["streams"][0].contains("layers"));
+  EXPECT_EQ(info["streams"][2]["layers"],
+            json({0, 4, 8, 12, 16, 20, 24, 28, 32, 36, 40, 44, 48, 52, 56, 60, 64, 68, 72, 76, 77}));
+  CliRun text = Kvfile("info " + P("g.kv"));
+  EXPECT_NE(text.out.find("bf16  in layers 0,4,8,12,16,20,24,28,32,36,40,44,48,52,56,60,64,68,72,76,77\n"),
+            std::string::npos)
+      << text.out;
+  fs::create_directories(P("bench"));
+  CliRun b = Kvfile("bench --preset glm-5.2 --tokens 4 --dir " + P("bench"));
+  EXPECT_EQ(b.exit_code, 2);
+  EXPECT_EQ(b.err, "kvfile bench: generating the session\nkvfile: error: preset glm-5.2 has a stream in some "
+                   "layers only; bench measures presets whose "
+                   "streams are in every layer (--fidelity takes it)\n");
 }
 
 TEST_F(CliVerbsTest, ImportQuantizesValuesWithTheCodec) {

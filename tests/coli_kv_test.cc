@@ -249,6 +249,93 @@ TEST_F(ColiKv, ExportNeverWritesAScaleColibriZeroesOrDecodesToInfinity) {
   EXPECT_EQ(row[1], 1e36f / 512);
 }
 
+// coli_glm_partial.coli_kv (make_fixtures.py): GLM-5.2's depth, the indexer in
+// 21 of 78 layers (h[4] = 21), which colibri's header counts but does not name.
+constexpr uint32_t kGlmLayers = 78;
+const uint32_t kGlmIds[2] = {7, 42};
+std::vector<uint32_t> GlmIndexerLayers() {
+  std::vector<uint32_t> l;
+  for (uint32_t i = 0; i < kGlmLayers; i += 4) l.push_back(i);
+  l.push_back(77);
+  return l;
+}
+uint8_t GlmCode(int t, int l, int j) { return static_cast<uint8_t>(((t + l + j) % 0x70) | (j % 2 ? 0x80 : 0)); }
+float GlmScale(int t, int l) { return std::ldexp(1.0f, -(t + l % 8 + 1)); }
+
+TEST_F(ColiKv, AnIndexerInSomeLayersNeedsThemNamed) {
+  ImportResult res;
+  Status st = Import(Fixture("coli_glm_partial.coli_kv"), P("a.kv"), nullptr, &res);
+  EXPECT_EQ(st.code(), Status::Code::kInvalidArgument);
+  EXPECT_EQ(st.message(), Fixture("coli_glm_partial.coli_kv") +
+                              ": the indexer is in 21 of 78 layers and a colibri header does not say which: give "
+                              "them (--indexer-layers, e.g. 0..20 or 0,4,8)");
+  EXPECT_FALSE(fs::exists(P("a.kv")));
+  ImportOptions o;
+  o.indexer_layers = std::vector<uint32_t>{0, 4, 8};
+  st = Import(Fixture("coli_glm_partial.coli_kv"), P("a.kv"), o, &res);
+  EXPECT_EQ(st.message(), Fixture("coli_glm_partial.coli_kv") +
+                              ": --indexer-layers names 3 layers; the header's h[4] says the indexer is in 21 of 78 "
+                              "layers");
+  std::vector<uint32_t> past = GlmIndexerLayers();
+  past.back() = 78;
+  o.indexer_layers = past;
+  st = Import(Fixture("coli_glm_partial.coli_kv"), P("a.kv"), o, &res);
+  EXPECT_EQ(st.message(), Fixture("coli_glm_partial.coli_kv") +
+                              ": --indexer-layers names layer 78; the file has 78 layers");
+  o.indexer_layers = std::vector<uint32_t>{0};
+  st = Import(Fixture("coli_v2.coli_kv"), P("a.kv"), o, &res);
+  EXPECT_EQ(st.message(), Fixture("coli_v2.coli_kv") + ": --indexer-layers names 1 layers; the header's h[4] says "
+                                                       "the indexer is in 2 of 2 layers");
+}
+
+TEST_F(ColiKv, AnIndexerIn21Of78LayersImportsAndExportsByteForByte) {
+  ImportOptions o;
+  o.indexer_layers = GlmIndexerLayers();
+  ImportResult res;
+  ASSERT_TRUE(Import(Fixture("coli_glm_partial.coli_kv"), P("a.kv"), o, &res).ok());
+  EXPECT_EQ(res.header.indexer_layers, 21u);
+  EXPECT_EQ(res.header.record_bytes, 4u + kGlmLayers * (kLora + kRope + 8) + 21 * kIhd * 4);
+  std::unique_ptr<Reader> r;
+  ASSERT_TRUE(Reader::Open(P("a.kv"), {}, &r).ok());
+  EXPECT_EQ(r->minor_version(), 3);  // 2.3: a stream in some layers only
+  const Geometry& g = r->geometry();
+  ASSERT_EQ(g.layers, kGlmLayers);
+  ASSERT_EQ(g.streams.size(), 3u);
+  EXPECT_EQ(g.streams[2], (StreamSpec{"indexer", 1, kIhd, Dtype::kF32, GlmIndexerLayers()}));
+  EXPECT_TRUE(g.streams[0].layers.empty());
+  ASSERT_EQ(r->token_count(), 2u);
+  EXPECT_EQ(std::vector<uint32_t>(r->tokens().begin(), r->tokens().end()),
+            std::vector<uint32_t>(kGlmIds, kGlmIds + 2));
+  for (uint32_t l = 0; l < kGlmLayers; ++l) {
+    uint8_t lc[2 * kLora], rc[2 * kRope];
+    float ls[2], rs[2];
+    ASSERT_TRUE(r->ReadCodes(l, 0, 0, 2, lc, ls).ok());
+    ASSERT_TRUE(r->ReadCodes(l, 1, 0, 2, rc, rs).ok());
+    const int li = static_cast<int>(l);
+    for (int t = 0; t < 2; ++t) {
+      EXPECT_EQ(ls[t], GlmScale(t, li));
+      EXPECT_EQ(rs[t], GlmScale(t, li + 1));
+      for (uint32_t j = 0; j < kLora; ++j) EXPECT_EQ(lc[t * kLora + j], GlmCode(t, li, static_cast<int>(j)));
+      for (uint32_t j = 0; j < kRope; ++j) EXPECT_EQ(rc[t * kRope + j], GlmCode(t, li + 1, static_cast<int>(j)));
+    }
+    float ix[2 * kIhd];
+    Status st = r->ReadRows(l, 2, 0, 2, Dtype::kF32, ix);
+    if (!g.InLayer(l, 2)) {
+      EXPECT_EQ(st.message(), P("a.kv") + ": stream 'indexer' is not in layer " + std::to_string(l) +
+                                  " (it is in layers 0,4,8,12,16,20,24,28,32,36,40,44,48,52,56,60,64,68,72,76,77)");
+      continue;
+    }
+    ASSERT_TRUE(st.ok()) << st.message();
+    for (int t = 0; t < 2; ++t)
+      for (uint32_t j = 0; j < kIhd; ++j) EXPECT_EQ(ix[t * kIhd + j], Indexer(t, li, static_cast<int>(j)));
+  }
+  // Back to colibri: h[4] = 21 and the rows of those layers, as the fixture has them.
+  uint64_t tokens = 0;
+  ASSERT_TRUE(Export(P("a.kv"), P("b.coli_kv"), {}, &tokens).ok());
+  EXPECT_EQ(tokens, 2u);
+  EXPECT_EQ(ReadFileBytes(P("b.coli_kv")), ReadFileBytes(Fixture("coli_glm_partial.coli_kv")));
+}
+
 TEST_F(ColiKv, RefusedLayouts) {
   std::vector<uint8_t> good = ReadFileBytes(Fixture("coli_v2.coli_kv"));
   struct Case {
@@ -262,7 +349,8 @@ TEST_F(ColiKv, RefusedLayouts) {
       {"COLIKV9", 6, '9', Status::Code::kCorruption},
       {"COLIKV2 whose h[7] is a watermark", 36, 3, Status::Code::kUnsupported},
       {"COLIKV1 magic on v2 data (tag 1)", 6, '1', Status::Code::kUnsupported},
-      {"indexer in 1 of 2 layers", 24, 1, Status::Code::kUnsupported},
+      // Which layer the header does not say: the import asks for it (ImportOptions).
+      {"indexer in 1 of 2 layers", 24, 1, Status::Code::kInvalidArgument},
       {"3 indexer layers of 2", 24, 3, Status::Code::kCorruption},
       {"layers 0", 8, 0, Status::Code::kCorruption},
       {"negative vocab", 31, 0x80, Status::Code::kCorruption},

@@ -402,6 +402,42 @@ TEST_F(ConvertSeeds, ColiRowsColibriZeroesAreRefusedBothWays) {
   EXPECT_EQ(row[1], 3.4e38f / 512);
 }
 
+// GLM-5.2's depth (coli_glm_partial.coli_kv: 78 layers, the indexer in 21,
+// h[4] = 21): colibri's header does not say which layers, so the import asks
+// for them (exit 2, nothing written), takes them from --indexer-layers, and
+// the export writes h[4] = 21 and those rows back: the fixture's bytes.
+TEST_F(ConvertSeeds, ColiIndexerIn21Of78Layers) {
+  const std::string in = Fixture("coli_glm_partial.coli_kv");
+  CliRun r = Kvfile("convert " + in + " " + P("a.kv"));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err, "kvfile: error: " + in +
+                       ": the indexer is in 21 of 78 layers and a colibri header does not say which: give them "
+                       "(--indexer-layers, e.g. 0..20 or 0,4,8)\n");
+  EXPECT_FALSE(fs::exists(P("a.kv")));
+  r = Kvfile("convert " + in + " " + P("a.kv") + " --indexer-layers 0..19");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err, "kvfile: error: " + in +
+                       ": --indexer-layers names 20 layers; the header's h[4] says the indexer is in 21 of 78 "
+                       "layers\n");
+  r = Kvfile("convert " + in + " " + P("a.kv") + " --indexer-layers 4,0");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err, "kvfile: error: --indexer-layers: layer list '4,0': layers are not ascending without repeats\n");
+  EXPECT_FALSE(fs::exists(P("a.kv")));
+  const std::string layers = "0,4,8,12,16,20,24,28,32,36,40,44,48,52,56,60,64,68,72,76,77";
+  r = Kvfile("convert " + in + " " + P("a.kv") + " --indexer-layers " + layers);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, in + " -> " + P("a.kv") + ": COLIKV2, 2 tokens, 78 layers (latent 4, rope 2, indexer 3 in layers " +
+                       layers + "), vocab 100\n");
+  CliRun e = Kvfile("convert " + P("a.kv") + " " + P("b.coli_kv"));
+  ASSERT_EQ(e.exit_code, 0) << e.err;
+  EXPECT_EQ(ReadFile(P("b.coli_kv")), ReadFile(in));
+  // The flag belongs to a .coli_kv IN only.
+  r = Kvfile("convert " + P("a.kv") + " " + P("b.safetensors") + " --indexer-layers 0");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err, "kvfile: error: --indexer-layers applies to a .coli_kv IN\n");
+  EXPECT_FALSE(fs::exists(P("b.safetensors")));
+}
+
 TEST_F(ConvertSeeds, ColiErrors) {
   // Cut inside the committed records: exit 1, nothing written.
   std::string full = ReadFile(Fixture("coli_v2.coli_kv"));

@@ -564,8 +564,9 @@ TEST(FileHeader, TheAppendEndsFlagIsKnownInV2Only) {
 }
 
 TEST(FileHeader, UnknownRequiredFlagsAreUnsupported) {
-  // Bit 1 (NVFP4) is known since 2.2: bits from 2 up are not.
-  for (uint64_t flags : {uint64_t{4}, uint64_t{0x10}, uint64_t{5}, uint64_t{7}, uint64_t{1} << 63, ~uint64_t{0}}) {
+  // Bit 1 (NVFP4) is known since 2.2, bit 2 (LAYER_SETS) since 2.3: bits
+  // from 3 up are not.
+  for (uint64_t flags : {uint64_t{8}, uint64_t{0x10}, uint64_t{9}, uint64_t{0xF}, uint64_t{1} << 63, ~uint64_t{0}}) {
     HeaderBytes b = EncodeHeader(SampleHeader());
     StoreU64(b.data() + 16, flags);
     Reseal(b);
@@ -618,6 +619,80 @@ TEST(FileHeader, Nvfp4StreamAndItsFlagGoTogether) {
   v1.required_flags = 0;
   v1.geometry.streams[0].dtype = Dtype::kBF16;  // only "v" is not raw
   EXPECT_TRUE(HasCode(ValidateFileHeader(v1), Code::kInvalidArgument, "stream 'v': v1 files store raw rows only"));
+}
+
+// A stream in some layers only (2.3): its layer set is the header's bitmap
+// at 1408 + 128 * stream, with the LAYER_SETS flag (bit 2) set exactly then;
+// a header without the flag keeps those bytes reserved (zero).
+FileHeader LayerSetHeader() {
+  FileHeader h = SampleHeader();
+  h.minor = kMinorLayerSets;
+  h.required_flags = kFlagAppendEnds | kFlagLayerSets;
+  h.geometry.streams[2].layers = {0, 9, 31};
+  return h;
+}
+
+TEST(FileHeader, LayerSetsAndTheirFlagGoTogether) {
+  EXPECT_EQ(kFlagLayerSets, 4u);
+  HeaderBytes b = EncodeHeader(LayerSetHeader());
+  EXPECT_EQ(LoadU16(b.data() + 10), 3u);
+  EXPECT_EQ(LoadU64(b.data() + 16), 5u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(b[1408 + i], 0xFF) << i;  // "k": 32 layers
+  EXPECT_EQ(b[1408 + 4], 0);
+  EXPECT_EQ(b[1408 + 256 + 0], 0x01);  // "idx.x-1_": layers 0, 9, 31
+  EXPECT_EQ(b[1408 + 256 + 1], 0x02);
+  EXPECT_EQ(b[1408 + 256 + 3], 0x80);
+  EXPECT_TRUE(std::all_of(b.begin() + 1408 + 3 * 128, b.begin() + 4088, [](uint8_t x) { return x == 0; }));
+  FileHeader d;
+  ASSERT_TRUE(DecodeHeader(b, &d).ok());
+  EXPECT_EQ(d.geometry, LayerSetHeader().geometry);
+  // Without the flag the bitmaps are reserved bytes.
+  HeaderBytes no_flag = b;
+  StoreU64(no_flag.data() + 16, kFlagAppendEnds);
+  Reseal(no_flag);
+  EXPECT_TRUE(HasCode(DecodeHeader(no_flag), Code::kCorruption, "reserved header bytes are not zero (header offset 1408)"));
+  // A layer past the layer count, a stream in no layer, an unused
+  // descriptor's bitmap, the flag with every stream in every layer.
+  HeaderBytes past = b;
+  past[1408 + 256 + 4] = 1;
+  Reseal(past);
+  EXPECT_TRUE(HasCode(DecodeHeader(past), Code::kCorruption, "stream 'idx.x-1_' is in layer 32 of 32 (offset 1664)"));
+  HeaderBytes none = b;
+  std::memset(none.data() + 1408 + 256, 0, 128);
+  Reseal(none);
+  EXPECT_TRUE(HasCode(DecodeHeader(none), Code::kCorruption, "stream 'idx.x-1_' is in no layer (offset 1664)"));
+  HeaderBytes unused = b;
+  unused[1408 + 3 * 128] = 1;
+  Reseal(unused);
+  EXPECT_TRUE(HasCode(DecodeHeader(unused), Code::kCorruption, "unused layer set 3 is not zero (offset 1792)"));
+  HeaderBytes full = b;
+  std::memset(full.data() + 1408 + 256, 0xFF, 4);
+  Reseal(full);
+  EXPECT_TRUE(HasCode(DecodeHeader(full), Code::kCorruption, "the LAYER_SETS required flag with every stream in every layer"));
+  // v1 has none; a layer list must be ascending and not every layer.
+  FileHeader v1 = LayerSetHeader();
+  v1.major = kMajorV1;
+  v1.minor = 0;
+  v1.required_flags = 0;
+  for (StreamSpec& s : v1.geometry.streams) s.dtype = Dtype::kBF16;
+  EXPECT_TRUE(HasCode(ValidateFileHeader(v1), Code::kInvalidArgument, "v1 files keep every stream in every layer"));
+  Geometry g = LayerSetHeader().geometry;
+  g.streams[2].layers = {9, 0};
+  EXPECT_TRUE(HasCode(g.Validate(), Code::kInvalidArgument, "stream 'idx.x-1_': its layers are not ascending without repeats"));
+  g.streams[2].layers.clear();
+  for (uint32_t l = 0; l < 32; ++l) g.streams[2].layers.push_back(l);
+  EXPECT_TRUE(HasCode(g.Validate(), Code::kInvalidArgument, "stream 'idx.x-1_': lists every layer"));
+}
+
+TEST(LayerList, ParsesAndFormatsRanges) {
+  std::vector<uint32_t> l;
+  ASSERT_TRUE(ParseLayerList("0..3,7,9..10", &l).ok());
+  EXPECT_EQ(l, (std::vector<uint32_t>{0, 1, 2, 3, 7, 9, 10}));
+  EXPECT_EQ(FormatLayerList(l), "0..3,7,9,10");
+  EXPECT_EQ(ParseLayerList("3,2", &l).message(), "layer list '3,2': layers are not ascending without repeats");
+  EXPECT_EQ(ParseLayerList("1,,2", &l).message(), "layer list '1,,2': '' is not a layer number or a range A..B");
+  EXPECT_EQ(ParseLayerList("5..1", &l).message(), "layer list '5..1': range '5..1' runs backwards");
+  EXPECT_EQ(ParseLayerList("1024", &l).message(), "layer list '1024': layer 1024 is past the format's 1024 layers");
 }
 
 TEST(FileHeader, UnknownOptionalFlagsAreKept) {

@@ -93,7 +93,11 @@ void AppendKv(Writer& w, const Geometry& g, const std::vector<uint32_t>& tokens,
     b.tokens = std::span<const uint32_t>(tokens).subspan(first, n);
     for (size_t k = 0; k < store.size(); ++k) {
       Dtype d = g.streams[k % g.streams.size()].dtype;
-      b.blocks.push_back({IsFp8(d) || d == Dtype::kNvfp4 ? Dtype::kF32 : d, store[k].data(), nullptr});
+      // A stream absent from a layer (layer sets) gets no rows there.
+      if (!g.InLayer(static_cast<uint32_t>(k / g.streams.size()), static_cast<uint32_t>(k % g.streams.size())))
+        b.blocks.push_back({});
+      else
+        b.blocks.push_back({IsFp8(d) || d == Dtype::kNvfp4 ? Dtype::kF32 : d, store[k].data(), nullptr});
     }
     ASSERT_TRUE(w.Append(b).ok());
   }
@@ -139,6 +143,7 @@ std::vector<uint8_t> Contents(FileSystem& fs, const std::string& path) {
   if (n == 0) return out;
   for (uint32_t l = 0; l < g.layers; ++l)
     for (uint32_t s = 0; s < g.streams.size(); ++s) {
+      if (!g.InLayer(l, s)) continue;
       const StreamSpec& spec = g.streams[s];
       uint64_t rows = n * spec.rows_per_token;
       if (IsFp8(spec.dtype)) {
@@ -233,6 +238,58 @@ Geometry WideGeometry() {
   return g;
 }
 
+// WideGeometry over 4 layers with "idx" in layers 1 and 3 and "odd" in 2.
+Geometry LayerSetGeometry() {
+  Geometry g = WideGeometry();
+  g.layers = 4;
+  g.streams[2].layers = {1, 3};
+  g.streams[3].layers = {2};
+  return g;
+}
+
+// A pack of a member with layer sets is 1.1 with the LAYER_SETS flag, its
+// model entry 1304 + 2048 bytes with the streams' layer bitmaps; the member
+// comes back with its geometry and every stored byte. A pack without one is
+// 1.0 as before.
+TEST(PackTest, LayerSetsRoundTrip) {
+  FaultFs fs;
+  Geometry g = LayerSetGeometry();
+  WriteKv(fs, "/a.kv", g, Tokens(3, 11), [](uint64_t) { return 5; }, 4);
+  WriteKv(fs, "/t.kv", TinyGeometry(), Tokens(3, 5), [](uint64_t) { return 6; }, 4);
+  ASSERT_TRUE(PackFiles(fs, "/p.kvpack", {{"a.kv", "/a.kv"}, {"t.kv", "/t.kv"}}, 4).ok());
+  const std::vector<uint8_t> img = FileBytes(fs, "/p.kvpack");
+  auto u64 = [&img](size_t o) {
+    uint64_t x;
+    std::memcpy(&x, img.data() + o, 8);
+    return x;
+  };
+  EXPECT_EQ(img[10], 1);      // minor 1
+  EXPECT_EQ(u64(16), 1u);     // required flag LAYER_SETS
+  EXPECT_EQ(u64(40), 2u);     // two models
+  const uint64_t models_at = u64(32);
+  // The layer-set geometry's entry (models are ordered as added).
+  EXPECT_EQ(img[models_at + 1304], 0x0F);           // "k": every layer
+  EXPECT_EQ(img[models_at + 1304 + 2 * 128], 0x0A);  // "idx": 1 and 3
+  EXPECT_EQ(img[models_at + 1304 + 3 * 128], 0x04);  // "odd": 2
+  EXPECT_EQ(img[models_at + 3352 + 1304], 0x01);     // the tiny model: its one layer
+  std::unique_ptr<PackReader> r;
+  ASSERT_TRUE(PackReader::Open("/p.kvpack", &fs, &r).ok());
+  PackVerifyReport rep;
+  ASSERT_TRUE(r->Verify(&rep).ok());
+  ASSERT_TRUE(r->Materialize(0, "/o.kv").ok());
+  ReaderOptions ro;
+  ro.fs = &fs;
+  std::unique_ptr<Reader> kv;
+  ASSERT_TRUE(Reader::Open("/o.kv", ro, &kv).ok());
+  EXPECT_EQ(kv->geometry(), g);
+  EXPECT_EQ(Contents(fs, "/o.kv"), Contents(fs, "/a.kv"));
+  // Without layer sets: pack 1.0, entries of 1304 bytes.
+  ASSERT_TRUE(PackFiles(fs, "/q.kvpack", {{"t.kv", "/t.kv"}}, 4).ok());
+  const std::vector<uint8_t> plain = FileBytes(fs, "/q.kvpack");
+  EXPECT_EQ(plain[10], 0);
+  EXPECT_EQ(plain[16], 0);
+}
+
 // Materialize makes one append per pack chunk, cut at its own chunk
 // boundaries: with the same salt, a member comes back as the very bytes of a
 // source written with one append per pack chunk, whatever the two chunk
@@ -256,6 +313,9 @@ TEST(PackTest, MaterializeWritesTheSourceBytes) {
       {WideGeometry(), 8, 16, true},   // two
       {WideGeometry(), 8, 24, true},   // all three in one
       {WideGeometry(), 8, 12, false},  // not a multiple
+      // Streams in some layers only (pack 1.1): both paths.
+      {LayerSetGeometry(), 8, 16, true},
+      {LayerSetGeometry(), 8, 12, false},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE("pack chunk " + std::to_string(c.pack_chunk) + ", kv chunk " + std::to_string(c.kv_chunk));
@@ -275,7 +335,7 @@ TEST(PackTest, MaterializeWritesTheSourceBytes) {
     EXPECT_EQ(FileBytes(fs, "/o.kv"), want);
     size_t writes = 0;
     for (size_t i = ops; i < fs.log().size(); ++i) writes += fs.log()[i].kind == FsOp::kWrite;
-    const size_t chunks = (23 + c.kv_chunk - 1) / c.kv_chunk, sections = c.g.layers * c.g.streams.size();
+    const size_t chunks = (23 + c.kv_chunk - 1) / c.kv_chunk, sections = c.g.SectionCount();
     // The header and the commit record, and the chunks.
     EXPECT_EQ(writes, 2 + (c.direct ? chunks * (sections + 1) : chunks));
   }

@@ -122,7 +122,7 @@ TEST_F(KvFileTest, OpenTellsUnsupportedFromDamaged) {
   WriteBareFile(Path("v3.kv"), v3);
   EXPECT_TRUE(HasCode(Reader::Open(Path("v3.kv"), {}, &r), Code::kUnsupported, {"version 3"}));
   format::FileHeader flags = h;
-  flags.required_flags = 4;
+  flags.required_flags = 8;  // bit 3: unknown (bits 0..2 are APPEND_ENDS, NVFP4, LAYER_SETS)
   WriteBareFile(Path("flags.kv"), flags);
   EXPECT_TRUE(HasCode(Reader::Open(Path("flags.kv"), {}, &r), Code::kUnsupported, {"required flags"}));
   format::FileHeader v1 = h;

@@ -4,6 +4,7 @@
 // chunk sizes and append schedules; pre-quantized appends; non-finite input;
 // Create and the writer's lifecycle; the sync modes.
 
+#include "kvfile/verify.h"
 #include "support/kv_test_util.h"
 #include "testing_hooks.h"
 
@@ -102,6 +103,59 @@ TEST_F(KvFileTest, UnusualGeometriesRoundTrip) {
   Sequence q = MakeSequence(tiny, Dtype::kBF16, 5);
   WriteSequence(Path(), q, Options(65536), {2, 3});
   CheckFile(Path(), q, ComputeExpected(q), 65536, true, true);
+}
+
+// A stream in some layers only (spec/FORMAT.md 3.2, version 2.3): the header
+// records its layers, chunks hold its sections in those layers alone, every
+// read of it and of the other streams is exact, a read where it is absent
+// and rows given there are refused, and verify finds damage in its sections.
+TEST_F(KvFileTest, AStreamInSomeLayersRoundTripsAndVerifyFindsDamageInIt) {
+  Geometry g;
+  g.layers = 4;
+  g.streams = {{"k", 2, 16, Dtype::kE4M3}, {"idx", 1, 8, Dtype::kBF16, {1, 3}}};
+  Sequence q = MakeSequence(g, Dtype::kF32, 37, 5);
+  Expected e = ComputeExpected(q);
+  WriteSequence(Path(), q, Options(8), Sizes(Schedule::kMixed, q.n, 8));
+  CheckFile(Path(), q, e, 8, true, true);
+  if (HasFatalFailure()) return;
+  const Bytes file = ReadFileBytes(Path());
+  EXPECT_EQ(file[10], 3);     // minor version 3
+  EXPECT_EQ(file[16], 0x05);  // required flags APPEND_ENDS | LAYER_SETS
+  EXPECT_EQ(file[1408], 0x0F);        // "k": layers 0..3
+  EXPECT_EQ(file[1408 + 128], 0x0A);  // "idx": layers 1 and 3
+  // 4 + 2 sections a chunk, not 8: a chunk of 8 tokens is its head (64 +
+  // 6 checksums + 32 token bytes + 8, to 192) and 4 x (256 codes + 64
+  // scales) + 2 x 128 bf16 bytes, in one block.
+  format::ChunkLayout layout;
+  ASSERT_OK(format::ComputeChunkLayout(g, 8, &layout));
+  EXPECT_EQ(layout.sections.size(), 6u);
+  EXPECT_EQ(layout.head_bytes, 192u);
+  EXPECT_FALSE(layout.present(0, 1));
+  EXPECT_EQ(layout.section(3, 1).offset, 192u + 4 * 320 + 128);
+  std::unique_ptr<Reader> r;
+  ASSERT_OK(Reader::Open(Path(), {}, &r));
+  Bytes buf(1024);
+  EXPECT_EQ(r->ReadRows(2, 1, 0, 1, Dtype::kF32, buf.data()).message(),
+            Path() + ": stream 'idx' is not in layer 2 (it is in layers 1,3)");
+  r.reset();
+  {
+    // Rows for (layer 0, "idx"): refused, naming where.
+    std::unique_ptr<Writer> w;
+    ASSERT_OK(Writer::Open(Path(), {}, &w));
+    AppendBatch b = Batch(q, 0, 1);
+    b.blocks[1] = b.blocks[3];
+    EXPECT_EQ(w->Append(b).message(), "layer 0, stream 'idx': rows given, but the stream is not in this layer");
+    ASSERT_OK(w->Close());
+  }
+  // One flipped byte in (layer 3, "idx") of chunk 0.
+  XorByte(Path(), format::kDataOffset + layout.section(3, 1).offset + 5, 0x40);
+  VerifyReport rep;
+  ASSERT_OK(VerifyFile(Path(), {}, &rep));
+  ASSERT_TRUE(rep.HasErrors());
+  EXPECT_EQ(rep.findings[0].chunk, 0);
+  EXPECT_EQ(rep.findings[0].message, "chunk 0 at offset 12288: payload checksum mismatch in layer 3 stream 'idx' "
+                                     "(section at offset " +
+                                         std::to_string(format::kDataOffset + layout.section(3, 1).offset) + ")");
 }
 
 // The bytes of a file with every chunk head's append end and head checksum

@@ -9,6 +9,7 @@
 #include <new>
 
 #include "format/endian.h"
+#include "format/header.h"
 #include "format/kv_format.h"
 
 namespace kvfile::pack {
@@ -53,8 +54,9 @@ std::string NameSetConflict(std::vector<std::string_view> names) {
   return "";
 }
 
-void EncodeModel(const PackModel& m, uint8_t* out) {
-  std::memset(out, 0, kModelEntryBytes);
+void EncodeModel(const PackModel& m, uint8_t* out, bool layer_sets) {
+  std::memset(out, 0, ModelEntryBytes(layer_sets));
+  if (layer_sets) format::EncodeLayerSets(m.geometry, out + kModelEntryBytes);
   StoreU64(out + me::kFingerprint, m.identity.fingerprint);
   StoreU32(out + me::kLayers, m.geometry.layers);
   StoreU32(out + me::kStreams, static_cast<uint32_t>(m.geometry.streams.size()));
@@ -79,7 +81,7 @@ bool AllZero(const uint8_t* p, size_t n) {
 }
 }  // namespace
 
-Status DecodeModel(const uint8_t* in, PackModel* out) {
+Status DecodeModel(const uint8_t* in, PackModel* out, bool layer_sets) {
   PackModel m;
   m.identity.fingerprint = LoadU64(in + me::kFingerprint);
   m.geometry.layers = LoadU32(in + me::kLayers);
@@ -121,6 +123,7 @@ Status DecodeModel(const uint8_t* in, PackModel* out) {
     spec.row_width = LoadU32(d + format::sd::kRowWidth);
     m.geometry.streams.push_back(std::move(spec));
   }
+  if (layer_sets) KVFILE_RETURN_IF_ERROR(format::DecodeLayerSets(in + kModelEntryBytes, kModelEntryBytes, &m.geometry));
   Status st = m.geometry.Validate();
   if (!st.ok()) return Status::Corruption(st.message());
   m.payload_bytes_per_token = PayloadBytesPerToken(m.geometry);

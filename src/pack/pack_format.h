@@ -21,7 +21,11 @@ namespace kvfile::pack {
 inline constexpr uint8_t kMagic[8] = {0x89, 'K', 'V', 'P', '\r', '\n', 0x1A, '\n'};
 inline constexpr uint16_t kMajor = 1;
 inline constexpr uint16_t kMinor = 0;
-inline constexpr uint64_t kKnownRequiredFlags = 0;
+// Required flag bit 0 (pack 1.1): model entries carry layer sets (a stream
+// absent from some layer, spec/PACK.md 3); set exactly when a model has one.
+inline constexpr uint64_t kFlagLayerSets = 1;
+inline constexpr uint16_t kMinorLayerSets = 1;
+inline constexpr uint64_t kKnownRequiredFlags = kFlagLayerSets;
 
 // ---- Header (offset 0) ----
 inline constexpr size_t kHeaderBytes = 128;
@@ -48,6 +52,10 @@ inline constexpr size_t kChecksum = 120;       // u64 XXH3-64 of [0, 120)
 
 // ---- Model table entry ----
 inline constexpr size_t kModelEntryBytes = 1304;
+// With kFlagLayerSets every entry is followed by the layer sets of its
+// streams (FORMAT.md 3.2's 16 x 128 bytes).
+inline constexpr size_t kLayerSetsEntryBytes = kModelEntryBytes + 2048;
+inline constexpr size_t ModelEntryBytes(bool layer_sets) { return layer_sets ? kLayerSetsEntryBytes : kModelEntryBytes; }
 namespace me {
 inline constexpr size_t kFingerprint = 0;   // u64
 inline constexpr size_t kLayers = 8;        // u32
@@ -122,8 +130,8 @@ class ChecksumStream {
 // directory of, and neighbours are compared.
 std::string NameSetConflict(std::vector<std::string_view> names);
 
-void EncodeModel(const PackModel& m, uint8_t* out);  // kModelEntryBytes
+void EncodeModel(const PackModel& m, uint8_t* out, bool layer_sets = false);  // ModelEntryBytes(layer_sets)
 // Checks every rule of spec/PACK.md section 3; messages name the entry.
-Status DecodeModel(const uint8_t* in, PackModel* out);
+Status DecodeModel(const uint8_t* in, PackModel* out, bool layer_sets = false);
 
 }  // namespace kvfile::pack

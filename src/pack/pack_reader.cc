@@ -145,7 +145,9 @@ Status PackReader::Impl::ParseTables(const uint8_t* h) {
   uint64_t models_b = 0, chunks_b = 0, index_b = 0, names_b = 0;
   if (data_end < pack::kHeaderBytes || data_end > left) return Damage("data_end out of range");
   left -= data_end;
-  if (!take(model_count, pack::kModelEntryBytes, &models_b) || !take(chunk_count, pack::kChunkEntryBytes, &chunks_b) ||
+  const bool layer_sets = (required & pack::kFlagLayerSets) != 0;
+  const size_t entry_bytes = pack::ModelEntryBytes(layer_sets);
+  if (!take(model_count, entry_bytes, &models_b) || !take(chunk_count, pack::kChunkEntryBytes, &chunks_b) ||
       !take(names_bytes, 1, &names_b) || !take(member_count, pack::kIndexEntryBytes, &index_b) || left != 0)
     return Damage("the header's table sizes do not add up to the file's size");
   // Every name is 1..kMaxNameBytes bytes and the region holds exactly the
@@ -171,11 +173,11 @@ Status PackReader::Impl::ParseTables(const uint8_t* h) {
   // with every earlier one took 15 s for 24,000 models.
   std::vector<uint32_t> order(model_count);
   for (uint64_t i = 0; i < model_count; ++i) order[i] = static_cast<uint32_t>(i);
-  auto entry = [&mt](uint32_t i) { return mt.data() + uint64_t{i} * pack::kModelEntryBytes; };
-  auto compare = [&entry](uint32_t a, uint32_t b) {
+  auto entry = [&mt, entry_bytes](uint32_t i) { return mt.data() + uint64_t{i} * entry_bytes; };
+  auto compare = [&entry, entry_bytes](uint32_t a, uint32_t b) {
     int c = std::memcmp(entry(a), entry(b), pack::me::kChunkTokens);
     if (c == 0) c = std::memcmp(entry(a) + pack::me::kModelIdLength, entry(b) + pack::me::kModelIdLength,
-                                pack::kModelEntryBytes - pack::me::kModelIdLength);
+                                entry_bytes - pack::me::kModelIdLength);
     return c;
   };
   std::sort(order.begin(), order.end(), [&compare](uint32_t a, uint32_t b) {
@@ -187,7 +189,7 @@ Status PackReader::Impl::ParseTables(const uint8_t* h) {
     if (order[k] < duplicate && compare(order[k - 1], order[k]) == 0) duplicate = order[k], original = order[k - 1];
   models.resize(model_count);
   for (uint64_t i = 0; i < model_count; ++i) {
-    Status st = pack::DecodeModel(entry(static_cast<uint32_t>(i)), &models[i]);
+    Status st = pack::DecodeModel(entry(static_cast<uint32_t>(i)), &models[i], layer_sets);
     if (!st.ok()) return Damage("model " + std::to_string(i) + ": " + st.message());
     if (i == duplicate)
       return Damage("models " + std::to_string(original) + " and " + std::to_string(i) + " are the same");
@@ -323,25 +325,24 @@ Status PackReader::ReadChunk(uint32_t id, std::vector<uint8_t>* payload) {
   // payload holds them unaligned.
   std::vector<uint64_t> rows_copy;
   std::vector<float> scales;
-  for (uint32_t l = 0; l < g.layers; ++l)
-    for (uint32_t s = 0; s < g.streams.size(); ++s) {
-      const StreamSpec& spec = g.streams[s];
-      const PayloadSection& p = layout[static_cast<size_t>(l) * g.streams.size() + s];
-      const size_t rows = size_t{c.token_count} * spec.rows_per_token;
-      const void* rows_at = payload->data() + p.data_offset;
-      if (reinterpret_cast<uintptr_t>(rows_at) % ElementSize(spec.dtype) != 0) {
-        rows_copy.resize((p.data_bytes + 7) / 8);
-        std::memcpy(rows_copy.data(), rows_at, p.data_bytes);
-        rows_at = rows_copy.data();
-      }
-      scales.resize(p.scales_bytes / 4);
-      for (size_t i = 0; i < scales.size(); ++i) {
-        uint32_t bits = LoadU32(payload->data() + p.scales_offset + 4 * i);
-        std::memcpy(&scales[i], &bits, 4);
-      }
-      codec::RowCheck rc = codec::CheckRows(spec.dtype, rows_at, scales.data(), rows, spec.row_width);
-      if (!rc.ok()) return r.RowDamage(id, l, spec, rc.fault);
+  for (const PayloadSection& p : layout) {
+    const uint32_t l = p.layer, s = p.stream;
+    const StreamSpec& spec = g.streams[s];
+    const size_t rows = size_t{c.token_count} * spec.rows_per_token;
+    const void* rows_at = payload->data() + p.data_offset;
+    if (reinterpret_cast<uintptr_t>(rows_at) % ElementSize(spec.dtype) != 0) {
+      rows_copy.resize((p.data_bytes + 7) / 8);
+      std::memcpy(rows_copy.data(), rows_at, p.data_bytes);
+      rows_at = rows_copy.data();
     }
+    scales.resize(p.scales_bytes / 4);
+    for (size_t i = 0; i < scales.size(); ++i) {
+      uint32_t bits = LoadU32(payload->data() + p.scales_offset + 4 * i);
+      std::memcpy(&scales[i], &bits, 4);
+    }
+    codec::RowCheck rc = codec::CheckRows(spec.dtype, rows_at, scales.data(), rows, spec.row_width);
+    if (!rc.ok()) return r.RowDamage(id, l, spec, rc.fault);
+  }
   return Status::OK();
 }
 
@@ -351,7 +352,7 @@ Status PackReader::ReadChunk(uint32_t id, std::vector<uint8_t>* payload) {
 // geometry of many tiny sections, or tiny pack chunks, is staged instead).
 bool PackReader::Impl::UseDirectPath(const PackMember& m, uint32_t ct) const {
   const PackModel& model = models[m.model];
-  const uint64_t sections = uint64_t{model.geometry.layers} * model.geometry.streams.size();
+  const uint64_t sections = model.geometry.SectionCount();
   return ct % model.chunk_tokens == 0 &&
          model.chunk_tokens * model.payload_bytes_per_token / sections >= (uint64_t{64} << 10);
 }
@@ -396,7 +397,7 @@ Status PackReader::Impl::MaterializeDirect(PackReader& self, const PackMember& m
           return Status::IOError(path + ": cannot allocate a buffer of " + std::to_string(largest) + " bytes");
       for (size_t k = 0; k < cl.sections.size(); ++k) {
         const format::SectionLayout& sec = cl.sections[k];
-        const StreamSpec& spec = g.streams[k % g.streams.size()];
+        const StreamSpec& spec = g.streams[sec.stream];
         // The write of section k - 2 from this buffer is complete: the
         // previous section waited for it.
         uint8_t* base = buffers[k % 2].data();
@@ -495,11 +496,12 @@ Status PackReader::Materialize(size_t index, const std::string& dest) {
     KVFILE_RETURN_IF_ERROR(r.ReadPayload(ids[j], payload.data()));
     std::vector<PayloadSection> layout = PackPayloadLayout(g, c.token_count);
     AppendBatch batch;
-    batch.blocks.resize(layout.size());
+    // Every (layer, stream) has a block; an absent one none (no data).
+    batch.blocks.resize(static_cast<size_t>(g.layers) * g.streams.size());
     for (size_t k = 0; k < layout.size(); ++k) {
-      const StreamSpec& spec = g.streams[k % g.streams.size()];
       const PayloadSection& p = layout[k];
-      RowBlock& b = batch.blocks[k];
+      const StreamSpec& spec = g.streams[p.stream];
+      RowBlock& b = batch.blocks[static_cast<size_t>(p.layer) * g.streams.size() + p.stream];
       b.dtype = spec.dtype;
       b.data = payload.data() + p.data_offset;
       if (p.data_offset % ElementSize(spec.dtype) != 0) {
@@ -525,8 +527,9 @@ Status PackReader::Materialize(size_t index, const std::string& dest) {
       piece.tokens = std::span<const uint32_t>(tokens).subspan(c.first_token + done, n);
       piece.continued = done + n < c.token_count;
       piece.blocks = batch.blocks;
-      for (size_t k = 0; k < layout.size(); ++k) {
-        const StreamSpec& spec = g.streams[k % g.streams.size()];
+      for (const PayloadSection& p : layout) {
+        const size_t k = static_cast<size_t>(p.layer) * g.streams.size() + p.stream;
+        const StreamSpec& spec = g.streams[p.stream];
         const uint64_t rows = uint64_t{done} * spec.rows_per_token;
         piece.blocks[k].data = static_cast<const uint8_t*>(batch.blocks[k].data) + rows * spec.row_width * ElementSize(spec.dtype);
         if (piece.blocks[k].scales) piece.blocks[k].scales += rows;

@@ -25,11 +25,15 @@ using pack::Checksum;
 
 std::vector<PayloadSection> PackPayloadLayout(const Geometry& g, uint32_t tokens) {
   std::vector<PayloadSection> out;
-  out.reserve(static_cast<size_t>(g.layers) * g.streams.size());
+  out.reserve(g.SectionCount());
   uint64_t at = 0;
   for (uint32_t l = 0; l < g.layers; ++l)
-    for (const StreamSpec& s : g.streams) {
+    for (uint32_t si = 0; si < g.streams.size(); ++si) {
+      if (!g.InLayer(l, si)) continue;
+      const StreamSpec& s = g.streams[si];
       PayloadSection p;
+      p.layer = l;
+      p.stream = si;
       uint64_t rows = uint64_t{tokens} * s.rows_per_token;
       p.data_offset = at;
       p.data_bytes = rows * s.row_width * ElementSize(s.dtype);
@@ -196,9 +200,9 @@ Status PackWriter::Impl::FillSections(Reader& r, const PackModel& m, const std::
   std::vector<uint64_t>& scratch = b.scratch;
   std::vector<float>& f32 = b.f32;
   for (size_t k = first; k < layout.size(); k += step) {
-      const uint32_t l = static_cast<uint32_t>(k / g.streams.size()), s = static_cast<uint32_t>(k % g.streams.size());
-      const StreamSpec& spec = g.streams[s];
       const PayloadSection& p = layout[k];
+      const uint32_t l = p.layer, s = p.stream;
+      const StreamSpec& spec = g.streams[s];
       const Dtype from = r.geometry().streams[s].dtype;
       if (IsFp8(spec.dtype)) {
         scratch.resize((p.scales_bytes + 7) / 8);
@@ -347,8 +351,12 @@ Status PackWriter::Finish() {
   std::string conflict = pack::NameSetConflict(std::move(member_names));
   if (!conflict.empty()) return Status::InvalidArgument(dest + ": " + conflict + "; not written");
   const uint64_t data_end = w.offset;
-  std::vector<uint8_t> models(w.models.size() * pack::kModelEntryBytes);
-  for (size_t i = 0; i < w.models.size(); ++i) pack::EncodeModel(w.models[i], models.data() + i * pack::kModelEntryBytes);
+  // Layer sets (pack 1.1) only where a model has a stream absent from a layer.
+  bool layer_sets = false;
+  for (const PackModel& m : w.models) layer_sets = layer_sets || m.geometry.HasLayerSets();
+  const size_t entry_bytes = pack::ModelEntryBytes(layer_sets);
+  std::vector<uint8_t> models(w.models.size() * entry_bytes);
+  for (size_t i = 0; i < w.models.size(); ++i) pack::EncodeModel(w.models[i], models.data() + i * entry_bytes, layer_sets);
   std::vector<uint8_t> chunks(w.chunks.size() * pack::kChunkEntryBytes, 0);
   for (size_t i = 0; i < w.chunks.size(); ++i) {
     uint8_t* e = chunks.data() + i * pack::kChunkEntryBytes;
@@ -383,7 +391,8 @@ Status PackWriter::Finish() {
   uint8_t h[pack::kHeaderBytes] = {};
   std::memcpy(h + pack::hdr::kMagicField, pack::kMagic, sizeof pack::kMagic);
   format::StoreU16(h + pack::hdr::kMajorField, pack::kMajor);
-  format::StoreU16(h + pack::hdr::kMinorField, pack::kMinor);
+  format::StoreU16(h + pack::hdr::kMinorField, layer_sets ? pack::kMinorLayerSets : pack::kMinor);
+  StoreU64(h + pack::hdr::kRequiredFlags, layer_sets ? pack::kFlagLayerSets : 0);
   StoreU32(h + pack::hdr::kHeaderBytesField, pack::kHeaderBytes);
   StoreU64(h + pack::hdr::kDataEnd, data_end);
   StoreU64(h + pack::hdr::kModelCount, w.models.size());

@@ -62,12 +62,14 @@ Geometry GeometryFrom(py::handle spec, Dtype fp8_dtype) {
     const std::string what = "geometry stream " + std::to_string(g.streams.size());
     if (!py::isinstance<py::dict>(item)) throw py::type_error(what + ": expected a dict");
     auto s = py::reinterpret_borrow<py::dict>(item);
-    CheckKeys(s, {"name", "rows_per_token", "row_width", "dtype"}, what);
+    CheckKeys(s, {"name", "rows_per_token", "row_width", "dtype", "layers"}, what);
     StreamSpec stream;
     stream.name = Required<std::string>(s, "name", what);
     stream.rows_per_token = Required<uint32_t>(s, "rows_per_token", what);
     stream.row_width = Required<uint32_t>(s, "row_width", what);
     stream.dtype = s.contains("dtype") ? DtypeByName(Required<std::string>(s, "dtype", what)) : fp8_dtype;
+    // The layers a stream is in, where not every one (spec/FORMAT.md 3.2).
+    if (s.contains("layers")) stream.layers = Required<std::vector<uint32_t>>(s, "layers", what);
     g.streams.push_back(std::move(stream));
   }
   return g;
@@ -75,10 +77,12 @@ Geometry GeometryFrom(py::handle spec, Dtype fp8_dtype) {
 
 py::dict GeometryDict(const Geometry& geometry) {
   py::list streams;
-  for (const StreamSpec& s : geometry.streams)
-    streams.append(py::dict(py::arg("name") = s.name, py::arg("rows_per_token") = s.rows_per_token,
-                            py::arg("row_width") = s.row_width,
-                            py::arg("dtype") = DtypeName(s.dtype)));
+  for (const StreamSpec& s : geometry.streams) {
+    py::dict d(py::arg("name") = s.name, py::arg("rows_per_token") = s.rows_per_token,
+               py::arg("row_width") = s.row_width, py::arg("dtype") = DtypeName(s.dtype));
+    if (!s.layers.empty()) d["layers"] = py::cast(s.layers);  // only a stream in some layers has the key
+    streams.append(d);
+  }
   return py::dict(py::arg("layers") = geometry.layers, py::arg("streams") = streams);
 }
 

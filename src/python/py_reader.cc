@@ -38,6 +38,7 @@ namespace {
 struct Selection {
   uint32_t stream = 0;
   uint32_t first_layer = 0, layer_count = 0;
+  std::vector<uint32_t> layers;  // read, in order: the stream's layers (layer sets), or the one asked for
   bool all_layers = false;  // the result gets a leading layer axis
   uint64_t begin = 0, end = 0;
 
@@ -116,7 +117,11 @@ class PyReader {
     sel.stream = StreamIndex(g, stream);
     sel.all_layers = !layer.has_value();
     sel.first_layer = layer.value_or(0);
-    sel.layer_count = layer ? 1 : g.layers;
+    // Every layer the stream is in (FORMAT.md 3.2: maybe not all of them).
+    if (layer) sel.layers = {*layer};
+    for (uint32_t l = 0; !layer && l < g.layers; ++l)
+      if (g.InLayer(l, sel.stream)) sel.layers.push_back(l);
+    sel.layer_count = static_cast<uint32_t>(sel.layers.size());
     sel.begin = start;
     sel.end = stop ? *stop : TokenCount();
     if (sel.end < sel.begin)
@@ -136,7 +141,7 @@ class PyReader {
     const size_t layer_bytes = (sel.end - sel.begin) * spec.ElementsPerToken() * ElementSize(out_dtype);
     guarded_.Run([&](Reader& r) -> Status {
       for (uint32_t i = 0; i < sel.layer_count; ++i)
-        KVFILE_RETURN_IF_ERROR(r.ReadRows(sel.first_layer + i, sel.stream, sel.begin, sel.end, out_dtype,
+        KVFILE_RETURN_IF_ERROR(r.ReadRows(sel.layers[i], sel.stream, sel.begin, sel.end, out_dtype,
                                           dst + i * layer_bytes));
       return Status::OK();
     });
@@ -157,7 +162,7 @@ class PyReader {
     const uint64_t tokens = sel.end - sel.begin;
     guarded_.Run([&](Reader& r) -> Status {
       for (uint32_t i = 0; i < sel.layer_count; ++i)
-        KVFILE_RETURN_IF_ERROR(r.ReadCodes(sel.first_layer + i, sel.stream, sel.begin, sel.end,
+        KVFILE_RETURN_IF_ERROR(r.ReadCodes(sel.layers[i], sel.stream, sel.begin, sel.end,
                                            code_dst + i * tokens * spec.ElementsPerToken(),
                                            scale_dst + i * tokens * spec.rows_per_token, v1_quantize_as));
       return Status::OK();
@@ -179,7 +184,7 @@ class PyReader {
     float* scale_dst = scales.mutable_data();
     guarded_.Run([&](Reader& r) -> Status {
       for (uint32_t i = 0; i < sel.layer_count; ++i)
-        KVFILE_RETURN_IF_ERROR(r.ReadCodes(sel.first_layer + i, sel.stream, sel.begin, sel.end,
+        KVFILE_RETURN_IF_ERROR(r.ReadCodes(sel.layers[i], sel.stream, sel.begin, sel.end,
                                            code_dst + i * tokens * (n / 2), block_dst + i * tokens * (n / 16),
                                            scale_dst + i * tokens));
       return Status::OK();
@@ -234,6 +239,15 @@ class PyReader {
     return obj;
   }
 
+  // The layers of the selection stream s is in (all of them but for a
+  // layer set): a bulk read's leading axis for that stream.
+  static std::vector<uint32_t> LayersIn(const Geometry& g, uint32_t s, const BulkSelection& sel) {
+    std::vector<uint32_t> ls;
+    for (uint32_t l = sel.first_layer; l < sel.first_layer + sel.layer_count; ++l)
+      if (g.InLayer(l, s)) ls.push_back(l);
+    return ls;
+  }
+
   py::dict ReadAll(py::handle dtype, uint64_t start, std::optional<uint64_t> stop, unsigned threads, py::handle out,
                    py::handle streams, py::handle layers) {
     const Dtype out_dtype = DecodedDtype(dtype);
@@ -246,13 +260,13 @@ class PyReader {
     const auto tokens = static_cast<py::ssize_t>(sel.end - sel.begin);
     for (uint32_t s : sel.streams) {
       const StreamSpec& spec = g.streams[s];
+      const std::vector<uint32_t> ls = LayersIn(g, s, sel);
       void* data = nullptr;
       result[py::str(spec.name)] =
           Destination(OutEntry(out, spec.name), "out['" + spec.name + "']", NumpyDtype(out_dtype),
-                      {sel.layer_count, tokens, spec.rows_per_token, spec.row_width}, &held, &data);
+                      {static_cast<py::ssize_t>(ls.size()), tokens, spec.rows_per_token, spec.row_width}, &held, &data);
       const size_t layer_bytes = (sel.end - sel.begin) * spec.ElementsPerToken() * kvfile::ElementSize(out_dtype);
-      for (uint32_t i = 0; i < sel.layer_count; ++i)
-        targets.push_back({sel.first_layer + i, s, static_cast<char*>(data) + i * layer_bytes});
+      for (size_t i = 0; i < ls.size(); ++i) targets.push_back({ls[i], s, static_cast<char*>(data) + i * layer_bytes});
     }
     guarded_.Run([&](Reader& r) { return r.ReadMany(targets, sel.begin, sel.end, out_dtype, sel.threads); });
     return result;
@@ -283,13 +297,15 @@ class PyReader {
       }
       void* codes = nullptr;
       void* scales = nullptr;
+      const std::vector<uint32_t> ls = LayersIn(g, s, sel);
+      const auto nl = static_cast<py::ssize_t>(ls.size());
       py::object c = Destination(codes_out, "out['" + spec.name + "'][0]", py::dtype::of<uint8_t>(),
-                                 {sel.layer_count, tokens, spec.rows_per_token, spec.row_width}, &held, &codes);
+                                 {nl, tokens, spec.rows_per_token, spec.row_width}, &held, &codes);
       py::object sc = Destination(scales_out, "out['" + spec.name + "'][1]", py::dtype::of<float>(),
-                                  {sel.layer_count, tokens, spec.rows_per_token}, &held, &scales);
+                                  {nl, tokens, spec.rows_per_token}, &held, &scales);
       result[py::str(spec.name)] = py::make_tuple(c, sc);
-      for (uint32_t i = 0; i < sel.layer_count; ++i)
-        targets.push_back({sel.first_layer + i, s,
+      for (size_t i = 0; i < ls.size(); ++i)
+        targets.push_back({ls[i], s,
                            static_cast<uint8_t*>(codes) + i * (sel.end - sel.begin) * spec.ElementsPerToken(),
                            static_cast<float*>(scales) + i * (sel.end - sel.begin) * spec.rows_per_token});
     }

@@ -45,8 +45,13 @@ SyncMode SyncModeByName(const std::string& name) {
 }
 
 // The expected shape of a stream's array, as text for messages.
+// A stream's leading axis: its layers (all, or its layer set's).
+uint32_t LayersOf(const Geometry& g, const StreamSpec& s) {
+  return s.layers.empty() ? g.layers : static_cast<uint32_t>(s.layers.size());
+}
+
 std::string ExpectedShape(const Geometry& g, const StreamSpec& s, size_t tokens) {
-  return "[layers=" + std::to_string(g.layers) + ", tokens=" + std::to_string(tokens) +
+  return "[layers=" + std::to_string(LayersOf(g, s)) + ", tokens=" + std::to_string(tokens) +
          ", rows_per_token=" + std::to_string(s.rows_per_token) + ", row_width=" + std::to_string(s.row_width) +
          "]";
 }
@@ -81,7 +86,7 @@ py::array EncodedArray(py::handle obj, const std::string& what, const py::dtype&
 StreamArrays EncodedArrays(const Geometry& g, const StreamSpec& spec, size_t count, py::handle value) {
   const std::string what = "stream '" + spec.name + "'";
   const auto tuple = py::reinterpret_borrow<py::tuple>(value);
-  const py::ssize_t layers = g.layers, tokens = static_cast<py::ssize_t>(count);
+  const py::ssize_t layers = LayersOf(g, spec), tokens = static_cast<py::ssize_t>(count);
   const py::ssize_t rows = spec.rows_per_token, width = spec.row_width;
   StreamArrays out;
   out.dtype = spec.dtype;
@@ -146,7 +151,7 @@ class PyWriter {
         continue;
       }
       py::array a = RowArray(value, "stream '" + spec.name + "'", &arrays[s].dtype);
-      const std::vector<py::ssize_t> want = {g.layers, static_cast<py::ssize_t>(count), spec.rows_per_token,
+      const std::vector<py::ssize_t> want = {LayersOf(g, spec), static_cast<py::ssize_t>(count), spec.rows_per_token,
                                              spec.row_width};
       if (a.ndim() != 4 || !std::equal(want.begin(), want.end(), a.shape()))
         throw py::value_error("stream '" + spec.name + "': shape " + ShapeText(a) + ", expected " +
@@ -173,15 +178,20 @@ class PyWriter {
         a.block_scales = Contiguous(a.block_scales, what);
         blocks = static_cast<const uint8_t*>(a.block_scales.data());
       }
-      // Bytes, scales and block scales of one layer.
-      const size_t layer_bytes = static_cast<size_t>(a.data.nbytes()) / std::max<uint32_t>(g.layers, 1);
-      const size_t layer_scales = a.scales ? static_cast<size_t>(a.scales.size()) / std::max<uint32_t>(g.layers, 1) : 0;
-      const size_t layer_blocks =
-          a.block_scales ? static_cast<size_t>(a.block_scales.size()) / std::max<uint32_t>(g.layers, 1) : 0;
-      for (uint32_t layer = 0; layer < g.layers; ++layer)
-        batch.blocks[layer * g.streams.size() + s] = {a.dtype, base + layer * layer_bytes,
-                                                      scales ? scales + layer * layer_scales : nullptr,
-                                                      blocks ? blocks + layer * layer_blocks : nullptr};
+      // Bytes, scales and block scales of one of the stream's layers; the
+      // array's i-th layer is the stream's i-th, absent layers keep an empty block.
+      const uint32_t layers = std::max<uint32_t>(LayersOf(g, spec), 1);
+      const size_t layer_bytes = static_cast<size_t>(a.data.nbytes()) / layers;
+      const size_t layer_scales = a.scales ? static_cast<size_t>(a.scales.size()) / layers : 0;
+      const size_t layer_blocks = a.block_scales ? static_cast<size_t>(a.block_scales.size()) / layers : 0;
+      size_t i = 0;
+      for (uint32_t layer = 0; layer < g.layers; ++layer) {
+        if (!g.InLayer(layer, static_cast<uint32_t>(s))) continue;
+        batch.blocks[layer * g.streams.size() + s] = {a.dtype, base + i * layer_bytes,
+                                                      scales ? scales + i * layer_scales : nullptr,
+                                                      blocks ? blocks + i * layer_blocks : nullptr};
+        ++i;
+      }
     }
     guarded_.Run([&](Writer& w) { return w.Append(batch); });
   }
@@ -293,7 +303,7 @@ void BindWriter(py::module_& m) {
         py::arg("fingerprint") = 0, py::arg("dtype") = "e4m3", py::arg("chunk_tokens") = 256,
         py::arg("sync") = "close", py::arg("overwrite") = false, py::arg("format") = 2,
         "Creates a .kv file. geometry: a preset name (kvfile.presets()) or a dict {\"layers\": n, "
-        "\"streams\": [{\"name\", \"rows_per_token\", \"row_width\", \"dtype\"}]}; dtype is the fp8 "
+        "\"streams\": [{\"name\", \"rows_per_token\", \"row_width\", \"dtype\"[, \"layers\"]}]} (\"layers\": a stream in those layers only); dtype is the fp8 "
         "dtype of preset streams and of dict streams without one. sync: \"none\", \"chunk\" or "
         "\"close\". format=1 writes the older raw layout.");
   m.def("open_writer", &OpenWriter, py::arg("path"), py::kw_only(), py::arg("sync") = "close",

@@ -58,7 +58,7 @@ Geometry WantedGeometry(const KvTensors& kv, const std::vector<size_t>& order, s
   g.layers = kv.layers;
   for (size_t i : order) {
     const KvStream& s = kv.streams[i];
-    StreamSpec spec{s.name, s.rows_per_token, s.row_width, Dtype::kE4M3};
+    StreamSpec spec{s.name, s.rows_per_token, s.row_width, Dtype::kE4M3, s.layers};
     std::optional<uint32_t> in_file = file ? file->FindStream(s.name) : std::nullopt;
     if (s.is_codes()) spec.dtype = dtype.value_or(s.source_dtype());
     else if (in_file && !IsQuantized(file->streams[*in_file].dtype)) spec.dtype = file->streams[*in_file].dtype;

@@ -95,6 +95,11 @@ struct Session {
 
 Status MakeSession(const std::string& preset, uint64_t tokens, Session* s) {
   KVFILE_RETURN_IF_ERROR(GetPreset(preset, Dtype::kE4M3, &s->g));
+  // The measured paths read and compare every (layer, stream) of the session.
+  if (s->g.HasLayerSets())
+    return Status::InvalidArgument("preset " + preset +
+                                   " has a stream in some layers only; bench measures presets whose streams are in "
+                                   "every layer (--fidelity takes it)");
   s->tokens = tokens;
   size_t total = 0;
   for (uint32_t l = 0; l < s->g.layers; ++l)

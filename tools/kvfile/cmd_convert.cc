@@ -64,6 +64,7 @@ struct ConvertArgs {
   std::optional<std::string> to;  // directories: "kv" or "safetensors"
   std::optional<uint32_t> group_size;  // --format mooncake (convert_seeds.h)
   std::optional<uint32_t> vocab;       // --format coli-v2|coli-v1 (convert_seeds.h)
+  std::optional<std::string> indexer_layers;  // a .coli_kv IN (convert_seeds.h)
   std::optional<uint32_t> head_size;  // llama.cpp import
   std::optional<std::string> model;   // llama.cpp import
   std::optional<uint32_t> v_trans;    // llama.cpp export
@@ -230,6 +231,10 @@ Status KvToKv(const std::string& in, const std::string& tmp, const Plan& p, std:
     batch.tokens = ids.subspan(t0, n);
     for (uint32_t l = 0; l < gi.layers; ++l) {
       for (uint32_t s = 0; s < S; ++s) {
+        if (!gi.InLayer(l, s)) {
+          batch.blocks.push_back({});  // the stream is not in this layer
+          continue;
+        }
         const StreamSpec& si = gi.streams[s];
         Dtype to = go.streams[s].dtype;
         size_t i = l * S + s;
@@ -298,7 +303,7 @@ Status Import(const std::string& in, const std::string& tmp, const Plan& p, std:
     } else if (s.is_codes() || p.codes) to = TargetDtype(s.name, have, p);
     else if (p.keep_raw.count(s.name)) to = p.dtype && !IsQuantized(*p.dtype) ? *p.dtype : Dtype::kBF16;
     else to = p.dtype.value_or(Dtype::kE4M3);
-    g.streams.push_back({s.name, s.rows_per_token, s.row_width, to});
+    g.streams.push_back({s.name, s.rows_per_token, s.row_width, to, s.layers});
     stream_of.push_back(i);
   }
   st = g.Validate();
@@ -356,20 +361,22 @@ Status Export(const std::string& in, const std::string& tmp, const Plan& p, std:
         spec.name.ends_with(".block_scales"))
       return Status::InvalidArgument(in + ": stream '" + spec.name +
                                      "' cannot be exported: the name is reserved by the safetensors convention");
-    std::vector<uint64_t> shape = {g.layers, T, spec.rows_per_token, spec.row_width};
+    // A stream's tensors hold the layers it is in (its layer set, in the metadata).
+    const uint64_t nl = g.StreamLayers(s);
+    std::vector<uint64_t> shape = {nl, T, spec.rows_per_token, spec.row_width};
     if (p.codes && IsNvfp4(spec.dtype)) {
       // Per token: packed codes (U8), E4M3 block scales, one F32 row scale.
       const uint64_t n = spec.ElementsPerToken();
-      tensors.push_back({spec.name + ".codes", DType::kU8, {g.layers, T, n / 2}, 0, 0, 0});
+      tensors.push_back({spec.name + ".codes", DType::kU8, {nl, T, n / 2}, 0, 0, 0});
       items.push_back({s, Part::kCodes, spec.dtype});
-      tensors.push_back({spec.name + ".block_scales", DType::kF8E4M3, {g.layers, T, n / 16}, 0, 0, 0});
+      tensors.push_back({spec.name + ".block_scales", DType::kF8E4M3, {nl, T, n / 16}, 0, 0, 0});
       items.push_back({s, Part::kBlockScales, spec.dtype});
-      tensors.push_back({spec.name + ".scales", DType::kF32, {g.layers, T}, 0, 0, 0});
+      tensors.push_back({spec.name + ".scales", DType::kF32, {nl, T}, 0, 0, 0});
       items.push_back({s, Part::kScales, spec.dtype});
     } else if (p.codes && IsFp8(spec.dtype)) {
       tensors.push_back({spec.name + ".codes", safetensors::DTypeOf(spec.dtype), shape, 0, 0, 0});
       items.push_back({s, Part::kCodes, spec.dtype});
-      tensors.push_back({spec.name + ".scales", DType::kF32, {g.layers, T, spec.rows_per_token}, 0, 0, 0});
+      tensors.push_back({spec.name + ".scales", DType::kF32, {nl, T, spec.rows_per_token}, 0, 0, 0});
       items.push_back({s, Part::kScales, Dtype::kF32});
     } else {
       Dtype d = p.codes ? spec.dtype : out_dtype;
@@ -383,6 +390,15 @@ Status Export(const std::string& in, const std::string& tmp, const Plan& p, std:
   for (const StreamSpec& spec : g.streams)
     if (p.codes && IsNvfp4(spec.dtype))
       metadata["kvfile.shape." + spec.name] = std::to_string(spec.rows_per_token) + "x" + std::to_string(spec.row_width);
+  // Streams absent from some layers (safetensors.h): which layers, and of how many.
+  if (g.HasLayerSets()) metadata["kvfile.layer_count"] = std::to_string(g.layers);
+  for (const StreamSpec& spec : g.streams)
+    if (!spec.layers.empty()) metadata["kvfile.layers." + spec.name] = FormatLayerList(spec.layers);
+  // The index of layer l in stream s's tensors.
+  auto tensor_layer = [&g](uint32_t l, uint32_t s) -> uint64_t {
+    const std::vector<uint32_t>& ls = g.streams[s].layers;
+    return ls.empty() ? l : static_cast<uint64_t>(std::lower_bound(ls.begin(), ls.end(), l) - ls.begin());
+  };
   std::unique_ptr<SafetensorsWriter> w;
   KVFILE_RETURN_IF_ERROR(SafetensorsWriter::Create(tmp, std::move(tensors), metadata, nullptr, &w));
   {
@@ -423,16 +439,16 @@ Status Export(const std::string& in, const std::string& tmp, const Plan& p, std:
       uint64_t at = 0;
       for (uint32_t l = 0; l < g.layers; ++l)
         for (uint32_t s = 0; s < S; ++s) {
+          if (!g.InLayer(l, s)) continue;
           targets[k].push_back({l, s, bufs[k].data() + at * std::min(block, T)});
           at += g.streams[s].ElementsPerToken() * elem;
         }
     }
     auto write_block = [&](const std::vector<RowsTarget>& tg, uint64_t t0, uint64_t n) -> Status {
-      for (uint32_t l = 0; l < g.layers; ++l)
-        for (uint32_t s = 0; s < S; ++s) {
-          uint64_t row = g.streams[s].ElementsPerToken() * elem;
-          KVFILE_RETURN_IF_ERROR(w->Write(s + 1, (uint64_t{l} * T + t0) * row, tg[l * S + s].dst, n * row));
-        }
+      for (const RowsTarget& t : tg) {
+        uint64_t row = g.streams[t.stream].ElementsPerToken() * elem;
+        KVFILE_RETURN_IF_ERROR(w->Write(t.stream + 1, (tensor_layer(t.layer, t.stream) * T + t0) * row, t.dst, n * row));
+      }
       return Status::OK();
     };
     std::future<Status> pending;
@@ -458,14 +474,16 @@ Status Export(const std::string& in, const std::string& tmp, const Plan& p, std:
     uint64_t per_token = spec.ElementsPerToken() * std::max<uint64_t>(elem, 1) + spec.rows_per_token * 4;
     uint64_t block = safetensors::BlockTokens(per_token, uint64_t{64} << 20);
     for (uint32_t l = 0; l < g.layers; ++l) {
+      if (!g.InLayer(l, it.stream)) continue;
+      const uint64_t tl = tensor_layer(l, it.stream);
       for (uint64_t t0 = 0; t0 < T; t0 += block) {
         KVFILE_RETURN_IF_ERROR(CheckInterrupt(in));
         uint64_t n = std::min(block, T - t0);
         uint64_t rows = n * spec.rows_per_token;
-        uint64_t first_row = (uint64_t{l} * T + t0) * spec.rows_per_token;
+        uint64_t first_row = (tl * T + t0) * spec.rows_per_token;
         progress.Add(n);
         if (IsNvfp4(spec.dtype) && it.part != Part::kValues) {
-          const uint64_t width = spec.ElementsPerToken(), first_token = uint64_t{l} * T + t0;
+          const uint64_t width = spec.ElementsPerToken(), first_token = tl * T + t0;
           data.resize(n * (width / 2 + width / 16));
           uint8_t* blocks = data.data() + n * width / 2;
           scales.resize(n);
@@ -732,7 +750,8 @@ int RunConvert(const ConvertArgs& a) {
   // Mooncake record directories and colibri .coli_kv sessions (convert_seeds.h).
   {
     SeedConvertArgs sa{a.in, a.out, a.format, a.group_size, a.vocab, a.force,
-                       a.dtype || !a.keep_raw.empty() || a.codes || a.chunk_tokens || a.salvage || a.jobs != 1};
+                       a.dtype || !a.keep_raw.empty() || a.codes || a.chunk_tokens || a.salvage || a.jobs != 1,
+                       a.indexer_layers};
     int code = 0;
     if (local_in && ConvertSeedFormat(sa, &code)) return code;
   }
@@ -866,6 +885,9 @@ void RegisterConvert(CLI::App& app, int* exit_code) {
                   "--format coli-v2|coli-v1: the model's vocabulary size for the header (default: from a model id\n"
                   "'coli_kv:vocab=N' that an import of a .coli_kv file gives)")
       ->check(Count(1, 0x7FFFFFFFu));
+  cmd->add_option("--indexer-layers", args->indexer_layers,
+                  "a .coli_kv IN whose indexer is in some layers only (h[4] < h[0]): which ones, ascending\n"
+                  "(e.g. 0..20 or 0,4,8; the .kv file records them, and an export writes them back)");
   cmd->add_option("--head-size", args->head_size,
                   "llama.cpp import: values per KV head (required: the file does not record it)")
       ->check(Count(1, 65536));

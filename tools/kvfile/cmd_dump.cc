@@ -79,6 +79,7 @@ ordered_json HeaderJson(const Reader& r) {
                             {"rows_per_token", s.rows_per_token},
                             {"row_width", s.row_width},
                             {"dtype", DtypeName(s.dtype)}});
+    if (!s.layers.empty()) j["streams"].back()["layers"] = s.layers;  // its layer set (FORMAT.md 3.2)
   }
   j["token_count"] = r.token_count();
   j["committed_data_missing"] = r.tail().committed_data_missing;
@@ -134,8 +135,8 @@ void PrintHeader(const Reader& r) {
   std::printf("  chunk tokens      %u\n", r.nominal_chunk_tokens());
   for (size_t i = 0; i < g.streams.size(); ++i) {
     const StreamSpec& s = g.streams[i];
-    std::printf("  stream %-2zu         %s: %u rows x %u, %s\n", i, s.name.c_str(), s.rows_per_token, s.row_width,
-                DtypeName(s.dtype));
+    std::printf("  stream %-2zu         %s: %u rows x %u, %s%s\n", i, s.name.c_str(), s.rows_per_token, s.row_width,
+                DtypeName(s.dtype), s.layers.empty() ? "" : (", in layers " + FormatLayerList(s.layers)).c_str());
   }
   for (int i = 0; i < 2; ++i) {
     const CommitSlotState& s = r.commit_slots()[i];

@@ -24,9 +24,9 @@ struct InfoArgs {
 // Bytes the same tokens would take stored raw as bf16 (no scales, no
 // headers): what an engine writes without kvfile.
 uint64_t Bf16Bytes(const Geometry& g, uint64_t tokens) {
-  uint64_t per_token = 0;
-  for (const StreamSpec& s : g.streams) per_token += s.ElementsPerToken() * 2;
-  return per_token * g.layers * tokens;
+  uint64_t per_token = 0;  // over the layers each stream is in
+  for (uint32_t s = 0; s < g.streams.size(); ++s) per_token += g.streams[s].ElementsPerToken() * 2 * g.StreamLayers(s);
+  return per_token * tokens;
 }
 
 // One file: its text block on stdout, or its JSON object in *out. `shown`
@@ -55,11 +55,14 @@ Status InfoOne(const std::string& shown, const std::string& path, bool json, nlo
     j["fingerprint"] = Hex16(r->identity().fingerprint);
     j["layers"] = g.layers;
     j["streams"] = nlohmann::json::array();
-    for (const StreamSpec& s : g.streams)
-      j["streams"].push_back({{"name", s.name},
-                              {"rows_per_token", s.rows_per_token},
-                              {"row_width", s.row_width},
-                              {"dtype", DtypeName(s.dtype)}});
+    for (const StreamSpec& s : g.streams) {
+      nlohmann::ordered_json js = {{"name", s.name},
+                                   {"rows_per_token", s.rows_per_token},
+                                   {"row_width", s.row_width},
+                                   {"dtype", DtypeName(s.dtype)}};
+      if (!s.layers.empty()) js["layers"] = s.layers;  // a stream in some layers only
+      j["streams"].push_back(std::move(js));
+    }
     j["tokens"] = tokens;
     j["chunks"] = r->chunks().size();
     j["bytes"] = bytes;
@@ -81,8 +84,8 @@ Status InfoOne(const std::string& shown, const std::string& path, bool json, nlo
   std::printf("layers:          %u\n", g.layers);
   std::printf("streams:\n");
   for (const StreamSpec& s : g.streams)
-    std::printf("  %-14s %4u rows x %5u  %s\n", s.name.c_str(), s.rows_per_token, s.row_width,
-                DtypeName(s.dtype));
+    std::printf("  %-14s %4u rows x %5u  %s%s\n", s.name.c_str(), s.rows_per_token, s.row_width, DtypeName(s.dtype),
+                s.layers.empty() ? "" : ("  in layers " + FormatLayerList(s.layers)).c_str());
   std::printf("tokens:          %llu\n", static_cast<unsigned long long>(tokens));
   std::printf("chunks:          %zu (nominal %u tokens each)\n", r->chunks().size(), r->nominal_chunk_tokens());
   std::printf("bytes:           %llu (%.1f per token)\n", static_cast<unsigned long long>(bytes), per_token);

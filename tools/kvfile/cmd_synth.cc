@@ -40,10 +40,11 @@ void GenerateAll(const Geometry& g, uint64_t seed, uint64_t first, uint64_t n,
   size_t S = g.streams.size();
   // Sized here, so that an allocation failure is thrown on this thread.
   for (uint32_t l = 0; l < g.layers; ++l)
-    for (uint32_t s = 0; s < S; ++s) blocks[l * S + s].resize(n * g.streams[s].ElementsPerToken());
+    for (uint32_t s = 0; s < S; ++s) blocks[l * S + s].resize(g.InLayer(l, s) ? n * g.streams[s].ElementsPerToken() : 0);
   auto work = [&](uint32_t parity) {
     for (uint32_t l = parity; l < g.layers; l += 2)
-      for (uint32_t s = 0; s < S; ++s) synth::GenerateRows(g, seed, l, s, first, n, blocks[l * S + s].data());
+      for (uint32_t s = 0; s < S; ++s)
+        if (g.InLayer(l, s)) synth::GenerateRows(g, seed, l, s, first, n, blocks[l * S + s].data());
   };
   std::thread other(work, 1u);
   work(0u);
@@ -87,7 +88,8 @@ int RunSynth(const SynthArgs& a) {
     synth::GenerateTokens(seed, first, n, tokens.data());
     AppendBatch batch;
     batch.tokens = tokens;
-    for (auto& b : blocks) batch.blocks.push_back({Dtype::kBF16, b.data(), nullptr});
+    // No rows (no block data) where a stream is absent from a layer.
+    for (auto& b : blocks) batch.blocks.push_back({Dtype::kBF16, b.empty() ? nullptr : b.data(), nullptr});
     st = w->Append(batch);
     if (!st.ok()) return ReportError(st.WithContext(a.path));
     progress.Add(n);
@@ -166,6 +168,7 @@ int RunCheck(const SynthArgs& a) {
     GenerateAll(g, seed, first, n, blocks);
     for (uint32_t l = 0; l < g.layers; ++l) {
       for (uint32_t s = 0; s < S; ++s) {
+        if (!g.InLayer(l, s)) continue;
         const StreamSpec& spec = g.streams[s];
         uint64_t rows = n * spec.rows_per_token;
         uint64_t elems = rows * spec.row_width;
@@ -232,7 +235,7 @@ void RegisterSynth(CLI::App& app, int* exit_code) {
       "         kvfile synth --check session.kv");
   cmd->add_option("FILE", args->path, "the .kv file to write (or to check)")->required();
   cmd->add_option("--preset", args->preset, "geometry preset")
-      ->check(CLI::IsMember({"llama-3.1-8b", "qwen2.5-7b", "deepseek-v3", "dsa-mixed", "tiny"}))
+      ->check(CLI::IsMember(PresetNames()))
       ->capture_default_str();
   cmd->add_option("--tokens", args->tokens, "number of tokens")->check(Count(1, uint64_t{1} << 32))->capture_default_str();
   cmd->add_option("--seed", args->seed, "generator seed (stored as the model fingerprint)")

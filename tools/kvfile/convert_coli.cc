@@ -73,6 +73,7 @@ bool ConvertSeedFormat(const SeedConvertArgs& given, int* exit_code) {
   if (!mooncake_out && !coli_out && !mooncake_in && !coli_in) {
     if (a.group_size) *exit_code = UsageError("--group-size applies to --format mooncake");
     else if (a.vocab) *exit_code = UsageError("--vocab applies to --format coli-v2 or coli-v1");
+    else if (a.indexer_layers) *exit_code = UsageError("--indexer-layers applies to a .coli_kv IN");
     else if (EndsWith(a.out, ".coli_kv"))
       *exit_code =
           UsageError(a.out + ": a .coli_kv OUT is written by --format coli-v2 or coli-v1, not --format " + a.format);
@@ -87,6 +88,10 @@ bool ConvertSeedFormat(const SeedConvertArgs& given, int* exit_code) {
   }
   if (a.group_size && !mooncake_out) {
     *exit_code = UsageError("--group-size applies to --format mooncake");
+    return true;
+  }
+  if (a.indexer_layers && !coli_in) {
+    *exit_code = UsageError("--indexer-layers applies to a .coli_kv IN");
     return true;
   }
   if (a.vocab && !coli_out) {
@@ -110,13 +115,21 @@ bool ConvertSeedFormat(const SeedConvertArgs& given, int* exit_code) {
 }
 
 int ImportColi(const SeedConvertArgs& a) {
-  return ReplaceFile(a.out, a.force, [&a](const std::string& tmp, std::string* line, std::string* note) {
+  coli::ImportOptions o;
+  if (a.indexer_layers) {
+    std::vector<uint32_t> layers;
+    Status st = ParseLayerList(*a.indexer_layers, &layers);
+    if (!st.ok()) return UsageError("--indexer-layers: " + st.message());
+    o.indexer_layers = std::move(layers);
+  }
+  return ReplaceFile(a.out, a.force, [&a, &o](const std::string& tmp, std::string* line, std::string* note) {
     coli::ImportResult res;
-    KVFILE_RETURN_IF_ERROR(coli::Import(a.in, tmp, nullptr, &res));
+    KVFILE_RETURN_IF_ERROR(coli::Import(a.in, tmp, o, &res));
     const coli::Header& h = res.header;
     *line = a.in + " -> " + a.out + ": COLIKV" + std::to_string(h.version) + ", " + std::to_string(h.records) +
             " tokens, " + std::to_string(h.layers) + " layers (latent " + std::to_string(h.kv_lora) + ", rope " +
             std::to_string(h.qk_rope) + (h.indexer_layers ? ", indexer " + std::to_string(h.index_hd) : "") +
+            (h.indexer_layer_list.empty() ? "" : " in layers " + FormatLayerList(h.indexer_layer_list)) +
             "), vocab " + std::to_string(h.vocab);
     std::string parts;
     if (h.version == 1) parts = "COLIKV1 f32 latent and rope rows quantized to e4m3 (kvfile's row rule)";

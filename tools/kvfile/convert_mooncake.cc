@@ -382,6 +382,10 @@ Status Export(const SeedConvertArgs& a, const std::string& dir, std::string* lin
     }
   }
   if (fp8.empty()) return Status::InvalidArgument(a.in + ": no fp8 stream: Mooncake records hold e4m3 codes");
+  for (uint32_t s : fp8)
+    if (!g.streams[s].layers.empty())
+      return Status::InvalidArgument(a.in + ": stream '" + g.streams[s].name +
+                                     "' is in some layers only; a Mooncake manifest has every stream in every layer");
   uint64_t exact = 0, requantized = 0;
   std::vector<uint8_t> codes, rec;
   std::vector<float> scales;

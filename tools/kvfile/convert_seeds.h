@@ -20,6 +20,7 @@ struct SeedConvertArgs {
   std::optional<uint32_t> vocab;       // --vocab
   bool force = false;
   bool other_flags = false;  // --dtype, --keep-raw, --codes, --chunk-tokens, --salvage or --jobs given
+  std::optional<std::string> indexer_layers;  // --indexer-layers (a .coli_kv IN)
 };
 
 // True when IN or OUT is a Mooncake directory or a .coli_kv file (or the

@@ -108,10 +108,22 @@ typedef struct kvfile_geometry {
 } kvfile_geometry;
 
 /* Fills *out with a named preset ("llama-3.1-8b", "qwen2.5-7b",
- * "deepseek-v3", "dsa-mixed", "tiny"); its fp8 streams use fp8_dtype
+ * "deepseek-v3", "dsa-mixed", "glm-5.2", "tiny"); its fp8 streams use fp8_dtype
  * (KVFILE_E4M3 or KVFILE_E5M2). KVFILE_INVALID_ARGUMENT for an unknown name
  * (the message lists the known ones) or a dtype that is not fp8. */
 KVFILE_EXPORT kvfile_status kvfile_preset(const char* name, kvfile_dtype fp8_dtype, kvfile_geometry* out);
+
+/* ---- Layer sets: a stream present in some layers only (spec/FORMAT.md 3.2) --
+ * kvfile_geometry says nothing of them; these functions carry them beside it.
+ * A stream's layers are ascending layer numbers; a stream in every layer has
+ * them all. */
+
+/* The layers stream `stream` of preset `name` is present in (glm-5.2's
+ * indexer: 21 of 78), copied into out[0, capacity) as kvfile_reader_tokens
+ * copies tokens: KVFILE_BUFFER_TOO_SMALL (nothing copied) when capacity is
+ * short; *count (may be NULL) receives how many either way. */
+KVFILE_EXPORT kvfile_status kvfile_preset_stream_layers(const char* name, uint32_t stream, uint32_t* out,
+                                                        size_t capacity, size_t* count);
 
 /* Bytes of one element of a dtype as stored and as read (1, 2 or 4); 0 for
  * a value outside the enum. */
@@ -149,6 +161,18 @@ typedef struct kvfile_writer_options {
 KVFILE_EXPORT kvfile_status kvfile_writer_create(const char* path, const kvfile_geometry* geometry,
                                    const char* model_id, uint64_t fingerprint,
                                    const kvfile_writer_options* options, kvfile_writer** out);
+
+/* kvfile_writer_create for a geometry with layer sets: stream s is present
+ * in layers stream_layers[s][0, stream_layer_counts[s]) (ascending), or in
+ * every layer where stream_layer_counts[s] is 0 (stream_layers may then be
+ * NULL, or stream_layers[s]). A file with such a stream is format 2.3. The
+ * appends then give a kvfile_rows with data NULL for each (layer, stream)
+ * the stream is absent from; rows given there are refused. */
+KVFILE_EXPORT kvfile_status kvfile_writer_create_layers(const char* path, const kvfile_geometry* geometry,
+                                                        const uint32_t* const* stream_layers,
+                                                        const uint32_t* stream_layer_counts, const char* model_id,
+                                                        uint64_t fingerprint, const kvfile_writer_options* options,
+                                                        kvfile_writer** out);
 
 /* Opens an existing file to append to it. First finishes what a crash left
  * (cuts a torn tail, commits whole chunks) and upgrades a v1 file to v2.
@@ -240,6 +264,13 @@ KVFILE_EXPORT void kvfile_reader_close(kvfile_reader* reader);
 
 /* Number of tokens in the file. */
 KVFILE_EXPORT kvfile_status kvfile_reader_token_count(const kvfile_reader* reader, uint64_t* out);
+
+/* The layers stream `stream` is present in (every layer but for a layer
+ * set, spec/FORMAT.md 3.2), copied as kvfile_preset_stream_layers copies
+ * them. Reads of a (layer, stream) the stream is absent from fail with
+ * KVFILE_INVALID_ARGUMENT. */
+KVFILE_EXPORT kvfile_status kvfile_reader_stream_layers(const kvfile_reader* reader, uint32_t stream, uint32_t* out,
+                                                        size_t capacity, size_t* count);
 
 /* Copies every token id into out[0, capacity). If capacity is smaller than
  * the token count, copies nothing and returns KVFILE_BUFFER_TOO_SMALL.
@@ -439,8 +470,16 @@ KVFILE_EXPORT kvfile_status kvfile_mooncake_decode(const uint8_t* record, size_t
 /* Imports a colibri session (COLIKV1 or COLIKV2) as a new .kv file at
  * kv_path (which must not exist): streams latent, rope (e4m3) and indexer
  * (f32). Bad data: KVFILE_CORRUPTION or KVFILE_UNSUPPORTED; kv_path is then
- * removed. */
+ * removed. A session whose indexer is in some layers only needs them named:
+ * KVFILE_INVALID_ARGUMENT here, kvfile_coli_import_layers takes them. */
 KVFILE_EXPORT kvfile_status kvfile_coli_import(const char* coli_path, const char* kv_path);
+
+/* kvfile_coli_import of a session whose indexer is in some layers only
+ * (h[4] < h[0]; its header does not say which): indexer_layers[0, count)
+ * names them, ascending, exactly h[4] of them; the .kv file records them.
+ * A wrong list: KVFILE_INVALID_ARGUMENT naming what is wrong. */
+KVFILE_EXPORT kvfile_status kvfile_coli_import_layers(const char* coli_path, const char* kv_path,
+                                                      const uint32_t* indexer_layers, size_t count);
 
 /* Writes a .kv file of colibri's geometry as a COLIKV2 session at
  * coli_path (created; it must not exist), codes and scales as stored.

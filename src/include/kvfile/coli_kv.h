@@ -9,16 +9,19 @@
 //   written last), h[7] format tag (0 for COLIKV1, 1 for COLIKV2),
 // then one record per token: the i32 token id; for each layer the latent
 // row then the rope row (COLIKV1: f32 rows; COLIKV2: e4m3 codes, each row
-// followed by its f32 scale); then the f32 indexer row of each indexer layer.
+// followed by its f32 scale); then the f32 indexer row of each indexer layer
+// (h[4] of them, in layer order; the header does not say which layers).
 // Bytes past the record count (a torn append) are ignored, as colibri does.
 //
 // In a .kv file the session is streams "latent" and "rope" (e4m3, one row
-// per token) and, with an indexer, "indexer" (raw f32, one row per token).
+// per token) and, with an indexer, "indexer" (raw f32, one row per token)
+// in the layers that carry it (StreamSpec::layers).
 #pragma once
 
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "kvfile/export.h"
 #include "kvfile/file.h"
@@ -35,7 +38,10 @@ struct KVFILE_EXPORT Header {
   uint32_t kv_lora = 0;
   uint32_t qk_rope = 0;
   uint32_t index_hd = 0;        // 0 exactly when indexer_layers is 0 (others are refused)
-  uint32_t indexer_layers = 0;  // 0 or layers (others are refused: which layers is not recorded)
+  uint32_t indexer_layers = 0;  // h[4]: how many layers carry the indexer
+  // Which layers carry it, ascending, when some do not (the header does not
+  // say which: an import is told, ImportOptions); empty when all or none do.
+  std::vector<uint32_t> indexer_layer_list;
   uint32_t vocab = 0;
   uint32_t records = 0;         // committed tokens
   uint64_t record_bytes = 0;    // bytes of one token's record
@@ -66,6 +72,19 @@ struct KVFILE_EXPORT ImportResult {
 // infinite in f32 (colibri's decode has no clamp), f32 rows finite. Bad data is kCorruption (or kNonFinite) naming the
 // record; the caller removes `out` then.
 KVFILE_EXPORT Status Import(const std::string& in, const std::string& out, FileSystem* fs, ImportResult* result);
+
+struct KVFILE_EXPORT ImportOptions {
+  FileSystem* fs = nullptr;
+  // Which layers carry the indexer, ascending: needed where the header's
+  // h[4] is neither 0 nor h[0] (GLM-5.2 keeps it in 21 of 78 layers); it
+  // must name exactly h[4] layers below h[0]. Otherwise kInvalidArgument
+  // saying what to give. The .kv file records them (its stream's layers).
+  std::optional<std::vector<uint32_t>> indexer_layers;
+};
+KVFILE_EXPORT Status Import(const std::string& in, const std::string& out, const ImportOptions& options,
+                            ImportResult* result);
+// Sets h->indexer_layer_list from what the user gave (ImportOptions).
+KVFILE_EXPORT Status SetIndexerLayers(const std::optional<std::vector<uint32_t>>& given, Header* h);
 
 struct KVFILE_EXPORT ExportOptions {
   std::optional<uint32_t> vocab;  // default: from a model id of ModelIdFor's form

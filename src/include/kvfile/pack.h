@@ -60,12 +60,15 @@ struct PackMember {
 
 // Where one (layer, stream) lies inside a chunk payload of `tokens` tokens.
 struct PayloadSection {
+  uint32_t layer = 0;  // which (layer, stream) it holds
+  uint32_t stream = 0;
   uint64_t data_offset = 0;
   uint64_t data_bytes = 0;
   uint64_t scales_offset = 0;  // fp8 streams only
   uint64_t scales_bytes = 0;   // 0 for raw streams
 };
-// Sections in layer-major order (index layer * streams + stream).
+// Sections in layer-major order: every (layer, stream) the stream is present
+// in (index layer * streams + stream when every stream is in every layer).
 KVFILE_EXPORT std::vector<PayloadSection> PackPayloadLayout(const Geometry& g, uint32_t tokens);
 
 struct PackWriterOptions {

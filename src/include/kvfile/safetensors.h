@@ -28,7 +28,11 @@
 // "<stream>.scales" (F32, [layers, tokens]), its rows x width in the
 // __metadata__ key "kvfile.shape.<stream>" ("8x128"; absent: 1 x n); a
 // tensor "tokens" (I32, I64 or U32, [tokens]); and the __metadata__ keys
-// "kvfile.model" and "kvfile.fingerprint" (16 hex digits).
+// "kvfile.model" and "kvfile.fingerprint" (16 hex digits). A stream present
+// in some layers only (StreamSpec::layers) has them in the __metadata__ key
+// "kvfile.layers.<stream>" ("0,4,8..11", FormatLayerList) and its tensors
+// hold only those layers, in order ([that many layers, tokens, ...]); the
+// file then gives the model's layer count in "kvfile.layer_count".
 // A file that is valid safetensors but does not follow it gets
 // kInvalidArgument.
 #pragma once
@@ -161,6 +165,7 @@ struct KVFILE_EXPORT KvStream {
   const TensorInfo* codes = nullptr;
   const TensorInfo* scales = nullptr;
   const TensorInfo* block_scales = nullptr;  // nvfp4 only
+  std::vector<uint32_t> layers;  // "kvfile.layers.<name>"; empty: every layer
 
   bool is_codes() const { return codes != nullptr; }
   // The kvfile dtype of what the file holds: kBF16/kF16/kF32 for values,

@@ -74,7 +74,9 @@ struct RowBlock {
   const uint8_t* block_scales = nullptr;  // nvfp4 codes only
 };
 
-// One append: token ids and, for every layer and stream, a RowBlock.
+// One append: token ids and, for every layer and stream, a RowBlock; where a
+// stream is absent from a layer (StreamSpec::layers), a RowBlock without
+// data (data == nullptr).
 // blocks[layer * stream_count + stream].
 //
 // An append is all or nothing (spec/RECOVERY.md): after a failure or a

@@ -91,7 +91,9 @@ def dequantize(codes, scales, kind, dtype, table=None):
 def load(path, device="cuda", dtype=None, start=0, stop=None, threads=0, staging_bytes=None, stats=None):
     """Reads tokens [start, stop) of every stream of a .kv file into tensors on
     `device`: {"tokens": int64 [tokens], name: [layers, tokens, rows, width]}
-    in `dtype` (default torch.bfloat16). threads: reader threads (0: one per
+    in `dtype` (default torch.bfloat16). A stream in some layers only (a layer
+    set, spec/FORMAT.md 3.2) has those layers, in order, and the result says
+    which under "<name>.layers" (a list of layer numbers). threads: reader threads (0: one per
     core). staging_bytes: pinned bytes per part on CUDA (default
     STAGING_BYTES). stats: a dict that, on CUDA, receives "parts",
     "h2d_bytes" and "h2d_seconds" (the copies' time by CUDA events). On CUDA
@@ -106,7 +108,9 @@ def load(path, device="cuda", dtype=None, start=0, stop=None, threads=0, staging
         if stop < start:
             raise ValueError(f"stop ({stop}) is before start ({start})")
         tokens = torch.from_numpy(ids[start:stop].astype(np.int64))
-        if device.type == "cuda":
+        # Layer sets go through the CPU read (one call for every stream).
+        layer_sets = {s["name"]: s["layers"] for s in reader.geometry["streams"] if "layers" in s}
+        if device.type == "cuda" and not layer_sets:
             if device.index is None:
                 device = torch.device("cuda", torch.cuda.current_device())
             with _staging_lock:
@@ -120,6 +124,7 @@ def load(path, device="cuda", dtype=None, start=0, stop=None, threads=0, staging
                 out = {name: t.to(device) for name, t in out.items()}
     result = {"tokens": tokens.to(device)}
     result.update(out)
+    result.update({name + ".layers": list(layers) for name, layers in layer_sets.items()})
     return result
 
 
@@ -129,7 +134,8 @@ def _shape(spec, layers, tokens):
 
 def _load_cpu(torch, reader, dtype, dtype_name, start, stop, threads):
     geometry = reader.geometry
-    out = {s["name"]: torch.empty(_shape(s, geometry["layers"], stop - start), dtype=dtype)
+    out = {s["name"]: torch.empty(_shape(s, len(s.get("layers", ())) or geometry["layers"], stop - start),
+                                  dtype=dtype)
            for s in geometry["streams"]}
     reader.read_all(dtype=dtype_name, start=start, stop=stop, threads=threads,
                     out={name: _numpy_view(torch, t) for name, t in out.items()})
