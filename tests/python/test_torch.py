@@ -160,3 +160,32 @@ def test_load_of_nvfp4_streams_is_the_library_decode(tmp_path, dtype, device):
     for name, a in want.items():
         assert got[name].dtype == dtype and tuple(got[name].shape) == a.shape
         assert as_bits(got[name]) == a.tobytes()
+
+
+# Rows imported from a llama.cpp quantized cache may be Hadamard-rotated
+# (docs/llama.md, "The Hadamard trap"): load and load_into say so where the
+# model id records rotated=yes, or rotated=unknown with a quantized type,
+# and stay quiet for float caches and un-rotated imports.
+@pytest.mark.parametrize("model,warns", [
+    ("llama.cpp:seq3 k=q8_0 v=q8_0 v_trans=0 stream=0/1 seq=0 pos=0 rotated=yes", "are Hadamard-rotated"),
+    ("llama.cpp:seq3 k=q8_0 v=f16 v_trans=0 stream=0/1 seq=0 pos=0 rotated=unknown", "may be Hadamard-rotated"),
+    ("llama.cpp:seq3 k=q8_0 v=q8_0 v_trans=0 stream=0/1 seq=0 pos=0 rotated=no", None),
+    ("llama.cpp:seq3 k=f16 v=f16 v_trans=0 stream=0/1 seq=0 pos=0 rotated=no", None),
+    ("m", None),
+])
+def test_load_warns_of_rows_llama_cpp_may_have_rotated(tmp_path, model, warns):
+    import warnings
+    path = tmp_path / "r.kv"
+    k = torch.randn(2, 3, 2, 64)
+    kvtorch.save(path, {"k": k, "v": k.clone()}, torch.arange(3), model=model, dtype="f32")
+    dest = [torch.zeros(2, 4, 2, 2, 64) for _ in range(2)]  # vLLM layout: [2, blocks, block_size, heads, dim]
+    for call in (lambda: kvtorch.load(path, device="cpu"),
+                 lambda: kvtorch.load_into(path, dest, block_ids=[0, 1], layout="vllm")):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            call()
+        texts = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+        if warns is None:
+            assert texts == []
+        else:
+            assert len(texts) == 1 and warns in texts[0] and "--unrotate" in texts[0], texts

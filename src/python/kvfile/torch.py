@@ -103,6 +103,7 @@ def load(path, device="cuda", dtype=None, start=0, stop=None, threads=0, staging
     dtype_name = _np_dtype_name(torch, dtype)
     device = torch.device(device)
     with _kvfile.open_reader(str(path)) as reader:
+        _warn_if_rotated(reader, path)
         ids = reader.tokens
         stop = len(ids) if stop is None else stop
         if stop < start:
@@ -126,6 +127,25 @@ def load(path, device="cuda", dtype=None, start=0, stop=None, threads=0, staging
     result.update(out)
     result.update({name + ".layers": list(layers) for name, layers in layer_sets.items()})
     return result
+
+
+def _warn_if_rotated(reader, path):
+    """A file imported from a llama.cpp quantized cache may hold
+    Hadamard-rotated K and V rows (spec/FORMAT.md section 13, docs/llama.md,
+    "The Hadamard trap"); the tensors load returns are taken for plain keys
+    and values, so say so (a RuntimeWarning) where the model id records
+    rotated=yes, or rotated=unknown with a quantized cache type."""
+    model = reader.info()["model"]
+    if not model.startswith("llama.cpp:"):
+        return
+    fields = dict(item.split("=", 1) for item in model.split()[1:] if "=" in item)
+    rotated = fields.get("rotated", "unknown")
+    quantized = any(fields.get(k) not in ("f32", "f16", "bf16") for k in ("k", "v"))
+    if rotated == "yes" or (rotated != "no" and quantized):
+        warnings.warn(f"{path}: the k and v rows were imported from a llama.cpp {fields.get('k')}/{fields.get('v')} "
+                      f"cache and {'are' if rotated == 'yes' else 'may be'} Hadamard-rotated, not plain keys and "
+                      f"values (rotated={rotated}); import the llama.cpp file with --unrotate (docs/llama.md)",
+                      RuntimeWarning, stacklevel=3)
 
 
 def _shape(spec, layers, tokens):
@@ -622,6 +642,7 @@ def load_into(path, destination, block_ids=None, slot_mapping=None, layout="vllm
 
     def run(ready):
         with _kvfile.open_reader(str(path)) as reader:
+            _warn_if_rotated(reader, path)
             geometry = reader.geometry
             layers = geometry["layers"]
             if len(destination) != layers:
