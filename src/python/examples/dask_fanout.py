@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Verify every pack under a prefix and convert its members to another dtype,
 # one task per pack, on a Dask cluster (python3-distributed): a LocalCluster
 # of --workers processes here, or the cluster whose scheduler --scheduler names.
