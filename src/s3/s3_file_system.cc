@@ -358,6 +358,22 @@ Status ListPrefix(const std::string& dir, const std::vector<std::string>& suffix
   return Status::OK();
 }
 
+Status ListObject(const std::string& path, RemoteObject* out) {
+  S3Url url;
+  KVFILE_RETURN_IF_ERROR(ParseS3Url(path, &url));
+  Client* client;
+  KVFILE_RETURN_IF_ERROR(ClientFor(path, &client));
+  std::vector<ObjectInfo> objects;
+  std::vector<std::string> deeper;  // keys under KEY/ are rolled up, not listed
+  KVFILE_RETURN_IF_ERROR(client->List(url.bucket, url.key, "/", &objects, &deeper));
+  for (const ObjectInfo& o : objects)
+    if (o.key == url.key) {
+      *out = {path, o.size, o.mtime_ns, XXH3_64bits(o.etag.data(), o.etag.size())};
+      return Status::OK();
+    }
+  return Status::NotFound(path + ": no such object");
+}
+
 Status WalkPrefix(const std::string& dir, const std::vector<std::string>& suffixes, std::vector<WalkEntry>* out) {
   std::vector<RemoteObject> objects;
   KVFILE_RETURN_IF_ERROR(ListPrefix(dir, suffixes, &objects));
