@@ -442,12 +442,15 @@ Status FindInPackIndex(const std::string& path, FileSystem* fs, BestMatch* best,
   const std::string index_path = (std::filesystem::path(DirName(path)) / kPrefixIndexName).string();
   std::unique_ptr<PrefixIndex> ix;
   if (remote) {
+    // The index first (opened without asking whether it exists: a missing
+    // one costs its one GET), then the pack's listing record: at most 3
+    // requests in all for an index of up to 64 MiB.
+    Status st = PrefixIndex::Open(index_path, fs, &ix);
+    if (!st.ok()) return st.code() == Status::Code::kNotFound || st.IsDataError() ? Status::OK() : st;
     s3::RemoteObject o;
-    Status st = s3::ListObject(path, &o);
+    st = s3::ListObject(path, &o);
     if (!st.ok()) return st.code() == Status::Code::kNotFound ? Status::OK() : st;
     ObjectStat(o, &pack);
-    st = PrefixIndex::Open(index_path, fs, &ix);
-    if (!st.ok()) return st.code() == Status::Code::kNotFound || st.IsDataError() ? Status::OK() : st;
   } else {
     if (!FileStat(path, &pack) || !std::filesystem::exists(index_path)) return Status::OK();
     if (!PrefixIndex::Open(index_path, fs, &ix).ok()) return Status::OK();
