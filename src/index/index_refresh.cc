@@ -457,7 +457,7 @@ Status FindInPackIndex(const std::string& path, FileSystem* fs, BestMatch* best,
   }
   const std::string mark = pack.path + ":";
   auto of_pack = [&](const PrefixEntry& e) { return e.path.starts_with(mark) && SameFile(e, pack); };
-  Status st = ix->Lookup(best->query, best->fingerprint, of_pack, out, nullptr);
+  Status st = ix->Lookup(best->query, best->fingerprint, of_pack, out);
   if (st.IsDataError()) return Status::OK();
   if (!st.ok()) return st;
   if (*out) {

@@ -240,11 +240,11 @@ Status PrefixIndex::ReadEntry(uint64_t i, PrefixEntry* out) {
 
 Status PrefixIndex::Lookup(std::span<const uint32_t> query, std::optional<uint64_t> fingerprint,
                            std::optional<PrefixMatch>* out) {
-  return Lookup(query, fingerprint, PrefixKeep(), out, nullptr);
+  return Lookup(query, fingerprint, PrefixKeep(), out);
 }
 
 Status PrefixIndex::Lookup(std::span<const uint32_t> query, std::optional<uint64_t> fingerprint,
-                           const PrefixKeep& keep, std::optional<PrefixMatch>* out, PrefixEntry* entry) {
+                           const PrefixKeep& keep, std::optional<PrefixMatch>* out) {
   out->reset();
   uint64_t best_len = 0, best = 0;
   for (const Group& g : impl_->groups) {
@@ -259,7 +259,6 @@ Status PrefixIndex::Lookup(std::span<const uint32_t> query, std::optional<uint64
   Status st = impl_->Entry(best, &e);
   if (!st.ok()) return st;
   *out = PrefixMatch{e->path, e->model_id, e->fingerprint, e->tokens.size(), best_len};
-  if (entry) *entry = *e;
   return Status::OK();
 }
 

@@ -91,11 +91,11 @@ class KVFILE_EXPORT PrefixIndex {
   // *out = std::nullopt when no entry shares the first token.
   Status Lookup(std::span<const uint32_t> query, std::optional<uint64_t> fingerprint,
                 std::optional<PrefixMatch>* out);
-  // The same among the entries `keep` accepts only (empty: all); *entry
-  // (when not null) gets the matched entry whole. The entries passed over
-  // between the insertion point and the nearest kept ones are read too.
+  // The same among the entries `keep` accepts only (empty: all). The
+  // entries passed over between the insertion point and the nearest kept
+  // ones are read too.
   Status Lookup(std::span<const uint32_t> query, std::optional<uint64_t> fingerprint, const PrefixKeep& keep,
-                std::optional<PrefixMatch>* out, PrefixEntry* entry);
+                std::optional<PrefixMatch>* out);
   // Entry `i` in index order.
   Status ReadEntry(uint64_t i, PrefixEntry* out);
 
