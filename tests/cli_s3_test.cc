@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include "kvfile/file.h"
+#include "kvfile/reader.h"
 #include "s3/s3_client.h"
 #include "support/adversity.h"
 #include "support/cli_run.h"
@@ -178,13 +179,22 @@ TEST_F(S3Cli, PackUploadsByMultipartAndEveryReadVerbReadsIt) {
   r = Traced("info " + url + ":a.kv", &n);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("tokens:          512\n"), std::string::npos) << r.out;
-  // A prefix lookup on a remote pack: at most 3 requests.
+  // A prefix lookup on a remote pack: the GET of the index beside it (none
+  // here), then the scan's 3 requests; with the index of its prefix beside
+  // it, at most 3 requests and the same answer.
   std::ofstream(P("tokens")) << "1 2 3\n";
   r = Traced("find " + url + " --tokens " + P("tokens"), &n);
   EXPECT_EQ(r.exit_code, 1) << r.err;
   EXPECT_EQ(r.err, "kvfile: error: " + url + ": no member shares the first token of the query (2 searched)\n");
+  EXPECT_LE(n, 4u) << Trace();
+  const size_t scan_requests = n;
+  ASSERT_EQ(Kvfile("index " + Url("corpus/")).exit_code, 0);
+  r = Traced("find " + url + " --tokens " + P("tokens"), &n);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_EQ(r.err, "kvfile: error: " + url + ": no member shares the first token of the query (2 searched)\n");
   EXPECT_LE(n, 3u) << Trace();
-  std::printf("[ info     ] requests: ls %zu, find %zu\n", ls_requests, n);
+  std::printf("[ info     ] requests: ls %zu, find %zu, find with the index beside the pack %zu\n", ls_requests,
+              scan_requests, n);
   // Packed again from the objects: inputs are read paths too.
   ASSERT_EQ(Kvfile("convert " + In("a.kv") + " " + Url("in/a.kv")).exit_code, 0);
   r = Kvfile("pack -o " + P("again.kvpack") + " " + Url("in/") + " " + Url("in/a.kv"));
@@ -281,6 +291,56 @@ TEST_F(S3Cli, FindOnAPrefixReadsItsIndexInAtMostThreeRequests) {
   r = Kvfile("index " + dir);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out, dir + ".kvfile-index: 2 files indexed (1 read, 1 unchanged)\n");
+}
+
+// find on a remote pack whose member records lie far apart (12 members of
+// 32 tokens, 2 MB each): a scan reads each record (more than 3 requests);
+// with the index of its prefix beside it (entries PACK:MEMBER) the answer
+// comes from the index and the pack's listing record in at most 3, without
+// a GET of the pack; once the pack is replaced, the index no longer answers
+// for it and the pack is scanned.
+TEST_F(S3Cli, FindOnARemotePackAnswersFromTheIndexBesideItInAtMostThreeRequests) {
+  fs::create_directories(P("in"));
+  for (int i = 0; i < 12; ++i) {
+    CliRun r = Kvfile("synth " + P("in/m" + std::to_string(i) + ".kv") + " --preset llama-3.1-8b --tokens 32 --seed " +
+                      std::to_string(100 + i) + " --prefix-tokens 8 --prefix-seed 5");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+  }
+  const std::string url = Url("packs/p.kvpack");
+  ASSERT_EQ(Kvfile("pack " + P("in") + " -o " + url).exit_code, 0);
+  // The query: the first 12 tokens of m7, then one of its own.
+  std::unique_ptr<Reader> m7;
+  ASSERT_TRUE(Reader::Open(P("in/m7.kv"), {}, &m7).ok());
+  std::ofstream tokens(P("tokens"));
+  for (size_t k = 0; k < 12; ++k) tokens << m7->tokens()[k] << " ";
+  tokens << "4000000000\n";
+  tokens.close();
+  const std::string pack_get = "GET /" + Parse(url).bucket + "/" + Parse(url).key + " 206";
+  size_t scan = 0, n = 0;
+  CliRun r = Traced("find " + url + " --tokens " + P("tokens"), &scan);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string answer = r.out;
+  EXPECT_TRUE(answer.starts_with(url + ":m7.kv: 12 of 13 tokens match (32 tokens, model ")) << answer;
+  EXPECT_GT(scan, 3u) << Trace();  // no index: the member records are read
+  r = Kvfile("index " + Url("packs/"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, Url("packs/") + ".kvfile-index: 12 files indexed (12 read, 0 unchanged)\n");
+  r = Traced("find " + url + " --tokens " + P("tokens"), &n);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, answer);
+  EXPECT_EQ(r.err, "");
+  EXPECT_LE(n, 3u) << Trace();
+  EXPECT_EQ(Trace().find(pack_get), std::string::npos) << Trace();
+  std::printf("[ info     ] requests: find on a remote pack of 12 members %zu, with the index beside it %zu\n", scan, n);
+  // Replaced by a pack of m7 alone, named x7.kv: the index lists the old
+  // pack, so the new one is scanned.
+  fs::create_directories(P("in2"));
+  fs::copy_file(P("in/m7.kv"), P("in2/x7.kv"));
+  ASSERT_EQ(Kvfile("pack --force " + P("in2") + " -o " + url).exit_code, 0);
+  r = Traced("find " + url + " --tokens " + P("tokens"), &n);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, url + ":x7.kv" + answer.substr(url.size() + 6));
+  EXPECT_NE(Trace().find(pack_get), std::string::npos) << Trace();
 }
 
 // The library's remote File (FileSystem::Default() routes s3:// paths):

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 #include <tuple>
 
@@ -207,6 +208,29 @@ TEST_F(PrefixIndexTest, TiesGoToTheFirstInIndexOrder) {
   EXPECT_FALSE(m);  // nothing shares the first token
   ASSERT_OK(ix->Lookup(std::vector<uint32_t>{5}, 3, &m));
   EXPECT_FALSE(m);  // no entry of that fingerprint
+}
+
+// A lookup limited to some entries (those of one pack) answers as brute
+// force over those entries does, however the others interleave with them.
+TEST_F(PrefixIndexTest, LookupAmongKeptEntriesEqualsBruteForce) {
+  std::mt19937_64 rng(11);
+  std::vector<PrefixEntry> corpus = RandomCorpus(rng, 300);
+  WriteIndex(P("ix"), corpus);
+  std::unique_ptr<PrefixIndex> ix;
+  ASSERT_OK(PrefixIndex::Open(P("ix"), nullptr, &ix));
+  for (const std::string dir : {"d0/", "d2/", "none/"}) {
+    auto keep = [&](const PrefixEntry& e) { return e.path.starts_with(dir); };
+    std::vector<PrefixEntry> kept;
+    std::copy_if(corpus.begin(), corpus.end(), std::back_inserter(kept), keep);
+    for (int k = 0; k < 200; ++k) {
+      std::vector<uint32_t> q = RandomQuery(rng, kept.empty() ? corpus : kept);
+      std::optional<uint64_t> fp;
+      if (k % 3 == 1) fp = 0x1234;
+      std::optional<PrefixMatch> m;
+      ASSERT_OK(ix->Lookup(q, fp, keep, &m));
+      ExpectSame(BruteForce(kept, q, fp), m, dir + " query " + std::to_string(k));
+    }
+  }
 }
 
 TEST_F(PrefixIndexTest, EveryTruncationAndBitFlipIsDetected) {
@@ -474,6 +498,82 @@ TEST_F(PrefixDirTest, NotADirectoryNorAPack) {
   Put("a.kv", {1});
   EXPECT_TRUE(HasCode(FindPrefix(P("a.kv"), std::vector<uint32_t>{1}, {}, &m), Code::kCorruption, {"not a kvfile pack"}));
   EXPECT_TRUE(HasCode(IndexDirectory(P("a.kv"), nullptr, nullptr), Code::kInvalidArgument, {"not a directory"}));
+}
+
+// The members of the packs of a directory are entries PACK:MEMBER of its
+// index; a pack is then searched through the index beside it while that
+// lists the pack as it is, and member by member once the pack changed.
+TEST_F(PrefixDirTest, PacksAreIndexedAndSearchedThroughTheIndexBesideThem) {
+  std::mt19937_64 rng(9);
+  std::vector<PrefixEntry> corpus = RandomCorpus(rng, 60);
+  // The packs' source files live beside the directory, not in it.
+  const std::filesystem::path src = dir_.string() + "_src";
+  std::filesystem::create_directories(src);
+  std::map<std::string, std::vector<PrefixEntry>> packs;  // pack -> its members
+  for (size_t i = 0; i < corpus.size(); ++i) {
+    const PrefixEntry& e = corpus[i];
+    std::string model = "org/m" + std::to_string(e.fingerprint % 100);
+    if (i % 3 == 0) {
+      Put(e.path, e.tokens, e.fingerprint);
+      continue;
+    }
+    std::string name = "m" + std::to_string(i) + ".kv";
+    WriteTinyKv((src / name).string(), e.tokens, {model, e.fingerprint});
+    packs[i % 3 == 1 ? "p1.kvpack" : "p2.kvpack"].push_back({name, model, e.fingerprint, e.tokens});
+  }
+  auto write_pack = [&](const std::string& pack) {
+    std::filesystem::remove(P(pack));
+    std::unique_ptr<PackWriter> pw;
+    ASSERT_OK(PackWriter::Begin(P(pack), {}, &pw));
+    for (const PrefixEntry& m : packs[pack]) ASSERT_OK(pw->AddFile(m.path, (src / m.path).string()));
+    ASSERT_OK(pw->Finish());
+  };
+  for (const auto& [pack, members] : packs) {
+    write_pack(pack);
+    for (PrefixEntry named : members) {
+      named.path = pack + ":" + named.path;
+      truth_.push_back(named);
+    }
+  }
+  PrefixIndexReport r;
+  ASSERT_OK(IndexDirectory(dir_.string(), nullptr, &r));
+  EXPECT_EQ(r.files, 22u);  // 20 .kv files and 2 packs
+  EXPECT_EQ(r.indexed, 60u);
+  EXPECT_EQ(r.reread, 60u);
+  for (int k = 0; k < 60; ++k) {
+    std::vector<uint32_t> q = RandomQuery(rng, truth_);
+    std::optional<uint64_t> fp;
+    if (k % 3 == 1) fp = 0x1234;
+    ExpectTruth(q, fp);
+    for (const auto& [pack, members] : packs) {
+      PrefixFindOptions o;
+      o.fingerprint = fp;
+      std::optional<PrefixMatch> m;
+      PrefixIndexReport pr;
+      ASSERT_OK(FindPrefix(P(pack), q, o, &m, &pr));
+      ExpectSame(BruteForce(members, q, fp), m, pack + " query " + std::to_string(k));
+      EXPECT_TRUE(pr.was_fresh) << pack;
+      if (!m) {
+        EXPECT_EQ(pr.indexed, members.size());
+      }
+    }
+  }
+  // p2 written again with one member less: its entries are stale and not
+  // used; a refresh reads p2 again and keeps the other entries.
+  packs["p2.kvpack"].pop_back();
+  write_pack("p2.kvpack");
+  for (int k = 0; k < 20; ++k) {
+    std::vector<uint32_t> q = RandomQuery(rng, packs["p2.kvpack"]);
+    std::optional<PrefixMatch> m;
+    PrefixIndexReport pr;
+    ASSERT_OK(FindPrefix(P("p2.kvpack"), q, {}, &m, &pr));
+    ExpectSame(BruteForce(packs["p2.kvpack"], q, std::nullopt), m, "stale p2, query " + std::to_string(k));
+    EXPECT_FALSE(pr.was_fresh);
+  }
+  ASSERT_OK(IndexDirectory(dir_.string(), nullptr, &r));
+  EXPECT_EQ(r.reread, packs["p2.kvpack"].size());
+  EXPECT_EQ(r.kept, 60u - 20u);
+  std::filesystem::remove_all(src);
 }
 
 TEST_F(PrefixDirTest, PackLookupEqualsBruteForce) {

@@ -1,9 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 // Keeping a directory's prefix index current, and the lookups FindPrefix
-// answers: a directory through its (refreshed) index, a pack member by member.
+// answers: a directory through its (refreshed) index, a pack through the
+// index beside it when that lists the pack as it is, else member by member.
 //
-// A refresh lists the .kv files under the directory with their size, times,
-// device and inode, and hashes that list (the directory digest). An index
+// A refresh lists the .kv and .kvpack files under the directory with their
+// size, times, device and inode, and hashes that list (the directory
+// digest); a pack's members are entries PACK:MEMBER, each with the pack's
+// size, times, device and inode. An index
 // whose header holds the same digest is current and is used as it is.
 // Otherwise the entries of the old index whose file is unchanged are kept,
 // new and changed files are read, and both streams, each in index order,
@@ -45,28 +48,58 @@ bool SameFile(const PrefixEntry& a, const PrefixEntry& b) {
          a.inode == b.inode;
 }
 
-// The .kv objects under an s3:// prefix, sorted by path: their size, their
-// LastModified as both times, and their ETag's hash as the inode (the
-// digest then changes when an object is replaced, whatever its times).
+const std::vector<std::string> kIndexedSuffixes = {".kv", ".kvpack"};
+constexpr std::string_view kPackSuffix = ".kvpack";
+constexpr std::string_view kMemberMark = ".kvpack:";
+
+bool IsPackPath(std::string_view path) { return path.ends_with(kPackSuffix); }
+
+// Whether a file found under the directory gets entries: a .kv file whose
+// path holds ".kvpack:" would read as a pack member, so it has none.
+bool Indexable(const std::string& rel) {
+  return !rel.empty() && rel.size() <= index::kMaxPathBytes && (IsPackPath(rel) || rel.find(kMemberMark) == std::string::npos);
+}
+
+// An object's change record (spec/INDEX.md 5): its size, its LastModified
+// as both times, and its ETag's hash as the inode (so a replaced object
+// differs, whatever its times).
+void ObjectStat(const s3::RemoteObject& o, PrefixEntry* e) {
+  e->size = o.size;
+  e->mtime_ns = e->ctime_ns = o.mtime_ns;
+  e->device = 0x5333;
+  e->inode = o.etag_hash;
+}
+
+// A local file's change record; false when it is no regular file.
+bool FileStat(const std::string& path, PrefixEntry* e) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return false;
+  e->size = static_cast<uint64_t>(st.st_size);
+  e->mtime_ns = int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec;
+  e->ctime_ns = int64_t{st.st_ctim.tv_sec} * 1000000000 + st.st_ctim.tv_nsec;
+  e->device = st.st_dev;
+  e->inode = st.st_ino;
+  return true;
+}
+
+// The .kv and .kvpack objects under an s3:// prefix, sorted by path.
 Status ScanPrefix(const std::string& dir, std::vector<ScannedFile>* out) {
   std::vector<s3::RemoteObject> objects;
-  KVFILE_RETURN_IF_ERROR(s3::ListPrefix(dir, {".kv"}, &objects));
+  KVFILE_RETURN_IF_ERROR(s3::ListPrefix(dir, kIndexedSuffixes, &objects));
   const std::string prefix = dir.ends_with('/') ? dir : dir + "/";
   for (const s3::RemoteObject& o : objects) {
     ScannedFile f;
     f.stat.path = o.path.substr(prefix.size());
-    f.stat.size = o.size;
-    f.stat.mtime_ns = f.stat.ctime_ns = o.mtime_ns;
-    f.stat.device = 0x5333;
-    f.stat.inode = o.etag_hash;
-    if (f.stat.path.empty() || f.stat.path.size() > index::kMaxPathBytes) continue;
+    ObjectStat(o, &f.stat);
+    if (!Indexable(f.stat.path)) continue;
     out->push_back(std::move(f));
   }
   std::sort(out->begin(), out->end(), [](const ScannedFile& a, const ScannedFile& b) { return a.stat.path < b.stat.path; });
   return Status::OK();
 }
 
-// The .kv regular files under `dir` (symlinks followed), sorted by path.
+// The .kv and .kvpack regular files under `dir` (symlinks followed), sorted
+// by path.
 // A subdirectory that cannot be read is left out like an unreadable .kv
 // file: counted in *unreadable, *first_unreadable naming it.
 Status ScanDirectory(const std::string& dir, std::vector<ScannedFile>* out, uint64_t* unreadable,
@@ -76,22 +109,16 @@ Status ScanDirectory(const std::string& dir, std::vector<ScannedFile>* out, uint
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return Status::InvalidArgument(dir + ": not a directory");
   std::vector<WalkEntry> walked;
-  KVFILE_RETURN_IF_ERROR(WalkDirectory(dir, {".kv"}, &walked));
+  KVFILE_RETURN_IF_ERROR(WalkDirectory(dir, kIndexedSuffixes, &walked));
   for (const WalkEntry& w : walked) {
     if (!w.error.ok()) {
       if ((*unreadable)++ == 0) *first_unreadable = w.error.message();
       continue;
     }
-    struct stat st;
-    if (::stat(w.path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
     ScannedFile f;
+    if (!FileStat(w.path, &f.stat)) continue;
     f.stat.path = fs::path(w.path).lexically_relative(dir).generic_string();
-    f.stat.size = static_cast<uint64_t>(st.st_size);
-    f.stat.mtime_ns = int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec;
-    f.stat.ctime_ns = int64_t{st.st_ctim.tv_sec} * 1000000000 + st.st_ctim.tv_nsec;
-    f.stat.device = st.st_dev;
-    f.stat.inode = st.st_ino;
-    if (f.stat.path.empty() || f.stat.path.size() > index::kMaxPathBytes) continue;
+    if (!Indexable(f.stat.path)) continue;
     out->push_back(std::move(f));
   }
   std::sort(out->begin(), out->end(), [](const ScannedFile& a, const ScannedFile& b) { return a.stat.path < b.stat.path; });
@@ -216,23 +243,50 @@ struct Refresh {
 
   std::string IndexPath() const { return (std::filesystem::path(dir) / kPrefixIndexName).string(); }
 
-  // Reads a new or changed file into an entry; false when it cannot be read.
-  bool ReadFile(const ScannedFile& f, PrefixEntry* e) {
+  // Appends the entries of a new or changed file to *out (a .kv file: one;
+  // a pack: one per member, all or none) and adds their token ids to
+  // *tokens; a file that cannot be read adds none and is counted skipped.
+  void ReadFile(const ScannedFile& f, std::vector<PrefixEntry>* out, uint64_t* tokens) {
+    std::string full = (std::filesystem::path(dir) / f.stat.path).string();
+    const size_t before = out->size();
+    Status st = IsPackPath(f.stat.path) ? ReadPack(full, f.stat, out) : ReadKv(full, f.stat, out);
+    if (!st.ok()) {
+      out->resize(before);
+      if (report->skipped++ == 0) report->first_skipped = st.message();
+      return;
+    }
+    for (size_t i = before; i < out->size(); ++i) *tokens += (*out)[i].tokens.size();
+    report->reread += out->size() - before;
+  }
+
+  Status ReadKv(const std::string& full, const PrefixEntry& stat, std::vector<PrefixEntry>* out) {
     std::unique_ptr<Reader> r;
     ReaderOptions ro;
     ro.fs = fs;
-    std::string full = (std::filesystem::path(dir) / f.stat.path).string();
-    Status st = Reader::Open(full, ro, &r);
-    if (!st.ok()) {
-      if (report->skipped++ == 0) report->first_skipped = st.message();
-      return false;
+    KVFILE_RETURN_IF_ERROR(Reader::Open(full, ro, &r));
+    PrefixEntry& e = out->emplace_back(stat);
+    e.model_id = r->identity().model_id;
+    e.fingerprint = r->identity().fingerprint;
+    e.tokens.assign(r->tokens().begin(), r->tokens().end());
+    return Status::OK();
+  }
+
+  Status ReadPack(const std::string& full, const PrefixEntry& stat, std::vector<PrefixEntry>* out) {
+    std::unique_ptr<PackReader> pack;
+    KVFILE_RETURN_IF_ERROR(PackReader::Open(full, fs, &pack));
+    std::vector<uint32_t> chunk_ids;
+    for (size_t i = 0; i < pack->members().size(); ++i) {
+      const PackMember& m = pack->members()[i];
+      PrefixEntry e = stat;
+      e.path = stat.path + ":" + m.name;
+      if (e.path.size() > index::kMaxPathBytes)
+        return Status::InvalidArgument(full + ": member name '" + m.name + "' too long for the index");
+      KVFILE_RETURN_IF_ERROR(pack->ReadMember(i, &e.tokens, &chunk_ids));
+      e.model_id = pack->models()[m.model].identity.model_id;
+      e.fingerprint = pack->models()[m.model].identity.fingerprint;
+      out->push_back(std::move(e));
     }
-    *e = f.stat;
-    e->model_id = r->identity().model_id;
-    e->fingerprint = r->identity().fingerprint;
-    e->tokens.assign(r->tokens().begin(), r->tokens().end());
-    ++report->reread;
-    return true;
+    return Status::OK();
   }
 
   Status Run() {
@@ -279,9 +333,18 @@ struct Refresh {
     // Which files the old index covers unchanged (a damaged block: none).
     std::unordered_map<std::string_view, size_t> by_path;
     for (size_t i = 0; i < files.size(); ++i) by_path.emplace(files[i].stat.path, i);
+    // The file an entry came from: its path, or for PACK:MEMBER the pack.
+    auto file_of = [&](const PrefixEntry& e) -> ScannedFile* {
+      std::string_view p = e.path;
+      auto it = by_path.find(p);
+      for (size_t at = p.find(kMemberMark); it == by_path.end() && at != std::string_view::npos;
+           at = p.find(kMemberMark, at + 1))
+        it = by_path.find(p.substr(0, at + kPackSuffix.size()));
+      return it == by_path.end() ? nullptr : &files[it->second];
+    };
     auto unchanged = [&](const PrefixEntry& e) {
-      auto it = by_path.find(e.path);
-      return it != by_path.end() && SameFile(files[it->second].stat, e);
+      ScannedFile* f = file_of(e);
+      return f && SameFile(f->stat, e);
     };
     if (old) {
       PrefixEntry e;
@@ -292,7 +355,7 @@ struct Refresh {
           report->rebuilt = true;
           break;
         }
-        if (unchanged(e)) files[by_path[e.path]].indexed = true;
+        if (unchanged(e)) file_of(e)->indexed = true;
       }
     }
     std::unique_ptr<PrefixIndexWriter> writer;
@@ -338,10 +401,7 @@ struct Refresh {
     if (unreadable_dirs > 0 && report->first_skipped.empty()) report->first_skipped = first_unreadable_dir;
     for (const ScannedFile& f : files) {
       if (f.indexed) continue;
-      PrefixEntry e;
-      if (!ReadFile(f, &e)) continue;
-      pending_tokens += e.tokens.size();
-      pending.push_back(std::move(e));
+      ReadFile(f, &pending, &pending_tokens);
       if (pending_tokens >= g_run_tokens && writer && !(st = spill()).ok()) return st;
     }
     std::sort(pending.begin(), pending.end(), PrefixEntryLess);
@@ -364,6 +424,62 @@ struct Refresh {
     return Status::OK();
   }
 };
+
+// A pack's lookup through the index beside it (its directory's index):
+// *used when that index lists the pack as it is now (entries PACK:MEMBER
+// holding the pack's current size, times, device and inode; a refresh
+// writes all of a pack's members or none), answered without reading the
+// pack. A missing, damaged or older index, or one without the pack, is
+// not used (the caller scans the pack); only a failure of the store, or a
+// signal, is an error.
+Status FindInPackIndex(const std::string& path, FileSystem* fs, BestMatch* best, std::optional<PrefixMatch>* out,
+                       PrefixIndexReport* report, bool* used) {
+  *used = false;
+  const bool remote = s3::IsS3Path(path);
+  const size_t slash = path.find_last_of('/');
+  PrefixEntry pack;
+  pack.path = slash == std::string::npos ? path : path.substr(slash + 1);
+  const std::string index_path = (std::filesystem::path(DirName(path)) / kPrefixIndexName).string();
+  std::unique_ptr<PrefixIndex> ix;
+  if (remote) {
+    // The index first (opened without asking whether it exists: a missing
+    // one costs its one GET), then the pack's listing record: at most 3
+    // requests in all for an index of up to 64 MiB.
+    Status st = PrefixIndex::Open(index_path, fs, &ix);
+    if (!st.ok()) return st.code() == Status::Code::kNotFound || st.IsDataError() ? Status::OK() : st;
+    s3::RemoteObject o;
+    st = s3::ListObject(path, &o);
+    if (!st.ok()) return st.code() == Status::Code::kNotFound ? Status::OK() : st;
+    ObjectStat(o, &pack);
+  } else {
+    if (!FileStat(path, &pack) || !std::filesystem::exists(index_path)) return Status::OK();
+    if (!PrefixIndex::Open(index_path, fs, &ix).ok()) return Status::OK();
+  }
+  const std::string mark = pack.path + ":";
+  auto of_pack = [&](const PrefixEntry& e) { return e.path.starts_with(mark) && SameFile(e, pack); };
+  Status st = ix->Lookup(best->query, best->fingerprint, of_pack, out);
+  if (st.IsDataError()) return Status::OK();
+  if (!st.ok()) return st;
+  if (*out) {
+    (*out)->path.erase(0, mark.size());
+    *used = report->was_fresh = true;
+    return Status::OK();
+  }
+  // No match: the answer only if the index lists the pack at all; the
+  // count of its members is the "searched" of the answer.
+  uint64_t members = 0;
+  PrefixEntry e;
+  for (uint64_t i = 0; i < ix->entry_count(); ++i) {
+    st = ix->ReadEntry(i, &e);
+    if (st.IsDataError()) return Status::OK();
+    if (!st.ok()) return st;
+    members += of_pack(e);
+  }
+  if (members == 0) return Status::OK();
+  report->files = report->indexed = members;
+  *used = report->was_fresh = true;
+  return Status::OK();
+}
 
 Status FindInPack(const std::string& path, FileSystem* fs, BestMatch* best, PrefixIndexReport* report) {
   std::unique_ptr<PackReader> pack;
@@ -409,7 +525,11 @@ Status FindPrefix(const std::string& path, std::span<const uint32_t> query, cons
   // An s3:// path ending in '/' is a key prefix, searched as a directory.
   const bool prefix = s3::IsS3Path(path) && path.ends_with('/');
   if (!prefix && !std::filesystem::is_directory(path, ec)) {
-    Status st = FindInPack(path, fs, &best, report);
+    bool used = false;
+    Status st = FindInPackIndex(path, fs, &best, out, report, &used);
+    if (!st.ok() || used) return st;
+    out->reset();
+    st = FindInPack(path, fs, &best, report);
     if (st.ok()) *out = best.Result();
     return st;
   }

@@ -13,13 +13,26 @@
 // lies between q[0, L) and a sequence that starts with q[0, L), so by the
 // same identity it starts with q[0, L) too, and every sequence that does is
 // >= q[0, L). Entries with equal tokens follow in path order.
+//
+// Lookup can be limited to the entries a predicate keeps (the members of
+// one pack): the kept entries are a sorted subsequence, so the same holds
+// for the nearest kept entries on each side of the insertion point, and
+// for the first kept entry >= q[0, L).
 #include <algorithm>
 
 #include "checked_read.h"
 #include "index/index_format.h"
 #include "kvfile/prefix_index.h"
+#include "s3/s3_url.h"
 
 namespace kvfile {
+
+namespace {
+// A remote index up to this size is fetched whole when it opens (one GET
+// after the first, none when the first MiB holds it): a lookup then costs
+// no request per block.
+constexpr uint64_t kWholeRemoteIndexBytes = uint64_t{64} << 20;
+}  // namespace
 
 using index::BlockRef;
 using index::Group;
@@ -36,13 +49,25 @@ struct KVFILE_NO_EXPORT PrefixIndex::Impl {
   uint64_t cached_block = UINT64_MAX;
   std::vector<PrefixEntry> cached;
   std::vector<uint8_t> buffer;
+  std::vector<uint8_t> whole;  // the whole file, when it was fetched whole
+
+  // ReadChecked, from `whole` when the file was fetched whole (the region
+  // was checked to lie inside the file before).
+  Status Checked(uint64_t offset, uint64_t n, uint64_t want, std::vector<uint8_t>* out, bool* match) {
+    if (whole.empty()) return internal::ReadChecked(*file, offset, n, want, out, match);
+    const uint8_t* p = whole.data() + offset;
+    *match = index::Checksum(p, n) == want;
+    if (*match) out->assign(p, p + n);
+    else out->clear();
+    return Status::OK();
+  }
 
   Status LoadBlock(uint64_t b) {
     if (b == cached_block) return Status::OK();
     const BlockRef& ref = blocks[b];
     std::string where = path + ": index block " + std::to_string(b);
     bool match = false;
-    Status st = internal::ReadChecked(*file, ref.offset, ref.bytes, ref.checksum, &buffer, &match);
+    Status st = Checked(ref.offset, ref.bytes, ref.checksum, &buffer, &match);
     if (!st.ok()) return st;
     if (!match) return Status::Corruption(where + ": checksum mismatch");
     cached_block = UINT64_MAX;
@@ -81,21 +106,41 @@ struct KVFILE_NO_EXPORT PrefixIndex::Impl {
     return Status::OK();
   }
 
-  // The best match inside one group: *matched 0 when none.
-  Status Search(const Group& g, std::span<const uint32_t> q, uint64_t* matched, uint64_t* best) {
-    uint64_t lo = g.first, hi = g.first + g.count, p;
+  // The first index in [from, hi) stepping by +1, or (down) in [lo, from)
+  // stepping by -1, whose entry `keep` accepts (every entry when `keep` is
+  // empty); *at = UINT64_MAX when none.
+  Status NextKept(uint64_t from, uint64_t lo, uint64_t hi, bool down, const PrefixKeep& keep, uint64_t* at,
+                  const PrefixEntry** e) {
+    *at = UINT64_MAX;
+    for (uint64_t n = from; down ? n > lo : n < hi; down ? --n : ++n) {
+      uint64_t i = down ? n - 1 : n;
+      Status st = Entry(i, e);
+      if (!st.ok()) return st;
+      if (!keep || keep(**e)) {
+        *at = i;
+        break;
+      }
+    }
+    return Status::OK();
+  }
+
+  // The best match inside one group among the kept entries: *matched 0
+  // when none.
+  Status Search(const Group& g, std::span<const uint32_t> q, const PrefixKeep& keep, uint64_t* matched,
+                uint64_t* best) {
+    uint64_t lo = g.first, hi = g.first + g.count, p, at;
     Status st = LowerBound(lo, hi, q, &p);
     if (!st.ok()) return st;
     uint64_t l = 0;
     const PrefixEntry* e = nullptr;
-    for (uint64_t n : {p - 1, p}) {
-      if (n < lo || n >= hi) continue;  // p - 1 wraps when p == 0
-      if (!(st = Entry(n, &e)).ok()) return st;
-      l = std::max(l, index::CommonPrefix(e->tokens, q));
+    for (bool down : {true, false}) {
+      if (!(st = NextKept(p, lo, hi, down, keep, &at, &e)).ok()) return st;
+      if (at != UINT64_MAX) l = std::max(l, index::CommonPrefix(e->tokens, q));
     }
     *matched = l;
     if (l == 0) return Status::OK();
-    return LowerBound(lo, hi, q.first(l), best);
+    if (!(st = LowerBound(lo, hi, q.first(l), &p)).ok()) return st;
+    return NextKept(p, lo, hi, false, keep, best, &e);
   }
 };
 
@@ -144,13 +189,17 @@ Status PrefixIndex::Open(const std::string& path, FileSystem* fs, std::unique_pt
   const uint64_t block_table = h.block_count * index::kBlockEntryBytes;
   std::vector<uint8_t> blocks_raw, groups_raw;
   bool match = false;
-  if (!(st = internal::ReadChecked(*impl->file, index::kHeaderBytes + h.blocks_bytes, block_table,
-                                   h.block_table_checksum, &blocks_raw, &match)).ok())
+  // A remote index of moderate size: fetched whole, then read from memory.
+  if (s3::IsS3Path(path) && size <= kWholeRemoteIndexBytes) {
+    impl->whole.resize(size);
+    if (!(st = impl->file->ReadAt(0, impl->whole.data(), size)).ok()) return st;
+  }
+  if (!(st = impl->Checked(index::kHeaderBytes + h.blocks_bytes, block_table,
+                           h.block_table_checksum, &blocks_raw, &match)).ok())
     return st;
   if (!match) return Status::Corruption(path + ": index block table checksum mismatch");
-  if (!(st = internal::ReadChecked(*impl->file, index::kHeaderBytes + h.blocks_bytes + block_table,
-                                   h.group_count * index::kGroupEntryBytes, h.group_table_checksum, &groups_raw,
-                                   &match)).ok())
+  if (!(st = impl->Checked(index::kHeaderBytes + h.blocks_bytes + block_table,
+                           h.group_count * index::kGroupEntryBytes, h.group_table_checksum, &groups_raw, &match)).ok())
     return st;
   if (!match) return Status::Corruption(path + ": index group table checksum mismatch");
   uint64_t at = index::kHeaderBytes;
@@ -191,12 +240,17 @@ Status PrefixIndex::ReadEntry(uint64_t i, PrefixEntry* out) {
 
 Status PrefixIndex::Lookup(std::span<const uint32_t> query, std::optional<uint64_t> fingerprint,
                            std::optional<PrefixMatch>* out) {
+  return Lookup(query, fingerprint, PrefixKeep(), out);
+}
+
+Status PrefixIndex::Lookup(std::span<const uint32_t> query, std::optional<uint64_t> fingerprint,
+                           const PrefixKeep& keep, std::optional<PrefixMatch>* out) {
   out->reset();
   uint64_t best_len = 0, best = 0;
   for (const Group& g : impl_->groups) {
     if (fingerprint && g.fingerprint != *fingerprint) continue;
     uint64_t len = 0, at = 0;
-    Status st = impl_->Search(g, query, &len, &at);
+    Status st = impl_->Search(g, query, keep, &len, &at);
     if (!st.ok()) return st;
     if (len > best_len) best_len = len, best = at;  // groups ascend: a tie keeps the smaller fingerprint
   }

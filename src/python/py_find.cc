@@ -76,8 +76,9 @@ std::vector<std::string> Walk(const std::filesystem::path& dir, const std::vecto
 void BindFind(py::module_& m) {
   m.def("find", &Find, py::arg("path"), py::arg("tokens"), py::kw_only(), py::arg("model_fingerprint") = py::none(),
         py::arg("write_index") = true,
-        "The .kv file under directory `path` (through DIR/.kvfile-index, refreshed when files changed), or "
-        "the member of the pack `path`, sharing the longest prefix with `tokens` (a sequence of ints). "
+        "The .kv file or pack member (PACK:MEMBER) under directory `path` (through DIR/.kvfile-index, "
+        "refreshed when files changed), or the member of the pack `path` (through the index beside it when "
+        "that lists the pack as it is), sharing the longest prefix with `tokens` (a sequence of ints). "
         "Returns a dict: path (relative path or member name), model, fingerprint, tokens, matched; or None "
         "when nothing shares the first token. Ties: smallest fingerprint, then token sequence, then path.");
   m.def("walk", &Walk, py::arg("dir"), py::arg("suffixes") = std::vector<std::string>{".kv", ".kvpack"},

@@ -340,6 +340,13 @@ Status StatObject(const std::string& path, PathInfo* info) {
   return Status::OK();
 }
 
+namespace {
+// An object's listing record, as ListPrefix and ListObject give it.
+RemoteObject Listed(const std::string& bucket, const ObjectInfo& o) {
+  return {S3Url{bucket, o.key}.ToString(), o.size, o.mtime_ns, XXH3_64bits(o.etag.data(), o.etag.size())};
+}
+}  // namespace
+
 Status ListPrefix(const std::string& dir, const std::vector<std::string>& suffixes, std::vector<RemoteObject>* out) {
   S3Url url;
   KVFILE_RETURN_IF_ERROR(ParseS3Url(dir, &url));
@@ -352,9 +359,23 @@ Status ListPrefix(const std::string& dir, const std::vector<std::string>& suffix
   for (const ObjectInfo& o : objects)
     for (const std::string& s : suffixes)
       if (o.key.ends_with(s)) {
-        out->push_back({S3Url{url.bucket, o.key}.ToString(), o.size, o.mtime_ns, XXH3_64bits(o.etag.data(), o.etag.size())});
+        out->push_back(Listed(url.bucket, o));
         break;
       }
+  return Status::OK();
+}
+
+Status ListObject(const std::string& path, RemoteObject* out) {
+  S3Url url;
+  KVFILE_RETURN_IF_ERROR(ParseS3Url(path, &url));
+  Client* client;
+  KVFILE_RETURN_IF_ERROR(ClientFor(path, &client));
+  std::vector<ObjectInfo> objects;
+  std::vector<std::string> deeper;  // keys under KEY/ are rolled up, not listed
+  KVFILE_RETURN_IF_ERROR(client->List(url.bucket, url.key, "/", &objects, &deeper));
+  auto it = std::find_if(objects.begin(), objects.end(), [&](const ObjectInfo& o) { return o.key == url.key; });
+  if (it == objects.end()) return Status::NotFound(path + ": no such object");
+  *out = Listed(url.bucket, *it);
   return Status::OK();
 }
 

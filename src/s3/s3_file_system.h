@@ -30,6 +30,11 @@ struct RemoteObject {
 // request per 1000 keys).
 Status ListPrefix(const std::string& dir, const std::vector<std::string>& suffixes, std::vector<RemoteObject>* out);
 
+// The listing record of the one object `path` (one ListObjectsV2 request
+// for the keys beside it that start with its key): the same fields
+// ListPrefix gives; NotFound when there is no such object.
+Status ListObject(const std::string& path, RemoteObject* out);
+
 // WalkDirectory over a prefix: ListPrefix's paths.
 Status WalkPrefix(const std::string& dir, const std::vector<std::string>& suffixes, std::vector<WalkEntry>* out);
 

@@ -18,6 +18,7 @@ Status S3FileSystemInstance(FileSystem** out) {
 Status ListPrefix(const std::string& dir, const std::vector<std::string>&, std::vector<RemoteObject>*) {
   return NoS3(dir);
 }
+Status ListObject(const std::string& path, RemoteObject*) { return NoS3(path); }
 Status WalkPrefix(const std::string& dir, const std::vector<std::string>&, std::vector<WalkEntry>*) {
   return NoS3(dir);
 }

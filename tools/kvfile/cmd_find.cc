@@ -183,14 +183,15 @@ void RegisterFind(CLI::App& app, int* exit_code) {
   auto args = std::make_shared<FindArgs>();
   CLI::App* cmd = app.add_subcommand(
       "find",
-      "Print the .kv file of a directory, or the member of a pack, that shares the longest prefix of token\n"
-      "ids with a query, and the length of that prefix. A directory is searched through its index\n"
-      "(DIR/.kvfile-index), which is refreshed first when files changed (kvfile index). Among equally\n"
+      "Print the .kv file or pack member of a directory, or the member of a pack, that shares the longest\n"
+      "prefix of token ids with a query, and the length of that prefix. A directory is searched through\n"
+      "its index (DIR/.kvfile-index), which is refreshed first when files changed (kvfile index); a pack\n"
+      "through the index beside it when that lists the pack as it is, else member by member. Among equally\n"
       "long matches: the smallest fingerprint, then the smallest token sequence, then the smallest path.\n"
       "No file sharing the first token: exit 1.\n"
       "Example: kvfile find snapshots/ --tokens prompt.txt\n"
       "         echo 1 2 3 | kvfile find corpus.kvpack --tokens - --json");
-  cmd->add_option("PATH", args->path, "a directory of .kv files, or a .kvpack")->required();
+  cmd->add_option("PATH", args->path, "a directory of .kv and .kvpack files, or a .kvpack")->required();
   cmd->add_option("--tokens", args->tokens_file, "file of whitespace-separated token ids (- : standard input)")->required();
   cmd->add_option("--model-fingerprint", args->fingerprint, "only files of this model fingerprint (hex)");
   cmd->add_flag("--json", args->json, "print one JSON object: path, member, tokens, matched, model, fingerprint");
@@ -202,10 +203,12 @@ void RegisterIndex(CLI::App& app, int* exit_code) {
   auto args = std::make_shared<IndexArgs>();
   CLI::App* cmd = app.add_subcommand(
       "index",
-      "Write or refresh DIR/.kvfile-index, the prefix index kvfile find uses (only changed and new files\n"
-      "are read; a damaged index is rebuilt). Unreadable .kv files are left out, with one warning line.\n"
+      "Write or refresh DIR/.kvfile-index, the prefix index kvfile find uses, of the .kv files and the\n"
+      "members of the .kvpack files under DIR (PACK:MEMBER), for DIR and for each pack in it (only changed\n"
+      "and new files are read; a damaged index is rebuilt). Unreadable files are left out, with one\n"
+      "warning line.\n"
       "Example: kvfile index snapshots/");
-  cmd->add_option("DIR", args->dir, "a directory searched for *.kv")->required();
+  cmd->add_option("DIR", args->dir, "a directory searched for *.kv and *.kvpack")->required();
   cmd->add_flag("--json", args->json, "print one JSON object");
   cmd->callback([args, exit_code] { *exit_code = RunIndex(*args); });
 }

@@ -419,9 +419,11 @@ typedef struct kvfile_prefix_match {
   uint64_t matched; /* tokens in common with the query */
 } kvfile_prefix_match;
 
-/* The .kv file under directory `path` (through DIR/.kvfile-index, refreshed
- * when files changed and written back when the directory is writable), or
- * the member of the pack `path`, with the longest common prefix with
+/* The .kv file or pack member (PACK:MEMBER) under directory `path` (through
+ * DIR/.kvfile-index, refreshed when files changed and written back when the
+ * directory is writable), or the member of the pack `path` (through the
+ * index beside it when that lists the pack as it is, else member by
+ * member), with the longest common prefix with
  * tokens[0, token_count); among equally long matches the smallest
  * fingerprint, then the smallest token sequence, then the smallest path.
  * model_fingerprint NULL: any model. No match is KVFILE_OK with

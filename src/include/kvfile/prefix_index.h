@@ -10,7 +10,11 @@
 // directory (a digest of every file's path, size, times, device and inode),
 // refreshes it when files changed (re-reading only changed and new files)
 // and rebuilds it when it is damaged: a stale or damaged index is never
-// trusted. A pack is searched member by member (PackReader).
+// trusted. The index also lists the members of the .kvpack files under
+// the directory, as PACK:MEMBER. A pack is searched through the index
+// beside it (PACK's directory's .kvfile-index) when that index lists the
+// pack as it is now (its size, times, device and inode), else member by
+// member (PackReader).
 //
 // The answer: the entry with the longest common prefix; among equally long
 // matches the first in index order (smallest fingerprint, then smallest
@@ -19,6 +23,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -36,11 +41,11 @@ inline constexpr const char* kPrefixIndexName = ".kvfile-index";
 
 // One indexed .kv file (or pack member).
 struct PrefixEntry {
-  std::string path;  // relative to the directory, '/' separated (or the member name)
+  std::string path;  // relative to the directory, '/' separated; a pack member: PACK:MEMBER
   std::string model_id;
   uint64_t fingerprint = 0;
   std::vector<uint32_t> tokens;
-  // What says the file changed (0 for pack members).
+  // What says the file changed (a pack member: its pack's).
   uint64_t size = 0;
   int64_t mtime_ns = 0;
   int64_t ctime_ns = 0;
@@ -61,9 +66,14 @@ struct PrefixMatch {
   uint64_t matched = 0;  // length of the common prefix (>= 1)
 };
 
+// Which entries a lookup may answer with (PrefixIndex::Lookup).
+using PrefixKeep = std::function<bool(const PrefixEntry&)>;
+
 // An open index file. Open reads and checks the header, the block table and
 // the fingerprint groups; blocks are read and checked when a lookup needs
-// them. Used by one thread at a time.
+// them (an index object, s3://, of at most 64 MiB is fetched whole by
+// Open, so that a lookup costs no further request). Used by one thread at
+// a time.
 class KVFILE_EXPORT PrefixIndex {
  public:
   static Status Open(const std::string& path, FileSystem* fs, std::unique_ptr<PrefixIndex>* out);
@@ -80,6 +90,11 @@ class KVFILE_EXPORT PrefixIndex {
   // The longest match for `query` (restricted to `fingerprint` when set);
   // *out = std::nullopt when no entry shares the first token.
   Status Lookup(std::span<const uint32_t> query, std::optional<uint64_t> fingerprint,
+                std::optional<PrefixMatch>* out);
+  // The same among the entries `keep` accepts only (empty: all). The
+  // entries passed over between the insertion point and the nearest kept
+  // ones are read too.
+  Status Lookup(std::span<const uint32_t> query, std::optional<uint64_t> fingerprint, const PrefixKeep& keep,
                 std::optional<PrefixMatch>* out);
   // Entry `i` in index order.
   Status ReadEntry(uint64_t i, PrefixEntry* out);
@@ -117,25 +132,27 @@ struct PrefixFindOptions {
 
 // What a directory search or indexing did.
 struct PrefixIndexReport {
-  uint64_t files = 0;      // .kv files found
+  uint64_t files = 0;      // .kv and .kvpack files found (a pack's search: its members)
   uint64_t indexed = 0;    // entries of the index used
-  uint64_t reread = 0;     // files read because they were new or changed
+  uint64_t reread = 0;     // entries read from new or changed files (a pack: one per member)
   uint64_t kept = 0;       // entries taken over from the old index
-  uint64_t skipped = 0;    // .kv files and subdirectories that could not be read (left out)
+  uint64_t skipped = 0;    // .kv files, packs and subdirectories that could not be read (left out)
   std::string first_skipped;  // "PATH: why" of the first of them
-  bool was_fresh = false;     // the index on disk matched the directory
+  bool was_fresh = false;     // the index on disk matched the directory (a pack: the index beside it
+                              // lists the pack as it is, and answered)
   bool rebuilt = false;       // an index was there but damaged: rebuilt from the files
   bool written = false;       // a new index file was written
   std::string not_written;    // why a stale index could not be replaced ("" if it was)
 };
 
-// Brings DIR/.kvfile-index up to date with the .kv files under `dir`
+// Brings DIR/.kvfile-index up to date with the .kv and .kvpack files under `dir`
 // (written only when it changed).
 KVFILE_EXPORT Status IndexDirectory(const std::string& dir, FileSystem* fs, PrefixIndexReport* report);
 
 // The longest match for `query` in a directory (through its index, refreshed
 // as IndexDirectory does; when it cannot be written the answer comes from a
-// scan of the refreshed entries) or in a pack.
+// scan of the refreshed entries) or in a pack (through the index beside it
+// when that lists the pack as it is, else member by member).
 KVFILE_EXPORT Status FindPrefix(const std::string& path, std::span<const uint32_t> query,
                                 const PrefixFindOptions& options, std::optional<PrefixMatch>* out,
                                 PrefixIndexReport* report = nullptr);
