@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include "kvfile/file.h"
+#include "kvfile/verify.h"
 #include "s3/s3_client.h"
 #include "support/adversity.h"
 #include "support/cli_run.h"
@@ -332,6 +333,37 @@ TEST_F(S3Cli, RemoteFileReadsBatchedAndRefusesAReplacedObject) {
   EXPECT_TRUE(st.message().starts_with(url + ": the object was replaced while it was read (ETag ")) << st.message();
   // Writing is refused: objects are written whole.
   EXPECT_EQ(FileSystem::Default()->Open(url, OpenMode::kReadWrite, &g).code(), Status::Code::kUnsupported);
+}
+
+// A verify on one thread of a remote .kv of two chunks (16.5 MiB each):
+// each chunk is fetched ahead in three ranged GETs in flight at once (the
+// reads one after another sent one GET at a time), and what it reports is
+// what the local verify of the same bytes reports, a flipped byte in the
+// second chunk included.
+TEST_F(S3Cli, VerifyOnOneThreadKeepsSeveralGetsInFlight) {
+  VerifyOptions one;
+  one.threads = 1;
+  std::string bytes = ReadFile(In("a.kv"));
+  for (bool damaged : {false, true}) {
+    if (damaged) bytes[bytes.size() * 3 / 4] ^= 0x10;
+    const std::string url = Url(damaged ? "damaged.kv" : "a.kv");
+    ASSERT_TRUE(Client().PutSmall(Parse(url), bytes).ok());
+    WriteFile(P("local.kv"), bytes);
+    VerifyReport local, remote;
+    ASSERT_TRUE(VerifyFile(P("local.kv"), one, &local).ok());
+    s3::ResetMaxRequestsInFlight();
+    ASSERT_TRUE(VerifyFile(url, one, &remote).ok());
+    int in_flight = s3::MaxRequestsInFlight();
+    EXPECT_GE(in_flight, 2);
+    EXPECT_LE(in_flight, 3);  // the ranges of one chunk
+    EXPECT_EQ(remote.chunks, 2u);
+    EXPECT_EQ(remote.HasErrors(), damaged);
+    ASSERT_EQ(remote.findings.size(), local.findings.size());
+    for (size_t i = 0; i < local.findings.size(); ++i) {
+      EXPECT_EQ(remote.findings[i].chunk, local.findings[i].chunk);
+      EXPECT_EQ(remote.findings[i].message, local.findings[i].message);
+    }
+  }
 }
 
 TEST_F(S3Cli, AnExistingKeyIsRefusedWithoutForce) {
