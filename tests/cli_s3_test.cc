@@ -366,6 +366,23 @@ TEST_F(S3Cli, VerifyOnOneThreadKeepsSeveralGetsInFlight) {
   }
 }
 
+// A read of 20 MiB straight into the caller's buffer (a pack's chunk):
+// three ranged GETs of 6.7 MiB in flight together, not one of 20 MiB.
+TEST_F(S3Cli, ALargeReadIsSplitIntoRangesInFlightTogether) {
+  const std::string url = Url("a.kv");
+  const std::string bytes = ReadFile(In("a.kv"));
+  ASSERT_TRUE(Client().PutSmall(Parse(url), bytes).ok());
+  std::unique_ptr<File> f;
+  ASSERT_TRUE(FileSystem::Default()->Open(url, OpenMode::kRead, &f).ok());
+  std::string got(20u << 20, 'x');
+  uint64_t before = s3::RequestCount();
+  s3::ResetMaxRequestsInFlight();
+  ASSERT_TRUE(f->ReadAt(1000, got.data(), got.size()).ok());
+  EXPECT_EQ(s3::RequestCount() - before, 3u);
+  EXPECT_GE(s3::MaxRequestsInFlight(), 2);
+  EXPECT_TRUE(got == bytes.substr(1000, got.size()));
+}
+
 TEST_F(S3Cli, AnExistingKeyIsRefusedWithoutForce) {
   const std::string url = Url("p.kvpack");
   ASSERT_EQ(Kvfile("pack -o " + url + " " + In("b.kv")).exit_code, 0);

@@ -5,7 +5,8 @@
 // whose Content-Range gives the size; small reads go through a cache of
 // up to 16 such blocks, fetched whole (the header, the commit record and
 // the tables of a .kv, a pack or an index are small reads close together);
-// reads of a block or more go straight into the caller's buffer. A miss
+// reads of a block or more go straight into the caller's buffer (one of
+// more than 8 MiB in pieces of at most 8 MiB, in flight together). A miss
 // right after a cached block reads ahead (8 blocks in one GET). ReadBatch
 // sends the GETs it needs together (up to 8 in flight), adjacent blocks
 // merged into one request. A span announced by WillRead (verify announces
@@ -265,7 +266,12 @@ class S3ReadFile final : public File {
       i = j;
     }
     for (size_t i = 0; i < runs.size(); ++i) gets.push_back(RangeGet(run_first[i] * kBlock, runs[i].size(), runs[i].data()));
-    for (const ReadRequest* q : direct) gets.push_back(RangeGet(q->offset, q->n, q->buf));
+    // A large direct read in pieces of at most kAheadRangeBytes, in flight together.
+    for (const ReadRequest* q : direct) {
+      uint64_t pieces = (q->n + kAheadRangeBytes - 1) / kAheadRangeBytes, piece = (q->n + pieces - 1) / pieces;
+      for (uint64_t at = 0; at < q->n; at += piece)
+        gets.push_back(RangeGet(q->offset + at, std::min<uint64_t>(piece, q->n - at), static_cast<uint8_t*>(q->buf) + at));
+    }
     std::vector<Response> answers(gets.size());
     KVFILE_RETURN_IF_ERROR(client_->PerformMany(gets, answers, kReadsInFlight));
     for (size_t i = 0; i < gets.size(); ++i) KVFILE_RETURN_IF_ERROR(CheckRange(gets[i], answers[i]));

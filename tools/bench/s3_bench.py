@@ -92,7 +92,8 @@ def curl_ranges(store, url, size, write_out=False):
 
 def check_curl_bytes(store, url, size, env):
     """Exits unless the curl command fetches exactly the object's bytes."""
-    out = subprocess.run(curl_ranges(store, url, size, True), env=env, check=True, stdout=subprocess.PIPE).stdout
+    out = subprocess.run(curl_ranges(store, url, size, True), env=env, check=True, stdout=subprocess.PIPE,
+                         stderr=subprocess.DEVNULL).stdout
     got = sum(int(n) for n in out.split())
     if got != size:
         sys.exit("s3_bench: curl fetched %d bytes of a %d-byte object" % (got, size))
