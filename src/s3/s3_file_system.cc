@@ -66,13 +66,7 @@ class S3ReadFile final : public File {
   // The first GET: block 0, the size and the ETag.
   Status Open() {
     std::vector<uint8_t> block(kBlock);
-    Request r;
-    r.url = url_;
-    r.has_range = true;
-    r.range_begin = 0;
-    r.range_bytes = kBlock;
-    r.sink = block.data();
-    r.sink_size = block.size();
+    Request r = RangeGet(0, kBlock, block.data());
     Response resp;
     KVFILE_RETURN_IF_ERROR(client_->PerformMany(std::span<const Request>(&r, 1), std::span<Response>(&resp, 1), 1));
     if (resp.status == 416) {  // an empty object: no byte to range over
