@@ -270,6 +270,7 @@ Status ReadAndCheckChunk(File& file, const Geometry& g, LayoutCache& layouts,
   if (buf->size() < largest && !buf->Resize(largest))
     return Status::IOError("no memory for a section of " + std::to_string(largest) + " bytes");
   uint8_t* p = buf->data();
+  file.WillRead(c.info.offset, c.info.bytes);  // the whole chunk, in order (a remote File fetches ahead)
   KVFILE_RETURN_IF_ERROR(file.ReadAt(c.info.offset, p, head_bytes));
   if (!ChecksumMatches(LoadU64(p + layout->head_checksum_offset), Checksum(p, layout->head_checksum_offset)) ||
       LoadU64(p + layout->head_checksum_offset) != c.info.head_checksum)

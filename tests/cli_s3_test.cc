@@ -10,19 +10,23 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <thread>
 
 #include <gtest/gtest.h>
 
 #include "kvfile/file.h"
 #include "kvfile/reader.h"
+#include "kvfile/verify.h"
 #include "s3/s3_client.h"
 #include "support/adversity.h"
 #include "support/cli_run.h"
 #include "support/fault_proxy.h"
 #include "support/file_util.h"
+#include "support/forwarding_fs.h"
 #include "support/scratch_dir.h"
 #include "support/swift_store.h"
 
@@ -392,6 +396,121 @@ TEST_F(S3Cli, RemoteFileReadsBatchedAndRefusesAReplacedObject) {
   EXPECT_TRUE(st.message().starts_with(url + ": the object was replaced while it was read (ETag ")) << st.message();
   // Writing is refused: objects are written whole.
   EXPECT_EQ(FileSystem::Default()->Open(url, OpenMode::kReadWrite, &g).code(), Status::Code::kUnsupported);
+}
+
+// A verify on one thread of a remote .kv of two chunks (16.5 MiB each):
+// each chunk is fetched ahead in three ranged GETs in flight at once (the
+// reads one after another sent one GET at a time), and what it reports is
+// what the local verify of the same bytes reports, a flipped byte in the
+// second chunk included.
+// A File that counts the spans announced to it (WillRead) and forwards
+// everything to the remote File.
+class AnnounceCountingFile : public File {
+ public:
+  AnnounceCountingFile(std::unique_ptr<File> f, int* announced) : f_(std::move(f)), announced_(announced) {}
+  Status ReadAt(uint64_t offset, void* buf, size_t n) override { return f_->ReadAt(offset, buf, n); }
+  Status ReadBatch(std::span<const ReadRequest> requests) override { return f_->ReadBatch(requests); }
+  void WillRead(uint64_t offset, uint64_t n) override {
+    ++*announced_;
+    f_->WillRead(offset, n);
+  }
+  Status WriteAt(uint64_t offset, const void* buf, size_t n) override { return f_->WriteAt(offset, buf, n); }
+  Status Sync() override { return f_->Sync(); }
+  Status Truncate(uint64_t size) override { return f_->Truncate(size); }
+  Status Size(uint64_t* size) override { return f_->Size(size); }
+  Status LockExclusive() override { return f_->LockExclusive(); }
+  Status Id(FileId* id) override { return f_->Id(id); }
+  const char* backend() const override { return f_->backend(); }
+  const std::string& path() const override { return f_->path(); }
+
+ private:
+  std::unique_ptr<File> f_;
+  int* announced_;
+};
+
+// Verify on one thread announces each chunk before reading it (so the
+// remote File fetches its ranges together: AnAnnouncedSpanIsFetchedByRanges
+// InFlightTogether), never more than one chunk's ranges at once, and finds
+// what a local verify of the same bytes finds, clean and damaged.
+TEST_F(S3Cli, VerifyOnOneThreadAnnouncesEachChunkAndFindsWhatALocalVerifyFinds) {
+  int announced = 0;
+  struct Counting : kvfile::testing::ForwardingFs {
+    int* announced = nullptr;
+    Status Open(const std::string& path, OpenMode mode, std::unique_ptr<File>* out) override {
+      Status st = base_->Open(path, mode, out);
+      if (st.ok()) *out = std::make_unique<AnnounceCountingFile>(std::move(*out), announced);
+      return st;
+    }
+  } counting;
+  counting.announced = &announced;
+  VerifyOptions one;
+  one.threads = 1;
+  std::string bytes = ReadFile(In("a.kv"));
+  for (bool damaged : {false, true}) {
+    if (damaged) bytes[bytes.size() * 3 / 4] ^= 0x10;
+    const std::string url = Url(damaged ? "damaged.kv" : "a.kv");
+    ASSERT_TRUE(Client().PutSmall(Parse(url), bytes).ok());
+    WriteFile(P("local.kv"), bytes);
+    VerifyReport local, remote;
+    ASSERT_TRUE(VerifyFile(P("local.kv"), one, &local).ok());
+    s3::ResetMaxRequestsInFlight();
+    announced = 0;
+    VerifyOptions remote_options = one;
+    remote_options.fs = &counting;
+    ASSERT_TRUE(VerifyFile(url, remote_options, &remote).ok());
+    EXPECT_EQ(announced, 2);  // each of the two chunks
+    EXPECT_LE(s3::MaxRequestsInFlight(), 3);  // the ranges of one chunk
+    EXPECT_EQ(remote.chunks, 2u);
+    EXPECT_EQ(remote.HasErrors(), damaged);
+    ASSERT_EQ(remote.findings.size(), local.findings.size());
+    for (size_t i = 0; i < local.findings.size(); ++i) {
+      EXPECT_EQ(remote.findings[i].chunk, local.findings[i].chunk);
+      EXPECT_EQ(remote.findings[i].message, local.findings[i].message);
+    }
+  }
+}
+
+// A span announced by WillRead is fetched as ranges in flight together:
+// with the store frozen (SIGSTOP), no GET can finish, so every range the
+// span launched stays in flight until it is continued; then the reads get
+// the object's bytes. No timing: the store answers nothing meanwhile.
+TEST_F(S3Cli, AnAnnouncedSpanIsFetchedByRangesInFlightTogether) {
+  const std::string url = Url("a.kv");
+  const std::string bytes = ReadFile(In("a.kv"));
+  ASSERT_GT(bytes.size(), 17u << 20);
+  ASSERT_TRUE(Client().PutSmall(Parse(url), bytes).ok());
+  std::unique_ptr<File> f;
+  ASSERT_TRUE(FileSystem::Default()->Open(url, OpenMode::kRead, &f).ok());
+  const pid_t swift = store_->proxy_pid();
+  s3::ResetMaxRequestsInFlight();
+  ASSERT_EQ(::kill(swift, SIGSTOP), 0);
+  f->WillRead(1u << 20, 16u << 20);  // 16 MiB: two ranges of 8 MiB
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (s3::MaxRequestsInFlight() < 2 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const int in_flight = s3::MaxRequestsInFlight();
+  ASSERT_EQ(::kill(swift, SIGCONT), 0);
+  EXPECT_EQ(in_flight, 2);
+  std::string got(16u << 20, 'x');
+  ASSERT_TRUE(f->ReadAt(1u << 20, got.data(), got.size()).ok());
+  EXPECT_TRUE(got == bytes.substr(1u << 20, got.size()));
+}
+
+// A read of 20 MiB straight into the caller's buffer (a pack's chunk):
+// three ranged GETs of 6.7 MiB in flight together, not one of 20 MiB.
+TEST_F(S3Cli, ALargeReadIsSplitIntoRangesInFlightTogether) {
+  const std::string url = Url("a.kv");
+  const std::string bytes = ReadFile(In("a.kv"));
+  ASSERT_TRUE(Client().PutSmall(Parse(url), bytes).ok());
+  std::unique_ptr<File> f;
+  ASSERT_TRUE(FileSystem::Default()->Open(url, OpenMode::kRead, &f).ok());
+  std::string got(20u << 20, 'x');
+  uint64_t before = s3::RequestCount();
+  s3::ResetMaxRequestsInFlight();
+  ASSERT_TRUE(f->ReadAt(1000, got.data(), got.size()).ok());
+  EXPECT_EQ(s3::RequestCount() - before, 3u);
+  EXPECT_EQ(s3::MaxRequestsInFlight(), 3);  // handed to curl together, before any answer
+  EXPECT_TRUE(got == bytes.substr(1000, got.size()));
 }
 
 TEST_F(S3Cli, AnExistingKeyIsRefusedWithoutForce) {

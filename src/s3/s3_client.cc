@@ -29,6 +29,8 @@ namespace {
 constexpr const char* kEmptySha256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
 
 std::atomic<uint64_t> g_requests{0};
+std::atomic<int> g_in_flight{0};      // requests handed to curl, no final answer yet
+std::atomic<int> g_max_in_flight{0};  // the most at once since the last reset
 
 long EnvLong(const char* name, long fallback, long lo, long hi) {
   const char* v = std::getenv(name);
@@ -210,6 +212,9 @@ int64_t ParseIsoTime(const std::string& s) {
 
 uint64_t RequestCount() { return g_requests.load(); }
 
+int MaxRequestsInFlight() { return g_max_in_flight.load(); }
+void ResetMaxRequestsInFlight() { g_max_in_flight.store(g_in_flight.load()); }
+
 bool XmlTag(const std::string& xml, const std::string& tag, size_t* from, std::string* value) {
   const std::string open = "<" + tag + ">", close = "</" + tag + ">";
   size_t b = xml.find(open, *from);
@@ -329,6 +334,9 @@ Status Client::PerformMany(std::span<const Request> requests, std::span<Response
     curl_multi_add_handle(multi, e);
     ++running_count;
     g_requests.fetch_add(1);
+    int now_in_flight = g_in_flight.fetch_add(1) + 1;
+    for (int seen = g_max_in_flight.load(); seen < now_in_flight && !g_max_in_flight.compare_exchange_weak(seen, now_in_flight);) {
+    }
   };
   auto finish = [&](Transfer& t) {
     curl_multi_remove_handle(multi, t.easy);
@@ -337,6 +345,7 @@ Status Client::PerformMany(std::span<const Request> requests, std::span<Response
     t.easy = nullptr;
     t.headers = nullptr;
     --running_count;
+    g_in_flight.fetch_sub(1);
   };
 
   while (!waiting.empty() || running_count > 0) {

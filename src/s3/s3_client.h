@@ -105,6 +105,10 @@ class Client {
 // figures). KVFILE_S3_TRACE=FILE also appends one line per attempt to FILE:
 // "METHOD /bucket/key?query STATUS" (STATUS 0: no answer).
 uint64_t RequestCount();
+// The most requests this process had in flight at once, over all threads
+// (an attempt counts from its start to its answer), since the last reset.
+int MaxRequestsInFlight();
+void ResetMaxRequestsInFlight();
 
 // The text of the first <tag>...</tag> in `xml` at or after `*from` (XML
 // entities decoded); false if none. *from moves past it.

@@ -5,11 +5,17 @@
 // whose Content-Range gives the size; small reads go through a cache of
 // up to 16 such blocks, fetched whole (the header, the commit record and
 // the tables of a .kv, a pack or an index are small reads close together);
-// reads of a block or more go straight into the caller's buffer. A miss
+// reads of a block or more go straight into the caller's buffer (one of
+// more than 8 MiB in pieces of at most 8 MiB, in flight together). A miss
 // right after a cached block reads ahead (8 blocks in one GET). ReadBatch
 // sends the GETs it needs together (up to 8 in flight), adjacent blocks
-// merged into one request. Every answer must carry the ETag the first one
-// had: an object replaced while it is read is an error, not a mix.
+// merged into one request. A span announced by WillRead (verify announces
+// each chunk) is fetched ahead of the reads: split into ranges of at most
+// 8 MiB, up to 8 of them in flight at once, each GET on a thread of its
+// own, and every read inside the span served from them; the ranges
+// fetched ahead and not yet passed by the reads hold at most 64 MiB in
+// the whole process. Every answer must carry the ETag the first one had:
+// an object replaced while it is read is an error, not a mix.
 #include "s3/s3_file_system.h"
 
 #include <signal.h>
@@ -19,6 +25,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <deque>
+#include <future>
 #include <list>
 #include <map>
 #include <mutex>
@@ -34,6 +42,12 @@ constexpr size_t kCachedBlocks = 16;
 constexpr uint64_t kReadAhead = 8;
 constexpr int kReadsInFlight = 8;
 constexpr int kPartsInFlight = 4;
+constexpr uint64_t kAheadRangeBytes = 8u << 20;
+constexpr size_t kAheadRanges = 8;
+constexpr uint64_t kAheadBudget = 64u << 20;
+// Bytes of the ranges fetched ahead (WillRead) that every File of the
+// process holds: launched and not yet passed by the reads.
+std::atomic<uint64_t> g_ahead_bytes{0};
 
 Status ClientFor(const std::string& path, Client** out) {
   Status st = Client::Instance(out);
@@ -44,17 +58,15 @@ Status ClientFor(const std::string& path, Client** out) {
 class S3ReadFile final : public File {
  public:
   S3ReadFile(Client* client, S3Url url, std::string path) : client_(client), url_(std::move(url)), path_(std::move(path)) {}
+  ~S3ReadFile() override {
+    std::lock_guard<std::mutex> lock(ahead_mu_);
+    while (!ahead_.empty()) DropFirstAhead();
+  }
 
   // The first GET: block 0, the size and the ETag.
   Status Open() {
     std::vector<uint8_t> block(kBlock);
-    Request r;
-    r.url = url_;
-    r.has_range = true;
-    r.range_begin = 0;
-    r.range_bytes = kBlock;
-    r.sink = block.data();
-    r.sink_size = block.size();
+    Request r = RangeGet(0, kBlock, block.data());
     Response resp;
     KVFILE_RETURN_IF_ERROR(client_->PerformMany(std::span<const Request>(&r, 1), std::span<Response>(&resp, 1), 1));
     if (resp.status == 416) {  // an empty object: no byte to range over
@@ -83,11 +95,132 @@ class S3ReadFile final : public File {
     return ReadBatch(std::span<const ReadRequest>(&one, 1));
   }
 
+  void WillRead(uint64_t offset, uint64_t n) override {
+    std::lock_guard<std::mutex> lock(ahead_mu_);
+    while (!ahead_.empty()) DropFirstAhead();  // another span: what was left of the last one
+    if (offset >= size_) return;
+    n = std::min(n, size_ - offset);
+    uint64_t ranges = (n + kAheadRangeBytes - 1) / kAheadRangeBytes;
+    plan_next_ = offset;
+    plan_end_ = offset + n;
+    plan_range_ = ranges ? (n + ranges - 1) / ranges : 0;
+    FillAhead();
+  }
+
   Status ReadBatch(std::span<const ReadRequest> requests) override {
     for (const ReadRequest& q : requests)
       if (q.offset > size_ || q.n > size_ - q.offset)
         return Status::Corruption(path_ + ": unexpected end of file: " + std::to_string(q.n) + " bytes at offset " +
                                   std::to_string(q.offset) + " of a " + std::to_string(size_) + "-byte object");
+    // The reads inside the ranges fetched ahead are served from them.
+    std::vector<ReadRequest> rest;
+    {
+      std::lock_guard<std::mutex> lock(ahead_mu_);
+      for (const ReadRequest& q : requests) {
+        bool served = false;
+        KVFILE_RETURN_IF_ERROR(ServeAhead(q, &served));
+        if (!served) rest.push_back(q);
+      }
+    }
+    return Fetch(rest);
+  }
+
+ private:
+  // A range fetched ahead: its GET runs on a thread of its own.
+  struct Ahead {
+    uint64_t begin = 0;
+    std::vector<uint8_t> data;
+    std::shared_future<Status> done;  // destroyed first: waits for the GET
+    uint64_t end() const { return begin + data.size(); }
+  };
+
+  // The answer to a ranged GET: a 206 (a 200 for the whole object), the
+  // object's ETag, every byte asked for.
+  Status CheckRange(const Request& get, Response& answer) const {
+    if (answer.status != 206 && !(answer.status == 200 && get.range_begin == 0 && get.range_bytes == size_))
+      return client_->ErrorFor(get, answer);
+    if (answer.headers["etag"] != etag_)
+      return Status::Busy(path_ + ": the object was replaced while it was read (ETag " + etag_ + " became " +
+                          answer.headers["etag"] + ")");
+    if (answer.sink_bytes != get.range_bytes)
+      return Status::IOError(path_ + ": the store sent " + std::to_string(answer.sink_bytes) + " of " +
+                             std::to_string(get.range_bytes) + " bytes at offset " + std::to_string(get.range_begin));
+    return Status::OK();
+  }
+
+  // Launches the next ranges of the announced span, up to kAheadRanges of
+  // this File and kAheadBudget bytes of the process (one range at least,
+  // so that a File always makes progress). ahead_mu_ held.
+  void FillAhead() {
+    while (plan_next_ < plan_end_ && ahead_.size() < kAheadRanges) {
+      uint64_t bytes = std::min(plan_range_, plan_end_ - plan_next_);
+      if (g_ahead_bytes.fetch_add(bytes) + bytes > kAheadBudget && !ahead_.empty()) {
+        g_ahead_bytes.fetch_sub(bytes);  // over the budget: launched when earlier ones are let go
+        return;
+      }
+      auto a = std::make_unique<Ahead>();
+      a->begin = plan_next_;
+      a->data.resize(bytes);
+      Ahead* at = a.get();
+      try {
+        a->done = std::async(std::launch::async, [this, at] {
+                    Request get = RangeGet(at->begin, at->data.size(), at->data.data());
+                    Response answer;
+                    Status st = client_->PerformMany(std::span<const Request>(&get, 1), std::span<Response>(&answer, 1), 1);
+                    return st.ok() ? CheckRange(get, answer) : st;
+                  }).share();
+      } catch (const std::system_error&) {  // no thread: the reads fetch the rest themselves
+        g_ahead_bytes.fetch_sub(bytes);
+        plan_end_ = plan_next_;
+        return;
+      }
+      ahead_.push_back(std::move(a));
+      plan_next_ += bytes;
+    }
+  }
+
+  // Waits for the oldest range fetched ahead and lets it go. ahead_mu_ held.
+  void DropFirstAhead() {
+    ahead_.front()->done.wait();
+    g_ahead_bytes.fetch_sub(ahead_.front()->data.size());
+    ahead_.pop_front();
+  }
+
+  // Copies q out of the ranges fetched ahead if they hold all of it
+  // (*served), once their GETs are done; the ranges the reads have passed
+  // are let go and further ones launched. ahead_mu_ held.
+  Status ServeAhead(const ReadRequest& q, bool* served) {
+    *served = false;
+    if (q.n == 0 || ahead_.empty() || q.offset < ahead_.front()->begin || q.offset + q.n > ahead_.back()->end())
+      return Status::OK();
+    while (ahead_.front()->end() <= q.offset) DropFirstAhead();
+    uint8_t* out = static_cast<uint8_t*>(q.buf);
+    for (const auto& a : ahead_) {
+      if (a->begin >= q.offset + q.n) break;
+      KVFILE_RETURN_IF_ERROR(a->done.get());
+      uint64_t from = std::max(q.offset, a->begin), to = std::min(q.offset + q.n, a->end());
+      std::memcpy(out + (from - q.offset), a->data.data() + (from - a->begin), to - from);
+    }
+    *served = true;
+    while (!ahead_.empty() && ahead_.front()->end() <= q.offset + q.n) DropFirstAhead();
+    FillAhead();
+    return Status::OK();
+  }
+
+  Request RangeGet(uint64_t begin, uint64_t bytes, void* sink) const {
+    Request r;
+    r.url = url_;
+    r.has_range = true;
+    r.range_begin = begin;
+    r.range_bytes = bytes;
+    r.sink = sink;
+    r.sink_size = bytes;
+    return r;
+  }
+
+  // The reads not served from the ranges fetched ahead: from the block
+  // cache, or fetched now.
+  Status Fetch(std::span<const ReadRequest> requests) {
     // Which blocks the small reads need, and which reads go direct.
     std::vector<uint64_t> missing;
     std::vector<const ReadRequest*> direct;
@@ -126,40 +259,16 @@ class S3ReadFile final : public File {
       run_first.push_back(missing[i]);
       i = j;
     }
-    for (size_t i = 0; i < runs.size(); ++i) {
-      Request r;
-      r.url = url_;
-      r.has_range = true;
-      r.range_begin = run_first[i] * kBlock;
-      r.range_bytes = runs[i].size();
-      r.sink = runs[i].data();
-      r.sink_size = runs[i].size();
-      gets.push_back(std::move(r));
-    }
+    for (size_t i = 0; i < runs.size(); ++i) gets.push_back(RangeGet(run_first[i] * kBlock, runs[i].size(), runs[i].data()));
+    // A large direct read in pieces of at most kAheadRangeBytes, in flight together.
     for (const ReadRequest* q : direct) {
-      Request r;
-      r.url = url_;
-      r.has_range = true;
-      r.range_begin = q->offset;
-      r.range_bytes = q->n;
-      r.sink = q->buf;
-      r.sink_size = q->n;
-      gets.push_back(std::move(r));
+      uint64_t pieces = (q->n + kAheadRangeBytes - 1) / kAheadRangeBytes, piece = (q->n + pieces - 1) / pieces;
+      for (uint64_t at = 0; at < q->n; at += piece)
+        gets.push_back(RangeGet(q->offset + at, std::min<uint64_t>(piece, q->n - at), static_cast<uint8_t*>(q->buf) + at));
     }
     std::vector<Response> answers(gets.size());
     KVFILE_RETURN_IF_ERROR(client_->PerformMany(gets, answers, kReadsInFlight));
-    for (size_t i = 0; i < gets.size(); ++i) {
-      if (answers[i].status != 206 && !(answers[i].status == 200 && gets[i].range_begin == 0 &&
-                                        gets[i].range_bytes == size_))
-        return client_->ErrorFor(gets[i], answers[i]);
-      if (answers[i].headers["etag"] != etag_)
-        return Status::Busy(path_ + ": the object was replaced while it was read (ETag " + etag_ + " became " +
-                            answers[i].headers["etag"] + ")");
-      if (answers[i].sink_bytes != gets[i].range_bytes)
-        return Status::IOError(path_ + ": the store sent " + std::to_string(answers[i].sink_bytes) + " of " +
-                               std::to_string(gets[i].range_bytes) + " bytes at offset " +
-                               std::to_string(gets[i].range_begin));
-    }
+    for (size_t i = 0; i < gets.size(); ++i) KVFILE_RETURN_IF_ERROR(CheckRange(gets[i], answers[i]));
     std::lock_guard<std::mutex> lock(mu_);
     // The fetched blocks, split into the cache; then the small reads copied
     // from it (the fetched runs kept alive until then).
@@ -185,6 +294,7 @@ class S3ReadFile final : public File {
     return Status::OK();
   }
 
+ public:
   Status WriteAt(uint64_t, const void*, size_t) override { return ReadOnly(); }
   Status Sync() override { return ReadOnly(); }
   Status Truncate(uint64_t) override { return ReadOnly(); }
@@ -227,6 +337,11 @@ class S3ReadFile final : public File {
   std::mutex mu_;
   std::map<uint64_t, std::vector<uint8_t>> blocks_;
   std::list<uint64_t> order_;  // oldest first
+  // The span announced by WillRead: the ranges launched, in order, and
+  // where the next one starts.
+  std::mutex ahead_mu_;
+  std::deque<std::unique_ptr<Ahead>> ahead_;
+  uint64_t plan_next_ = 0, plan_end_ = 0, plan_range_ = 0;
 };
 
 class S3FileSystem final : public FileSystem {

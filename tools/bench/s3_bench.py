@@ -12,7 +12,8 @@ local store (OpenStack Swift with s3api, tests/support/swift_store.py):
   - each command's peak memory (max RSS) and the requests it made, counted
     at the store (client requests; the store's own subrequests not counted).
 
-Medians of REPS runs; ratios of medians measured in this run.
+Medians of REPS runs, each pair compared run in turn (curl, verify, curl,
+...); ratios of medians measured in this run.
 
     tools/bench/s3_bench.py [--tokens 2048] [--sessions 4] [--members 100000] [--reps 3]
                             [--kvfile build/kvfile] [--find-bench build/find_bench]
@@ -55,22 +56,47 @@ def run(cmd, env, store=None):
     return seconds, usage.ru_maxrss / 1024, requests
 
 
-def median_run(cmd, env, store, reps, before_each=None):
-    results = []
+def summary(results):
+    """(median seconds, max peak RSS, the last run's requests) of runs."""
+    return statistics.median(r[0] for r in results), max(r[1] for r in results), results[-1][2]
+
+
+def median_run(cmd, env, store, reps):
+    return summary([run(cmd, env, store) for _ in range(reps)])
+
+
+def alternated(cmds, env, store, reps):
+    """Each command's summary, the commands run in turn REPS times (a load
+    that comes and goes on the machine falls on all of them alike)."""
+    results = [[] for _ in cmds]
     for _ in range(reps):
-        if before_each:
-            before_each()
-        results.append(run(cmd, env, store))
-    seconds = statistics.median(r[0] for r in results)
-    return seconds, max(r[1] for r in results), results[-1][2]
+        for i, cmd in enumerate(cmds):
+            results[i].append(run(cmd, env, store))
+    return [summary(r) for r in results]
 
 
-def curl_ranges(store, url, size):
-    """curl, PARALLEL ranged GETs in flight, every range of the object."""
-    cmd = ["curl", "-s", "-f", "--parallel", "--parallel-max", str(PARALLEL)] + store.curl_args()
+def curl_ranges(store, url, size, write_out=False):
+    """curl, PARALLEL ranged GETs in flight, every range of the object: one
+    transfer each, its options after --next (without it curl gives every
+    transfer the last -r); with write_out, each prints its bytes."""
+    cmd = ["curl", "-s", "--parallel", "--parallel-max", str(PARALLEL)]
     for start in range(0, size, RANGE_BYTES):
-        cmd += ["-r", "%d-%d" % (start, min(size, start + RANGE_BYTES) - 1), "-o", "/dev/null", url]
+        if start:
+            cmd.append("--next")
+        cmd += ["-s", "-f"] + store.curl_args() + ["-r", "%d-%d" % (start, min(size, start + RANGE_BYTES) - 1),
+                                                   "-o", "/dev/null", url]
+        if write_out:
+            cmd += ["-w", "%{size_download}\\n"]
     return cmd
+
+
+def check_curl_bytes(store, url, size, env):
+    """Exits unless the curl command fetches exactly the object's bytes."""
+    out = subprocess.run(curl_ranges(store, url, size, True), env=env, check=True, stdout=subprocess.PIPE,
+                         stderr=subprocess.DEVNULL).stdout
+    got = sum(int(n) for n in out.split())
+    if got != size:
+        sys.exit("s3_bench: curl fetched %d bytes of a %d-byte object" % (got, size))
 
 
 def fmt_requests(r):
@@ -103,8 +129,9 @@ def main():
         size = os.path.getsize(one)
         subprocess.run([AWS, "--endpoint-url", store.endpoint, "s3", "cp", one, s3 + "one.kv"], env=env, check=True,
                        stdout=subprocess.DEVNULL)
-        curl = median_run(curl_ranges(store, store.endpoint + "/%s/one.kv" % bucket, size), env, store, a.reps)
-        verify = median_run([kv, "verify", s3 + "one.kv"], env, store, a.reps)
+        check_curl_bytes(store, store.endpoint + "/%s/one.kv" % bucket, size, env)
+        curl, verify = alternated([curl_ranges(store, store.endpoint + "/%s/one.kv" % bucket, size),
+                                   [kv, "verify", s3 + "one.kv"]], env, store, a.reps)
         info = run([kv, "info", s3 + "one.kv"], env, store)
         rows.append(("curl, %d ranged GETs in flight (%.0f MiB)" % (PARALLEL, size / 2**20), curl, size))
         rows.append(("kvfile verify s3://.../one.kv", verify, size))
@@ -120,9 +147,8 @@ def main():
         local_pack = os.path.join(work, "c.kvpack")
         subprocess.run([kv, "pack", corpus, "-o", local_pack], check=True, stdout=subprocess.DEVNULL)
         pack_size = os.path.getsize(local_pack)
-        awscp = median_run([AWS, "--endpoint-url", store.endpoint, "s3", "cp", local_pack, s3 + "aws.kvpack"], env,
-                           store, a.reps)
-        pack = median_run([kv, "pack", corpus, "-o", s3 + "c.kvpack", "--force"], env, store, a.reps)
+        awscp, pack = alternated([[AWS, "--endpoint-url", store.endpoint, "s3", "cp", local_pack, s3 + "aws.kvpack"],
+                                  [kv, "pack", corpus, "-o", s3 + "c.kvpack", "--force"]], env, store, a.reps)
         rows.append(("aws s3 cp c.kvpack (%.0f MiB)" % (pack_size / 2**20), awscp, pack_size))
         rows.append(("kvfile pack DIR -o s3://.../c.kvpack", pack, pack_size))
         member = run([kv, "unpack", s3 + "c.kvpack", "-o", os.path.join(work, "un"), "s000.kv"], env, store)

@@ -36,6 +36,7 @@ class ReadProgressFile : public File {
     }
     return st;
   }
+  void WillRead(uint64_t offset, uint64_t n) override { base_->WillRead(offset, n); }
   Status WriteAt(uint64_t offset, const void* buf, size_t n) override {
     KVFILE_RETURN_IF_ERROR(Stopped(stop_, path()));
     return base_->WriteAt(offset, buf, n);

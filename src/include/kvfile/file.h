@@ -57,6 +57,13 @@ class KVFILE_EXPORT File {
   // io_uring backend submits them together: one system call for dozens of
   // small reads (the chunk heads an open reads). The default loops ReadAt.
   virtual Status ReadBatch(std::span<const ReadRequest> requests);
+  // A hint: the caller reads [offset, offset + n) next, front to back. A
+  // remote File fetches that span ahead of the reads, several ranged GETs in
+  // flight (docs/object-storage-core.md); the default ignores it.
+  virtual void WillRead(uint64_t offset, uint64_t n) {
+    (void)offset;
+    (void)n;
+  }
   // Writes all n bytes at offset (retrying short writes and EINTR).
   virtual Status WriteAt(uint64_t offset, const void* buf, size_t n) = 0;
   // Makes every completed write durable (fdatasync).
