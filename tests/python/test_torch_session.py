@@ -295,10 +295,13 @@ def test_layer_0_is_read_first_in_slices_that_end_on_chunk_boundaries():
 @cuda
 @pytest.mark.parametrize("kind", ["e4m3", "nvfp4", "bf16"])
 @pytest.mark.parametrize("staging", [None, 4096])
-def test_load_into_reads_layer_0_in_slices_and_the_rest_in_parts(tmp_path, kind, staging):
-    """Layer 0 in token slices of a many-chunk file, from a start inside a
-    chunk, then the other layers in parts (one layer a part with 4 KiB of
-    staging): every token lands in its slot, bit for bit the CPU decode."""
+@pytest.mark.parametrize("slices", [1, 4])
+def test_load_into_reads_layer_0_in_slices_and_the_rest_in_parts(tmp_path, monkeypatch, kind, staging, slices):
+    """Layer 0 alone, whole or in token slices, of a many-chunk file from a
+    start inside a chunk, then the other layers in parts (one layer a part
+    with 4 KiB of staging): every token lands in its slot, bit for bit the
+    CPU decode."""
+    monkeypatch.setattr(kvtorch, "FIRST_LAYER_SLICES", slices)
     path = tmp_path / "s.kv"
     rows = session(203, seed=3)
     kvtorch.save(path, rows, torch.arange(203), dtype=kind, chunk_tokens=16)

@@ -46,10 +46,12 @@ from . import _torch_codec as codec
 # buffers stay under 512 MiB.
 STAGING_BYTES = 256 << 20
 _ALIGN = 256
-# load_into reads layer 0 alone in this many token slices (whole chunks),
-# each copied and decoded on the GPU while the next is read, so that layer 0
-# is in place about one layer's read after the call (docs/gpu.md).
-FIRST_LAYER_SLICES = 4
+# load_into reads layer 0 first and alone, in this many token slices (whole
+# chunks), each copied and decoded on the GPU while the next is read. Each
+# read call starts its reader threads and their files anew, about 2.5 ms on
+# the H200 host of docs/gpu.md, more than a slice's copy and decode hide
+# there: one slice (layer 0 in a part of its own) is the fastest measured.
+FIRST_LAYER_SLICES = 1
 
 _staging_lock = threading.Lock()
 _staging = {}  # device index -> [_Pinned] * 3 (two for loads, one for saves), reused
@@ -661,9 +663,9 @@ def load_into(path, destination, block_ids=None, slot_mapping=None, layout="vllm
     only those rows (KV heads) of each token, as a tensor-parallel rank
     holds them; the destination has stop - start heads.
     On CUDA the layers are read, copied and decoded on a copy stream as load
-    does (staging_bytes: as for load), layer 0 first and alone, in
-    FIRST_LAYER_SLICES token slices each copied and decoded while the next is
-    read, so that it is ready first (fp8 and nvfp4 decoded on the GPU,
+    does (staging_bytes: as for load), layer 0 first and alone (in
+    FIRST_LAYER_SLICES token slices, each copied and decoded while the next
+    is read), so that it is ready first (fp8 and nvfp4 decoded on the GPU,
     bit-exact with the library); the slot indices are made while layer 0's
     first slice is read; layer i's CUDA event (timing enabled) is recorded once its rows are in place,
     and on_layer(i, event) is called then. background=True runs the load in
