@@ -229,12 +229,12 @@ def main():
           f"(median of {args.repeat}; min {min(fractions):.3f}, max {max(fractions):.3f}; "
           f"layer 0 at {statistics.median(a for a, _ in gpu) * 1e3:.1f} ms, "
           f"last layer at {statistics.median(b for _, b in gpu) * 1e3:.1f} ms)")
-    # The fixed cost of one read call (its reader threads and their files
-    # are made per call): layer 0's first chunk with every thread.
+    # The cost of one small read call: layer 0's first chunk (one reader
+    # thread: a thread reads whole chunks).
     with kvfile.open(path) as reader:
         chunk = reader.info()["chunk_tokens"]
         call = median_time(lambda: reader.codes_all(stop=chunk, layers=(0, 1)), 20)
-    print(f"    one codes_all call of one chunk of one layer (every reader thread): {call[0] * 1e3:.2f} ms "
+    print(f"    one codes_all call of one chunk of one layer (one reader thread): {call[0] * 1e3:.2f} ms "
           f"(median of 20; min {call[1] * 1e3:.2f}, max {call[2] * 1e3:.2f})")
     chosen = kvtorch.FIRST_LAYER_SLICES
     for slices in sorted({1, 2, 4, 8} - {chosen}):

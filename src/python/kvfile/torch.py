@@ -47,10 +47,11 @@ from . import _torch_codec as codec
 STAGING_BYTES = 256 << 20
 _ALIGN = 256
 # load_into reads layer 0 first and alone, in this many token slices (whole
-# chunks), each copied and decoded on the GPU while the next is read. Each
-# read call starts its reader threads and their files anew, about 2.5 ms on
-# the H200 host of docs/gpu.md, more than a slice's copy and decode hide
-# there: one slice (layer 0 in a part of its own) is the fastest measured.
+# chunks), each copied and decoded on the GPU while the next is read. On the
+# H200 hosts of docs/gpu.md every further slice put layer 0 1.3 to 2.7 ms
+# later (each slice is a read call, with its reader threads, and a part's
+# queueing of copy, decode and scatter), more than a slice's copy and decode
+# hide: one slice, layer 0 in a part of its own, is the fastest measured.
 FIRST_LAYER_SLICES = 1
 
 _staging_lock = threading.Lock()
