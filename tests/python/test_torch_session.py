@@ -280,6 +280,49 @@ def as_bits(t):
     return t.view(torch.int16).numpy().tobytes() if t.dtype == torch.bfloat16 else t.numpy().tobytes()
 
 
+def test_layer_0_is_read_first_in_slices_that_end_on_chunk_boundaries():
+    # 1,000 tokens from 10 of a file of 64-token chunks, 4 slices: each ends
+    # on a chunk boundary (multiples of 64), then parts of 3 layers.
+    assert kvtorch._parts(8, 3, 10, 1010, 64, 4) == [
+        (0, 1, 10, 256), (0, 1, 256, 512), (0, 1, 512, 768), (0, 1, 768, 1010),
+        (1, 4, 10, 1010), (4, 7, 10, 1010), (7, 8, 10, 1010)]
+    # Fewer chunks than slices: one slice a chunk; a one-layer file is all slices.
+    assert kvtorch._parts(1, 3, 0, 100, 64, 4) == [(0, 1, 0, 64), (0, 1, 64, 100)]
+    # No slicing (load): parts of 3 layers from layer 0, every token each.
+    assert kvtorch._parts(4, 3, 5, 9, 256, 0) == [(0, 3, 5, 9), (3, 4, 5, 9)]
+
+
+@cuda
+@pytest.mark.parametrize("kind", ["e4m3", "nvfp4", "bf16"])
+@pytest.mark.parametrize("staging", [None, 4096])
+@pytest.mark.parametrize("slices", [1, 4])
+def test_load_into_reads_layer_0_in_slices_and_the_rest_in_parts(tmp_path, monkeypatch, kind, staging, slices):
+    """Layer 0 alone, whole or in token slices, of a many-chunk file from a
+    start inside a chunk, then the other layers in parts (one layer a part
+    with 4 KiB of staging): every token lands in its slot, bit for bit the
+    CPU decode."""
+    monkeypatch.setattr(kvtorch, "FIRST_LAYER_SLICES", slices)
+    path = tmp_path / "s.kv"
+    rows = session(203, seed=3)
+    kvtorch.save(path, rows, torch.arange(203), dtype=kind, chunk_tokens=16)
+    want = kvtorch.load(path, device="cpu", dtype=torch.bfloat16, start=7)
+    tokens, block_size = 196, 16
+    blocks = (tokens + block_size - 1) // block_size
+    block_ids = torch.randperm(blocks + 2, generator=torch.Generator().manual_seed(4))[:blocks]
+    t = torch.arange(tokens)
+    blk, off = block_ids[t // block_size], t % block_size
+    dest = paged("vllm", 3, blocks + 2, block_size, 2, 16, torch.bfloat16, "cuda")
+    seen = []
+    events = kvtorch.load_into(path, dest, block_ids=block_ids, start=7, staging_bytes=staging,
+                               on_layer=lambda layer, event: seen.append(layer))
+    assert seen == [0, 1, 2] and len(events) == 3
+    for layer in range(3):
+        for which, name in enumerate(("k", "v")):
+            got = gather("vllm", dest[layer].cpu(), which, blk, off)
+            assert as_bits(got) == as_bits(want[name][layer]), (layer, name)
+    assert int((dest[0] == -7.0).sum()) == dest[0].numel() - 2 * tokens * 2 * 16
+
+
 @cuda
 def test_load_into_in_the_background_signals_each_layer(tmp_path):
     path = tmp_path / "s.kv"

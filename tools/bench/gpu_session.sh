@@ -10,7 +10,8 @@
 #
 # PYTHON (default python3) is the interpreter; BUILD the build folder; any
 # further CMake options (a prefix for the build dependencies, say) in
-# CMAKE_OPTIONS.
+# CMAKE_OPTIONS. ONLY=load_into runs only the load tests and load_into's
+# measurement (the file saved once, untimed).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 work=${1:-/tmp/kvfile-gpu}
@@ -30,7 +31,9 @@ cmake --build "$build" -j "$(nproc)" --target kvfile_python >"$work/build.log" 2
   { tail -50 "$work/build.log"; exit 1; }
 export PYTHONPATH=$build/python PYTHONDONTWRITEBYTECODE=1
 echo "== tests"
-"$python" -m pytest -rs -s -q -p no:cacheprovider "$root/tests/python/test_torch.py" \
+only=()
+[ "${ONLY:-}" = load_into ] && only=(-k load)
+"$python" -m pytest -rs -s -q -p no:cacheprovider "${only[@]}" "$root/tests/python/test_torch.py" \
   "$root/tests/python/test_torch_session.py" || echo "pytest: FAILED"
 echo "== benchmark"
-"$python" "$root/tools/bench/torch_session.py" "$work/bench" --repeat 5
+"$python" "$root/tools/bench/torch_session.py" "$work/bench" --repeat 5 ${ONLY:+--only "$ONLY"}

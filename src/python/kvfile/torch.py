@@ -46,6 +46,13 @@ from . import _torch_codec as codec
 # buffers stay under 512 MiB.
 STAGING_BYTES = 256 << 20
 _ALIGN = 256
+# load_into reads layer 0 first and alone, in this many token slices (whole
+# chunks), each copied and decoded on the GPU while the next is read. On the
+# H200 hosts of docs/gpu.md every further slice put layer 0 1.3 to 2.7 ms
+# later (each slice is a read call, with its reader threads, and a part's
+# queueing of copy, decode and scatter), more than a slice's copy and decode
+# hide: one slice, layer 0 in a part of its own, is the fastest measured.
+FIRST_LAYER_SLICES = 1
 
 _staging_lock = threading.Lock()
 _staging = {}  # device index -> [_Pinned] * 3 (two for loads, one for saves), reused
@@ -238,78 +245,136 @@ def release_staging():
         _staging.clear()
 
 
+def _parts(layers, part_layers, start, stop, chunk_tokens, first_slices):
+    """The parts of a CUDA load, in order: (first layer, last layer, first
+    token, stop token). first_slices > 0: layer 0 first, alone, in about
+    first_slices token slices that end on the file's chunk boundaries
+    (multiples of chunk_tokens), so that each slice is copied and decoded
+    while the next is read; then the other layers in parts of part_layers
+    layers, every token each. first_slices 0: parts of part_layers layers
+    from layer 0."""
+    parts = []
+    first = 0
+    if first_slices > 0:
+        chunk_tokens = max(1, chunk_tokens)
+        step = -(-(stop - start) // first_slices)
+        step = -(-step // chunk_tokens) * chunk_tokens
+        cuts = [start] + list(range(start - start % chunk_tokens + step, stop, step)) + [stop]
+        parts += [(0, 1, lo, hi) for lo, hi in zip(cuts, cuts[1:])]
+        first = 1
+    while first < layers:
+        parts.append((first, min(layers, first + part_layers), start, stop))
+        first = parts[-1][1]
+    return parts
+
+
 def _load_cuda(torch, reader, device, dtype, dtype_name, start, stop, threads, staging_bytes, stats,
-               sink=None, part_done=None, first_part=False):
-    """load's CUDA path. sink(name, first, last, values) takes each part's
-    decoded [last - first, tokens, rows, width] tensor (on the copy stream)
+               sink=None, part_done=None, first_slices=0, prepare=None):
+    """load's CUDA path. sink(name, first, last, lo, hi, values) takes each
+    part's decoded [last - first, hi - lo, rows, width] tensor of layers
+    [first, last) and tokens [start + lo, start + hi) (on the copy stream)
     instead of the contiguous outputs (then None is returned);
-    part_done(first, last, stream) is called once a part's sinks are queued.
-    first_part: layer 0 makes a part of its own (it is ready sooner)."""
+    part_done(first, last, stream) is called once layers [first, last) are
+    queued whole. first_slices: as for _parts (layer 0 is ready sooner).
+    prepare(): setup of the caller's that runs while the first part is read
+    (before any sink call)."""
     geometry = reader.geometry
     streams = geometry["streams"]
     layers, tokens = geometry["layers"], stop - start
-    v1 = reader.info()["major_version"] == 1
+    info = reader.info()
+    v1 = info["major_version"] == 1
     quantized = {s["name"]: s["dtype"] for s in streams if not v1 and s["dtype"] in ("e4m3", "e5m2", "nvfp4")}
     out_size = torch.empty((), dtype=dtype).element_size()
     out = None
-    if sink is None:
-        out = {s["name"]: torch.empty(_shape(s, layers, tokens), dtype=dtype, device=device) for s in streams}
-
-        def sink(name, first, last, values):
-            out[name][first:last] = values
     if tokens == 0 or layers == 0:
+        if prepare is not None:
+            prepare()
+        if sink is None:
+            out = {s["name"]: torch.empty(_shape(s, layers, tokens), dtype=dtype, device=device) for s in streams}
         return out
     per_layer = _Layout(streams, quantized, 1, tokens, out_size).bytes
     part_layers = max(1, min(layers, staging_bytes // max(per_layer, 1)))
-    layout = _Layout(streams, quantized, part_layers, tokens, out_size)
-    tables = {kind: codec.decode_table(torch, kind, device)
-              for kind in {"e4m3" if k == "nvfp4" else k for k in quantized.values()}}
-    copy_stream = torch.cuda.Stream(device)
-    staging = [_pinned(torch, device, i, layout.bytes) for i in range(2)]
+    capacity = _Layout(streams, quantized, part_layers, tokens, out_size).bytes
+    parts = _parts(layers, part_layers, start, stop, info["chunk_tokens"], first_slices)
+    layouts = {}  # (layers, tokens) -> _Layout: each part packed from offset 0, copied in `used` bytes
+    staging = [_pinned(torch, device, i, capacity) for i in range(2)]
     pinned = [b.tensor for b in staging]
     host = [p.numpy() for p in pinned]
-    gpu = [torch.empty(layout.bytes, dtype=torch.uint8, device=device) for _ in range(2)]
-    done = [None, None]  # event: the slot's pinned buffer has been copied out
     code_names = [s["name"] for s in streams if s["name"] in quantized]
     raw_names = [s["name"] for s in streams if s["name"] not in quantized]
+    raw = np.float32 if out_size == 4 else (np.float16 if dtype == torch.float16 else np.int16)
+
+    def read(first, last, lo, hi, slot):
+        """Reads a part into host[slot]: {name: (kind, shape, parts, arrays)}, bytes used."""
+        n, count = last - first, hi - lo
+        key = (n, count)
+        if key not in layouts:
+            layouts[key] = _Layout(streams, quantized, n, count, out_size)
+        layout = layouts[key]
+        views = {}  # name -> (kind, shape, [(offset, numpy dtype, shape)], numpy arrays)
+        for name, kind, shape, a, b, c in layout.entries:
+            elements = int(np.prod(shape))
+            if kind == "nvfp4":
+                pieces = [(a, np.uint8, shape[:2] + (elements // n // count // 2,)),
+                         (c, np.uint8, shape[:2] + (elements // n // count // 16,)),
+                         (b, np.float32, shape[:2])]
+            elif kind is not None:
+                pieces = [(a, np.uint8, shape), (b, np.float32, shape[:-1])]
+            else:
+                pieces = [(a, raw, shape)]
+            arrays = []
+            for at, np_dtype, part_shape in pieces:
+                nbytes = int(np.prod(part_shape)) * np.dtype(np_dtype).itemsize
+                arrays.append(host[slot][at:at + nbytes].view(np_dtype).reshape(part_shape))
+            views[name] = (kind, shape, pieces, arrays)
+        if code_names:
+            reader.codes_all(start=lo, stop=hi, threads=threads, layers=(first, last), streams=code_names,
+                             out={name: tuple(views[name][3]) for name in code_names})
+        if raw_names:
+            reader.read_all(dtype=dtype_name, start=lo, stop=hi, threads=threads, layers=(first, last),
+                            streams=raw_names, out={name: views[name][3][0] for name in raw_names})
+        return views, layout.bytes
+
+    # The first part is read (every reader thread, the GIL released) while
+    # the rest is set up: the decode tables, the stream, the GPU buffers,
+    # the outputs and the caller's prepare().
+    first_read = {}
+
+    def read_first():
+        try:
+            first_read["result"] = read(*parts[0], 0)
+        except BaseException as e:  # noqa: BLE001 - raised by the loading thread below
+            first_read["error"] = e
+    reading = threading.Thread(target=read_first, daemon=True)
+    reading.start()
+    try:
+        tables = {kind: codec.decode_table(torch, kind, device)
+                  for kind in {"e4m3" if k == "nvfp4" else k for k in quantized.values()}}
+        copy_stream = torch.cuda.Stream(device)
+        gpu = [torch.empty(capacity, dtype=torch.uint8, device=device) for _ in range(2)]
+        if sink is None:
+            out = {s["name"]: torch.empty(_shape(s, layers, tokens), dtype=dtype, device=device) for s in streams}
+
+            def sink(name, first, last, lo, hi, values):
+                out[name][first:last, lo:hi] = values
+        if prepare is not None:
+            prepare()
+    finally:
+        reading.join()
+    if "error" in first_read:
+        raise first_read["error"]
+    done = [None, None]  # event: the slot's pinned buffer has been copied out
     timings = []  # (start event, end event, bytes) per copy, when stats is asked for
     # The GPU buffers and outputs are used on copy_stream only from here on.
     copy_stream.wait_stream(torch.cuda.current_stream(device))
-    bounds = [0] + ([1] if first_part and part_layers > 1 else [])
-    while bounds[-1] < layers:
-        bounds.append(min(layers, bounds[-1] + part_layers))
-    for part, (first, last) in enumerate(zip(bounds, bounds[1:])):
-        n = last - first
+    for part, (first, last, lo, hi) in enumerate(parts):
         slot = part % 2
-        if done[slot] is not None:
-            done[slot].synchronize()
-        # The part's views: shapes for n layers (the last part may be shorter).
-        views = {}  # name -> (kind, shape, [(offset, numpy dtype, shape)] of its arrays)
-        used = 0
-        for name, kind, shape, a, b, c in layout.entries:
-            shape = (n,) + shape[1:]
-            elements = int(np.prod(shape))
-            if kind == "nvfp4":
-                parts = [(a, np.uint8, shape[:2] + (elements // n // shape[1] // 2,)),
-                         (c, np.uint8, shape[:2] + (elements // n // shape[1] // 16,)),
-                         (b, np.float32, shape[:2])]
-            elif kind is not None:
-                parts = [(a, np.uint8, shape), (b, np.float32, shape[:-1])]
-            else:
-                raw = np.float32 if out_size == 4 else (np.float16 if dtype == torch.float16 else np.int16)
-                parts = [(a, raw, shape)]
-            arrays = []
-            for at, np_dtype, part_shape in parts:
-                nbytes = int(np.prod(part_shape)) * np.dtype(np_dtype).itemsize
-                arrays.append(host[slot][at:at + nbytes].view(np_dtype).reshape(part_shape))
-                used = max(used, at + nbytes)
-            views[name] = (kind, shape, parts, arrays)
-        if code_names:
-            reader.codes_all(start=start, stop=stop, threads=threads, layers=(first, last), streams=code_names,
-                             out={name: tuple(views[name][3]) for name in code_names})
-        if raw_names:
-            reader.read_all(dtype=dtype_name, start=start, stop=stop, threads=threads, layers=(first, last),
-                            streams=raw_names, out={name: views[name][3][0] for name in raw_names})
+        if part == 0:
+            views, used = first_read.pop("result")
+        else:
+            if done[slot] is not None:
+                done[slot].synchronize()
+            views, used = read(first, last, lo, hi, slot)
         with torch.cuda.stream(copy_stream):
             g = gpu[slot]
             if stats is not None:
@@ -320,9 +385,9 @@ def _load_cuda(torch, reader, device, dtype, dtype_name, start, stop, threads, s
                 timings[-1][1].record(copy_stream)
             done[slot] = torch.cuda.Event()
             done[slot].record(copy_stream)
-            for name, (kind, shape, parts, _) in views.items():
+            for name, (kind, shape, pieces, _) in views.items():
                 t = []
-                for at, np_dtype, part_shape in parts:
+                for at, np_dtype, part_shape in pieces:
                     nbytes = int(np.prod(part_shape)) * np.dtype(np_dtype).itemsize
                     t.append(g[at:at + nbytes].view(_TORCH_OF[np.dtype(np_dtype).name](torch)).view(part_shape))
                 if kind == "nvfp4":
@@ -331,8 +396,8 @@ def _load_cuda(torch, reader, device, dtype, dtype_name, start, stop, threads, s
                     values = dequantize(t[0], t[1], kind, dtype, tables[kind])
                 else:
                     values = t[0].view(dtype)
-                sink(name, first, last, values)
-            if part_done is not None:
+                sink(name, first, last, lo - start, hi - start, values)
+            if part_done is not None and hi == stop:
                 part_done(first, last, copy_stream)
     copy_stream.synchronize()
     if stats is not None:
@@ -625,11 +690,14 @@ def load_into(path, destination, block_ids=None, slot_mapping=None, layout="vllm
     only those rows (KV heads) of each token, as a tensor-parallel rank
     holds them; the destination has stop - start heads.
     On CUDA the layers are read, copied and decoded on a copy stream as load
-    does (staging_bytes: as for load), layer 0 in a part of its own so that
-    it is ready first (fp8 and nvfp4 decoded on the GPU, bit-exact with the
-    library); layer i's CUDA event (timing enabled) is recorded once its rows are in place,
+    does (staging_bytes: as for load), layer 0 first and alone (in
+    FIRST_LAYER_SLICES token slices, each copied and decoded while the next
+    is read), so that it is ready first (fp8 and nvfp4 decoded on the GPU,
+    bit-exact with the library); the slot indices are made while layer 0's
+    first slice is read; layer i's CUDA event (timing enabled) is recorded once its rows are in place,
     and on_layer(i, event) is called then. background=True runs the load in
-    a thread and returns a LayerLoad (wait_for_layer(i), result()); else the
+    a thread and returns a LayerLoad (wait_for_layer(i), result(); they
+    raise the load's error, a missing file included); else the
     call returns the events when every layer is in place. On the CPU
     destination tensors are filled directly and the events are None."""
     torch = _torch()
@@ -653,14 +721,19 @@ def load_into(path, destination, block_ids=None, slot_mapping=None, layout="vllm
                     raise ValueError(f"the file has no stream {name!r} (it has {', '.join(specs)})")
             stop = len(reader.tokens)
             tokens = stop - start
-            blk, off = _slot_indices(torch, layout, destination, device, tokens, block_ids, slot_mapping)
             lo, hi = (0, specs[streams[0]]["rows_per_token"]) if heads is None else heads
             which = {name: i for i, name in enumerate(streams)}
+            slots = {}
 
-            def sink(name, first, last, values):
+            def prepare():
+                slots["blk"], slots["off"] = _slot_indices(torch, layout, destination, device, tokens, block_ids,
+                                                           slot_mapping)
+
+            def sink(name, first, last, t0, t1, values):
                 if name not in which:
                     return
                 values = values[:, :, lo:hi]
+                blk, off = slots["blk"][t0:t1], slots["off"][t0:t1]
                 for layer in range(first, last):
                     d = destination[layer]
                     v = values[layer - first]
@@ -687,20 +760,19 @@ def load_into(path, destination, block_ids=None, slot_mapping=None, layout="vllm
                 with lock:
                     _load_cuda(torch, reader, dev, dtype, _np_dtype_name(torch, dtype), start, stop, threads,
                                STAGING_BYTES if staging_bytes is None else staging_bytes, None, sink, part_done,
-                               first_part=True)
+                               first_slices=FIRST_LAYER_SLICES, prepare=prepare)
             else:
+                prepare()
                 out = _load_cpu(torch, reader, dtype, _np_dtype_name(torch, dtype), start, stop, threads)
                 for name in streams:
-                    sink(name, 0, layers, out[name].to(device))
+                    sink(name, 0, layers, 0, tokens, out[name].to(device))
                 for layer in range(layers):
                     ready(layer, None)
                     if on_layer is not None:
                         on_layer(layer, None)
 
-    if background:
-        with _kvfile.open_reader(str(path)) as reader:
-            layers = reader.geometry["layers"]
-        return LayerLoad(layers, run)
+    if background:  # one readiness per destination layer (run checks the count against the file's)
+        return LayerLoad(len(destination), run)
     events = []
     run(lambda layer, event: events.append(event))
     return events
