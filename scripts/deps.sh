@@ -13,7 +13,7 @@ KVFILE_PACKAGES=(
   python3-venv python3-pip python3-setuptools python3-wheel  # pip install . (scripts/install_test.sh)
   clang libclang-rt-14-dev  # the libFuzzer build (scripts/fuzz.sh); libclang-rt-14-dev has libFuzzer
   libcurl4-openssl-dev  # the S3 client (KVFILE_WITH_S3) and kvfile llama-server (HTTP)
-  npm git  # llama-server from node-llama-cpp's llama.cpp bundle (scripts/llama_server_build.sh)
+  git  # llama-server from node-llama-cpp's llama.cpp bundle (scripts/llama_server_build.sh), with npm below
   # The S3 tests: a real object store (OpenStack Swift with s3api and
   # memcached, tests/support/swift_store.py), the clients kvfile must agree
   # with (awscli, boto3, curl), and Dask for the fan-out recipe.
@@ -27,6 +27,9 @@ kvfile_install_deps() {
       missing+=("$p")
     fi
   done
+  # npm: Debian's package, unless a Node.js that brings its own is there
+  # (NodeSource's nodejs conflicts with Debian's npm).
+  if ! command -v npm >/dev/null 2>&1; then missing+=(npm); fi
   if [ ${#missing[@]} -eq 0 ]; then
     return 0
   fi
