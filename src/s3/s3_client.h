@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The S3 client (docs/object-storage-core.md): libcurl with its own SigV4
+// The S3 client (docs/object-storage.md): libcurl with its own SigV4
 // signing (CURLOPT_AWS_SIGV4), path-style requests, connections reused
 // through a pool of curl multi handles, several requests in flight, and
 // bounded retries with backoff on 5xx, 429, resets and timeouts. Every

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Where the S3 client's credentials, region and endpoint come from, in the
-// order the AWS tools take them (docs/object-storage-core.md, "Credentials").
+// order the AWS tools take them (docs/object-storage.md, "Credentials").
 #pragma once
 
 #include <functional>

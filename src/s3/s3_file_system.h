@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// s3:// paths in the library (docs/object-storage-core.md): a read-only File
+// s3:// paths in the library (docs/object-storage.md): a read-only File
 // over ranged GETs, a FileSystem for s3:// paths, the prefix walk, and the
 // multipart upload a PendingReplace commits a remote destination with.
 // Declared whether or not the build has S3 (KVFILE_WITH_S3); without it

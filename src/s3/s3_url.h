@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// s3:// paths (docs/object-storage-core.md): parsing, and the encodings an
+// s3:// paths (docs/object-storage.md): parsing, and the encodings an
 // S3 request needs: object keys percent-encoded keeping '/', and a query
 // string in the canonical order and encoding SigV4 signs (libcurl 7.88
 // signs the query exactly as given).

@@ -32,7 +32,7 @@ Status ReadWholeStdin(uint64_t limit, std::vector<uint8_t>* out);
 // else (absent, a FIFO, a device, too short) is false, without waiting.
 bool FileStartsWith(const std::string& path, std::string_view magic);
 
-// Object storage (docs/object-storage-core.md): whether `path` is an
+// Object storage (docs/object-storage.md): whether `path` is an
 // s3:// key prefix ("s3://bucket/", "s3://bucket/corpus/"), read as a
 // directory is.
 bool IsObjectPrefix(const std::string& path);

@@ -59,7 +59,7 @@ class KVFILE_EXPORT File {
   virtual Status ReadBatch(std::span<const ReadRequest> requests);
   // A hint: the caller reads [offset, offset + n) next, front to back. A
   // remote File fetches that span ahead of the reads, several ranged GETs in
-  // flight (docs/object-storage-core.md); the default ignores it.
+  // flight (docs/object-storage.md); the default ignores it.
   virtual void WillRead(uint64_t offset, uint64_t n) {
     (void)offset;
     (void)n;

@@ -12,7 +12,7 @@
 // PendingReplace destroyed without a successful Commit() removes its
 // temporary file.
 //
-// An s3://bucket/key destination (docs/object-storage-core.md) is staged in
+// An s3://bucket/key destination (docs/object-storage.md) is staged in
 // a temporary file under $TMPDIR (or /tmp), and Commit() uploads it by
 // multipart: the object appears only when the upload completes. Begin
 // aborts the uploads of the same key left by a killed kvfile.
