@@ -201,6 +201,7 @@ Status PendingReplace::Commit() {
   if (remote_) {
     KVFILE_RETURN_IF_ERROR(s3::UploadFile(fs_, temp_, target_));
     committed_ = true;
+    (void)fs_->Remove(temp_);  // the staged copy: the object now holds its bytes
     return Status::OK();
   }
   std::unique_ptr<File> temp;

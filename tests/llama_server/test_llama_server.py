@@ -100,9 +100,9 @@ class Server:
         self.log.seek(0)
         return self.log.read()[-3000:]
 
-    def complete(self, prompt):
+    def complete(self, prompt, slot=0):
         r = http(self.url + "/completion", {"prompt": prompt, "n_predict": N_PREDICT, "temperature": 0, "seed": 7,
-                                            "cache_prompt": True, "id_slot": 0, "n_probs": 4,
+                                            "cache_prompt": True, "id_slot": slot, "n_probs": 4,
                                             "return_tokens": True})
         # None when the server withholds them (it does while the text ends
         # inside a UTF-8 sequence: byte tokens).
@@ -240,6 +240,27 @@ def test_divergence_rewinds_to_the_common_prefix(models, servers, tmp_path):
                           f"{total - first} from slot 0 of {s.url} ({total} tokens in total"), out
     with kvfile.open(str(kv)) as r:
         assert list(r.tokens)[:len(edited)] == edited and len(r) == total
+
+
+def test_a_save_after_a_restore_into_another_slot_appends(models, servers, tmp_path):
+    # The slot's stream and sequence are the server's placement, not the
+    # model's: saved from slot 0 of one server, restored into slot 1 of a
+    # server with two slots, the session is saved from there again.
+    a = servers(models["tiny"], tmp_path / "a")
+    kv = tmp_path / "chat.kv"
+    history, _ = converse(a, TURNS[:1])
+    ls.save(a.url, 0, kv, a.slot_dir)
+    a.stop()
+    b = servers(models["tiny"], tmp_path / "b", "-np", "2")
+    ls.restore(b.url, 1, kv, b.slot_dir)
+    history = history + TURNS[1]
+    tokens, _, evaluated = b.complete(history, slot=1)
+    assert evaluated == len(TURNS[1]) + 1  # the restored cells kept; the first answer's last token and the turn
+    out = ls.save(b.url, 1, kv, b.slot_dir)
+    total = len(history) + len(tokens) - 1
+    assert f": appended {total - (len(TURNS[0]) + N_PREDICT - 1)} tokens from slot 1 of {b.url}" in out, out
+    with kvfile.open(str(kv)) as r:
+        assert list(r.tokens) == (history + tokens)[:total]
 
 
 def test_an_interrupted_divergent_save_leaves_the_file_as_it_was(models, servers, tmp_path):

@@ -286,16 +286,32 @@ int RunSave(const ServerArgs& a) {
   bool exists = false;
   if (Status st = FileSystem::Default()->Exists(a.file, &exists); !st.ok()) return ReportError(st);
   uint64_t keep = 0, before = 0, size_before = 0;
+  std::vector<uint32_t> old_tokens;  // FILE's, to find it unchanged before a divergent save's rename
   if (exists) {
     std::unique_ptr<Reader> r;
     Status st = Reader::Open(a.file, {}, &r);
     if (!st.ok()) return ReportError(st);
-    st = CheckExpected(r->identity(), r->geometry(), id, g);
+    // Where the cells sat (the slot's cache stream, sequence and first
+    // position) is the server's placement, not the model's: a file saved
+    // from one slot may be restored into another (restore places it) and
+    // saved again from there. The file keeps its own.
+    ModelIdentity want = id;
+    std::optional<llama::Provenance> fp = llama::ParseModelId(r->identity().model_id);
+    std::optional<llama::Provenance> ep = llama::ParseModelId(id.model_id);
+    if (fp && ep) {
+      ep->n_stream = fp->n_stream;
+      ep->stream = fp->stream;
+      ep->seq_id = fp->seq_id;
+      ep->first_pos = fp->first_pos;
+      want.model_id = llama::FormatModelId(*ep);
+    }
+    st = CheckExpected(r->identity(), r->geometry(), want, g);
     if (!st.ok())
       return ReportError(Status::Mismatch(a.file + ": " + st.message() + " (slot " + std::to_string(a.slot) + " of " +
                                           ServerUrl(a) + ", model " + model.name + ")"));
     before = r->token_count();
     auto old = r->tokens();
+    old_tokens.assign(old.begin(), old.end());
     while (keep < before && keep < s.cells && old[keep] == s.tokens[keep]) ++keep;
     std::error_code ec;
     size_before = std::filesystem::file_size(a.file, ec);
@@ -313,8 +329,9 @@ int RunSave(const ServerArgs& a) {
       // A divergence replaces FILE whole, so that a save that fails or is
       // interrupted leaves it as it was: its bytes are copied (under its
       // writer lock) to a temporary file, which is rewound to the common
-      // prefix and appended to, then renamed over FILE. It costs the
-      // session's bytes once; an append costs only the turn's.
+      // prefix and appended to, then renamed over FILE once FILE is found
+      // unchanged since (below). It costs the session's bytes once; an
+      // append costs only the turn's.
       st = PendingReplace::Begin(a.file, nullptr, &create);
       if (st.ok()) st = CopyFileBytes(a.file, create->temp_path());
       Status closed = w->Close();
@@ -336,6 +353,14 @@ int RunSave(const ServerArgs& a) {
   if (w) {
     Status closed = w->Close();  // drops an unfinished append
     if (st.ok()) st = create ? closed.WithContext(a.file) : closed;
+  }
+  if (st.ok() && create && exists) {
+    // FILE's writer lock was let go for the rename (Commit takes it again):
+    // a writer that appended or rewound meanwhile is not overwritten.
+    std::unique_ptr<Reader> now;
+    st = Reader::Open(a.file, {}, &now);
+    if (st.ok() && !std::ranges::equal(now->tokens(), old_tokens))
+      st = Status::Busy(a.file + ": changed by another writer while the save was being written; not replaced");
   }
   if (st.ok() && create) st = create->Commit();
   if (!st.ok()) return ReportError(st);
