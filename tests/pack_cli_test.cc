@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "kvfile/reader.h"
+#include "kvfile/writer.h"
 #include "support/cli_run.h"
 
 namespace kvfile {
@@ -336,6 +337,38 @@ TEST_F(PackCliTest, PackDtypeNvfp4AsConvert) {
     EXPECT_NE(Contents(e).find(";e4m3;e4m3"), std::string::npos);
     EXPECT_EQ(Contents(P("e/" + m)), Contents(e)) << m;
   }
+}
+
+// pack --dtype nvfp4 of a file with an fp8 stream of 1 x 4 per token (no
+// multiple of 16) is refused as convert --dtype nvfp4 refuses it: exit 2,
+// one line naming the file, OUT as it was and no temporary file left.
+TEST_F(PackCliTest, PackDtypeNvfp4RefusesRowsNotInBlocksOf16) {
+  Geometry g;
+  g.layers = 1;
+  g.streams = {{"k", 1, 4, Dtype::kE4M3}};
+  fs::create_directories(P("odd"));
+  std::unique_ptr<Writer> w;
+  ASSERT_TRUE(Writer::Create(P("odd/x.kv"), g, {"m", 1}, {}, &w).ok());
+  const std::vector<uint32_t> tokens = {1, 2};
+  const std::vector<float> rows = {1, 2, 3, 4, 5, 6, 7, 8};
+  AppendBatch b;
+  b.tokens = tokens;
+  b.blocks = {{Dtype::kF32, rows.data(), nullptr}};
+  ASSERT_TRUE(w->Append(b).ok());
+  ASSERT_TRUE(w->Close().ok());
+  std::ofstream(P("old.kvpack")) << "old";
+  const std::string want = "kvfile: error: " + P("odd/x.kv") +
+                           ": stream 'k': nvfp4 needs rows x width (4) to be a multiple of 16 (one block scale "
+                           "per 16 elements)\n";
+  auto r = Kvfile("pack " + P("odd") + " -o " + P("old.kvpack") + " --dtype nvfp4 --force");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err, want);
+  EXPECT_EQ(ReadFile(P("old.kvpack")), "old");
+  r = Kvfile("convert " + P("odd/x.kv") + " " + P("x4.kv") + " --dtype nvfp4");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_FALSE(fs::exists(P("x4.kv")));
+  for (const auto& e : fs::directory_iterator(dir_))
+    EXPECT_EQ(e.path().filename().string().find("kvtmp"), std::string::npos) << e.path();
 }
 
 // pack --jobs: the same pack bytes for any number of reading threads.
