@@ -254,6 +254,13 @@ Geometry Nvfp4Geometry() {
   g.streams[3] = {"n", 1, 16, Dtype::kNvfp4};
   return g;
 }
+// Nvfp4Geometry over 4 layers with "idx" in layers 1 and 3 only.
+Geometry Nvfp4LayerSetGeometry() {
+  Geometry g = Nvfp4Geometry();
+  g.layers = 4;
+  g.streams[2].layers = {1, 3};
+  return g;
+}
 // MixedGeometry with "k" (2 x 8) nvfp4 and a stream "n" of one nvfp4 row of 16.
 Geometry SmallNvfp4Geometry() {
   Geometry g = MixedGeometry();
@@ -345,6 +352,7 @@ TEST(PackTest, MaterializeWritesTheSourceBytes) {
       {Nvfp4Geometry(), 8, 16, true},
       {Nvfp4Geometry(), 8, 24, true},
       {Nvfp4Geometry(), 8, 12, false},
+      {Nvfp4LayerSetGeometry(), 8, 16, true},  // both (pack flags NVFP4 | LAYER_SETS)
   };
   for (const Case& c : cases) {
     SCOPED_TRACE("pack chunk " + std::to_string(c.pack_chunk) + ", kv chunk " + std::to_string(c.kv_chunk));
