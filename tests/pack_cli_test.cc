@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "kvfile/reader.h"
+#include "kvfile/writer.h"
 #include "support/cli_run.h"
 
 namespace kvfile {
@@ -39,8 +40,9 @@ class PackCliTest : public ::testing::Test {
   fs::path dir_;
 };
 
-// Token ids, model id, stream dtypes, and every code and scale as a reader
-// returns them, or with `decoded` every row decoded to f32.
+// Token ids, model id, stream dtypes, and every code and scale (nvfp4: block
+// scales too) as a reader returns them, or with `decoded` every row decoded
+// to f32.
 std::string Contents(const std::string& path, bool decoded = false) {
   std::unique_ptr<Reader> r;
   Status st = Reader::Open(path, {}, &r);
@@ -62,9 +64,19 @@ std::string Contents(const std::string& path, bool decoded = false) {
       }
       std::string codes(rows * g.streams[s].row_width, '\0');
       std::vector<float> scales(rows);
-      EXPECT_TRUE(r->ReadCodes(l, s, 0, n, reinterpret_cast<uint8_t*>(codes.data()), scales.data()).ok());
+      if (IsNvfp4(g.streams[s].dtype)) {
+        // Packed codes, then block scales; one row scale per token.
+        codes.resize(codes.size() / 2 + codes.size() / 16);
+        scales.resize(n);
+        EXPECT_TRUE(r->ReadCodes(l, s, 0, n, reinterpret_cast<uint8_t*>(codes.data()),
+                                 reinterpret_cast<uint8_t*>(codes.data()) + rows * g.streams[s].row_width / 2,
+                                 scales.data())
+                        .ok());
+      } else {
+        EXPECT_TRUE(r->ReadCodes(l, s, 0, n, reinterpret_cast<uint8_t*>(codes.data()), scales.data()).ok());
+      }
       out += codes;
-      out.append(reinterpret_cast<const char*>(scales.data()), rows * 4);
+      out.append(reinterpret_cast<const char*>(scales.data()), scales.size() * 4);
     }
   return out;
 }
@@ -287,6 +299,76 @@ TEST_F(PackCliTest, PackDtypeRequantizesAsConvert) {
   }
   // Requantized, the source's codes are not kept: e5m2 differs from e4m3.
   EXPECT_NE(Decoded(P("e5m2/a.kv")), Decoded(P("corpus/a.kv")));
+}
+
+// --dtype nvfp4 requantizes as convert --dtype nvfp4 does: each member
+// unpacks with the very codes, block scales and row scales of the converted
+// file, and the pack is 1.2. An nvfp4 corpus packs, verifies and unpacks
+// with its own codes; --dtype e4m3 turns it to e4m3 as convert does.
+TEST_F(PackCliTest, PackDtypeNvfp4AsConvert) {
+  auto r = Kvfile("pack " + P("corpus") + " -o " + P("nv.kvpack") + " --chunk-tokens 16 --dtype nvfp4");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(ReadFile(P("nv.kvpack"))[10], 2);  // minor version 2
+  ASSERT_EQ(Kvfile("unpack " + P("nv.kvpack") + " -o " + P("nv")).exit_code, 0);
+  fs::create_directories(P("ncorpus/sub"));
+  for (std::string m : {"a.kv", "sub/b.kv"}) {
+    r = Kvfile("convert " + P("corpus/" + m) + " " + P("ncorpus/" + m) + " --dtype nvfp4");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const std::string want = Contents(P("ncorpus/" + m));
+    EXPECT_NE(want.find(";nvfp4;nvfp4"), std::string::npos);
+    EXPECT_EQ(Contents(P("nv/" + m)), want) << m;
+  }
+  // The nvfp4 corpus itself: stored as it is.
+  r = Kvfile("pack " + P("ncorpus") + " -o " + P("n.kvpack") + " --chunk-tokens 16");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = Kvfile("verify " + P("n.kvpack"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, P("n.kvpack") + ": ok: 2 members, 5 chunks, " + std::to_string(fs::file_size(P("n.kvpack"))) +
+                       " bytes\n");
+  ASSERT_EQ(Kvfile("unpack " + P("n.kvpack") + " -o " + P("n")).exit_code, 0);
+  r = Kvfile("pack " + P("ncorpus") + " -o " + P("e.kvpack") + " --chunk-tokens 16 --dtype e4m3");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_EQ(Kvfile("unpack " + P("e.kvpack") + " -o " + P("e")).exit_code, 0);
+  for (std::string m : {"a.kv", "sub/b.kv"}) {
+    EXPECT_EQ(Contents(P("n/" + m)), Contents(P("ncorpus/" + m))) << m;
+    const std::string e = P("e-" + fs::path(m).filename().string());
+    r = Kvfile("convert " + P("ncorpus/" + m) + " " + e + " --dtype e4m3");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(Contents(e).find(";e4m3;e4m3"), std::string::npos);
+    EXPECT_EQ(Contents(P("e/" + m)), Contents(e)) << m;
+  }
+}
+
+// pack --dtype nvfp4 of a file with an fp8 stream of 1 x 4 per token (no
+// multiple of 16) is refused as convert --dtype nvfp4 refuses it: exit 2,
+// one line naming the file, OUT as it was and no temporary file left.
+TEST_F(PackCliTest, PackDtypeNvfp4RefusesRowsNotInBlocksOf16) {
+  Geometry g;
+  g.layers = 1;
+  g.streams = {{"k", 1, 4, Dtype::kE4M3}};
+  fs::create_directories(P("odd"));
+  std::unique_ptr<Writer> w;
+  ASSERT_TRUE(Writer::Create(P("odd/x.kv"), g, {"m", 1}, {}, &w).ok());
+  const std::vector<uint32_t> tokens = {1, 2};
+  const std::vector<float> rows = {1, 2, 3, 4, 5, 6, 7, 8};
+  AppendBatch b;
+  b.tokens = tokens;
+  b.blocks = {{Dtype::kF32, rows.data(), nullptr}};
+  ASSERT_TRUE(w->Append(b).ok());
+  ASSERT_TRUE(w->Close().ok());
+  std::ofstream(P("old.kvpack")) << "old";
+  const std::string want = "kvfile: error: " + P("odd/x.kv") +
+                           ": stream 'k': nvfp4 needs rows x width (4) to be a multiple of 16 (one block scale "
+                           "per 16 elements)\n";
+  auto r = Kvfile("pack " + P("odd") + " -o " + P("old.kvpack") + " --dtype nvfp4 --force");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err, want);
+  EXPECT_EQ(ReadFile(P("old.kvpack")), "old");
+  r = Kvfile("convert " + P("odd/x.kv") + " " + P("x4.kv") + " --dtype nvfp4");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_FALSE(fs::exists(P("x4.kv")));
+  for (const auto& e : fs::directory_iterator(dir_))
+    EXPECT_EQ(e.path().filename().string().find("kvtmp"), std::string::npos) << e.path();
 }
 
 // pack --jobs: the same pack bytes for any number of reading threads.

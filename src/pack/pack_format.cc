@@ -81,7 +81,12 @@ bool AllZero(const uint8_t* p, size_t n) {
 }
 }  // namespace
 
-Status DecodeModel(const uint8_t* in, PackModel* out, bool layer_sets) {
+bool HasNvfp4(const Geometry& g) {
+  return std::any_of(g.streams.begin(), g.streams.end(), [](const StreamSpec& s) { return IsNvfp4(s.dtype); });
+}
+
+Status DecodeModel(const uint8_t* in, PackModel* out, uint64_t required_flags) {
+  const bool layer_sets = (required_flags & kFlagLayerSets) != 0;
   PackModel m;
   m.identity.fingerprint = LoadU64(in + me::kFingerprint);
   m.geometry.layers = LoadU32(in + me::kLayers);
@@ -112,9 +117,11 @@ Status DecodeModel(const uint8_t* in, PackModel* out, bool layer_sets) {
       return Status::Corruption("stream " + std::to_string(s) + ": nonzero bytes after the name");
     spec.name.assign(name, len);
     uint8_t dt = d[format::sd::kDtype];
-    // Packs 1.0 hold the dtypes of .kv 2.1 (1..5); nvfp4 (6) is not one of them.
-    if (!IsValidDtype(dt) || static_cast<Dtype>(dt) == Dtype::kNvfp4)
-      return Status::Corruption("stream " + std::to_string(s) + ": invalid dtype " + std::to_string(dt));
+    if (!IsValidDtype(dt)) return Status::Corruption("stream " + std::to_string(s) + ": invalid dtype " + std::to_string(dt));
+    // nvfp4 (6) only in a pack that says so (1.2): a pack without the flag
+    // holds the dtypes of .kv 2.1 (1..5).
+    if (IsNvfp4(static_cast<Dtype>(dt)) && !(required_flags & kFlagNvfp4))
+      return Status::Corruption("stream " + std::to_string(s) + ": dtype nvfp4 (6) without the NVFP4 required flag");
     spec.dtype = static_cast<Dtype>(dt);
     if (!AllZero(d + format::sd::kDtype + 1, format::sd::kRowsPerToken - format::sd::kDtype - 1) ||
         !AllZero(d + format::sd::kRowWidth + 4, me::kDescriptorBytes - format::sd::kRowWidth - 4))

@@ -25,7 +25,11 @@ inline constexpr uint16_t kMinor = 0;
 // absent from some layer, spec/PACK.md 3); set exactly when a model has one.
 inline constexpr uint64_t kFlagLayerSets = 1;
 inline constexpr uint16_t kMinorLayerSets = 1;
-inline constexpr uint64_t kKnownRequiredFlags = kFlagLayerSets;
+// Required flag bit 1 (pack 1.2): a model has an nvfp4 stream (dtype 6,
+// spec/PACK.md 3); set exactly when one has. A pack with it is 1.2.
+inline constexpr uint64_t kFlagNvfp4 = 2;
+inline constexpr uint16_t kMinorNvfp4 = 2;
+inline constexpr uint64_t kKnownRequiredFlags = kFlagLayerSets | kFlagNvfp4;
 
 // ---- Header (offset 0) ----
 inline constexpr size_t kHeaderBytes = 128;
@@ -131,7 +135,11 @@ class ChecksumStream {
 std::string NameSetConflict(std::vector<std::string_view> names);
 
 void EncodeModel(const PackModel& m, uint8_t* out, bool layer_sets = false);  // ModelEntryBytes(layer_sets)
-// Checks every rule of spec/PACK.md section 3; messages name the entry.
-Status DecodeModel(const uint8_t* in, PackModel* out, bool layer_sets = false);
+// Checks every rule of spec/PACK.md section 3 that one entry can break
+// (an nvfp4 stream only with kFlagNvfp4 in `required_flags`); messages name
+// the entry's stream.
+Status DecodeModel(const uint8_t* in, PackModel* out, uint64_t required_flags = 0);
+// True when a stream of `g` is nvfp4: its pack needs kFlagNvfp4.
+bool HasNvfp4(const Geometry& g);
 
 }  // namespace kvfile::pack

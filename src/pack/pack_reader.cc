@@ -29,6 +29,12 @@ using format::LoadU32;
 using format::LoadU64;
 using pack::Checksum;
 
+namespace {
+// The alignment rows of a dtype need in memory: a raw element's size; codes
+// (fp8, packed nvfp4) are bytes.
+size_t RowAlignment(Dtype d) { return IsQuantized(d) ? 1 : ElementSize(d); }
+}  // namespace
+
 struct KVFILE_NO_EXPORT PackReader::Impl {
   std::string path;
   FileSystem* fs = nullptr;
@@ -62,9 +68,10 @@ struct KVFILE_NO_EXPORT PackReader::Impl {
   Status RowDamage(uint32_t id, uint32_t layer, const StreamSpec& spec, codec::RowFault fault) const {
     return Damage("chunk " + std::to_string(id) + " layer " + std::to_string(layer) + " stream '" + spec.name +
                   "': " +
-                  (fault == codec::RowFault::kNonFiniteCode  ? "non-finite code"
-                   : fault == codec::RowFault::kInvalidScale ? "invalid scale"
-                                                             : "non-finite value"));
+                  (fault == codec::RowFault::kNonFiniteCode       ? "non-finite code"
+                   : fault == codec::RowFault::kInvalidScale      ? "invalid scale"
+                   : fault == codec::RowFault::kInvalidBlockScale ? "invalid block scale"
+                                                                  : "non-finite value"));
   }
   // Unpack's direct path: where the .kv chunk size is a multiple of the
   // pack's and the pieces it reads are large (UseDirectPath).
@@ -188,12 +195,15 @@ Status PackReader::Impl::ParseTables(const uint8_t* h) {
   for (uint64_t k = 1; k < model_count; ++k)
     if (order[k] < duplicate && compare(order[k - 1], order[k]) == 0) duplicate = order[k], original = order[k - 1];
   models.resize(model_count);
+  bool nvfp4 = false;
   for (uint64_t i = 0; i < model_count; ++i) {
-    Status st = pack::DecodeModel(entry(static_cast<uint32_t>(i)), &models[i], layer_sets);
+    Status st = pack::DecodeModel(entry(static_cast<uint32_t>(i)), &models[i], required);
     if (!st.ok()) return Damage("model " + std::to_string(i) + ": " + st.message());
     if (i == duplicate)
       return Damage("models " + std::to_string(original) + " and " + std::to_string(i) + " are the same");
+    nvfp4 = nvfp4 || pack::HasNvfp4(models[i].geometry);
   }
+  if ((required & pack::kFlagNvfp4) && !nvfp4) return Damage("the NVFP4 required flag without an nvfp4 stream");
   chunks.resize(chunk_count);
   for (uint64_t i = 0; i < chunk_count; ++i) {
     const uint8_t* e = ct.data() + i * pack::kChunkEntryBytes;
@@ -328,9 +338,10 @@ Status PackReader::ReadChunk(uint32_t id, std::vector<uint8_t>* payload) {
   for (const PayloadSection& p : layout) {
     const uint32_t l = p.layer, s = p.stream;
     const StreamSpec& spec = g.streams[s];
-    const size_t rows = size_t{c.token_count} * spec.rows_per_token;
+    const format::CodecRows cr = format::CodecRowsOf(spec);
+    const size_t rows = size_t{c.token_count} * cr.per_token;
     const void* rows_at = payload->data() + p.data_offset;
-    if (reinterpret_cast<uintptr_t>(rows_at) % ElementSize(spec.dtype) != 0) {
+    if (reinterpret_cast<uintptr_t>(rows_at) % RowAlignment(spec.dtype) != 0) {
       rows_copy.resize((p.data_bytes + 7) / 8);
       std::memcpy(rows_copy.data(), rows_at, p.data_bytes);
       rows_at = rows_copy.data();
@@ -340,7 +351,8 @@ Status PackReader::ReadChunk(uint32_t id, std::vector<uint8_t>* payload) {
       uint32_t bits = LoadU32(payload->data() + p.scales_offset + 4 * i);
       std::memcpy(&scales[i], &bits, 4);
     }
-    codec::RowCheck rc = codec::CheckRows(spec.dtype, rows_at, scales.data(), rows, spec.row_width);
+    codec::RowCheck rc = codec::CheckRows(spec.dtype, rows_at, scales.data(), rows, cr.width,
+                                          payload->data() + p.block_scales_offset);
     if (!rc.ok()) return r.RowDamage(id, l, spec, rc.fault);
   }
   return Status::OK();
@@ -403,16 +415,23 @@ Status PackReader::Impl::MaterializeDirect(PackReader& self, const PackMember& m
         uint8_t* base = buffers[k % 2].data();
         // Per token, as the chunk layout sizes the section's arrays.
         const uint64_t data_per_token = sec.data_bytes / n, scales_per_token = sec.scales_bytes / n;
+        const uint64_t block_scales_per_token = sec.block_scales_bytes / n;
         for (size_t p = p0; p < p1; ++p) {
           const PackChunk& c = chunks[ids[p]];
           if (c.token_count != c_tokens && tail.empty()) tail = PackPayloadLayout(g, c.token_count);
           const PayloadSection& ps = (c.token_count == c_tokens ? full : tail)[k];
-          if (ps.data_bytes != c.token_count * data_per_token || ps.scales_bytes != c.token_count * scales_per_token)
+          if (ps.data_bytes != c.token_count * data_per_token || ps.scales_bytes != c.token_count * scales_per_token ||
+              ps.block_scales_bytes != c.token_count * block_scales_per_token)
             return Status::Unsupported(path + ": stream '" + spec.name + "' is laid out differently in a pack and a .kv chunk");
           const uint64_t at = c.first_token - first;  // the pack chunk's first token in this .kv chunk
           uint8_t* rows = base + at * data_per_token;
           KVFILE_RETURN_IF_ERROR(file->ReadAt(c.offset + ps.data_offset, rows, ps.data_bytes));
           sums[p - p0]->Update(rows, ps.data_bytes);
+          if (ps.block_scales_bytes) {
+            uint8_t* block_scales = base + (sec.block_scales_offset - sec.offset) + at * block_scales_per_token;
+            KVFILE_RETURN_IF_ERROR(file->ReadAt(c.offset + ps.block_scales_offset, block_scales, ps.block_scales_bytes));
+            sums[p - p0]->Update(block_scales, ps.block_scales_bytes);
+          }
           if (!ps.scales_bytes) continue;
           uint8_t* scales = base + (sec.scales_offset - sec.offset) + at * scales_per_token;
           KVFILE_RETURN_IF_ERROR(file->ReadAt(c.offset + ps.scales_offset, scales, ps.scales_bytes));
@@ -431,7 +450,10 @@ Status PackReader::Impl::MaterializeDirect(PackReader& self, const PackMember& m
               scales = host_scales.data();
             }
           }
-          fault = !codec::CheckRows(spec.dtype, base, scales, size_t{n} * spec.rows_per_token, spec.row_width).ok();
+          const format::CodecRows cr = format::CodecRowsOf(spec);
+          fault = !codec::CheckRows(spec.dtype, base, scales, size_t{n} * cr.per_token, cr.width,
+                                    base + (sec.block_scales_offset - sec.offset))
+                       .ok();
         }
         KVFILE_RETURN_IF_ERROR(dc.Wait());
         KVFILE_RETURN_IF_ERROR(dc.WriteSection(k, base));
@@ -504,7 +526,8 @@ Status PackReader::Materialize(size_t index, const std::string& dest) {
       RowBlock& b = batch.blocks[static_cast<size_t>(p.layer) * g.streams.size() + p.stream];
       b.dtype = spec.dtype;
       b.data = payload.data() + p.data_offset;
-      if (p.data_offset % ElementSize(spec.dtype) != 0) {
+      if (p.block_scales_bytes) b.block_scales = payload.data() + p.block_scales_offset;
+      if (p.data_offset % RowAlignment(spec.dtype) != 0) {
         copies[2 * k].resize((p.data_bytes + 7) / 8);
         std::memcpy(copies[2 * k].data(), payload.data() + p.data_offset, p.data_bytes);
         b.data = copies[2 * k].data();
@@ -530,8 +553,10 @@ Status PackReader::Materialize(size_t index, const std::string& dest) {
       for (const PayloadSection& p : layout) {
         const size_t k = static_cast<size_t>(p.layer) * g.streams.size() + p.stream;
         const StreamSpec& spec = g.streams[p.stream];
-        const uint64_t rows = uint64_t{done} * spec.rows_per_token;
-        piece.blocks[k].data = static_cast<const uint8_t*>(batch.blocks[k].data) + rows * spec.row_width * ElementSize(spec.dtype);
+        const format::CodecRows cr = format::CodecRowsOf(spec);
+        const uint64_t rows = uint64_t{done} * cr.per_token;
+        piece.blocks[k].data = static_cast<const uint8_t*>(batch.blocks[k].data) + CodeBytes(spec.dtype, rows * cr.width);
+        if (piece.blocks[k].block_scales) piece.blocks[k].block_scales += rows * cr.width / codec::kNvfp4Block;
         if (piece.blocks[k].scales) piece.blocks[k].scales += rows;
       }
       Status st = w->Append(piece);

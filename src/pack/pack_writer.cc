@@ -12,6 +12,7 @@
 #include "reader_access.h"
 #include "write_behind.h"
 #include "format/endian.h"
+#include "format/chunk_layout.h"
 #include "format/kv_format.h"
 #include "kvfile/codec.h"
 #include "kvfile/pack.h"
@@ -35,14 +36,18 @@ std::vector<PayloadSection> PackPayloadLayout(const Geometry& g, uint32_t tokens
       p.layer = l;
       p.stream = si;
       uint64_t rows = uint64_t{tokens} * s.rows_per_token;
+      // The section's parts in the order of a .kv section (spec/PACK.md 4):
+      // codes (raw rows), block scales (nvfp4), scales (fp8: one per row,
+      // nvfp4: one per token).
       p.data_offset = at;
-      p.data_bytes = rows * s.row_width * ElementSize(s.dtype);
+      p.data_bytes = CodeBytes(s.dtype, rows * s.row_width);
       at += p.data_bytes;
-      if (IsFp8(s.dtype)) {
-        p.scales_offset = at;
-        p.scales_bytes = rows * 4;
-        at += p.scales_bytes;
-      }
+      p.block_scales_offset = at;
+      if (IsNvfp4(s.dtype)) p.block_scales_bytes = rows * s.row_width / codec::kNvfp4Block;
+      at += p.block_scales_bytes;
+      p.scales_offset = at;
+      if (IsQuantized(s.dtype)) p.scales_bytes = uint64_t{4} * (IsNvfp4(s.dtype) ? tokens : rows);
+      at += p.scales_bytes;
       out.push_back(p);
     }
   return out;
@@ -143,7 +148,7 @@ Geometry PackWriter::Impl::StoredGeometry(const Reader& r) const {
   if (!options.dtype) return g;
   const Dtype to = *options.dtype;
   for (StreamSpec& s : g.streams)
-    if (!IsFp8(to) || IsFp8(s.dtype) || r.major_version() == 1) s.dtype = to;
+    if (!IsQuantized(to) || IsQuantized(s.dtype) || r.major_version() == 1) s.dtype = to;
   return g;
 }
 
@@ -157,10 +162,9 @@ Status PackWriter::Impl::ModelFor(const Reader& r, uint32_t* model) {
   PackModel m;
   m.identity = r.identity();
   m.geometry = StoredGeometry(r);
-  for (const StreamSpec& s : m.geometry.streams)
-    if (s.dtype == Dtype::kNvfp4)
-      return Status::Unsupported(r.path() + ": stream '" + s.name +
-                                 "' is nvfp4, which packs 1.0 do not hold (spec/PACK.md)");
+  // A requantized geometry can break a rule the source's kept (nvfp4 needs
+  // rows x width a multiple of 16), as it does for convert --dtype.
+  if (options.dtype) KVFILE_RETURN_IF_ERROR(m.geometry.Validate().WithContext(r.path()));
   m.payload_bytes_per_token = pack::PayloadBytesPerToken(m.geometry);
   if (m.payload_bytes_per_token > pack::kMaxChunkPayload)
     return Status::Unsupported(r.path() + ": one token's rows exceed the 1 GiB limit of a pack chunk");
@@ -204,19 +208,24 @@ Status PackWriter::Impl::FillSections(Reader& r, const PackModel& m, const std::
       const uint32_t l = p.layer, s = p.stream;
       const StreamSpec& spec = g.streams[s];
       const Dtype from = r.geometry().streams[s].dtype;
-      if (IsFp8(spec.dtype)) {
+      if (IsQuantized(spec.dtype)) {
         scratch.resize((p.scales_bytes + 7) / 8);
         float* scales = reinterpret_cast<float*>(scratch.data());
+        uint8_t* codes = payload.data() + p.data_offset;
+        uint8_t* block_scales = payload.data() + p.block_scales_offset;  // nvfp4: one byte each, any alignment
         if (from == spec.dtype) {
-          KVFILE_RETURN_IF_ERROR(r.ReadCodes(l, s, begin, end, payload.data() + p.data_offset, scales));
+          KVFILE_RETURN_IF_ERROR(IsNvfp4(spec.dtype) ? r.ReadCodes(l, s, begin, end, codes, block_scales, scales)
+                                                     : r.ReadCodes(l, s, begin, end, codes, scales));
         } else {
-          // Requantized: decoded to f32, then quantized as a writer quantizes f32 rows.
-          const uint64_t rows = p.scales_bytes / 4;
-          f32.resize(rows * spec.row_width);
+          // Requantized: decoded to f32, then quantized as a writer quantizes
+          // f32 rows (nvfp4: one row of rows x width per token).
+          const uint64_t rows = p.scales_bytes / 4, width = format::CodecRowsOf(spec).width;
+          f32.resize(rows * width);
           KVFILE_RETURN_IF_ERROR(r.ReadRows(l, s, begin, end, Dtype::kF32, f32.data()));
           size_t bad = 0;
-          if (!codec::QuantizeRows(spec.dtype, Dtype::kF32, f32.data(), rows, spec.row_width,
-                                   payload.data() + p.data_offset, scales, &bad))
+          if (!(IsNvfp4(spec.dtype)
+                    ? codec::QuantizeNvfp4Rows(Dtype::kF32, f32.data(), rows, width, codes, block_scales, scales, &bad)
+                    : codec::QuantizeRows(spec.dtype, Dtype::kF32, f32.data(), rows, width, codes, scales, &bad)))
             return Status::NonFinite(r.path() + ": layer " + std::to_string(l) + " stream '" + spec.name +
                                      "': a non-finite value in row " + std::to_string(bad));
         }
@@ -352,8 +361,12 @@ Status PackWriter::Finish() {
   if (!conflict.empty()) return Status::InvalidArgument(dest + ": " + conflict + "; not written");
   const uint64_t data_end = w.offset;
   // Layer sets (pack 1.1) only where a model has a stream absent from a layer.
-  bool layer_sets = false;
-  for (const PackModel& m : w.models) layer_sets = layer_sets || m.geometry.HasLayerSets();
+  // nvfp4 streams (pack 1.2) only where a model has one.
+  bool layer_sets = false, nvfp4 = false;
+  for (const PackModel& m : w.models) {
+    layer_sets = layer_sets || m.geometry.HasLayerSets();
+    nvfp4 = nvfp4 || pack::HasNvfp4(m.geometry);
+  }
   const size_t entry_bytes = pack::ModelEntryBytes(layer_sets);
   std::vector<uint8_t> models(w.models.size() * entry_bytes);
   for (size_t i = 0; i < w.models.size(); ++i) pack::EncodeModel(w.models[i], models.data() + i * entry_bytes, layer_sets);
@@ -391,8 +404,10 @@ Status PackWriter::Finish() {
   uint8_t h[pack::kHeaderBytes] = {};
   std::memcpy(h + pack::hdr::kMagicField, pack::kMagic, sizeof pack::kMagic);
   format::StoreU16(h + pack::hdr::kMajorField, pack::kMajor);
-  format::StoreU16(h + pack::hdr::kMinorField, layer_sets ? pack::kMinorLayerSets : pack::kMinor);
-  StoreU64(h + pack::hdr::kRequiredFlags, layer_sets ? pack::kFlagLayerSets : 0);
+  format::StoreU16(h + pack::hdr::kMinorField,
+                   nvfp4 ? pack::kMinorNvfp4 : layer_sets ? pack::kMinorLayerSets : pack::kMinor);
+  StoreU64(h + pack::hdr::kRequiredFlags,
+           (layer_sets ? pack::kFlagLayerSets : 0) | (nvfp4 ? pack::kFlagNvfp4 : 0));
   StoreU32(h + pack::hdr::kHeaderBytesField, pack::kHeaderBytes);
   StoreU64(h + pack::hdr::kDataEnd, data_end);
   StoreU64(h + pack::hdr::kModelCount, w.models.size());

@@ -90,7 +90,7 @@ int RunPack(const PackArgs& a) {
   po.chunk_tokens = a.chunk_tokens;
   po.threads = a.jobs;
   if (a.dtype) {
-    for (Dtype d : {Dtype::kE4M3, Dtype::kE5M2, Dtype::kBF16, Dtype::kF16, Dtype::kF32})
+    for (Dtype d : {Dtype::kE4M3, Dtype::kE5M2, Dtype::kNvfp4, Dtype::kBF16, Dtype::kF16, Dtype::kF32})
       if (*a.dtype == DtypeName(d)) po.dtype = d;
   }
   std::unique_ptr<PackWriter> w;
@@ -307,9 +307,9 @@ void RegisterPack(CLI::App& app, int* exit_code) {
   cmd->add_option("--chunk-tokens", args->chunk_tokens, "tokens per pack chunk (sharing is found at multiples of it)")
       ->check(Count(1, 65536))->capture_default_str();
   cmd->add_option("--dtype", args->dtype,
-                  "requantize on the way, as kvfile convert --dtype: e4m3/e5m2 re-encode fp8 streams (raw\n"
-                  "streams stay raw), bf16/f16/f32 store every stream raw")
-      ->check(CLI::IsMember({"e4m3", "e5m2", "bf16", "f16", "f32"}));
+                  "requantize on the way, as kvfile convert --dtype: e4m3/e5m2/nvfp4 re-encode fp8 and nvfp4\n"
+                  "streams (raw streams stay raw), bf16/f16/f32 store every stream raw")
+      ->check(CLI::IsMember({"e4m3", "e5m2", "nvfp4", "bf16", "f16", "f32"}));
   cmd->add_option("--jobs", args->jobs,
                   "threads reading and checking each input (all read the state its one open found); the\n"
                   "pack's bytes are the same for any value")

@@ -63,9 +63,11 @@ struct PayloadSection {
   uint32_t layer = 0;  // which (layer, stream) it holds
   uint32_t stream = 0;
   uint64_t data_offset = 0;
-  uint64_t data_bytes = 0;
-  uint64_t scales_offset = 0;  // fp8 streams only
-  uint64_t scales_bytes = 0;   // 0 for raw streams
+  uint64_t data_bytes = 0;     // codes: T*R*W*element size, T*R*W/2 for nvfp4
+  uint64_t block_scales_offset = 0;  // nvfp4 streams only
+  uint64_t block_scales_bytes = 0;   // T*R*W/16 for nvfp4, else 0
+  uint64_t scales_offset = 0;  // fp8 and nvfp4 streams
+  uint64_t scales_bytes = 0;   // T*R*4 for fp8, T*4 for nvfp4, 0 for raw streams
 };
 // Sections in layer-major order: every (layer, stream) the stream is present
 // in (index layer * streams + stream when every stream is in every layer).
@@ -74,9 +76,10 @@ KVFILE_EXPORT std::vector<PayloadSection> PackPayloadLayout(const Geometry& g, u
 struct PackWriterOptions {
   FileSystem* fs = nullptr;     // nullptr: FileSystem::Default()
   uint32_t chunk_tokens = 256;  // tokens per pack chunk (lowered for a model whose chunk would pass 1 GiB)
-  // Requantize on the way, as `kvfile convert --dtype` does: kE4M3/kE5M2
-  // re-encode fp8 streams (and a version 1 file's raw streams), raw streams
-  // stay raw; kBF16/kF16/kF32 store every stream raw in that dtype.
+  // Requantize on the way, as `kvfile convert --dtype` does: kE4M3/kE5M2/
+  // kNvfp4 re-encode fp8 and nvfp4 streams (and a version 1 file's raw
+  // streams), raw streams stay raw; kBF16/kF16/kF32 store every stream raw
+  // in that dtype.
   std::optional<Dtype> dtype;
   // AddFile: threads reading and checking each chunk's sections; the pack's
   // bytes do not depend on it. The file is opened and scanned once: the
