@@ -40,6 +40,15 @@ TEST(S3Url, RefusesWhatS3Refuses) {
   EXPECT_EQ(st.message(), "s3://ab/key: not a bucket name (3 to 63 of a-z, 0-9, '.', '-'; s3://BUCKET/KEY)");
   EXPECT_EQ(ParseS3Url("s3://bkt/" + std::string(1025, 'k'), &u).code(), Status::Code::kInvalidArgument);
   EXPECT_TRUE(ParseS3Url("s3://bkt/" + std::string(1024, 'k'), &u).ok());
+  // "." and ".." segments: curl would send another key than the one named.
+  for (const char* dots : {"s3://bkt/a/../x.kv", "s3://bkt/./x.kv", "s3://bkt/a/..", "s3://bkt/.."}) {
+    EXPECT_EQ(ParseS3Url(dots, &u).code(), Status::Code::kInvalidArgument) << dots;
+  }
+  EXPECT_EQ(ParseS3Url("s3://bkt/a/../x.kv", &u).message(),
+            "s3://bkt/a/../x.kv: an object key with a '..' segment (it would name another key over HTTP)");
+  for (const char* fine : {"s3://bkt/a..b/x.kv", "s3://bkt/.hidden", "s3://bkt/dir/", "s3://bkt/a//b"}) {
+    EXPECT_TRUE(ParseS3Url(fine, &u).ok()) << fine;
+  }
 }
 
 TEST(S3Url, KeysArePercentEncodedKeepingSlashes) {

@@ -27,6 +27,17 @@ Status ParseS3Url(std::string_view path, S3Url* out) {
     return Status::InvalidArgument(std::string(path) +
                                    ": not a bucket name (3 to 63 of a-z, 0-9, '.', '-'; s3://BUCKET/KEY)");
   if (key.size() > 1024) return Status::InvalidArgument(std::string(path) + ": object key over 1024 bytes");
+  // A "." or ".." segment would be collapsed by the HTTP layer into another
+  // key than the one named (a/../x.kv is x.kv): such keys are refused.
+  for (size_t at = 0; at <= key.size();) {
+    size_t end = key.find('/', at);
+    if (end == std::string_view::npos) end = key.size();
+    std::string_view seg = key.substr(at, end - at);
+    if (seg == "." || seg == "..")
+      return Status::InvalidArgument(std::string(path) + ": an object key with a '" + std::string(seg) +
+                                     "' segment (it would name another key over HTTP)");
+    at = end + 1;
+  }
   out->bucket = std::string(bucket);
   out->key = std::string(key);
   return Status::OK();
