@@ -29,6 +29,7 @@
 #include <future>
 #include <list>
 #include <map>
+#include <memory>
 #include <mutex>
 
 #include "s3/s3_client.h"
@@ -224,6 +225,9 @@ class S3ReadFile final : public File {
     // Which blocks the small reads need, and which reads go direct.
     std::vector<uint64_t> missing;
     std::vector<const ReadRequest*> direct;
+    // The cached blocks these reads use, held until they are copied: another
+    // thread's reads may evict them from the cache meanwhile.
+    std::map<uint64_t, std::shared_ptr<const std::vector<uint8_t>>> held;
     {
       std::lock_guard<std::mutex> lock(mu_);
       for (const ReadRequest& q : requests) {
@@ -232,8 +236,11 @@ class S3ReadFile final : public File {
           direct.push_back(&q);
           continue;
         }
-        for (uint64_t b = q.offset / kBlock; b <= (q.offset + q.n - 1) / kBlock; ++b)
-          if (!blocks_.count(b)) missing.push_back(b);
+        for (uint64_t b = q.offset / kBlock; b <= (q.offset + q.n - 1) / kBlock; ++b) {
+          auto it = blocks_.find(b);
+          if (it == blocks_.end()) missing.push_back(b);
+          else held[b] = it->second;
+        }
       }
     }
     std::sort(missing.begin(), missing.end());
@@ -282,7 +289,7 @@ class S3ReadFile final : public File {
         uint64_t b = at / kBlock, in = at - b * kBlock;
         uint64_t take = std::min<uint64_t>(kBlock - in, q.offset + q.n - at);
         auto it = fresh.find(b);
-        const uint8_t* src = it != fresh.end() ? it->second : blocks_.at(b).data();
+        const uint8_t* src = it != fresh.end() ? it->second : held.at(b)->data();
         std::memcpy(out + (at - q.offset), src + in, take);
         at += take;
       }
@@ -321,7 +328,7 @@ class S3ReadFile final : public File {
   }
   void InsertLocked(uint64_t b, std::vector<uint8_t> bytes) {
     if (blocks_.count(b)) return;
-    blocks_[b] = std::move(bytes);
+    blocks_[b] = std::make_shared<const std::vector<uint8_t>>(std::move(bytes));
     order_.push_back(b);
     while (order_.size() > kCachedBlocks) {
       blocks_.erase(order_.front());
@@ -335,7 +342,7 @@ class S3ReadFile final : public File {
   uint64_t size_ = 0;
   std::string etag_;
   std::mutex mu_;
-  std::map<uint64_t, std::vector<uint8_t>> blocks_;
+  std::map<uint64_t, std::shared_ptr<const std::vector<uint8_t>>> blocks_;
   std::list<uint64_t> order_;  // oldest first
   // The span announced by WillRead: the ranges launched, in order, and
   // where the next one starts.
