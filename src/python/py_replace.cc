@@ -31,9 +31,10 @@ class PyReplace {
     }
     ThrowIfError(st);
   }
-  const std::string& TempPath() const { return replace_->temp_path(); }
-  bool Existed() const { return replace_->original().exists; }
+  const std::string& TempPath() const { return Live().temp_path(); }
+  bool Existed() const { return Live().original().exists; }
   void Commit() {
+    Live();
     Status st;
     {
       py::gil_scoped_release release;
@@ -45,6 +46,12 @@ class PyReplace {
   void Discard() { replace_.reset(); }
 
  private:
+  // The pending replacement; ValueError once discard() has ended it.
+  PendingReplace& Live() const {
+    if (!replace_) throw py::value_error("this replacement was discarded");
+    return *replace_;
+  }
+
   std::unique_ptr<PendingReplace> replace_;
 };
 

@@ -82,3 +82,20 @@ def test_convert_pack_of_a_damaged_pack_writes_nothing(tmp_path):
     with pytest.raises(kvfile.CorruptionError, match="checksum mismatch"):
         kvfile.convert_pack(str(tmp_path / "in.kvpack"), str(tmp_path / "out.kvpack"), "e4m3")
     assert not (tmp_path / "out.kvpack").exists()
+
+
+def test_a_discarded_replacement_refuses_further_use(tmp_path):
+    # kvfile._Replace (what convert writes through): after discard() its
+    # temporary file is gone and every use raises, never a crash.
+    from kvfile import _kvfile
+    dest = tmp_path / "out.kv"
+    r = _kvfile._Replace(dest)
+    assert not r.existed
+    with open(r.temp_path, "wb") as f:
+        f.write(b"x")
+    temp = r.temp_path
+    r.discard()
+    assert not (tmp_path / temp).exists() and not dest.exists()
+    for use in (lambda: r.temp_path, lambda: r.existed, r.commit):
+        with pytest.raises(ValueError, match="this replacement was discarded"):
+            use()
