@@ -12,6 +12,7 @@
 #include "kvfile/pack.h"
 
 #include <algorithm>
+#include <ranges>
 #include <cstddef>
 #include <cstring>
 #include <exception>
@@ -360,7 +361,9 @@ kvfile_status kvfile_writer_create_layers(const char* path, const kvfile_geometr
       if (stream_layers == nullptr || stream_layers[s] == nullptr)
         return NullArgument("kvfile_writer_create_layers", "stream_layers[" + std::to_string(s) + "]");
       g.streams[s].layers.assign(stream_layers[s], stream_layers[s] + stream_layer_counts[s]);
-      if (g.streams[s].layers.size() == g.layers) g.streams[s].layers.clear();  // every layer
+      // Exactly every layer is written as "every layer"; any other list, a
+      // repeated or unordered one too, goes to the writer's check as given.
+      if (std::ranges::equal(g.streams[s].layers, std::views::iota(0u, g.layers))) g.streams[s].layers.clear();
     }
     kvfile::ModelIdentity identity{model_id ? model_id : "", fingerprint};
     auto w = std::make_unique<kvfile_writer>();

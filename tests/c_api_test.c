@@ -728,6 +728,13 @@ static void test_layer_sets(void) {
   const uint32_t* sets[2] = {NULL, x_layers};
   const uint32_t counts[2] = {0, 2};
   kvfile_writer* w = NULL;
+  /* As many entries as layers, but not each layer once: refused, not taken for "every layer". */
+  const uint32_t repeated[3] = {0, 0, 2};
+  const uint32_t* bad_sets[2] = {NULL, repeated};
+  const uint32_t bad_counts[2] = {0, 3};
+  CHECK_STATUS(kvfile_writer_create_layers(in_dir(dir, "repeated.kv"), &g, bad_sets, bad_counts, "m", 1, NULL, &w),
+               KVFILE_INVALID_ARGUMENT);
+  CHECK(w == NULL);
   CHECK_STATUS(kvfile_writer_create_layers(path, &g, sets, counts, "m", 1, NULL, &w), KVFILE_OK);
   float k_rows[4] = {1, 2, 3, 4}, x_rows[2] = {5, 6};
   uint32_t token = 9;

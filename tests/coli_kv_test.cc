@@ -282,6 +282,14 @@ TEST_F(ColiKv, AnIndexerInSomeLayersNeedsThemNamed) {
   st = Import(Fixture("coli_glm_partial.coli_kv"), P("a.kv"), o, &res);
   EXPECT_EQ(st.message(), Fixture("coli_glm_partial.coli_kv") +
                               ": --indexer-layers names layer 78; the file has 78 layers");
+  // 21 entries, but not 21 layers each once.
+  std::vector<uint32_t> repeated = GlmIndexerLayers();
+  repeated[1] = repeated[0];
+  o.indexer_layers = repeated;
+  st = Import(Fixture("coli_glm_partial.coli_kv"), P("a.kv"), o, &res);
+  EXPECT_EQ(st.message(), Fixture("coli_glm_partial.coli_kv") +
+                              ": --indexer-layers: the layers are not ascending without repeats");
+  EXPECT_FALSE(fs::exists(P("a.kv")));
   o.indexer_layers = std::vector<uint32_t>{0};
   st = Import(Fixture("coli_v2.coli_kv"), P("a.kv"), o, &res);
   EXPECT_EQ(st.message(), Fixture("coli_v2.coli_kv") + ": --indexer-layers names 1 layers; the header's h[4] says "
