@@ -5,6 +5,7 @@
 // a COLIKV2 import exports back to exactly the committed bytes of the input.
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "fuzz/fuzz_support.h"
 #include "kvfile/coli_kv.h"
@@ -19,7 +20,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   auto fs = fuzz::FsHolding("in.coli_kv", data, size);
   coli::ImportResult res;
-  Status st = coli::Import("in.coli_kv", "out.kv", fs.get(), &res);
+  coli::ImportOptions io;
+  io.fs = fs.get();
+  // An indexer in some layers only: the header does not say which, so the
+  // user names them (--indexer-layers); here the first h[4] layers, the
+  // export then writes the same h[4] back.
+  if (size >= coli::kHeaderBytes && coli::ParseHeader(data, size, &h).ok() && h.indexer_layers > 0 &&
+      h.indexer_layers < h.layers) {
+    io.indexer_layers = std::vector<uint32_t>(h.indexer_layers);
+    for (uint32_t i = 0; i < h.indexer_layers; ++i) (*io.indexer_layers)[i] = i;
+  }
+  Status st = coli::Import("in.coli_kv", "out.kv", io, &res);
   if (!st.ok()) {
     if (!st.IsDataError()) fuzz::Fail("a bad session is not a data error: " + st.ToString());
     return 0;
