@@ -55,6 +55,7 @@ Status ReadEverything(Reader& reader) {
   for (uint32_t layer = 0; layer < g.layers; ++layer) {
     for (uint32_t s = 0; s < g.streams.size(); ++s) {
       const StreamSpec& spec = g.streams[s];
+      if (!g.InLayer(layer, s)) continue;  // a stream in some layers only: nothing stored here
       const uint64_t per_token = spec.ElementsPerToken();
       keep_first(ReadChecked("ReadRows", &rows, n * per_token * 4, [&](uint8_t* dst) {
         return reader.ReadRows(layer, s, 0, n, Dtype::kF32, dst);
