@@ -12,7 +12,6 @@
 #include "kvfile/pack.h"
 
 #include <algorithm>
-#include <ranges>
 #include <cstddef>
 #include <cstring>
 #include <exception>
@@ -363,7 +362,10 @@ kvfile_status kvfile_writer_create_layers(const char* path, const kvfile_geometr
       g.streams[s].layers.assign(stream_layers[s], stream_layers[s] + stream_layer_counts[s]);
       // Exactly every layer is written as "every layer"; any other list, a
       // repeated or unordered one too, goes to the writer's check as given.
-      if (std::ranges::equal(g.streams[s].layers, std::views::iota(0u, g.layers))) g.streams[s].layers.clear();
+      const std::vector<uint32_t>& l = g.streams[s].layers;
+      bool every = l.size() == g.layers;
+      for (uint32_t i = 0; every && i < l.size(); ++i) every = l[i] == i;
+      if (every) g.streams[s].layers.clear();
     }
     kvfile::ModelIdentity identity{model_id ? model_id : "", fingerprint};
     auto w = std::make_unique<kvfile_writer>();

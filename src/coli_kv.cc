@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -150,7 +151,7 @@ Status SetIndexerLayers(const std::optional<std::vector<uint32_t>>& given, Heade
   if (!given->empty() && given->back() >= h->layers)
     return Status::InvalidArgument("--indexer-layers names layer " + std::to_string(given->back()) +
                                    "; the file has " + std::to_string(h->layers) + " layers");
-  if (!std::ranges::is_sorted(*given) || std::ranges::adjacent_find(*given) != given->end())
+  if (std::adjacent_find(given->begin(), given->end(), std::greater_equal<uint32_t>()) != given->end())
     return Status::InvalidArgument("--indexer-layers: the layers are not ascending without repeats");
   h->indexer_layer_list = given->size() == h->layers ? std::vector<uint32_t>{} : *given;
   return Status::OK();

@@ -359,7 +359,7 @@ int RunSave(const ServerArgs& a) {
     // a writer that appended or rewound meanwhile is not overwritten.
     std::unique_ptr<Reader> now;
     st = Reader::Open(a.file, {}, &now);
-    if (st.ok() && !std::ranges::equal(now->tokens(), old_tokens))
+    if (st.ok() && !std::equal(now->tokens().begin(), now->tokens().end(), old_tokens.begin(), old_tokens.end()))
       st = Status::Busy(a.file + ": changed by another writer while the save was being written; not replaced");
   }
   if (st.ok() && create) st = create->Commit();
