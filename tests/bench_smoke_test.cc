@@ -3,6 +3,7 @@
 // and a JSON document with every row, and fails cleanly on bad arguments.
 // Timings are not asserted (CI machines are noisy); shapes and sanity are.
 #include <filesystem>
+#include <fstream>
 #include <set>
 #include <string>
 
@@ -55,8 +56,16 @@ std::string ScratchDir(const char* name) {
 
 TEST(BenchSmoke, JsonHasEveryPathWithSaneFigures) {
   std::string dir = ScratchDir("kvfile_bench_json");
-  CliRun r = Kvfile("bench --preset tiny --tokens 700 --reps 1 --open-chunks 300 --json --dir " + dir);
+  // The bench names its /dev/shm files after its pid; the shell records the
+  // pid before it execs kvfile, so that the check below looks at this run's
+  // files only (the table test's bench may be running beside it).
+  std::string pid_path = dir + ".pid";
+  CliRun r = Kvfile("bench --preset tiny --tokens 700 --reps 1 --open-chunks 300 --json --dir " + dir,
+                    "sh -c 'echo $$ > " + pid_path + "; exec \"$0\" \"$@\"'");
   ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::string bench_pid;
+  std::ifstream(pid_path) >> bench_pid;
+  ASSERT_FALSE(bench_pid.empty());
   nlohmann::json doc = nlohmann::json::parse(r.out);
   EXPECT_EQ(doc["config"]["preset"], "tiny");
   EXPECT_EQ(doc["config"]["tokens"], 700);
@@ -82,7 +91,7 @@ TEST(BenchSmoke, JsonHasEveryPathWithSaneFigures) {
   // The files it wrote are gone, in --dir and in /dev/shm.
   EXPECT_TRUE(std::filesystem::is_empty(dir));
   for (const auto& e : std::filesystem::directory_iterator("/dev/shm"))
-    EXPECT_FALSE(e.path().filename().string().starts_with("kvbench-")) << e.path();
+    EXPECT_FALSE(e.path().filename().string().starts_with("kvbench-" + bench_pid + "-")) << e.path();
 }
 
 TEST(BenchSmoke, TablePrintsEveryPath) {
