@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// PendingReplace (src/atomic_replace.h): whole-file replacement. Faults at
+// PendingReplace (src/io/atomic_replace.h): whole-file replacement. Faults at
 // every step on the fault-injecting file system, and the real file system
 // for what it alone has: symlinks, special files, locks held by other open
 // files, owners and modes, stale temporary files.
-#include "atomic_replace.h"
+#include "io/atomic_replace.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -24,7 +24,7 @@
 #include <thread>
 #include <vector>
 
-#include "file_backends.h"
+#include "io/file_backends.h"
 #include "support/fault_fs.h"
 #include "support/forwarding_fs.h"
 #include "support/file_util.h"

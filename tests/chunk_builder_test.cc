@@ -1,11 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
-// Tests of the writer's chunk builder (src/chunk_builder.h), on memory only:
+// Tests of the writer's chunk builder (src/writer/chunk_builder.h), on memory only:
 // the bytes of sealed chunks (head fields, tokens, rows, checksums, zero
 // padding), short chunks, the reuse of a staging buffer after a short or a
 // full chunk (no byte of the earlier chunk may show through), and what
 // staging refuses (non-finite rows, wrong block shapes) without a trace;
 // and the default chunk-size rule the writer and the CLI share.
-#include "chunk_builder.h"
+#include "writer/chunk_builder.h"
 
 #include <gtest/gtest.h>
 

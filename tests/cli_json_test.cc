@@ -20,7 +20,7 @@
 #include "support/file_util.h"
 #include "support/scratch_dir.h"
 #include "support/sweep_fixtures.h"
-#include "testing_hooks.h"
+#include "util/testing_hooks.h"
 
 namespace kvfile {
 namespace {

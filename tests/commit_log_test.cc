@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
-// Tests of the commit log (src/commit_log.h): the slot rule (sequence s in
+// Tests of the commit log (src/writer/commit_log.h): the slot rule (sequence s in
 // slot s % 2), the choice of the newest valid slot with the reason a slot
 // is not valid, a new file's two slots, and the writer's commit: data
 // synced first when unsynced, the record's exact bytes into the older slot,
 // synced; a failed write or sync leaves the durable record as it was.
-#include "commit_log.h"
+#include "writer/commit_log.h"
 
 #include <gtest/gtest.h>
 

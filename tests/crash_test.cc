@@ -19,7 +19,7 @@
 #include "kvfile/reader.h"
 #include "kvfile/writer.h"
 #include "support/fault_fs.h"
-#include "testing_hooks.h"
+#include "util/testing_hooks.h"
 
 namespace kvfile {
 namespace {

@@ -1,11 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
-// Tests of chunks written whole without staging (src/direct_chunk.h) and of
-// the early writeback hint (src/write_behind.h): a DirectChunk's bytes are
+// Tests of chunks written whole without staging (src/writer/direct_chunk.h) and of
+// the early writeback hint (src/writer/write_behind.h): a DirectChunk's bytes are
 // the bytes Append() writes for the same rows, one append per chunk; it
 // refuses to start over staged tokens; a failed write stops the writer and
 // leaves the last sync's state; WriteBehind hints only the file the writer
 // has open.
-#include "direct_chunk.h"
+#include "writer/direct_chunk.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -21,8 +21,8 @@
 #include "kvfile/reader.h"
 #include "kvfile/writer.h"
 #include "support/fault_fs.h"
-#include "testing_hooks.h"
-#include "write_behind.h"
+#include "util/testing_hooks.h"
+#include "writer/write_behind.h"
 
 namespace kvfile::internal {
 namespace {

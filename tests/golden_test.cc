@@ -16,7 +16,7 @@
 
 #include "kvfile/reader.h"
 #include "kvfile/writer.h"
-#include "testing_hooks.h"
+#include "util/testing_hooks.h"
 
 namespace kvfile {
 namespace {

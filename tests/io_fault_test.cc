@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Faults injected at the system-call level inside both real backends
-// (src/io_fault_hook.h): EINTR, EAGAIN and short counts on the Nth write,
+// (src/io/io_fault_hook.h): EINTR, EAGAIN and short counts on the Nth write,
 // fsync or read (pwrite/pread/fdatasync for POSIX, the SQE's completion for
 // io_uring), once and persistently; EIO and ENOSPC on the Nth write and
 // fsync. What is checked:
@@ -31,13 +31,13 @@
 #include <tuple>
 #include <vector>
 
-#include "../src/file_backends.h"
-#include "../src/io_fault_hook.h"
+#include "io/file_backends.h"
+#include "io/io_fault_hook.h"
 #include "kvfile/presets.h"
 #include "kvfile/reader.h"
 #include "kvfile/replace.h"
 #include "kvfile/writer.h"
-#include "testing_hooks.h"
+#include "util/testing_hooks.h"
 
 namespace kvfile {
 namespace {

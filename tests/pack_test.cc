@@ -22,7 +22,7 @@
 #include "support/fault_fs.h"
 #include "support/peak_memory.h"
 #include "support/forwarding_fs.h"
-#include "testing_hooks.h"
+#include "util/testing_hooks.h"
 #include "support/sweep_fixtures.h"
 
 namespace kvfile {

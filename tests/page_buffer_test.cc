@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
-// Tests of the library's mmap-backed buffers (src/page_buffer.h): PageBuffer
+// Tests of the library's mmap-backed buffers (src/io/page_buffer.h): PageBuffer
 // keeps its contents across growth (mremap may move it) and hands out zeros
 // in every newly exposed byte, including bytes an earlier, larger size
 // wrote; PageArray on top of it; PageAllocator/PageVector below and above
 // the size where allocations switch from operator new to mappings.
-#include "page_buffer.h"
+#include "io/page_buffer.h"
 
 #include <gtest/gtest.h>
 #include <sys/mman.h>

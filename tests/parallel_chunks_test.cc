@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// Unit tests of the per-chunk fan-out (src/parallel_chunks.h): worker counts,
+// Unit tests of the per-chunk fan-out (src/reader/parallel_chunks.h): worker counts,
 // every chunk run exactly once, which failure is reported, no chunk started
 // after a failure, and the checked per-worker files.
 
-#include "parallel_chunks.h"
+#include "reader/parallel_chunks.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

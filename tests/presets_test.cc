@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Tests of the built-in geometry presets (src/presets.cc).
+// Tests of the built-in geometry presets (src/geometry/presets.cc).
 
 #include "support/kv_test_util.h"
 

@@ -1,11 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
-// Tests of the reader (src/reader.cc): expectations at open, reads of a
+// Tests of the reader (src/reader/reader.cc): expectations at open, reads of a
 // damaged section leave the buffer alone, LongestCommonPrefix, and ReadMany
 // against ReadRows over every range, target set and thread count; nvfp4
 // streams (format 2.2) written and read back at the level of codes and bytes.
 
 #include "support/kv_test_util.h"
-#include "testing_hooks.h"
+#include "util/testing_hooks.h"
 
 namespace kvfile {
 namespace {

@@ -9,7 +9,7 @@
 
 #include "support/fault_fs.h"
 #include "support/kv_test_util.h"
-#include "testing_hooks.h"
+#include "util/testing_hooks.h"
 
 namespace kvfile {
 namespace {

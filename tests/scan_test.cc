@@ -1,11 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
-// Tests of the checks of src/file_scan.cc, through Reader::Open and reads:
+// Tests of the checks of src/reader/file_scan.cc, through Reader::Open and reads:
 // chunk heads and token ids of committed chunks at open, section padding,
 // codes and scales behind valid checksums, headers of other versions,
 // commit slots, files that are not kvfiles.
 
 #include "support/kv_test_util.h"
-#include "testing_hooks.h"
+#include "util/testing_hooks.h"
 
 namespace kvfile {
 namespace {

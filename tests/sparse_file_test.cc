@@ -26,7 +26,7 @@
 #include <functional>
 #include <string>
 
-#include "file_backends.h"
+#include "io/file_backends.h"
 #include "format/endian.h"
 #include "format/header.h"
 #include "kvfile/reader.h"

@@ -22,7 +22,7 @@
 #include <thread>
 #include <vector>
 
-#include "../src/file_backends.h"
+#include "io/file_backends.h"
 
 namespace kvfile {
 namespace {

@@ -1,11 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
-// Tests of the io_uring write-chain scheduler (src/write_chain_scheduler.h)
+// Tests of the io_uring write-chain scheduler (src/writer/write_chain_scheduler.h)
 // against scripted completions, no kernel ring: a fake ChainIo records the
 // ops the scheduler submits (offsets, lengths, link and drain flags) and
 // completes them as a script says: in order or not, with short writes,
 // -EINTR/-EAGAIN, real errors in the middle of a chain. Like the kernel, a
 // linked op after one that failed or came back short is cancelled.
-#include "write_chain_scheduler.h"
+#include "writer/write_chain_scheduler.h"
 
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Tests of VerifyFile (src/verify.cc) with worker threads: a clean file,
+// Tests of VerifyFile (src/reader/verify.cc) with worker threads: a clean file,
 // and findings in chunk order whatever the thread count; the checks of
 // nvfp4 sections (block scales and row scales under a valid checksum).
 

@@ -1,12 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
-// Tests of the writer (src/writer.cc) end to end through the reader: every
+// Tests of the writer (src/writer/writer.cc) end to end through the reader: every
 // stored byte against the codec's own block functions over presets, dtypes,
 // chunk sizes and append schedules; pre-quantized appends; non-finite input;
 // Create and the writer's lifecycle; the sync modes.
 
 #include "kvfile/verify.h"
 #include "support/kv_test_util.h"
-#include "testing_hooks.h"
+#include "util/testing_hooks.h"
 
 namespace kvfile {
 namespace {

@@ -3,7 +3,7 @@
 // holding one block and the block and group tables in memory.
 #include <algorithm>
 
-#include "atomic_replace.h"
+#include "io/atomic_replace.h"
 #include "index/index_format.h"
 #include "kvfile/prefix_index.h"
 

@@ -20,7 +20,7 @@
 // for the first kept entry >= q[0, L).
 #include <algorithm>
 
-#include "checked_read.h"
+#include "io/checked_read.h"
 #include "index/index_format.h"
 #include "kvfile/prefix_index.h"
 #include "s3/s3_url.h"

@@ -10,14 +10,14 @@
 #include <set>
 #include <tuple>
 
-#include "atomic_replace.h"
-#include "checked_read.h"
+#include "io/atomic_replace.h"
+#include "io/checked_read.h"
 #include "codec/row_check.h"
-#include "direct_chunk.h"
+#include "writer/direct_chunk.h"
 #include "format/chunk_layout.h"
 #include "format/endian.h"
 #include "format/header.h"
-#include "page_buffer.h"
+#include "io/page_buffer.h"
 #include "kvfile/pack.h"
 #include "kvfile/writer.h"
 #include "pack/pack_format.h"

@@ -8,9 +8,9 @@
 #include <thread>
 #include <tuple>
 
-#include "atomic_replace.h"
-#include "reader_access.h"
-#include "write_behind.h"
+#include "io/atomic_replace.h"
+#include "reader/reader_access.h"
+#include "writer/write_behind.h"
 #include "format/endian.h"
 #include "format/chunk_layout.h"
 #include "format/kv_format.h"

@@ -9,7 +9,7 @@
 #include "fuzz/fuzz_support.h"
 #include "kvfile/safetensors.h"
 #include "kvfile/writer.h"
-#include "testing_hooks.h"
+#include "util/testing_hooks.h"
 
 namespace {
 

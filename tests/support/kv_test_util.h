@@ -32,7 +32,7 @@
 #include "kvfile/reader.h"
 #include "kvfile/verify.h"
 #include "kvfile/writer.h"
-#include "testing_hooks.h"
+#include "util/testing_hooks.h"
 
 namespace kvfile::test {
 

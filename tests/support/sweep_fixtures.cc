@@ -13,7 +13,7 @@
 #include "kvfile/presets.h"
 #include "kvfile/reader.h"
 #include "kvfile/writer.h"
-#include "testing_hooks.h"
+#include "util/testing_hooks.h"
 #include "support/fault_fs.h"
 
 namespace kvfile::testing {

@@ -2,7 +2,7 @@
 // Inputs that are no .kv file and are read whole (token lists, JSON
 // manifests, Mooncake records, a pack's magic): every one is opened
 // through FileSystem::Open, the one place that refuses what is not a
-// regular file (src/posix_file.cc, OpenFd: opened with O_NONBLOCK, so a
+// regular file (src/io/posix_file.cc, OpenFd: opened with O_NONBLOCK, so a
 // FIFO never waits for a writer), and read up to a cap.
 #pragma once
 

@@ -27,7 +27,7 @@ struct FileId {
 };
 
 // What a path names (symlinks followed), for replacing a whole file
-// (src/atomic_replace.h): whether it exists, whether it is a regular file,
+// (src/io/atomic_replace.h): whether it exists, whether it is a regular file,
 // which file it is, and what a replacement keeps.
 struct PathInfo {
   bool exists = false;

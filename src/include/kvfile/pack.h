@@ -101,7 +101,7 @@ struct PackWriteStats {
 
 class KVFILE_EXPORT PackWriter {
  public:
-  // Prepares the replacement of `dest` (src/atomic_replace.h); nothing is
+  // Prepares the replacement of `dest` (src/io/atomic_replace.h); nothing is
   // visible under `dest` before Finish succeeds.
   static Status Begin(const std::string& dest, const PackWriterOptions& options,
                       std::unique_ptr<PackWriter>* out);

@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // DirectChunk (see direct_chunk.h) and the writer's side of it.
-#include "direct_chunk.h"
+#include "writer/direct_chunk.h"
 
-#include "chunk_builder.h"
+#include "writer/chunk_builder.h"
 #include "format/endian.h"
-#include "writer_impl.h"
+#include "writer/writer_impl.h"
 
 namespace kvfile {
 

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // PageBuffer (see page_buffer.h): mmap, madvise(MADV_HUGEPAGE), mremap.
-#include "page_buffer.h"
+#include "io/page_buffer.h"
 
 #include <sys/mman.h>
 

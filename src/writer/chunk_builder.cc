@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // ChunkBuilder: staging appended rows and sealing them into chunk bytes
 // (see chunk_builder.h).
-#include "chunk_builder.h"
+#include "writer/chunk_builder.h"
 
 #include <algorithm>
 #include <cstring>
@@ -11,7 +11,7 @@
 #include "codec/nvfp4.h"
 #include "codec/row_check.h"
 #include "format/endian.h"
-#include "parallel_chunks.h"
+#include "reader/parallel_chunks.h"
 
 namespace kvfile::internal {
 

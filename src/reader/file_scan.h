@@ -20,7 +20,7 @@
 #include "format/chunk_layout.h"
 #include "format/header.h"
 #include "kvfile/file_state.h"
-#include "page_buffer.h"
+#include "io/page_buffer.h"
 
 namespace kvfile::internal {
 

@@ -78,10 +78,10 @@
 #include <utility>
 #include <vector>
 
-#include "file_backends.h"
-#include "io_fault_hook.h"
-#include "uring_ring.h"
-#include "write_chain_scheduler.h"
+#include "io/file_backends.h"
+#include "io/io_fault_hook.h"
+#include "io/uring_ring.h"
+#include "writer/write_chain_scheduler.h"
 
 namespace kvfile {
 namespace {

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The io_uring backend's write-chain scheduler (see write_chain_scheduler.h;
 // the rules it follows are described at the top of uring_file.cc).
-#include "write_chain_scheduler.h"
+#include "writer/write_chain_scheduler.h"
 
 #include <unistd.h>
 

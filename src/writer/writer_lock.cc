@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Opening and locking a writer's files (see writer_lock.h).
-#include "writer_lock.h"
+#include "writer/writer_lock.h"
 
-#include "atomic_replace.h"
+#include "io/atomic_replace.h"
 
 namespace kvfile::internal {
 

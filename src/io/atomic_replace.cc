@@ -2,7 +2,7 @@
 // PendingReplace: whole-file replacement through a temporary file in the
 // destination's directory (see atomic_replace.h and spec/RECOVERY.md,
 // "Replacing a file").
-#include "atomic_replace.h"
+#include "io/atomic_replace.h"
 
 #include <signal.h>
 #include <xxhash.h>

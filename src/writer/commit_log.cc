@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // The commit slots: choice, decoding and the writer's commit (see commit_log.h).
-#include "commit_log.h"
+#include "writer/commit_log.h"
 
 #include <vector>
 

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "checked_read.h"
+#include "io/checked_read.h"
 
 #include <xxhash.h>
 

@@ -7,7 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "io_fault_hook.h"
+#include "io/io_fault_hook.h"
 #include "kvfile/reader.h"
 #include "kvfile/status.h"
 

@@ -6,7 +6,7 @@
 #include <algorithm>
 
 #include "kvfile/replace.h"
-#include "writer_impl.h"
+#include "writer/writer_impl.h"
 
 namespace kvfile {
 

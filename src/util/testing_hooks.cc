@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // The process-wide state of the test hooks (testing_hooks.h).
-#include "testing_hooks.h"
+#include "util/testing_hooks.h"
 
 #include <atomic>
 

@@ -2,9 +2,9 @@
 // VerifyFile: the scan of open, then every chunk read whole and checked.
 #include "kvfile/verify.h"
 
-#include "file_scan.h"
-#include "page_buffer.h"
-#include "parallel_chunks.h"
+#include "reader/file_scan.h"
+#include "io/page_buffer.h"
+#include "reader/parallel_chunks.h"
 
 namespace kvfile {
 

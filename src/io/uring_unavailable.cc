@@ -2,7 +2,7 @@
 // The io_uring backend's entry points in a build without it
 // (KVFILE_WITH_URING=OFF, or liburing missing): FileSystem::Default() then
 // always chooses the POSIX backend (file_backends.h).
-#include "file_backends.h"
+#include "io/file_backends.h"
 
 namespace kvfile::internal {
 

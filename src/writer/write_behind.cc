@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // WriteBehind (see write_behind.h): sync_file_range on a second descriptor.
-#include "write_behind.h"
+#include "writer/write_behind.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

@@ -6,9 +6,9 @@
 #include <algorithm>
 #include <cstring>
 
-#include "file_scan.h"
-#include "parallel_chunks.h"
-#include "reader_access.h"
+#include "reader/file_scan.h"
+#include "reader/parallel_chunks.h"
+#include "reader/reader_access.h"
 #include "codec/nvfp4.h"
 #include "kvfile/codec.h"
 #include "format/endian.h"

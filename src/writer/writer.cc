@@ -14,10 +14,10 @@
 
 #include "format/chunk_layout.h"
 #include "format/header.h"
-#include "atomic_replace.h"
-#include "testing_hooks.h"
-#include "writer_impl.h"
-#include "writer_lock.h"
+#include "io/atomic_replace.h"
+#include "util/testing_hooks.h"
+#include "writer/writer_impl.h"
+#include "writer/writer_lock.h"
 
 namespace kvfile {
 

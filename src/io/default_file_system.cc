@@ -14,7 +14,7 @@
 #include <cstdlib>
 #include <string_view>
 
-#include "file_backends.h"
+#include "io/file_backends.h"
 #include "s3/s3_file_system.h"
 #include "s3/s3_url.h"
 

@@ -16,7 +16,7 @@
 #include "format/chunk_layout.h"
 #include "format/header.h"
 #include "kvfile/writer.h"
-#include "page_buffer.h"
+#include "io/page_buffer.h"
 
 namespace kvfile::internal {
 

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // UringRing: submission and completion over liburing (see uring_ring.h).
-#include "uring_ring.h"
+#include "io/uring_ring.h"
 
 #include <time.h>
 

@@ -22,8 +22,8 @@
 #include <cstdio>
 #include <cstring>
 
-#include "file_backends.h"
-#include "io_fault_hook.h"
+#include "io/file_backends.h"
+#include "io/io_fault_hook.h"
 
 namespace kvfile {
 

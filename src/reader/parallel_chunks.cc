@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Per-chunk fan-out over threads (see parallel_chunks.h).
-#include "parallel_chunks.h"
+#include "reader/parallel_chunks.h"
 
 #include <algorithm>
 #include <atomic>

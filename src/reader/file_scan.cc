@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // The scan of a .kv file at open (see file_scan.h).
-#include "file_scan.h"
+#include "reader/file_scan.h"
 
 #include <algorithm>
 #include <cstring>
@@ -9,7 +9,7 @@
 #include "codec/row_check.h"
 #include "kvfile/codec.h"
 #include "format/endian.h"
-#include "commit_log.h"
+#include "writer/commit_log.h"
 
 namespace kvfile::internal {
 

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // The backends' fault hook (see io_fault_hook.h).
-#include "io_fault_hook.h"
+#include "io/io_fault_hook.h"
 
 #include <mutex>
 #include <utility>

@@ -18,10 +18,10 @@
 
 #include "format/header.h"
 #include "kvfile/writer.h"
-#include "chunk_builder.h"
-#include "commit_log.h"
-#include "file_scan.h"
-#include "write_behind.h"
+#include "writer/chunk_builder.h"
+#include "writer/commit_log.h"
+#include "reader/file_scan.h"
+#include "writer/write_behind.h"
 
 namespace kvfile {
 

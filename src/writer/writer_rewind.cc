@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Rewind: keep the first n tokens of the sequence, durably (see RewindTo).
-#include "writer_impl.h"
+#include "writer/writer_impl.h"
 
 namespace kvfile {
 

@@ -2,7 +2,7 @@
 // Recovery at a writable open of an existing file (spec/RECOVERY.md,
 // "Opening for append"): adopt what the scan found, cut the torn tail,
 // recommit; and the cut back to the last commit after an I/O error.
-#include "writer_impl.h"
+#include "writer/writer_impl.h"
 
 namespace kvfile {
 
