@@ -50,8 +50,11 @@ constexpr uint64_t kAheadBudget = 64u << 20;
 // process holds: launched and not yet passed by the reads.
 std::atomic<uint64_t> g_ahead_bytes{0};
 
-Status ClientFor(const std::string& path, Client** out) {
-  Status st = Client::Instance(out);
+// The object (or prefix) an s3:// path names, and the process's client for
+// it; a missing configuration is the path's usage error.
+Status Resolve(const std::string& path, S3Url* url, Client** client) {
+  KVFILE_RETURN_IF_ERROR(ParseS3Url(path, url));
+  Status st = Client::Instance(client);
   if (!st.ok()) return Status::InvalidArgument(path + ": " + st.message());
   return Status::OK();
 }
@@ -357,10 +360,9 @@ class S3FileSystem final : public FileSystem {
     if (mode != OpenMode::kRead)
       return Status::Unsupported(path + ": objects are written whole (pack -o, convert, index -o), not opened for writing");
     S3Url url;
-    KVFILE_RETURN_IF_ERROR(ParseS3Url(path, &url));
-    if (url.key.empty() || url.key.back() == '/') return Status::InvalidArgument(path + ": a prefix, not an object");
     Client* client;
-    KVFILE_RETURN_IF_ERROR(ClientFor(path, &client));
+    KVFILE_RETURN_IF_ERROR(Resolve(path, &url, &client));
+    if (url.key.empty() || url.key.back() == '/') return Status::InvalidArgument(path + ": a prefix, not an object");
     auto f = std::make_unique<S3ReadFile>(client, url, path);
     KVFILE_RETURN_IF_ERROR(f->Open());
     *out = std::move(f);
@@ -371,9 +373,8 @@ class S3FileSystem final : public FileSystem {
   }
   Status Remove(const std::string& path) override {
     S3Url url;
-    KVFILE_RETURN_IF_ERROR(ParseS3Url(path, &url));
     Client* client;
-    KVFILE_RETURN_IF_ERROR(ClientFor(path, &client));
+    KVFILE_RETURN_IF_ERROR(Resolve(path, &url, &client));
     return client->Delete(url);
   }
   Status SyncDir(const std::string&) override { return Status::OK(); }  // a completed upload is durable
@@ -391,10 +392,9 @@ class S3FileSystem final : public FileSystem {
   Status Stat(const std::string& path, PathInfo* info) override { return StatObject(path, info); }
   Status ListDir(const std::string& dir, std::vector<std::string>* names) override {
     S3Url url;
-    KVFILE_RETURN_IF_ERROR(ParseS3Url(dir, &url));
-    if (!url.key.empty() && url.key.back() != '/') url.key += '/';
     Client* client;
-    KVFILE_RETURN_IF_ERROR(ClientFor(dir, &client));
+    KVFILE_RETURN_IF_ERROR(Resolve(dir, &url, &client));
+    if (!url.key.empty() && url.key.back() != '/') url.key += '/';
     std::vector<ObjectInfo> objects;
     std::vector<std::string> prefixes;
     KVFILE_RETURN_IF_ERROR(client->List(url.bucket, url.key, "/", &objects, &prefixes));
@@ -443,9 +443,8 @@ Status S3FileSystemInstance(FileSystem** out) {
 
 Status StatObject(const std::string& path, PathInfo* info) {
   S3Url url;
-  KVFILE_RETURN_IF_ERROR(ParseS3Url(path, &url));
   Client* client;
-  KVFILE_RETURN_IF_ERROR(ClientFor(path, &client));
+  KVFILE_RETURN_IF_ERROR(Resolve(path, &url, &client));
   *info = PathInfo();
   if (url.key.empty() || url.key.back() == '/') {  // a prefix: "exists" when it has objects
     std::vector<ObjectInfo> objects;
@@ -471,10 +470,9 @@ RemoteObject Listed(const std::string& bucket, const ObjectInfo& o) {
 
 Status ListPrefix(const std::string& dir, const std::vector<std::string>& suffixes, std::vector<RemoteObject>* out) {
   S3Url url;
-  KVFILE_RETURN_IF_ERROR(ParseS3Url(dir, &url));
-  if (!url.key.empty() && url.key.back() != '/') url.key += '/';
   Client* client;
-  KVFILE_RETURN_IF_ERROR(ClientFor(dir, &client));
+  KVFILE_RETURN_IF_ERROR(Resolve(dir, &url, &client));
+  if (!url.key.empty() && url.key.back() != '/') url.key += '/';
   std::vector<ObjectInfo> objects;
   KVFILE_RETURN_IF_ERROR(client->List(url.bucket, url.key, "", &objects, nullptr));
   out->clear();
@@ -489,9 +487,8 @@ Status ListPrefix(const std::string& dir, const std::vector<std::string>& suffix
 
 Status ListObject(const std::string& path, RemoteObject* out) {
   S3Url url;
-  KVFILE_RETURN_IF_ERROR(ParseS3Url(path, &url));
   Client* client;
-  KVFILE_RETURN_IF_ERROR(ClientFor(path, &client));
+  KVFILE_RETURN_IF_ERROR(Resolve(path, &url, &client));
   std::vector<ObjectInfo> objects;
   std::vector<std::string> deeper;  // keys under KEY/ are rolled up, not listed
   KVFILE_RETURN_IF_ERROR(client->List(url.bucket, url.key, "/", &objects, &deeper));
@@ -512,9 +509,8 @@ Status WalkPrefix(const std::string& dir, const std::vector<std::string>& suffix
 Status AbortStaleUploads(const std::string& path, int* aborted) {
   *aborted = 0;
   S3Url url;
-  KVFILE_RETURN_IF_ERROR(ParseS3Url(path, &url));
   Client* client;
-  KVFILE_RETURN_IF_ERROR(ClientFor(path, &client));
+  KVFILE_RETURN_IF_ERROR(Resolve(path, &url, &client));
   std::vector<ObjectInfo> markers;
   KVFILE_RETURN_IF_ERROR(client->List(url.bucket, url.key + std::string(kMarkerInfix), "", &markers, nullptr));
   const std::string host = HostName();
@@ -543,9 +539,8 @@ Status AbortStaleUploads(const std::string& path, int* aborted) {
 
 Status UploadFile(FileSystem* fs, const std::string& local, const std::string& path) {
   S3Url url;
-  KVFILE_RETURN_IF_ERROR(ParseS3Url(path, &url));
   Client* client;
-  KVFILE_RETURN_IF_ERROR(ClientFor(path, &client));
+  KVFILE_RETURN_IF_ERROR(Resolve(path, &url, &client));
   std::unique_ptr<File> in;
   KVFILE_RETURN_IF_ERROR(fs->Open(local, OpenMode::kRead, &in));
   uint64_t size = 0;
