@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kvfile/c.h"
+#include "kvfile/file.h"
 #include "support/file_util.h"
 #include "support/scratch_dir.h"
 #include "support/swift_store.h"
@@ -88,6 +89,33 @@ TEST_F(CApiS3Test, ReadsAndVerifiesAnObjectAnotherClientUploaded) {
   EXPECT_EQ(r, nullptr);
   EXPECT_NE(std::string(kvfile_last_error()).find("s3://kvtest/dir/nosuch.kv"), std::string::npos)
       << kvfile_last_error();
+}
+
+// An object replaced by another client is another file: the id of an open
+// object, of its path, and of a later open follow the object's version
+// (its ETag), as a local file's device and inode follow its replacement.
+// A parallel read compares its worker files' ids with the first open's.
+TEST_F(CApiS3Test, AnObjectReplacedByAnotherClientIsAnotherFile) {
+  WriteTinyKv(P("a.kv"), {5, 6, 7}, ModelIdentity{"org/m", 0x11});
+  WriteTinyKv(P("b.kv"), {5, 6, 7, 8}, ModelIdentity{"org/m", 0x11});
+  const std::string url = store_->endpoint() + "/kvtest/id/x.kv";
+  ASSERT_EQ(Curl("-o /dev/null -T " + P("a.kv") + " " + url), 200);
+  FileSystem* fs = FileSystem::Default();
+  std::unique_ptr<File> first;
+  ASSERT_TRUE(fs->Open("s3://kvtest/id/x.kv", OpenMode::kRead, &first).ok());
+  FileId opened, named;
+  ASSERT_TRUE(first->Id(&opened).ok());
+  ASSERT_TRUE(fs->PathId("s3://kvtest/id/x.kv", &named).ok());
+  EXPECT_EQ(opened, named);
+  ASSERT_EQ(Curl("-o /dev/null -T " + P("b.kv") + " " + url), 200);
+  FileId renamed, reopened;
+  ASSERT_TRUE(fs->PathId("s3://kvtest/id/x.kv", &renamed).ok());
+  EXPECT_FALSE(renamed == opened);
+  std::unique_ptr<File> second;
+  ASSERT_TRUE(fs->Open("s3://kvtest/id/x.kv", OpenMode::kRead, &second).ok());
+  ASSERT_TRUE(second->Id(&reopened).ok());
+  EXPECT_EQ(reopened, renamed);
+  EXPECT_EQ(fs->PathId("s3://kvtest/id/nosuch.kv", &named).code(), Status::Code::kNotFound);
 }
 
 TEST_F(CApiS3Test, PacksToAKeyAndReadsThePackBack) {

@@ -440,7 +440,7 @@ Status Client::Call(const Request& r, Response* resp) {
   return Status::OK();
 }
 
-Status Client::Head(const S3Url& url, bool* exists, uint64_t* size) {
+Status Client::Head(const S3Url& url, bool* exists, uint64_t* size, std::string* etag) {
   Request r;
   r.method = "HEAD";
   r.url = url;
@@ -462,6 +462,7 @@ Status Client::Head(const S3Url& url, bool* exists, uint64_t* size) {
   if (resp.status != 200) return ErrorFor(r, resp);
   *exists = true;
   if (size) *size = std::strtoull(resp.headers["content-length"].c_str(), nullptr, 10);
+  if (etag) *etag = resp.headers["etag"];
   return Status::OK();
 }
 

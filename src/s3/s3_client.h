@@ -80,7 +80,7 @@ class Client {
 
   // Object operations, each one request unless it says otherwise.
   // Whether the object exists, and its size (HEAD).
-  Status Head(const S3Url& url, bool* exists, uint64_t* size);
+  Status Head(const S3Url& url, bool* exists, uint64_t* size, std::string* etag = nullptr);
   Status Delete(const S3Url& url);
   Status PutSmall(const S3Url& url, const std::string& body);
   Status GetSmall(const S3Url& url, std::string* body);

@@ -50,6 +50,15 @@ constexpr uint64_t kAheadBudget = 64u << 20;
 // process holds: launched and not yet passed by the reads.
 std::atomic<uint64_t> g_ahead_bytes{0};
 
+// Which object an s3:// path names, as a FileId: the path and the ETag of
+// the object's current version, so that an object replaced between two
+// opens is another file (the worker files of a parallel read, kvfile's
+// "the file was replaced" check, compare them).
+FileId ObjectId(const std::string& path, const std::string& etag) {
+  std::string both = path + '\n' + etag;
+  return FileId{0x5333 /* "S3" */, XXH3_64bits(both.data(), both.size())};
+}
+
 // The object (or prefix) an s3:// path names, and the process's client for
 // it; a missing configuration is the path's usage error.
 Status Resolve(const std::string& path, S3Url* url, Client** client) {
@@ -314,8 +323,7 @@ class S3ReadFile final : public File {
   }
   Status LockExclusive() override { return Status::OK(); }  // objects are written whole, never in place
   Status Id(FileId* id) override {
-    id->device = 0x5333;  // "S3"
-    id->inode = XXH3_64bits(path_.data(), path_.size());
+    *id = ObjectId(path_, etag_);
     return Status::OK();
   }
   const char* backend() const override { return "s3"; }
@@ -385,8 +393,10 @@ class S3FileSystem final : public FileSystem {
     return Status::OK();
   }
   Status PathId(const std::string& path, FileId* id) override {
-    id->device = 0x5333;
-    id->inode = XXH3_64bits(path.data(), path.size());
+    PathInfo info;
+    KVFILE_RETURN_IF_ERROR(StatObject(path, &info));
+    if (!info.exists) return Status::NotFound(path + ": no such object");
+    *id = info.id;
     return Status::OK();
   }
   Status Stat(const std::string& path, PathInfo* info) override { return StatObject(path, info); }
@@ -452,12 +462,12 @@ Status StatObject(const std::string& path, PathInfo* info) {
     info->exists = !objects.empty();
     return Status::OK();
   }
-  KVFILE_RETURN_IF_ERROR(client->Head(url, &info->exists, nullptr));
+  std::string etag;
+  KVFILE_RETURN_IF_ERROR(client->Head(url, &info->exists, nullptr, &etag));
   info->regular = info->exists;
   info->mode = 0644;
   info->links = 1;
-  info->id.device = 0x5333;
-  info->id.inode = XXH3_64bits(path.data(), path.size());
+  if (info->exists) info->id = ObjectId(path, etag);
   return Status::OK();
 }
 
