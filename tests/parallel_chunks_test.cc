@@ -1,13 +1,18 @@
 // SPDX-License-Identifier: Apache-2.0
 // Unit tests of the per-chunk fan-out (src/reader/parallel_chunks.h): worker counts,
 // every chunk run exactly once, which failure is reported, no chunk started
-// after a failure, and the checked per-worker files.
+// after a failure, and the checked per-worker files; and of the worker pool
+// beneath it and the CLI's per-file loops (kvfile/parallel.h): every index
+// once, and no index started once `stop` says so.
 
 #include "reader/parallel_chunks.h"
+
+#include "kvfile/parallel.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <filesystem>
@@ -101,6 +106,52 @@ TEST(ParallelChunks, TheLowestFailedChunkIsReported) {
       EXPECT_EQ(st.message(), "chunk 1");
     }
   }
+}
+
+TEST(ParallelFor, EveryIndexRunsOnceOnTheWorkersAsked) {
+  for (unsigned workers : {0u, 1u, 2u, 5u}) {
+    std::vector<std::atomic<int>> runs(40);
+    std::mutex mu;
+    std::set<unsigned> seen;
+    ParallelFor(3, 40, workers, [&](unsigned w, size_t i) {
+      ++runs[i];
+      std::lock_guard<std::mutex> lock(mu);
+      seen.insert(w);
+    });
+    for (size_t i = 0; i < runs.size(); ++i) EXPECT_EQ(runs[i].load(), i < 3 ? 0 : 1) << "index " << i;
+    for (unsigned w : seen) EXPECT_LT(w, std::max(workers, 1u));
+  }
+}
+
+// `stop` is asked before each index: once it says so (a signal, in the
+// CLI), no further index starts, and the ones under way finish.
+TEST(ParallelFor, NoIndexStartsOnceStopSaysSo) {
+  std::vector<size_t> order;
+  std::atomic<bool> stopped{false};
+  ParallelFor(
+      0, 10, 1,
+      [&](unsigned w, size_t i) {
+        EXPECT_EQ(w, 0u);
+        order.push_back(i);
+        if (i == 4) stopped = true;
+      },
+      [&] { return stopped.load(); });
+  EXPECT_EQ(order, (std::vector<size_t>{0, 1, 2, 3, 4}));
+  // With several workers: the index under way on another worker finishes
+  // (its count is whole), and nothing past the stop begins.
+  std::atomic<int> begun{0}, finished{0};
+  std::atomic<bool> stop{false};
+  ParallelFor(
+      0, 1000, 4,
+      [&](unsigned, size_t i) {
+        ++begun;
+        if (i == 10) stop = true;
+        ++finished;
+      },
+      [&] { return stop.load(); });
+  EXPECT_EQ(begun.load(), finished.load());
+  EXPECT_LT(begun.load(), 1000);
+  EXPECT_TRUE(stop.load());
 }
 
 class WorkerFilesTest : public testing::Test {

@@ -28,6 +28,7 @@
 #include "kvfile/mooncake.h"
 #include "kvfile/presets.h"
 #include "kvfile/reader.h"
+#include "kvfile/repair.h"
 #include "kvfile/verify.h"
 #include "kvfile/prefix_index.h"
 #include "index/index_format.h"
@@ -654,6 +655,56 @@ kvfile_status kvfile_verify(const char* path, int quick, kvfile_verify_result* o
     if (!report.findings.empty())
       CopyString(report.findings.front().message, out->first_message, sizeof out->first_message);
     return KVFILE_OK;
+  });
+}
+
+// ---- Repair ----
+
+static_assert(KVFILE_FINDING_UNREADABLE == static_cast<int>(kvfile::VerifyFindingKind::kUnreadable) &&
+              KVFILE_FINDING_COMMIT_SLOT == static_cast<int>(kvfile::VerifyFindingKind::kCommitSlot) &&
+              KVFILE_FINDING_DAMAGED_CHUNK == static_cast<int>(kvfile::VerifyFindingKind::kDamagedChunk) &&
+              KVFILE_FINDING_TORN_TAIL == static_cast<int>(kvfile::VerifyFindingKind::kTornTail) &&
+              KVFILE_FINDING_DAMAGE_BEFORE_END == static_cast<int>(kvfile::VerifyFindingKind::kDamageBeforeEnd) &&
+              KVFILE_FINDING_COMMITTED_DATA_MISSING ==
+                  static_cast<int>(kvfile::VerifyFindingKind::kCommittedDataMissing));
+
+static kvfile_finding_kind FindingKind(const kvfile::VerifyFinding* f) {
+  return f ? static_cast<kvfile_finding_kind>(f->kind) : KVFILE_FINDING_NONE;
+}
+
+kvfile_status kvfile_repair(const char* path, unsigned flags, kvfile_repair_result* out) {
+  return Guarded([&] {
+    if (path == nullptr) return NullArgument("kvfile_repair", "path");
+    if (out == nullptr) return NullArgument("kvfile_repair", "out");
+    *out = kvfile_repair_result{};
+    out->refused_kind = out->cut_kind = KVFILE_FINDING_NONE;
+    if ((flags & ~(KVFILE_REPAIR_FORCE | KVFILE_REPAIR_DRY_RUN)) != 0)
+      return Fail(KVFILE_INVALID_ARGUMENT, "kvfile_repair: unknown flags " + std::to_string(flags));
+    kvfile::RepairOptions options;
+    options.force = (flags & KVFILE_REPAIR_FORCE) != 0;
+    options.dry_run = (flags & KVFILE_REPAIR_DRY_RUN) != 0;
+    kvfile::RepairReport rep;
+    Status st = kvfile::Repair(path, options, &rep);
+    out->healthy = rep.healthy;
+    out->repaired = rep.repaired;
+    out->upgrade = rep.upgrade || rep.recovery.upgraded_from_v1;
+    out->slot_rewritten = rep.recovery.slot_rewritten;
+    out->leftover_removed = rep.leftover_removed;
+    out->refused_kind = FindingKind(rep.refused_finding());
+    out->cut_kind = FindingKind(rep.cut_finding());
+    out->findings = rep.check.findings.size();
+    if (rep.cut >= 0) {
+      out->cut_offset = rep.check.valid_end;
+      out->cut_bytes = rep.repaired ? rep.recovery.truncated_bytes : rep.check.torn_tail_bytes;
+    }
+    out->recommitted_chunks = rep.recovery.recommitted_chunks;
+    out->committed_tokens_lost = rep.repaired ? rep.recovery.dropped_committed_tokens : rep.committed_tokens_lost;
+    out->tokens = rep.repaired || rep.healthy ? rep.tokens : rep.check.tokens;
+    if (!st.ok())
+      CopyString(st.message(), out->message, sizeof out->message);
+    else if (!rep.check.findings.empty())
+      CopyString(rep.check.findings.front().message, out->message, sizeof out->message);
+    return Report(st);
   });
 }
 

@@ -125,6 +125,39 @@ py::array_t<uint32_t> TokenArray(std::span<const uint32_t> tokens) {
   return out;
 }
 
+namespace {
+// kvfile.Codes, made once by RegisterCodesType and kept for the life of
+// the process (a type object the module also holds).
+PyObject* g_codes_type = nullptr;
+}  // namespace
+
+void RegisterCodesType(py::module_& m) {
+  py::object type = py::module_::import("collections")
+                        .attr("namedtuple")("Codes", py::make_tuple("codes", "block_scales", "scales"),
+                                            py::arg("module") = "kvfile");
+  type.attr("__doc__") =
+      "The codes of a quantized stream, as Reader.codes and codes_all return them: codes (uint8), "
+      "block_scales (uint8 E4M3 block scale codes of an nvfp4 stream; None for fp8) and scales (float32). "
+      "Writer.append takes one back for a stream of the same dtype.";
+  m.attr("Codes") = type;
+  g_codes_type = type.release().ptr();
+}
+
+py::object MakeCodes(py::object codes, py::object block_scales, py::object scales) {
+  return py::reinterpret_borrow<py::object>(g_codes_type)(std::move(codes), std::move(block_scales),
+                                                           std::move(scales));
+}
+
+bool CodesParts(py::handle value, bool nvfp4, std::array<py::object, 3>* parts) {
+  if (!py::isinstance<py::tuple>(value)) return false;
+  const auto t = py::reinterpret_borrow<py::tuple>(value);
+  if (nvfp4 && t.size() == 3 && !t[1].is_none()) *parts = {t[0], t[1], t[2]};
+  else if (!nvfp4 && t.size() == 2) *parts = {t[0], py::none(), t[1]};
+  else if (!nvfp4 && t.size() == 3 && t[1].is_none()) *parts = {t[0], py::none(), t[2]};
+  else return false;
+  return true;
+}
+
 std::string ShapeText(const py::array& a) {
   std::string text = "(";
   for (py::ssize_t i = 0; i < a.ndim(); ++i) {

@@ -10,6 +10,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <array>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -49,6 +50,20 @@ std::vector<uint32_t> CopyTokenIds(const pybind11::array& ids);
 std::vector<uint32_t> TokenIds(pybind11::handle tokens);
 // A numpy uint32 copy of token ids.
 pybind11::array_t<uint32_t> TokenArray(std::span<const uint32_t> tokens);
+
+// kvfile.Codes, the one result type of Reader.codes and codes_all: a
+// named tuple (codes, block_scales, scales), block_scales None for an fp8
+// stream. RegisterCodesType makes it (module attribute "Codes"); MakeCodes
+// builds one.
+void RegisterCodesType(pybind11::module_& m);
+pybind11::object MakeCodes(pybind11::object codes, pybind11::object block_scales, pybind11::object scales);
+
+// The parts of a stream's codes given as a tuple, in Codes' order
+// (codes, block_scales, scales) into *parts: for an fp8 stream (codes,
+// scales) or (codes, None, scales) (a Codes among them), block_scales then
+// None; for an nvfp4 stream (codes, block_scales, scales). False for
+// anything else (the caller says what it wanted).
+bool CodesParts(pybind11::handle value, bool nvfp4, std::array<pybind11::object, 3>* parts);
 
 // The shape as "(2, 3, 16)", for messages.
 std::string ShapeText(const pybind11::array& a);

@@ -14,5 +14,6 @@ void BindFormats(pybind11::module_& m);  // mooncake_encode/decode, coli_import/
 void BindPack(pybind11::module_& m);     // Pack
 void BindFind(pybind11::module_& m);     // find(), index_directory(), walk()
 void BindReplace(pybind11::module_& m);  // _Replace (kvfile.convert's output)
+void BindRepair(pybind11::module_& m);   // repair()
 
 }  // namespace kvfile::python

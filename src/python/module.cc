@@ -20,6 +20,7 @@ PYBIND11_MODULE(_kvfile, m) {
   kvfile::python::BindPack(m);
   kvfile::python::BindFind(m);
   kvfile::python::BindReplace(m);
+  kvfile::python::BindRepair(m);
   m.def("presets", [] { return pybind11::cast(kvfile::PresetNames()); },
         "The names of the preset geometries create() accepts.");
 }

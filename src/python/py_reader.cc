@@ -148,7 +148,7 @@ class PyReader {
     return result;
   }
 
-  py::tuple Codes(py::handle stream, std::optional<uint32_t> layer, uint64_t start,
+  py::object Codes(py::handle stream, std::optional<uint32_t> layer, uint64_t start,
                   std::optional<uint64_t> stop, const std::string& v1_as) {
     const Dtype v1_quantize_as = DtypeByName(v1_as);
     const Geometry g = GetGeometry();
@@ -167,13 +167,13 @@ class PyReader {
                                            scale_dst + i * tokens * spec.rows_per_token, v1_quantize_as));
       return Status::OK();
     });
-    return py::make_tuple(codes, scales);
+    return MakeCodes(codes, py::none(), scales);
   }
 
-  // An nvfp4 stream's (codes, block_scales, scales): per token, uint8
+  // An nvfp4 stream's Codes(codes, block_scales, scales): per token, uint8
   // packed codes [rows*width/2] (low nibble first), uint8 E4M3 block scale
   // codes [rows*width/16] and one float32 row scale.
-  py::tuple Nvfp4Codes(const StreamSpec& spec, const Selection& sel) {
+  py::object Nvfp4Codes(const StreamSpec& spec, const Selection& sel) {
     const py::ssize_t n = static_cast<py::ssize_t>(spec.ElementsPerToken());
     py::array_t<uint8_t> codes(sel.Shape({n / 2}));
     py::array_t<uint8_t> blocks(sel.Shape({n / 16}));
@@ -189,7 +189,7 @@ class PyReader {
                                            scale_dst + i * tokens));
       return Status::OK();
     });
-    return py::make_tuple(codes, blocks, scales);
+    return MakeCodes(codes, blocks, scales);
   }
 
   BulkSelection SelectBulk(const Geometry& g, py::handle streams, py::handle layers, uint64_t start,
@@ -278,7 +278,8 @@ class PyReader {
     const Geometry g = GetGeometry();
     const BulkSelection sel = SelectBulk(g, streams, layers, start, stop, threads, true);
     if (!out.is_none() && !py::isinstance<py::dict>(out))
-      throw py::type_error("out must be a dict {stream: (codes, scales)}, (codes, block_scales, scales) for nvfp4");
+      throw py::type_error("out must be a dict {stream: (codes, scales)}, (codes, block_scales, scales) for nvfp4, "
+                           "or kvfile.Codes");
     py::dict result;
     std::vector<std::unique_ptr<WritableBuffer>> held;
     std::vector<CodesTarget> targets;
@@ -291,9 +292,12 @@ class PyReader {
       }
       py::object codes_out = py::none(), scales_out = py::none();
       if (py::object given = OutEntry(out, spec.name); !given.is_none()) {
-        auto pair = given.cast<std::pair<py::object, py::object>>();
-        codes_out = pair.first;
-        scales_out = pair.second;
+        std::array<py::object, 3> parts;
+        if (!CodesParts(given, false, &parts))
+          throw py::type_error("out['" + spec.name + "'] must be (codes, scales) or kvfile.Codes: the stream is " +
+                               DtypeName(spec.dtype));
+        codes_out = parts[0];
+        scales_out = parts[2];
       }
       void* codes = nullptr;
       void* scales = nullptr;
@@ -303,7 +307,7 @@ class PyReader {
                                  {nl, tokens, spec.rows_per_token, spec.row_width}, &held, &codes);
       py::object sc = Destination(scales_out, "out['" + spec.name + "'][1]", py::dtype::of<float>(),
                                   {nl, tokens, spec.rows_per_token}, &held, &scales);
-      result[py::str(spec.name)] = py::make_tuple(c, sc);
+      result[py::str(spec.name)] = MakeCodes(c, py::none(), sc);
       for (size_t i = 0; i < ls.size(); ++i)
         targets.push_back({ls[i], s,
                            static_cast<uint8_t*>(codes) + i * (sel.end - sel.begin) * spec.ElementsPerToken(),
@@ -316,15 +320,11 @@ class PyReader {
   // codes_all's destinations of an nvfp4 stream: (codes [layers, tokens,
   // n/2], block_scales [layers, tokens, n/16], scales [layers, tokens]),
   // n = rows*width, from `given` (a 3-tuple of buffers) or new arrays.
-  static py::tuple Nvfp4Targets(const StreamSpec& spec, uint32_t s, const BulkSelection& sel, py::handle given,
+  static py::object Nvfp4Targets(const StreamSpec& spec, uint32_t s, const BulkSelection& sel, py::handle given,
                                 std::vector<std::unique_ptr<WritableBuffer>>* held, std::vector<CodesTarget>* targets) {
     std::array<py::object, 3> outs = {py::none(), py::none(), py::none()};
-    if (!given.is_none()) {
-      auto t = given.cast<py::tuple>();
-      if (t.size() != 3)
-        throw py::type_error("out['" + spec.name + "'] must be (codes, block_scales, scales): the stream is nvfp4");
-      for (size_t i = 0; i < 3; ++i) outs[i] = t[i];
-    }
+    if (!given.is_none() && !CodesParts(given, true, &outs))
+      throw py::type_error("out['" + spec.name + "'] must be (codes, block_scales, scales): the stream is nvfp4");
     const auto tokens = static_cast<py::ssize_t>(sel.end - sel.begin);
     const auto n = static_cast<py::ssize_t>(spec.ElementsPerToken());
     const std::string what = "out['" + spec.name + "']";
@@ -341,7 +341,7 @@ class PyReader {
       t.block_scales = static_cast<uint8_t*>(blocks) + i * tokens * (n / 16);
       targets->push_back(t);
     }
-    return py::make_tuple(c, b, sc);
+    return MakeCodes(c, b, sc);
   }
 
   py::list Chunks() {
@@ -402,6 +402,7 @@ std::unique_ptr<PyReader> OpenReader(const std::filesystem::path& path) {
 }  // namespace
 
 void BindReader(py::module_& m) {
+  RegisterCodesType(m);
   py::class_<PyReader>(m, "Reader",
                        "An open .kv file (format v1 or v2). Made by kvfile.open(path); a context "
                        "manager that closes it.")
@@ -414,11 +415,11 @@ void BindReader(py::module_& m) {
            "for layer=None (every layer).")
       .def("codes", &PyReader::Codes, py::arg("stream"), py::arg("layer") = py::none(),
            py::arg("start") = 0, py::arg("stop") = py::none(), py::arg("v1_as") = "e4m3",
-           "(codes, scales) of an fp8 stream: uint8 codes shaped like read()'s rows, float32 "
-           "scales [..., tokens, rows_per_token]. In a v1 file the rows are quantized on the fly "
-           "as v1_as (\"e4m3\" or \"e5m2\"), the codes an upgrade would store. Of an nvfp4 stream: "
-           "(codes, block_scales, scales), uint8 packed codes [..., tokens, rows*width/2] (low nibble "
-           "first), uint8 E4M3 block scale codes [..., tokens, rows*width/16], float32 [..., tokens].")
+           "kvfile.Codes(codes, block_scales, scales) of a quantized stream. fp8: uint8 codes shaped like "
+           "read()'s rows, block_scales None, float32 scales [..., tokens, rows_per_token]; in a v1 file "
+           "the rows are quantized on the fly as v1_as (\"e4m3\" or \"e5m2\"), the codes an upgrade would "
+           "store. nvfp4: uint8 packed codes [..., tokens, rows*width/2] (low nibble first), uint8 E4M3 "
+           "block scale codes [..., tokens, rows*width/16], float32 scales [..., tokens].")
       .def("read_all", &PyReader::ReadAll, py::arg("dtype") = py::module_::import("numpy").attr("float32"),
            py::arg("start") = 0, py::arg("stop") = py::none(), py::arg("threads") = 0, py::arg("out") = py::none(),
            py::arg("streams") = py::none(), py::arg("layers") = py::none(),
@@ -431,12 +432,12 @@ void BindReader(py::module_& m) {
       .def("codes_all", &PyReader::CodesAll, py::arg("start") = 0, py::arg("stop") = py::none(),
            py::arg("threads") = 0, py::arg("out") = py::none(), py::arg("streams") = py::none(),
            py::arg("layers") = py::none(), py::arg("v1_as") = "e4m3",
-           "Bulk codes: {stream name: (uint8 codes [layers, tokens, rows, width], float32 scales [layers, "
-           "tokens, rows])}, as read_all reads rows; an nvfp4 stream's entry is (uint8 codes [layers, tokens, "
-           "rows*width/2], uint8 block_scales [layers, tokens, rows*width/16], float32 scales [layers, tokens]) "
-           "as codes() gives it; streams defaults to every fp8 and nvfp4 stream (every stream of a v1 file, "
-           "quantized as v1_as). out: {stream: (codes buffer, scales buffer)}, (codes, block_scales, scales) "
-           "buffers for nvfp4.")
+           "Bulk codes: {stream name: kvfile.Codes(uint8 codes [layers, tokens, rows, width], None, float32 "
+           "scales [layers, tokens, rows])}, as read_all reads rows; an nvfp4 stream's entry is "
+           "Codes(uint8 codes [layers, tokens, rows*width/2], uint8 block_scales [layers, tokens, "
+           "rows*width/16], float32 scales [layers, tokens]) as codes() gives it; streams defaults to every "
+           "fp8 and nvfp4 stream (every stream of a v1 file, quantized as v1_as). out: {stream: (codes "
+           "buffer, scales buffer)}, (codes, block_scales, scales) buffers for nvfp4, or a Codes of buffers.")
       .def_property_readonly("tokens", [](PyReader& self) { return TokenArray(self.Tokens()); },
                              "The token ids, a numpy uint32 array.")
       .def("__len__", &PyReader::TokenCount)

@@ -30,7 +30,8 @@ py::dict Verify(const std::filesystem::path& path, bool quick) {
   ThrowIfError(st);
   py::list findings;
   for (const VerifyFinding& f : report.findings)
-    findings.append(py::dict(py::arg("error") = f.error, py::arg("chunk") = OrNone(f.chunk),
+    findings.append(py::dict(py::arg("kind") = VerifyFindingKindName(f.kind), py::arg("error") = f.error,
+                             py::arg("chunk") = OrNone(f.chunk),
                              py::arg("offset") = OrNone(f.offset), py::arg("message") = f.message));
   return py::dict(py::arg("path") = path.string(), py::arg("ok") = !report.HasErrors(),
                   py::arg("opened") = report.opened,
@@ -45,8 +46,9 @@ py::dict Verify(const std::filesystem::path& path, bool quick) {
 void BindVerify(py::module_& m) {
   m.def("verify", &Verify, py::arg("path"), py::kw_only(), py::arg("quick") = false,
         "Checks a whole file without modifying it. Returns a dict: ok (no errors), version, tokens, "
-        "chunks, bytes, torn_tail_bytes, and findings: a list of {error (False: a warning, such as a "
-        "torn tail), chunk, offset, message}. Raises only when the file cannot be examined (missing, "
+        "chunks, bytes, torn_tail_bytes, and findings: a list of {kind (\"torn tail\", \"commit slot\", "
+        "\"damaged chunk\", \"damage before the end\", \"committed data missing\", \"unreadable\"), error "
+        "(False: a warning, such as a torn tail), chunk, offset, message}. Raises only when the file cannot be examined (missing, "
         "permission, I/O error); damage is reported in the findings.");
 }
 

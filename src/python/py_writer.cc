@@ -6,7 +6,8 @@
 // convention `kvfile convert` uses) as float32, float16, or uint16 holding
 // bf16 bits; or, for a quantized stream, the codes already encoded with the
 // stream's own dtype: a tuple (codes uint8 [layers, tokens, rows, width],
-// scales float32 [layers, tokens, rows]) for e4m3/e5m2, (codes uint8
+// scales float32 [layers, tokens, rows]) for e4m3/e5m2 (or a kvfile.Codes,
+// block_scales None, as Reader.codes returns), (codes uint8
 // [layers, tokens, rows*width/2], block_scales uint8 [layers, tokens,
 // rows*width/16], scales float32 [layers, tokens]) for nvfp4 (what
 // kvfile.torch encodes on a GPU). Every array is checked here before the
@@ -82,29 +83,36 @@ py::array EncodedArray(py::handle obj, const std::string& what, const py::dtype&
   return a;
 }
 
+// What a codes tuple that CodesParts refused holds, for the message.
+std::string Items(py::handle value) {
+  const auto t = py::reinterpret_borrow<py::tuple>(value);
+  if (t.size() == 3) return t[1].is_none() ? "block_scales None" : "block_scales that are not None";
+  return std::to_string(t.size()) + " items";
+}
+
 // A stream's encoded tuple checked against its geometry (see the top).
 StreamArrays EncodedArrays(const Geometry& g, const StreamSpec& spec, size_t count, py::handle value) {
   const std::string what = "stream '" + spec.name + "'";
-  const auto tuple = py::reinterpret_borrow<py::tuple>(value);
   const py::ssize_t layers = LayersOf(g, spec), tokens = static_cast<py::ssize_t>(count);
   const py::ssize_t rows = spec.rows_per_token, width = spec.row_width;
   StreamArrays out;
   out.dtype = spec.dtype;
   if (spec.dtype == Dtype::kE4M3 || spec.dtype == Dtype::kE5M2) {
-    if (tuple.size() != 2)
-      throw py::value_error(what + ": codes of an fp8 stream are a tuple (codes, scales), got " +
-                            std::to_string(tuple.size()) + " items");
-    out.data = EncodedArray(tuple[0], what + " codes", py::dtype::of<uint8_t>(), {layers, tokens, rows, width});
-    out.scales = EncodedArray(tuple[1], what + " scales", py::dtype::of<float>(), {layers, tokens, rows});
+    std::array<py::object, 3> parts;
+    if (!CodesParts(value, false, &parts))
+      throw py::value_error(what + ": codes of an fp8 stream are a tuple (codes, scales), got " + Items(value));
+    out.data = EncodedArray(parts[0], what + " codes", py::dtype::of<uint8_t>(), {layers, tokens, rows, width});
+    out.scales = EncodedArray(parts[2], what + " scales", py::dtype::of<float>(), {layers, tokens, rows});
   } else if (spec.dtype == Dtype::kNvfp4) {
-    if (tuple.size() != 3)
+    std::array<py::object, 3> parts;
+    if (!CodesParts(value, true, &parts))
       throw py::value_error(what + ": codes of an nvfp4 stream are a tuple (codes, block_scales, scales), got " +
-                            std::to_string(tuple.size()) + " items");
+                            Items(value));
     const py::ssize_t n = rows * width;
-    out.data = EncodedArray(tuple[0], what + " codes", py::dtype::of<uint8_t>(), {layers, tokens, n / 2});
+    out.data = EncodedArray(parts[0], what + " codes", py::dtype::of<uint8_t>(), {layers, tokens, n / 2});
     out.block_scales =
-        EncodedArray(tuple[1], what + " block_scales", py::dtype::of<uint8_t>(), {layers, tokens, n / 16});
-    out.scales = EncodedArray(tuple[2], what + " scales", py::dtype::of<float>(), {layers, tokens});
+        EncodedArray(parts[1], what + " block_scales", py::dtype::of<uint8_t>(), {layers, tokens, n / 16});
+    out.scales = EncodedArray(parts[2], what + " scales", py::dtype::of<float>(), {layers, tokens});
   } else {
     throw py::type_error(what + ": the stream is " + std::string(DtypeName(spec.dtype)) +
                          ", so it takes rows (an array), not codes");

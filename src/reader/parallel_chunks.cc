@@ -6,8 +6,8 @@
 #include <atomic>
 #include <cstdint>
 #include <mutex>
-#include <system_error>
-#include <thread>
+
+#include "kvfile/parallel.h"
 
 namespace kvfile::internal {
 
@@ -33,36 +33,23 @@ Status OpenWorkerFiles(FileSystem& fs, const std::string& path, File& original, 
 
 Status ForEachChunk(size_t begin, size_t end, unsigned workers,
                     const std::function<Status(unsigned worker, size_t chunk)>& task) {
-  std::atomic<size_t> next{begin};
   std::atomic<bool> failed{false};
   std::mutex error_mu;
   size_t error_chunk = SIZE_MAX;
   Status error;
-  auto work = [&](unsigned worker) {
-    while (!failed.load(std::memory_order_relaxed)) {
-      size_t chunk = next.fetch_add(1);
-      if (chunk >= end) break;
-      Status st = task(worker, chunk);
-      if (!st.ok()) {
+  ParallelFor(
+      begin, end, workers,
+      [&](unsigned worker, size_t chunk) {
+        Status st = task(worker, chunk);
+        if (st.ok()) return;
         std::lock_guard<std::mutex> lock(error_mu);
         if (chunk < error_chunk) {
           error_chunk = chunk;
           error = std::move(st);
         }
         failed = true;
-      }
-    }
-  };
-  std::vector<std::thread> threads;
-  for (unsigned w = 1; w < workers; ++w) {
-    try {
-      threads.emplace_back(work, w);
-    } catch (const std::system_error&) {
-      break;  // no thread to be had: the workers started so far finish the job
-    }
-  }
-  work(0);
-  for (auto& t : threads) t.join();
+      },
+      [&] { return failed.load(std::memory_order_relaxed); });
   return error;
 }
 

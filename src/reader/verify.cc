@@ -11,6 +11,18 @@ namespace kvfile {
 // Beyond a few workers the disk, not the checksums, is the limit.
 constexpr size_t kMaxVerifyThreads = 16;
 
+const char* VerifyFindingKindName(VerifyFindingKind kind) {
+  switch (kind) {
+    case VerifyFindingKind::kUnreadable: return "unreadable";
+    case VerifyFindingKind::kCommitSlot: return "commit slot";
+    case VerifyFindingKind::kDamagedChunk: return "damaged chunk";
+    case VerifyFindingKind::kTornTail: return "torn tail";
+    case VerifyFindingKind::kDamageBeforeEnd: return "damage before the end";
+    case VerifyFindingKind::kCommittedDataMissing: return "committed data missing";
+  }
+  return "unknown";
+}
+
 bool VerifyReport::HasErrors() const {
   for (const VerifyFinding& f : findings)
     if (f.error) return true;
@@ -34,7 +46,7 @@ Status VerifyFile(const std::string& path, const VerifyOptions& options, VerifyR
   Status st = internal::ScanSettledFile(*file, &scan, &where);
   if (!st.ok()) {
     if (!st.IsDataError()) return st.WithContext(path);
-    report->findings.push_back({true, where.chunk, where.offset, st.message()});
+    report->findings.push_back({true, where.chunk, where.offset, st.message(), VerifyFindingKind::kUnreadable});
     return Status::OK();
   }
   report->opened = true;
@@ -47,7 +59,8 @@ Status VerifyFile(const std::string& path, const VerifyOptions& options, VerifyR
   for (int i = 0; i < 2; ++i)
     if (!scan.slot_errors[i].empty())
       report->findings.push_back({true, -1, static_cast<int64_t>(format::kCommitSlotOffset[i]),
-                                  scan.slot_errors[i] + " (the other slot is in use; `kvfile repair` rewrites it)"});
+                                  scan.slot_errors[i] + " (the other slot is in use; `kvfile repair` rewrites it)",
+                                  VerifyFindingKind::kCommitSlot});
   if (!options.quick) {
     unsigned threads = internal::WorkerCount(options.threads, scan.chunks.size(), kMaxVerifyThreads);
     std::vector<std::unique_ptr<File>> files;
@@ -73,7 +86,8 @@ Status VerifyFile(const std::string& path, const VerifyOptions& options, VerifyR
       Status changed = internal::ExplainReadFailure(*files[0], scan, c.info.offset + c.info.bytes, path, cst);
       if (!changed.IsDataError()) return changed;
       report->findings.push_back({true, static_cast<int64_t>(i), static_cast<int64_t>(c.info.offset),
-                                  internal::ChunkWhere(i, c.info.offset) + ": " + cst.message()});
+                                  internal::ChunkWhere(i, c.info.offset) + ": " + cst.message(),
+                                  VerifyFindingKind::kDamagedChunk});
     }
   }
   if (scan.tail.committed_data_missing) {
@@ -87,7 +101,8 @@ Status VerifyFile(const std::string& path, const VerifyOptions& options, VerifyR
              " on, " + std::to_string(scan.tail.committed_tokens_missing) + " committed tokens and " +
              std::to_string(scan.tail.committed_bytes_missing) + " bytes are missing (" + scan.tail.torn_reason +
              "); readers get the " + std::to_string(scan.tokens.size()) +
-             " tokens before it, `kvfile repair --force` cuts the file to them"});
+             " tokens before it, `kvfile repair --force` cuts the file to them",
+         VerifyFindingKind::kCommittedDataMissing});
   } else if (scan.tail.torn_tail_bytes > 0) {
     int64_t at = static_cast<int64_t>(scan.tail.valid_end);
     int64_t chunk = static_cast<int64_t>(scan.chunks.size());
@@ -97,11 +112,13 @@ Status VerifyFile(const std::string& path, const VerifyOptions& options, VerifyR
            scan.tail.torn_reason + "; a valid chunk follows at offset " +
                std::to_string(scan.tail.valid_data_offset) +
                " (damage before the end; a crash in sync mode none with writes reaching the disk "
-               "out of order also leaves this, and then nothing acknowledged is lost)"});
+               "out of order also leaves this, and then nothing acknowledged is lost)",
+           VerifyFindingKind::kDamageBeforeEnd});
     } else {
       report->findings.push_back({false, chunk, at,
                                   "torn tail: " + std::to_string(scan.tail.torn_tail_bytes) +
-                                      " bytes after the last valid chunk (" + scan.tail.torn_reason + ")"});
+                                      " bytes after the last valid chunk (" + scan.tail.torn_reason + ")",
+                                  VerifyFindingKind::kTornTail});
     }
   }
   return Status::OK();

@@ -56,8 +56,9 @@ def test_codes_all_equals_codes_per_layer(tmp_path, threads):
     with kvfile.open(tmp_path / "m.kv") as r:
         got = r.codes_all(start=2, stop=19, threads=threads)
         assert sorted(got) == ["k", "v"]  # the fp8 streams; idx is raw
-        for name, (codes, scales) in got.items():
-            want_codes, want_scales = r.codes(name, start=2, stop=19)
+        for name, (codes, block_scales, scales) in got.items():
+            want_codes, _, want_scales = r.codes(name, start=2, stop=19)
+            assert block_scales is None
             assert codes.dtype == np.uint8 and scales.dtype == np.float32
             assert codes.shape == want_codes.shape and scales.shape == want_scales.shape
             assert codes.tobytes() == want_codes.tobytes()
@@ -98,7 +99,7 @@ def test_out_buffers_are_filled_in_place(tmp_path):
         want_codes = r.codes_all(streams=["v"])["v"]
         codes, scales = np.zeros((3, 23, 1, 8), np.uint8), np.zeros((3, 23, 1), np.float32)
         r.codes_all(streams=["v"], out={"v": (codes, scales)})
-        assert codes.tobytes() == want_codes[0].tobytes() and scales.tobytes() == want_codes[1].tobytes()
+        assert codes.tobytes() == want_codes.codes.tobytes() and scales.tobytes() == want_codes.scales.tobytes()
 
 
 def test_out_buffers_are_checked_before_anything_is_read(tmp_path):
@@ -166,8 +167,8 @@ def test_v1_file_codes_are_quantized_as_asked(tmp_path):
             assert sorted(got) == ["k", "v"]
             for name in ("k", "v"):
                 want = r.codes(name, v1_as=kind, start=1)
-                assert got[name][0].tobytes() == want[0].tobytes()
-                assert got[name][1].tobytes() == want[1].tobytes()
+                assert got[name].codes.tobytes() == want.codes.tobytes()
+                assert got[name].scales.tobytes() == want.scales.tobytes()
 
 
 NVFP4_MIXED = {"layers": 3, "streams": [
@@ -230,7 +231,7 @@ def test_the_gpu_decode_rule_equals_the_library_decode(tmp_path, scale):
     with kvfile.open(tmp_path / "m.kv") as r:
         codes = r.codes_all()
         for name, kind in (("k", "e4m3"), ("v", "e5m2")):
-            c, s = codes[name]
+            c, _, s = codes[name]
             values = kvfile.fp8_decode_table(kind)[c] * s[..., None]
             assert values.dtype == np.float32
             assert values.tobytes() == r.read_all(streams=[name])[name].tobytes()

@@ -106,12 +106,12 @@ def test_fp8_codes_are_the_codecs(tmp_path):
     with kvfile.create(path, geometry) as w:
         w.append([10, 11, 12], {"a": x[None, :, None, :], "b": y[None, :, None, :]})
     with kvfile.open(path) as r:
-        codes, scales = r.codes("a", layer=0)
+        codes, _, scales = r.codes("a", layer=0)
         assert codes.dtype == np.uint8 and codes.shape == (3, 1, 4)
         assert scales.dtype == np.float32 and scales.shape == (3, 1)
         assert codes[:, 0].tolist() == [[0x7E, 0xDA, 0x48, 0x03], [0x7E, 0xF0, 0x46, 0x80], [0x7E, 0x38, 0xC0, 0x01]]
         assert scales[:, 0].view(np.uint32).tolist() == [0x3C800000, 0x3B124925, 0x3F800000]
-        codes, scales = r.codes("b", layer=0)
+        codes, _, scales = r.codes("b", layer=0)
         assert codes[:, 0].tolist() == [[0x7B, 0xE9, 0x60, 0x3A], [0x7B, 0xF4, 0x5F, 0x80], [0x7B, 0x3C, 0xC0, 0x01]]
         assert scales[:, 0].view(np.uint32).tolist() == [0x39000000, 0x37924925, 0x3F800000]
         # 10.1 decodes exactly to these; scale 1 gives the inputs back.
@@ -132,7 +132,7 @@ def test_format_1_is_written_raw_and_quantized_on_read(tmp_path):
     with kvfile.open(path) as r:
         assert r.info()["version"] == "1.0"
         assert r.read("x", 0)[0, 0].tolist() == row.tolist()
-        codes, scales = r.codes("x", 0, v1_as="e5m2")  # e5m2's max: scale 1, codes known by hand
+        codes, _, scales = r.codes("x", 0, v1_as="e5m2")  # e5m2's max: scale 1, codes known by hand
         assert codes[0, 0].tolist() == [0x7B, 0x3C, 0xC0, 0x01] and scales.tolist() == [[1.0]]
         with pytest.raises(ValueError, match="unknown dtype 'e6m1'"):
             r.codes("x", 0, v1_as="e6m1")
@@ -149,8 +149,8 @@ def test_each_input_dtype_gives_the_codes_of_its_values(tmp_path, given):
     with kvfile.create(path, "tiny") as w:
         w.append([1, 2, 3], {"k": data, "v": values})
     with kvfile.open(path) as r:
-        assert np.array_equal(r.codes("k")[0], r.codes("v")[0])
-        assert np.array_equal(r.codes("k")[1], r.codes("v")[1])
+        assert np.array_equal(r.codes("k").codes, r.codes("v").codes)
+        assert np.array_equal(r.codes("k").scales, r.codes("v").scales)
 
 
 def test_reads_across_chunk_boundaries(tmp_path):
@@ -162,7 +162,7 @@ def test_reads_across_chunk_boundaries(tmp_path):
         for stream in ("k", "v"):
             whole = r.read(stream)
             assert whole.shape == (2, 10, 2, 16) and whole.dtype == np.float32
-            codes, scales = r.codes(stream)
+            codes, _, scales = r.codes(stream)
             assert codes.shape == (2, 10, 2, 16) and scales.shape == (2, 10, 2)
             # Every value is its code decoded (computed here) times its row's scale...
             assert np.array_equal(whole, fp8_decode(codes, "e4m3") * scales[..., None])
@@ -172,7 +172,7 @@ def test_reads_across_chunk_boundaries(tmp_path):
             for start, stop in [(0, 10), (2, 9), (3, 5), (4, 8), (7, 10), (5, 5), (9, 10)]:
                 for layer in (0, 1):
                     assert np.array_equal(r.read(stream, layer, start, stop), whole[layer, start:stop])
-                    part_codes, part_scales = r.codes(stream, layer, start, stop)
+                    part_codes, _, part_scales = r.codes(stream, layer, start, stop)
                     assert np.array_equal(part_codes, codes[layer, start:stop])
                     assert np.array_equal(part_scales, scales[layer, start:stop])
 
@@ -247,12 +247,12 @@ def test_rewind_then_append(tmp_path):
     with kvfile.open(path) as r, kvfile.open(reference) as ref:
         assert r.tokens.tolist() == tokens[:6] + [500, 501]
         for s in ("k", "v"):
-            codes, scales = r.codes(s)
+            codes, _, scales = r.codes(s)
             assert codes.shape == (2, 8, 2, 16)
-            assert np.array_equal(codes[:, :6], before[s][0][:, :6])
-            assert np.array_equal(scales[:, :6], before[s][1][:, :6])
-            assert np.array_equal(codes[:, 6:], ref.codes(s)[0])
-            assert np.array_equal(scales[:, 6:], ref.codes(s)[1])
+            assert np.array_equal(codes[:, :6], before[s].codes[:, :6])
+            assert np.array_equal(scales[:, :6], before[s].scales[:, :6])
+            assert np.array_equal(codes[:, 6:], ref.codes(s).codes)
+            assert np.array_equal(scales[:, 6:], ref.codes(s).scales)
 
 
 def test_rewind_beyond_the_end_is_refused(tmp_path):
@@ -335,7 +335,7 @@ def test_create_refuses_an_existing_file_unless_overwrite(tmp_path):
     with kvfile.open(path) as r:
         assert len(r) == 0 and r.tokens.tolist() == []
         assert r.read("k").shape == (2, 0, 2, 16)
-        assert r.codes("v", layer=1)[1].shape == (0, 2)
+        assert r.codes("v", layer=1).scales.shape == (0, 2)
 
 
 def test_closed_objects_raise_failed_error(tmp_path):
@@ -529,7 +529,7 @@ def test_fixtures_read_back(name, version, k_dtype):
         assert r.tokens.tolist() == [101, 202]
         k = r.read("k", 0)
         assert k[:, 0].tolist() == EXAMPLE_K and np.signbit(k[1, 0, 3])
-        codes, scales = r.codes("k", 0)  # v1: quantized on the fly, as an upgrade would
+        codes, _, scales = r.codes("k", 0)  # v1: quantized on the fly, as an upgrade would
         assert codes[:, 0].tolist() == EXAMPLE_K_CODES and scales.tolist() == [[1.0], [1.0]]
         assert r.read("idx", 0, dtype="bf16")[:, 0].tolist() == EXAMPLE_IDX_BITS
     assert kvfile.verify(FIXTURES / name)["ok"]

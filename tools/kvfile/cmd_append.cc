@@ -13,6 +13,7 @@
 #include <optional>
 
 #include "kvfile/safetensors.h"
+#include "kvfile/safetensors_append.h"
 #include "kvfile/replace.h"
 #include "cli_common.h"
 #include "pack_member.h"
@@ -47,44 +48,6 @@ SyncMode ParseSync(const std::string& s) {
   return SyncMode::kClose;
 }
 
-// The geometry the input asks for, in `order` (indexes into kv.streams).
-// A stream's dtype: --dtype for quantized (fp8, nvfp4) streams if given;
-// else the codes' dtype for codes; else the existing file's dtype for that
-// stream (`file`, may be null), else e4m3.
-// Streams named in `keep_raw` of a new FILE are stored raw (bf16).
-Geometry WantedGeometry(const KvTensors& kv, const std::vector<size_t>& order, std::optional<Dtype> dtype,
-                        const Geometry* file, const std::vector<std::string>& keep_raw) {
-  Geometry g;
-  g.layers = kv.layers;
-  for (size_t i : order) {
-    const KvStream& s = kv.streams[i];
-    StreamSpec spec{s.name, s.rows_per_token, s.row_width, Dtype::kE4M3, s.layers};
-    std::optional<uint32_t> in_file = file ? file->FindStream(s.name) : std::nullopt;
-    if (s.is_codes()) spec.dtype = dtype.value_or(s.source_dtype());
-    else if (in_file && !IsQuantized(file->streams[*in_file].dtype)) spec.dtype = file->streams[*in_file].dtype;
-    else if (dtype) spec.dtype = *dtype;
-    else if (in_file) spec.dtype = file->streams[*in_file].dtype;
-    if (!file && std::find(keep_raw.begin(), keep_raw.end(), s.name) != keep_raw.end()) spec.dtype = Dtype::kBF16;
-    g.streams.push_back(spec);
-  }
-  return g;
-}
-
-// A v1 FILE's upgrade quantizes its streams to fp8 only: an append that
-// asks for nvfp4 (--dtype nvfp4, or nvfp4 codes) in one of them is refused
-// before the open, so the upgrade never runs for it (exit 2).
-Status CheckUpgradeCanHold(const std::string& path, const std::string& input, const Geometry& upgraded,
-                           const Geometry& want) {
-  for (const StreamSpec& s : want.streams) {
-    std::optional<uint32_t> k = upgraded.FindStream(s.name);
-    if (k && IsNvfp4(s.dtype) && IsFp8(upgraded.streams[*k].dtype))
-      return Status::InvalidArgument(path + ": stream '" + s.name + "' would be appended as nvfp4 (from " + input +
-                                     "), but a v1 file is upgraded to e4m3 or e5m2 first; write an nvfp4 copy "
-                                     "with `kvfile convert --dtype nvfp4` and append to that");
-  }
-  return Status::OK();
-}
-
 // An append that failed or was interrupted is dropped whole by the
 // library: AppendAll's batches are one append (AppendBatch::continued), a
 // failed batch drops it, and Close() drops one left unfinished (an
@@ -99,11 +62,11 @@ int UndoAppend(std::unique_ptr<Writer> w, const Status& st, const std::string& u
 int RunAppend(const AppendArgs& a) {
   InstallSignalHandlers();
   SetCurrentPath(a.path);
-  std::optional<Dtype> dtype;
-  if (a.dtype) dtype = *a.dtype == "e5m2" ? Dtype::kE5M2 : *a.dtype == "nvfp4" ? Dtype::kNvfp4 : Dtype::kE4M3;
-  // The upgrade of a v1 FILE writes fp8 only: --dtype nvfp4 leaves it e4m3.
-  Dtype upgrade = a.upgrade_dtype ? (*a.upgrade_dtype == "e5m2" ? Dtype::kE5M2 : Dtype::kE4M3)
-                                  : dtype && IsFp8(*dtype) ? *dtype : Dtype::kE4M3;
+  safetensors::AppendPlanOptions plan_options;
+  if (a.dtype)
+    plan_options.dtype = *a.dtype == "e5m2" ? Dtype::kE5M2 : *a.dtype == "nvfp4" ? Dtype::kNvfp4 : Dtype::kE4M3;
+  if (a.upgrade_dtype) plan_options.upgrade_dtype = *a.upgrade_dtype == "e5m2" ? Dtype::kE5M2 : Dtype::kE4M3;
+  plan_options.keep_raw = a.keep_raw;
   Status st = RefusePackMemberTarget(a.path);
   if (!st.ok()) return ReportError(st);
   std::unique_ptr<SafetensorsFile> in;
@@ -119,39 +82,19 @@ int RunAppend(const AppendArgs& a) {
   bool exists = false;
   st = FileSystem::Default()->Exists(a.path, &exists);
   if (!st.ok()) return ReportError(st);
-  Geometry file_geometry;
+  safetensors::AppendPlan plan;  // the geometries, and the input stream of each of the file's
   std::string old_format;  // a v1 FILE: its format and dtypes, for the upgrade line
   std::string unidentified;  // the note for an input without a model identity
   ModelIdentity id;
-  std::vector<size_t> stream_of;  // writer stream -> kv.streams index
   if (exists) {
     std::unique_ptr<Reader> r;
     st = Reader::Open(a.path, {}, &r);
     if (!st.ok()) return ReportError(st);
-    file_geometry = r->geometry();
-    st = CheckStreamNames(a.path, file_geometry, a.keep_raw);
+    st = CheckStreamNames(a.path, r->geometry(), a.keep_raw);
     if (!st.ok()) return ReportError(st);
-    // A v1 file is upgraded by the writable open below: its streams become
-    // fp8 (--upgrade-dtype, else --dtype, else e4m3) except the --keep-raw
-    // ones, and appends are checked against that.
-    if (r->major_version() == 1) {
-      old_format = FormatAndDtypes(r->major_version(), r->minor_version(), file_geometry);
-      for (StreamSpec& s : file_geometry.streams)
-        if (std::find(a.keep_raw.begin(), a.keep_raw.end(), s.name) == a.keep_raw.end()) s.dtype = upgrade;
-    }
-    // Streams are matched by name: the file's order first, then any the
-    // file lacks (which CheckExpected then reports).
-    std::vector<size_t> order;
-    for (const StreamSpec& fs : file_geometry.streams)
-      for (size_t i = 0; i < kv.streams.size(); ++i)
-        if (kv.streams[i].name == fs.name) order.push_back(i);
-    for (size_t i = 0; i < kv.streams.size(); ++i)
-      if (std::find(order.begin(), order.end(), i) == order.end()) order.push_back(i);
-    Geometry want = WantedGeometry(kv, order, dtype, &file_geometry, a.keep_raw);
-    if (!old_format.empty()) {
-      st = CheckUpgradeCanHold(a.path, a.input, file_geometry, want);
-      if (!st.ok()) return ReportError(st);
-    }
+    if (r->major_version() == 1) old_format = FormatAndDtypes(r->major_version(), r->minor_version(), r->geometry());
+    st = safetensors::PlanAppend(kv, &r->geometry(), r->major_version(), plan_options, a.path, a.input, &plan);
+    if (!st.ok()) return ReportError(st);
     id = r->identity();
     // An input that names no model matches any file of its geometry: said
     // on stderr once the append succeeds.
@@ -159,20 +102,19 @@ int RunAppend(const AppendArgs& a) {
       unidentified = a.path + ": " + a.input + " names no model (no kvfile.model or kvfile.fingerprint metadata, no "
                      "--model): appended to model '" + id.model_id + "' on its geometry alone";
     ModelIdentity want_id{a.model ? *a.model : kv.model_id.value_or(id.model_id), kv.fingerprint.value_or(id.fingerprint)};
-    st = CheckExpected(id, file_geometry, want_id, want);
+    st = CheckExpected(id, plan.file, want_id, plan.want);
     if (!st.ok()) return ReportError(Status::Mismatch(a.path + ": " + st.message() + " (from " + a.input + ")"));
-    stream_of = order;
   } else {
-    for (size_t i = 0; i < kv.streams.size(); ++i) stream_of.push_back(i);
-    file_geometry = WantedGeometry(kv, stream_of, dtype, nullptr, a.keep_raw);
     Geometry names;
     for (const KvStream& s : kv.streams) names.streams.push_back({s.name, 1, 1, Dtype::kBF16});
     st = CheckStreamNames(a.input, names, a.keep_raw);
     if (!st.ok()) return ReportError(st);
     id = {a.model ? *a.model : kv.model_id.value_or(""), kv.fingerprint.value_or(0)};
-    st = file_geometry.Validate();
-    if (!st.ok()) return ReportError(st.WithContext(a.input));
+    st = safetensors::PlanAppend(kv, nullptr, 0, plan_options, a.path, a.input, &plan);
+    if (!st.ok()) return ReportError(st);
   }
+  const Geometry& file_geometry = plan.file;
+  const std::vector<size_t>& stream_of = plan.stream_of;
   st = safetensors::CheckValues(*in, kv);
   if (!st.ok()) return ReportError(st);
 
@@ -180,7 +122,7 @@ int RunAppend(const AppendArgs& a) {
   opt.threads = 0;  // quantize on every core (the bytes do not depend on it)
   opt.sync = ParseSync(a.sync);
   if (!exists) opt.chunk_tokens = a.chunk_tokens ? *a.chunk_tokens : BoundedChunkTokens(file_geometry, 256, a.input);
-  opt.upgrade_dtype = upgrade;
+  opt.upgrade_dtype = plan.upgrade_dtype;
   opt.keep_raw = a.keep_raw;
   // A new FILE is written under a temporary name and renamed into place
   // when complete and durable (sync mode close at least): a failure leaves

@@ -3,7 +3,6 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -14,6 +13,7 @@
 #include "damage_advice.h"
 #include "json_output.h"
 #include "kvfile/pack.h"
+#include "kvfile/parallel.h"
 #include "input_file.h"
 #include "kvfile/verify.h"
 #include "natural_sort.h"
@@ -135,7 +135,6 @@ int RunVerify(const VerifyArgs& a) {
   // Several files: one line each and a summary on stdout, one error line.
   const bool many = files.size() > 1 || directory;
   std::vector<FileResult> results(files.size());
-  std::atomic<size_t> next{0};
   uint64_t total_bytes = 0;
   for (const std::string& f : files) {
     std::error_code size_ec;
@@ -149,37 +148,34 @@ int RunVerify(const VerifyArgs& a) {
   // The cores not taken by --jobs split each file's chunks between them.
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   const unsigned threads_per_file = std::max(1u, cores / jobs);
-  auto work = [&] {
-    for (size_t i; !PendingSignal() && (i = next.fetch_add(1)) < files.size();) {
-      results[i].path = files[i];
-      VerifyOptions opt;
-      opt.quick = a.quick;
-      opt.threads = threads_per_file;
-      try {
-        if (!resolved[i].ok()) {
-          results[i].pack = resolved[i].IsDataError();  // a damaged pack, reported as one
-          results[i].status = resolved[i];
-        } else if (IsPackFile(opened(files[i]))) {
-          VerifyPack(opened(files[i]), &results[i]);
-        } else {
-          results[i].status = members.Name(VerifyFile(opened(files[i]), opt, &results[i].report));
-          for (VerifyFinding& f : results[i].report.findings) f.message = members.Name(f.message);
+  ParallelFor(
+      0, files.size(), jobs,
+      [&](unsigned, size_t i) {
+        results[i].path = files[i];
+        VerifyOptions opt;
+        opt.quick = a.quick;
+        opt.threads = threads_per_file;
+        try {
+          if (!resolved[i].ok()) {
+            results[i].pack = resolved[i].IsDataError();  // a damaged pack, reported as one
+            results[i].status = resolved[i];
+          } else if (IsPackFile(opened(files[i]))) {
+            VerifyPack(opened(files[i]), &results[i]);
+          } else {
+            results[i].status = members.Name(VerifyFile(opened(files[i]), opt, &results[i].report));
+            for (VerifyFinding& f : results[i].report.findings) f.message = members.Name(f.message);
+          }
+          if (files[i] == "-") {
+            results[i].status = NameStdin(results[i].status, stdin_path);
+            for (VerifyFinding& f : results[i].report.findings) f.message = NameStdin(Status::Corruption(f.message), stdin_path).message();
+          }
+        } catch (const std::bad_alloc&) {
+          results[i].status = Status::Failed(files[i] + ": out of memory");
         }
-        if (files[i] == "-") {
-          results[i].status = NameStdin(results[i].status, stdin_path);
-          for (VerifyFinding& f : results[i].report.findings) f.message = NameStdin(Status::Corruption(f.message), stdin_path).message();
-        }
-      } catch (const std::bad_alloc&) {
-        results[i].status = Status::Failed(files[i] + ": out of memory");
-      }
-      results[i].done = true;
-      progress.Add(results[i].report.bytes);
-    }
-  };
-  std::vector<std::thread> pool;
-  for (unsigned j = 1; j < jobs; ++j) pool.emplace_back(work);
-  work();
-  for (auto& t : pool) t.join();
+        results[i].done = true;
+        progress.Add(results[i].report.bytes);
+      },
+      PendingSignal);
   progress.Finish();
 
   int exit_code = kExitOk;

@@ -27,6 +27,11 @@ class ReadProgressFileSystem : public FileSystem {
   ReadProgressFileSystem(FileSystem* base, Progress* progress, Signals signals = Signals::kIgnore)
       : base_(base), progress_(progress), stop_(signals == Signals::kStop) {}
 
+  // Where the reads of files opened from now on count (nullptr: nowhere);
+  // files opened before keep theirs. For a library step of several stages
+  // that reads through one FileSystem (Repair's check, then its upgrade).
+  void set_progress(Progress* progress) { progress_ = progress; }
+
   Status Open(const std::string& path, OpenMode mode, std::unique_ptr<File>* out) override;
   Status Rename(const std::string& from, const std::string& to, bool replace) override;
   Status Remove(const std::string& path) override { return base_->Remove(path); }

@@ -405,6 +405,55 @@ typedef struct kvfile_verify_result {
  * (missing, permission, I/O error). */
 KVFILE_EXPORT kvfile_status kvfile_verify(const char* path, int quick, kvfile_verify_result* out);
 
+/* ---- Repairing ------------------------------------------------------------
+ * kvfile/repair.h states the full rules: a torn tail is cut, a damaged
+ * commit slot rewritten, whole chunks past the commit record committed;
+ * damage that valid chunks follow, and a file shorter than its commit
+ * record, only with KVFILE_REPAIR_FORCE; anything else is refused. */
+
+/* What a verify finding is about (kvfile::VerifyFindingKind, value for
+ * value; more may be added: treat an unknown one as damage). */
+typedef enum kvfile_finding_kind {
+  KVFILE_FINDING_NONE = -1,                  /* no finding */
+  KVFILE_FINDING_UNREADABLE = 0,             /* header, commit record or structure damaged */
+  KVFILE_FINDING_COMMIT_SLOT = 1,            /* one commit slot damaged, the other in use */
+  KVFILE_FINDING_DAMAGED_CHUNK = 2,          /* a committed chunk fails its checks */
+  KVFILE_FINDING_TORN_TAIL = 3,              /* what a crash leaves after the last chunk */
+  KVFILE_FINDING_DAMAGE_BEFORE_END = 4,      /* a torn tail that a valid chunk follows */
+  KVFILE_FINDING_COMMITTED_DATA_MISSING = 5, /* the file ends inside its committed data */
+  KVFILE_FINDING_KIND_RANGE_MIN_ = -0x7FFFFFFF - 1, /* not kinds: see "Enum ranges" above */
+  KVFILE_FINDING_KIND_RANGE_MAX_ = 0x7FFFFFFF
+} kvfile_finding_kind;
+
+#define KVFILE_REPAIR_FORCE 1u   /* also cut damage before the end and a file cut inside its commits */
+#define KVFILE_REPAIR_DRY_RUN 2u /* decide and report; change nothing */
+
+typedef struct kvfile_repair_result {
+  int healthy;          /* 1: nothing to repair */
+  int repaired;         /* 1: repaired (never in a dry run) */
+  int upgrade;          /* 1: a v1 file, upgraded to v2 by the repair (dry run: would be) */
+  int slot_rewritten;   /* 1: a damaged commit slot was rewritten */
+  int leftover_removed; /* 1: a leftover <path>.kvupgrade was removed */
+  kvfile_finding_kind refused_kind; /* the finding that refused the repair, or NONE */
+  kvfile_finding_kind cut_kind;     /* the finding whose bytes are cut, or NONE */
+  uint64_t findings;                /* verify's findings before the repair */
+  uint64_t cut_offset;              /* where the cut is (with cut_kind) */
+  uint64_t cut_bytes;               /* bytes cut (dry run: that would be) */
+  uint64_t recommitted_chunks;      /* whole chunks past the commit record, committed */
+  uint64_t committed_tokens_lost;   /* committed tokens a forced cut gave up */
+  uint64_t tokens;                  /* tokens after the repair (before, in a dry run) */
+  /* The refusal, else the first finding, NUL-terminated, cut to fit; "". */
+  char message[KVFILE_MESSAGE_CAPACITY];
+} kvfile_repair_result;
+
+/* Repairs `path` (flags: KVFILE_REPAIR_FORCE, KVFILE_REPAIR_DRY_RUN, or 0).
+ * KVFILE_OK when the file is healthy, repaired, or (dry run) would be;
+ * KVFILE_CORRUPTION, the file untouched, when the repair is refused (*out
+ * says which finding, kvfile_last_error() the line); another status when
+ * the file cannot be examined or written. *out is filled in every case
+ * where the file was examined. */
+KVFILE_EXPORT kvfile_status kvfile_repair(const char* path, unsigned flags, kvfile_repair_result* out);
+
 /* ---- Prefix lookup ---------------------------------------------------------
  * kvfile/prefix_index.h states the full rules (spec/INDEX.md the index file). */
 

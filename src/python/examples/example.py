@@ -24,8 +24,8 @@ with tempfile.TemporaryDirectory() as tmp:
         print(f"{info['tokens']} tokens in {info['chunks']} chunks, format {info['version']}")
         print("tokens:", r.tokens.tolist())
         k = r.read("k", layer=1, start=2, stop=7)  # float32 [5, 2, 16]
-        codes, scales = r.codes("k", layer=1, start=2, stop=7)  # uint8 [5, 2, 16], float32 [5, 2]
-        print("k:", k.shape, k.dtype, "codes:", codes.shape, "scales:", scales.shape)
+        c = r.codes("k", layer=1, start=2, stop=7)  # kvfile.Codes: uint8 codes [5, 2, 16], float32 scales [5, 2]
+        print("k:", k.shape, k.dtype, "codes:", c.codes.shape, "scales:", c.scales.shape)
         v = r.read("v", dtype="bf16")  # every layer, uint16 bf16 bits [2, 9, 2, 16]
         print("v:", v.shape, v.dtype)
         print("shared prefix:", r.longest_common_prefix([0, 1, 2, 100, 999]))

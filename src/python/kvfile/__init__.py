@@ -7,6 +7,7 @@ A thin layer over the C++ library's binding (the extension kvfile._kvfile):
     kvfile.open(path)                             -> Reader
     kvfile.open(path, "a", sync=...)              -> Writer appending to the file
     kvfile.verify(path)                           -> dict of findings
+    kvfile.repair(path, force=..., dry_run=...)   -> dict: what the repair did (or would do)
     kvfile.find(dir_or_pack, tokens)              -> longest-prefix match (dict) or None
     kvfile.walk(dir_or_prefix)                    -> the .kv and .kvpack paths under it
     kvfile.convert(src, dst, dtype)               -> dst: src with every stream in dtype
@@ -32,6 +33,7 @@ section "Python".
 
 from ._kvfile import (  # noqa: F401  (re-exported)
     BusyError,
+    Codes,
     CorruptionError,
     Error,
     FailedError,
@@ -57,6 +59,7 @@ from ._kvfile import (  # noqa: F401  (re-exported)
     open_writer,
     pack,
     presets,
+    repair,
     verify,
     walk,
 )
