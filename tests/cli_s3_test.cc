@@ -760,7 +760,8 @@ TEST_F(S3Cli, AKeyCreatedOrReplacedByAnotherClientDuringAnUploadIsNotOverwritten
 }
 
 // A Complete whose answer is lost is retried; the retry finds the upload
-// gone (NoSuchUpload, as AWS S3 answers; the proxy answers it here). The
+// gone (NoSuchUpload, as AWS S3 answers; the proxy answers it here), or is
+// refused by the If-None-Match: * it carries (412; the proxy again). The
 // object the store holds then says whether it is this upload's (the token
 // the upload was created with, in its metadata): it is, when the lost
 // Complete reached the store, and the command succeeds; it is not, when
@@ -781,6 +782,19 @@ TEST_F(S3Cli, ACompleteWhoseAnswerWasLostIsCheckedAgainstTheObject) {
   EXPECT_TRUE(now == ReadFile(P("b.kvpack")));
   EXPECT_TRUE(Uploads(done).empty());
   EXPECT_EQ(Keys(done), std::vector<std::string>{Parse(done).key});  // no marker left
+  // The retry refused by the If-None-Match: * it carries (the key being
+  // absent at the start): the object there is this upload's all the same.
+  const std::string refused = Url("refused-retry.kvpack");
+  {
+    FaultProxy proxy(PortOf(store_->endpoint()), FaultProxy::Fault::kCompleteAnswerLost412, 0);
+    CliRun r = Kvfile("pack -o " + refused + " " + In("b.kv"), env + proxy.endpoint());
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(r.err, "");
+    EXPECT_EQ(proxy.completes(), 2);
+  }
+  ASSERT_TRUE(Client().GetSmall(Parse(refused), &now).ok());
+  EXPECT_TRUE(now == ReadFile(P("b.kvpack")));
+  EXPECT_EQ(Keys(refused), std::vector<std::string>{Parse(refused).key});
   const std::string lost = Url("lost-request.kvpack");
   {
     FaultProxy proxy(PortOf(store_->endpoint()), FaultProxy::Fault::kCompleteLost, 0);

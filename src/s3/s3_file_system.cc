@@ -678,18 +678,20 @@ Status UploadFile(FileSystem* fs, const std::string& local, const std::string& p
   }
   Client::Completion how;
   st = client->CompleteUpload(url, upload_id, etags, /*if_absent=*/!original.exists, &how);
-  if (!st.ok() && (how.status == 412 || how.code == "PreconditionFailed"))
-    return abort(Status::Busy(path + ": created by another client while the new object was uploaded; not replaced"));
-  if (!st.ok() && how.code == "NoSuchUpload") {
-    // A retried Complete whose first answer was lost finds the upload
-    // completed (gone) on AWS S3: the object there is this upload's when it
-    // carries its token; otherwise the upload was aborted, the object is not
-    // this one, and the failure stands.
+  const bool precondition = how.status == 412 || how.code == "PreconditionFailed";
+  if (!st.ok() && (precondition || how.code == "NoSuchUpload")) {
+    // A Complete retried after its answer was lost may find the upload
+    // gone (NoSuchUpload: AWS S3 answers so once it completed it) or, with
+    // If-None-Match, the key present: the object there is this upload's
+    // when it carries its token. Otherwise the upload was aborted, or the
+    // key is another client's, and the failure stands.
     bool exists = false;
     std::map<std::string, std::string> headers;
     if (client->Head(url, &exists, nullptr, nullptr, &headers).ok() && exists &&
         headers[std::string(kTokenHeader)] == token)
       st = Status::OK();
+    else if (precondition)
+      st = Status::Busy(path + ": created by another client while the new object was uploaded; not replaced");
   }
   if (!st.ok()) return abort(st);
   (void)client->Delete(marker);  // the object is whole; a marker left is cleaned by the next writer

@@ -9,7 +9,10 @@
 // or without (kCompleteLost), and answers every later one itself
 // "404 NoSuchUpload", as AWS S3 answers a retried Complete of an upload
 // that is gone (completed, or aborted by another run; Swift's s3api
-// completes a retried one again); every other request is forwarded. It
+// completes a retried one again), or "412 PreconditionFailed"
+// (kCompleteAnswerLost412: as a store that checks a retried Complete's
+// If-None-Match: * against the object the first one made); every other
+// request is forwarded. It
 // accepts at most `max_connections` (a bounded loop) and stops by itself
 // in its destructor; it listens on 127.0.0.1 only.
 #pragma once
@@ -32,7 +35,7 @@ namespace kvfile::testing {
 
 class FaultProxy {
  public:
-  enum class Fault { k503, kDrop, kCompleteAnswerLost, kCompleteLost };
+  enum class Fault { k503, kDrop, kCompleteAnswerLost, kCompleteLost, kCompleteAnswerLost412 };
 
   FaultProxy(int store_port, Fault fault, int faulty_connections, int max_connections = 200)
       : store_port_(store_port), fault_(fault), faulty_(faulty_connections), max_(max_connections) {
@@ -77,7 +80,7 @@ class FaultProxy {
         ::close(c);
         continue;
       }
-      if (fault_ == Fault::kCompleteAnswerLost || fault_ == Fault::kCompleteLost)
+      if (fault_ != Fault::k503 && fault_ != Fault::kDrop)
         pumps_.emplace_back([this, c] { PumpCompletes(c); });
       else
         pumps_.emplace_back([this, c] { Pump(c); });
@@ -145,7 +148,8 @@ class FaultProxy {
   // the store on a connection of its own whose answer is thrown away
   // (kCompleteAnswerLost) or not sent at all (kCompleteLost), and the
   // client's connection is closed; every later one is answered 404
-  // NoSuchUpload here. The store's answers are forwarded as they come.
+  // NoSuchUpload (or 412) here. The store's answers are forwarded as they
+  // come.
   void PumpCompletes(int client) {
     int store = ConnectStore();
     std::string pending;
@@ -186,15 +190,19 @@ class FaultProxy {
         std::string body = pending.substr(head.size(), length);
         pending.erase(0, head.size() + length);
         if (completes_++ == 0) {
-          if (fault_ == Fault::kCompleteAnswerLost) CompleteAndForget(head, body);
+          if (fault_ != Fault::kCompleteLost) CompleteAndForget(head, body);
           open = false;  // the client's connection closed: the answer is lost
           break;
         }
-        static const char kGone[] =
-            "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>NoSuchUpload</Code><Message>The specified "
-            "multipart upload does not exist.</Message></Error>";
-        std::string answer = "HTTP/1.1 404 Not Found\r\nContent-Type: application/xml\r\nContent-Length: " +
-                             std::to_string(sizeof kGone - 1) + "\r\n\r\n" + kGone;
+        const bool failed = fault_ == Fault::kCompleteAnswerLost412;
+        const std::string error =
+            failed ? "<Code>PreconditionFailed</Code><Message>At least one of the preconditions you specified did "
+                     "not hold.</Message>"
+                   : "<Code>NoSuchUpload</Code><Message>The specified multipart upload does not exist.</Message>";
+        const std::string xml = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error>" + error + "</Error>";
+        std::string answer = std::string(failed ? "HTTP/1.1 412 Precondition Failed" : "HTTP/1.1 404 Not Found") +
+                             "\r\nContent-Type: application/xml\r\nContent-Length: " + std::to_string(xml.size()) +
+                             "\r\n\r\n" + xml;
         if (!WriteAll(client, answer.data(), answer.size())) open = false;
       }
     }
