@@ -767,43 +767,37 @@ TEST_F(S3Cli, AKeyCreatedOrReplacedByAnotherClientDuringAnUploadIsNotOverwritten
 // Complete reached the store, and the command succeeds; it is not, when
 // it never did, and the command fails with the store's answer.
 TEST_F(S3Cli, ACompleteWhoseAnswerWasLostIsCheckedAgainstTheObject) {
-  const std::string env = "env KVFILE_S3_BACKOFF_MS=5 AWS_ENDPOINT_URL=";
   ASSERT_EQ(Kvfile("pack -o " + P("b.kvpack") + " " + In("b.kv")).exit_code, 0);
-  const std::string done = Url("lost-answer.kvpack");
-  {
-    FaultProxy proxy(PortOf(store_->endpoint()), FaultProxy::Fault::kCompleteAnswerLost, 0);
-    CliRun r = Kvfile("pack -o " + done + " " + In("b.kv"), env + proxy.endpoint());
+  const std::string packed = ReadFile(P("b.kvpack"));
+  // `pack -o url b.kv` through a proxy with `fault`, which must have seen
+  // the Complete and its retry.
+  auto pack = [&](FaultProxy::Fault fault, const std::string& url) {
+    FaultProxy proxy(PortOf(store_->endpoint()), fault, 0);
+    CliRun r = Kvfile("pack -o " + url + " " + In("b.kv"),
+                      "env KVFILE_S3_BACKOFF_MS=5 AWS_ENDPOINT_URL=" + proxy.endpoint());
+    EXPECT_EQ(proxy.completes(), 2) << url;
+    return r;
+  };
+  // The retry finds the upload gone, or (the key absent at the start) is
+  // refused by the If-None-Match: * it carries: the object there is this
+  // upload's all the same.
+  for (FaultProxy::Fault fault : {FaultProxy::Fault::kCompleteAnswerLost, FaultProxy::Fault::kCompleteAnswerLost412}) {
+    const std::string url = Url(fault == FaultProxy::Fault::kCompleteAnswerLost ? "gone.kvpack" : "refused.kvpack");
+    CliRun r = pack(fault, url);
     EXPECT_EQ(r.exit_code, 0) << r.err;
     EXPECT_EQ(r.err, "");
-    EXPECT_EQ(proxy.completes(), 2);
+    std::string now;
+    ASSERT_TRUE(Client().GetSmall(Parse(url), &now).ok());
+    EXPECT_TRUE(now == packed) << url;
+    EXPECT_TRUE(Uploads(url).empty());
+    EXPECT_EQ(Keys(url), std::vector<std::string>{Parse(url).key});  // no marker left
   }
-  std::string now;
-  ASSERT_TRUE(Client().GetSmall(Parse(done), &now).ok());
-  EXPECT_TRUE(now == ReadFile(P("b.kvpack")));
-  EXPECT_TRUE(Uploads(done).empty());
-  EXPECT_EQ(Keys(done), std::vector<std::string>{Parse(done).key});  // no marker left
-  // The retry refused by the If-None-Match: * it carries (the key being
-  // absent at the start): the object there is this upload's all the same.
-  const std::string refused = Url("refused-retry.kvpack");
-  {
-    FaultProxy proxy(PortOf(store_->endpoint()), FaultProxy::Fault::kCompleteAnswerLost412, 0);
-    CliRun r = Kvfile("pack -o " + refused + " " + In("b.kv"), env + proxy.endpoint());
-    EXPECT_EQ(r.exit_code, 0) << r.err;
-    EXPECT_EQ(r.err, "");
-    EXPECT_EQ(proxy.completes(), 2);
-  }
-  ASSERT_TRUE(Client().GetSmall(Parse(refused), &now).ok());
-  EXPECT_TRUE(now == ReadFile(P("b.kvpack")));
-  EXPECT_EQ(Keys(refused), std::vector<std::string>{Parse(refused).key});
-  const std::string lost = Url("lost-request.kvpack");
-  {
-    FaultProxy proxy(PortOf(store_->endpoint()), FaultProxy::Fault::kCompleteLost, 0);
-    CliRun r = Kvfile("pack -o " + lost + " " + In("b.kv"), env + proxy.endpoint());
-    EXPECT_EQ(r.exit_code, 2);
-    EXPECT_EQ(r.err, "kvfile: error: " + lost +
-                         ": the multipart upload is gone (NoSuchUpload: The specified multipart upload does not exist.)\n");
-    EXPECT_EQ(proxy.completes(), 2);
-  }
+  // The first Complete never reached the store: no object is this upload's.
+  const std::string lost = Url("lost.kvpack");
+  CliRun r = pack(FaultProxy::Fault::kCompleteLost, lost);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err, "kvfile: error: " + lost +
+                       ": the multipart upload is gone (NoSuchUpload: The specified multipart upload does not exist.)\n");
   EXPECT_FALSE(ObjectExists(lost));
   EXPECT_TRUE(Uploads(lost).empty());  // aborted
   EXPECT_TRUE(Keys(lost).empty());

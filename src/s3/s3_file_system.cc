@@ -59,7 +59,8 @@ bool ReserveAhead(uint64_t bytes) {
   do {
     if (held + bytes > kAheadBudget) return false;
   } while (!g_ahead_bytes.compare_exchange_weak(held, held + bytes));
-  for (uint64_t peak = g_ahead_peak.load(); peak < held + bytes && !g_ahead_peak.compare_exchange_weak(peak, held + bytes);) {
+  const uint64_t now = held + bytes;
+  for (uint64_t peak = g_ahead_peak.load(); peak < now && !g_ahead_peak.compare_exchange_weak(peak, now);) {
   }
   return true;
 }

@@ -179,7 +179,8 @@ class FaultProxy {
         if (end == std::string::npos) break;  // the rest of the head is to come
         std::string head = pending.substr(0, end + 4);
         size_t length = ContentLength(head);
-        const bool complete = head.starts_with("POST ") && head.substr(0, head.find("\r\n")).find("uploadId=") != std::string::npos;
+        const std::string line = head.substr(0, head.find("\r\n"));
+        const bool complete = line.starts_with("POST ") && line.find("uploadId=") != std::string::npos;
         if (!complete) {
           if (!WriteAll(store, head.data(), head.size())) open = false;
           pending.erase(0, head.size());
