@@ -22,6 +22,7 @@
 #include "kvfile/reader.h"
 #include "kvfile/verify.h"
 #include "s3/s3_client.h"
+#include "s3/s3_file_system.h"
 #include "support/adversity.h"
 #include "support/cli_run.h"
 #include "support/fault_proxy.h"
@@ -614,9 +615,10 @@ TEST_F(S3Cli, RetriesRideOutTransientFaults) {
 
 // A pack of big.kv to `url` started in the background with 5 MiB parts,
 // frozen once its first parts are stored.
-void StartFrozenUpload(KvfileChild* child, const std::string& url, const std::string& big, const std::string& trace) {
+void StartFrozenUpload(KvfileChild* child, const std::string& url, const std::string& big, const std::string& trace,
+                       const std::string& options = "") {
   ::setenv("KVFILE_S3_TRACE", trace.c_str(), 1);
-  child->Start("pack -o " + url + " " + big);
+  child->Start("pack " + options + "-o " + url + " " + big);
   ::unsetenv("KVFILE_S3_TRACE");
   ASSERT_TRUE(child->WaitUntil([&] { return ReadFile(trace).find("partNumber=") != std::string::npos; }))
       << child->err();
@@ -713,6 +715,153 @@ TEST_F(S3Cli, AStoreStoppedUnderAReadOrAnUploadFailsTheCommandCleanly) {
   EXPECT_TRUE(Uploads(pack).empty());
   EXPECT_EQ(Keys(pack), std::vector<std::string>{Parse(pack).key});  // no marker left
   EXPECT_EQ(Kvfile("verify " + pack).exit_code, 0);
+}
+
+// A key another client creates while the upload runs is not overwritten
+// (the Complete carries If-None-Match: *, which the store honours); with
+// --force, a key another client replaces meanwhile is not either (a HEAD
+// right before the Complete compares its ETag with the one seen at the
+// start). Either way the upload is aborted and its marker deleted.
+TEST_F(S3Cli, AKeyCreatedOrReplacedByAnotherClientDuringAnUploadIsNotOverwritten) {
+  const std::string url = Url("raced.kvpack");
+  const std::string key = Parse(url).key;
+  {
+    KvfileChild child(P("err"));
+    StartFrozenUpload(&child, url, In("big.kv"), trace_);
+    ASSERT_TRUE(Client().PutSmall(Parse(url), "another client's object").ok());
+    EXPECT_EQ(child.SignalAndWait(0), 2);
+    EXPECT_EQ(child.err(),
+              "kvfile: error: " + url + ": created by another client while the new object was uploaded; not replaced\n");
+  }
+  std::string now;
+  ASSERT_TRUE(Client().GetSmall(Parse(url), &now).ok());
+  EXPECT_EQ(now, "another client's object");
+  EXPECT_TRUE(Uploads(url).empty());
+  EXPECT_EQ(Keys(url), std::vector<std::string>{key});  // no marker left
+  fs::remove(trace_);
+  {
+    KvfileChild child(P("err2"));
+    StartFrozenUpload(&child, url, In("big.kv"), trace_, "--force ");
+    ASSERT_TRUE(Client().PutSmall(Parse(url), "a third client's object").ok());
+    EXPECT_EQ(child.SignalAndWait(0), 2);
+    EXPECT_EQ(child.err(),
+              "kvfile: error: " + url + ": replaced by another client while the new object was uploaded; not replaced\n");
+  }
+  ASSERT_TRUE(Client().GetSmall(Parse(url), &now).ok());
+  EXPECT_EQ(now, "a third client's object");
+  EXPECT_TRUE(Uploads(url).empty());
+  EXPECT_EQ(Keys(url), std::vector<std::string>{key});
+  // Unraced, --force replaces it.
+  CliRun r = Kvfile("pack --force -o " + url + " " + In("b.kv"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_EQ(Kvfile("pack -o " + P("b.kvpack") + " " + In("b.kv")).exit_code, 0);
+  ASSERT_TRUE(Client().GetSmall(Parse(url), &now).ok());
+  EXPECT_TRUE(now == ReadFile(P("b.kvpack")));
+}
+
+// A Complete whose answer is lost is retried; the retry finds the upload
+// gone (NoSuchUpload, as AWS S3 answers; the proxy answers it here), or is
+// refused by the If-None-Match: * it carries (412; the proxy again). The
+// object the store holds then says whether it is this upload's (the token
+// the upload was created with, in its metadata): it is, when the lost
+// Complete reached the store, and the command succeeds; it is not, when
+// it never did, and the command fails with the store's answer.
+TEST_F(S3Cli, ACompleteWhoseAnswerWasLostIsCheckedAgainstTheObject) {
+  ASSERT_EQ(Kvfile("pack -o " + P("b.kvpack") + " " + In("b.kv")).exit_code, 0);
+  const std::string packed = ReadFile(P("b.kvpack"));
+  // `pack -o url b.kv` through a proxy with `fault`, which must have seen
+  // the Complete and its retry.
+  auto pack = [&](FaultProxy::Fault fault, const std::string& url) {
+    FaultProxy proxy(PortOf(store_->endpoint()), fault, 0);
+    CliRun r = Kvfile("pack -o " + url + " " + In("b.kv"),
+                      "env KVFILE_S3_BACKOFF_MS=5 AWS_ENDPOINT_URL=" + proxy.endpoint());
+    EXPECT_EQ(proxy.completes(), 2) << url;
+    return r;
+  };
+  // The retry finds the upload gone, or (the key absent at the start) is
+  // refused by the If-None-Match: * it carries: the object there is this
+  // upload's all the same.
+  for (FaultProxy::Fault fault : {FaultProxy::Fault::kCompleteAnswerLost, FaultProxy::Fault::kCompleteAnswerLost412}) {
+    const std::string url = Url(fault == FaultProxy::Fault::kCompleteAnswerLost ? "gone.kvpack" : "refused.kvpack");
+    CliRun r = pack(fault, url);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(r.err, "");
+    std::string now;
+    ASSERT_TRUE(Client().GetSmall(Parse(url), &now).ok());
+    EXPECT_TRUE(now == packed) << url;
+    EXPECT_TRUE(Uploads(url).empty());
+    EXPECT_EQ(Keys(url), std::vector<std::string>{Parse(url).key});  // no marker left
+  }
+  // The first Complete never reached the store: no object is this upload's.
+  const std::string lost = Url("lost.kvpack");
+  CliRun r = pack(FaultProxy::Fault::kCompleteLost, lost);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err, "kvfile: error: " + lost +
+                       ": the multipart upload is gone (NoSuchUpload: The specified multipart upload does not exist.)\n");
+  EXPECT_FALSE(ObjectExists(lost));
+  EXPECT_TRUE(Uploads(lost).empty());  // aborted
+  EXPECT_TRUE(Keys(lost).empty());
+}
+
+// The ranges fetched ahead hold at most kAheadBudget bytes in the
+// process, however many objects are open: six Files announcing a whole
+// 33 MiB object each get what the budget has room for (the first all of
+// it, the second most, the others none until earlier ranges are let go),
+// and every read still gets the object's bytes.
+TEST_F(S3Cli, ReadAheadNeverHoldsMoreThanItsBudget) {
+  const std::string url = Url("a.kv");
+  const std::string bytes = ReadFile(In("a.kv"));
+  ASSERT_GT(bytes.size(), 32u << 20);  // 5 ranges per File
+  ASSERT_LE(bytes.size(), 40u << 20);
+  ASSERT_TRUE(Client().PutSmall(Parse(url), bytes).ok());
+  std::vector<std::unique_ptr<File>> files(6);
+  for (auto& f : files) ASSERT_TRUE(FileSystem::Default()->Open(url, OpenMode::kRead, &f).ok());
+  ASSERT_EQ(s3::AheadBytes(), 0u);
+  s3::ResetPeakAheadBytes();
+  for (auto& f : files) f->WillRead(0, bytes.size());
+  // 5 ranges of 6.6 MiB per File: the first File's 5 and the second's
+  // first 4 fit in 64 MiB, no more.
+  const uint64_t range = (bytes.size() + 4) / 5;
+  ASSERT_GT(bytes.size() + 5 * range, s3::kAheadBudget);
+  EXPECT_EQ(s3::AheadBytes(), bytes.size() + 4 * range);
+  EXPECT_LE(s3::PeakAheadBytes(), s3::kAheadBudget);
+  for (size_t i = 0; i < files.size(); ++i) {
+    std::string got(bytes.size(), 'x');
+    for (uint64_t at = 0; at < bytes.size(); at += 3u << 20) {
+      uint64_t n = std::min<uint64_t>(3u << 20, bytes.size() - at);
+      ASSERT_TRUE(files[i]->ReadAt(at, got.data() + at, n).ok()) << i;
+    }
+    EXPECT_TRUE(got == bytes) << i;
+    EXPECT_LE(s3::PeakAheadBytes(), s3::kAheadBudget) << i;
+  }
+  files.clear();
+  EXPECT_EQ(s3::AheadBytes(), 0u);
+}
+
+// Another host's upload (whose process cannot be asked whether it lives)
+// is left alone while its marker is younger than KVFILE_S3_STALE_UPLOAD_S
+// (a day by default) and aborted, with its marker, once it is older.
+TEST_F(S3Cli, AnotherHostsUploadIsAbortedOnlyOnceItsMarkerIsOld) {
+  const std::string url = Url("aged.kvpack");
+  const int64_t now = static_cast<int64_t>(::time(nullptr));
+  std::string old_id, young_id;
+  ASSERT_TRUE(Client().CreateUpload(Parse(url), &old_id).ok());
+  ASSERT_TRUE(Client().CreateUpload(Parse(url), &young_id).ok());
+  const s3::UploadMarker old_marker = s3::MarkUpload(url, old_id, "elsewhere.invalid", 1, now - 86400 - 600);
+  const s3::UploadMarker young_marker = s3::MarkUpload(url, young_id, "elsewhere.invalid", 1, now - 600);
+  ASSERT_TRUE(Client().PutSmall(Parse(old_marker.path), old_marker.text).ok());
+  ASSERT_TRUE(Client().PutSmall(Parse(young_marker.path), young_marker.text).ok());
+  CliRun r = Kvfile("pack -o " + url + " " + In("b.kv"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::vector<s3::UploadInfo> left = Uploads(url);
+  ASSERT_EQ(left.size(), 1u);
+  EXPECT_EQ(left[0].upload_id, young_id);
+  EXPECT_EQ(Keys(url), (std::vector<std::string>{Parse(url).key, Parse(young_marker.path).key}));
+  // A limit of 5 minutes makes the 10-minute-old one stale too.
+  r = Kvfile("pack --force -o " + url + " " + In("b.kv"), "env KVFILE_S3_STALE_UPLOAD_S=300");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(Uploads(url).empty());
+  EXPECT_EQ(Keys(url), std::vector<std::string>{Parse(url).key});
 }
 
 }  // namespace

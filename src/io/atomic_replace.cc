@@ -199,7 +199,7 @@ Status PendingReplace::RemoveStaleTemps() {
 Status PendingReplace::Commit() {
   if (committed_) return Status::OK();
   if (remote_) {
-    KVFILE_RETURN_IF_ERROR(s3::UploadFile(fs_, temp_, target_));
+    KVFILE_RETURN_IF_ERROR(s3::UploadFile(fs_, temp_, target_, original_));
     committed_ = true;
     (void)fs_->Remove(temp_);  // the staged copy: the object now holds its bytes
     return Status::OK();

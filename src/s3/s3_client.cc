@@ -440,7 +440,8 @@ Status Client::Call(const Request& r, Response* resp) {
   return Status::OK();
 }
 
-Status Client::Head(const S3Url& url, bool* exists, uint64_t* size, std::string* etag) {
+Status Client::Head(const S3Url& url, bool* exists, uint64_t* size, std::string* etag,
+                    std::map<std::string, std::string>* headers) {
   Request r;
   r.method = "HEAD";
   r.url = url;
@@ -463,6 +464,7 @@ Status Client::Head(const S3Url& url, bool* exists, uint64_t* size, std::string*
   *exists = true;
   if (size) *size = std::strtoull(resp.headers["content-length"].c_str(), nullptr, 10);
   if (etag) *etag = resp.headers["etag"];
+  if (headers) *headers = std::move(resp.headers);
   return Status::OK();
 }
 
@@ -592,11 +594,12 @@ Status Client::ListUploads(const std::string& bucket, const std::string& prefix,
   return Status::OK();
 }
 
-Status Client::CreateUpload(const S3Url& url, std::string* upload_id) {
+Status Client::CreateUpload(const S3Url& url, std::string* upload_id, const std::vector<std::string>& metadata) {
   Request r;
   r.method = "POST";
   r.url = url;
   r.query = {{"uploads", ""}};
+  r.headers = metadata;
   Response resp;
   KVFILE_RETURN_IF_ERROR(Call(r, &resp));
   size_t at = 0;
@@ -617,7 +620,8 @@ Status Client::AbortUpload(const S3Url& url, const std::string& upload_id) {
   return ErrorFor(r, resp);
 }
 
-Status Client::CompleteUpload(const S3Url& url, const std::string& upload_id, const std::vector<std::string>& parts) {
+Status Client::CompleteUpload(const S3Url& url, const std::string& upload_id, const std::vector<std::string>& parts,
+                              bool if_absent, Completion* how) {
   std::string xml = "<CompleteMultipartUpload>";
   for (size_t i = 0; i < parts.size(); ++i)
     xml += "<Part><PartNumber>" + std::to_string(i + 1) + "</PartNumber><ETag>" + XmlEscape(parts[i]) +
@@ -628,10 +632,20 @@ Status Client::CompleteUpload(const S3Url& url, const std::string& upload_id, co
   r.url = url;
   r.query = {{"uploadId", upload_id}};
   r.headers = {"Content-Type: application/xml"};
+  if (if_absent) r.headers.push_back("If-None-Match: *");
   r.body = xml.data();
   r.body_size = xml.size();
   Response resp;
-  return Call(r, &resp);
+  Status st = Call(r, &resp);
+  if (how) {
+    // An error may come in a 200's body (after the store's heartbeats).
+    size_t at = 0;
+    how->code.clear();
+    XmlTag(resp.body, "Code", &at, &how->code);
+    how->status = resp.status;
+    how->attempts = resp.attempts;
+  }
+  return st;
 }
 
 }  // namespace kvfile::s3

@@ -79,8 +79,10 @@ class Client {
   Status ErrorFor(const Request& request, const Response& response) const;
 
   // Object operations, each one request unless it says otherwise.
-  // Whether the object exists, and its size (HEAD).
-  Status Head(const S3Url& url, bool* exists, uint64_t* size, std::string* etag = nullptr);
+  // Whether the object exists, and its size (HEAD); *headers: the answer's
+  // headers (names lower-cased).
+  Status Head(const S3Url& url, bool* exists, uint64_t* size, std::string* etag = nullptr,
+              std::map<std::string, std::string>* headers = nullptr);
   Status Delete(const S3Url& url);
   Status PutSmall(const S3Url& url, const std::string& body);
   Status GetSmall(const S3Url& url, std::string* body);
@@ -90,10 +92,21 @@ class Client {
               std::vector<ObjectInfo>* objects, std::vector<std::string>* prefixes);
   // Multipart uploads (ListMultipartUploads, one request per 1000).
   Status ListUploads(const std::string& bucket, const std::string& prefix, std::vector<UploadInfo>* out);
-  Status CreateUpload(const S3Url& url, std::string* upload_id);
+  // `metadata`: "x-amz-meta-NAME: value" headers the completed object keeps.
+  Status CreateUpload(const S3Url& url, std::string* upload_id, const std::vector<std::string>& metadata = {});
   Status AbortUpload(const S3Url& url, const std::string& upload_id);
-  // parts[i] is part i+1's ETag.
-  Status CompleteUpload(const S3Url& url, const std::string& upload_id, const std::vector<std::string>& parts);
+  // parts[i] is part i+1's ETag. `if_absent`: with If-None-Match: *, so
+  // that the store refuses to complete over an object that exists (Swift's
+  // s3api and AWS S3 honour it). *how: the final answer's status, the
+  // error code of its body, and the attempts (a retried Complete whose
+  // first answer was lost may find the upload gone: NoSuchUpload).
+  struct Completion {
+    long status = 0;
+    std::string code;
+    int attempts = 0;
+  };
+  Status CompleteUpload(const S3Url& url, const std::string& upload_id, const std::vector<std::string>& parts,
+                        bool if_absent = false, Completion* how = nullptr);
 
  private:
   struct Pool;

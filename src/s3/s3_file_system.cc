@@ -25,12 +25,14 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <ctime>
 #include <deque>
 #include <future>
 #include <list>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <random>
 
 #include "s3/s3_client.h"
 
@@ -45,10 +47,23 @@ constexpr int kReadsInFlight = 8;
 constexpr int kPartsInFlight = 4;
 constexpr uint64_t kAheadRangeBytes = 8u << 20;
 constexpr size_t kAheadRanges = 8;
-constexpr uint64_t kAheadBudget = 64u << 20;
 // Bytes of the ranges fetched ahead (WillRead) that every File of the
-// process holds: launched and not yet passed by the reads.
+// process holds: launched and not yet passed by the reads; never more
+// than kAheadBudget. The most it held since the last reset (a test hook).
 std::atomic<uint64_t> g_ahead_bytes{0};
+std::atomic<uint64_t> g_ahead_peak{0};
+
+// Takes `bytes` of the budget if it has room for them.
+bool ReserveAhead(uint64_t bytes) {
+  uint64_t held = g_ahead_bytes.load();
+  do {
+    if (held + bytes > kAheadBudget) return false;
+  } while (!g_ahead_bytes.compare_exchange_weak(held, held + bytes));
+  const uint64_t now = held + bytes;
+  for (uint64_t peak = g_ahead_peak.load(); peak < now && !g_ahead_peak.compare_exchange_weak(peak, now);) {
+  }
+  return true;
+}
 
 // Which object an s3:// path names, as a FileId: the path and the ETag of
 // the object's current version, so that an object replaced between two
@@ -162,15 +177,14 @@ class S3ReadFile final : public File {
   }
 
   // Launches the next ranges of the announced span, up to kAheadRanges of
-  // this File and kAheadBudget bytes of the process (one range at least,
-  // so that a File always makes progress). ahead_mu_ held.
+  // this File and kAheadBudget bytes of the process, never more: a range
+  // the budget has no room for is launched once earlier ones are let go
+  // (by this File or another), and until then the reads fetch their
+  // bytes themselves. ahead_mu_ held.
   void FillAhead() {
     while (plan_next_ < plan_end_ && ahead_.size() < kAheadRanges) {
       uint64_t bytes = std::min(plan_range_, plan_end_ - plan_next_);
-      if (g_ahead_bytes.fetch_add(bytes) + bytes > kAheadBudget && !ahead_.empty()) {
-        g_ahead_bytes.fetch_sub(bytes);  // over the budget: launched when earlier ones are let go
-        return;
-      }
+      if (!ReserveAhead(bytes)) return;
       auto a = std::make_unique<Ahead>();
       a->begin = plan_next_;
       a->data.resize(bytes);
@@ -204,7 +218,15 @@ class S3ReadFile final : public File {
   // are let go and further ones launched. ahead_mu_ held.
   Status ServeAhead(const ReadRequest& q, bool* served) {
     *served = false;
-    if (q.n == 0 || ahead_.empty() || q.offset < ahead_.front()->begin || q.offset + q.n > ahead_.back()->end())
+    if (q.n == 0) return Status::OK();
+    if (ahead_.empty() && plan_next_ < plan_end_) {
+      FillAhead();  // the budget had no room when the span was announced: it may have now
+      if (ahead_.empty()) {  // still none: q is read by the caller, and the span goes on after it
+        if (q.offset + q.n > plan_next_) plan_next_ = std::min(plan_end_, q.offset + q.n);
+        return Status::OK();
+      }
+    }
+    if (ahead_.empty() || q.offset < ahead_.front()->begin || q.offset + q.n > ahead_.back()->end())
       return Status::OK();
     while (ahead_.front()->end() <= q.offset) DropFirstAhead();
     uint8_t* out = static_cast<uint8_t*>(q.buf);
@@ -415,9 +437,12 @@ class S3FileSystem final : public FileSystem {
   }
 };
 
-// The marker of an upload in progress: KEY.kvupload-<16 hex of the id>,
-// holding "kvfile-upload\nUPLOAD_ID\nHOST\nPID\n".
+// An upload's marker: KEY.kvupload-... (MarkUpload, s3_file_system.h).
 constexpr std::string_view kMarkerInfix = ".kvupload-";
+// The metadata an upload's object carries: the token of the run that
+// uploaded it, which tells a Complete whose answer was lost whether the
+// object there is the one it completed.
+constexpr std::string_view kTokenHeader = "x-amz-meta-kvfile-upload";
 
 std::string HostName() {
   char host[256] = {};
@@ -425,16 +450,42 @@ std::string HostName() {
   return host;
 }
 
-S3Url MarkerFor(const S3Url& url, const std::string& upload_id) {
-  char hex[17];
-  std::snprintf(hex, sizeof hex, "%016llx",
-                static_cast<unsigned long long>(XXH3_64bits(upload_id.data(), upload_id.size())));
-  return S3Url{url.bucket, url.key + std::string(kMarkerInfix) + hex};
+// A token no other upload has: 128 random bits, in hex.
+std::string UploadToken() {
+  std::random_device rd;
+  char hex[33];
+  std::snprintf(hex, sizeof hex, "%08x%08x%08x%08x", rd(), rd(), rd(), rd());
+  return hex;
+}
+
+// Seconds after which any run that writes KEY aborts an upload a marker
+// names, whatever host made it (KVFILE_S3_STALE_UPLOAD_S, default a day).
+int64_t StaleUploadSeconds() {
+  static const int64_t n = [] {
+    const char* v = std::getenv("KVFILE_S3_STALE_UPLOAD_S");
+    char* end = nullptr;
+    long long s = v && *v ? std::strtoll(v, &end, 10) : -1;
+    return s >= 0 && end && *end == '\0' ? static_cast<int64_t>(s) : int64_t{86400};
+  }();
+  return n;
 }
 
 bool Alive(long pid) { return pid > 0 && pid <= INT32_MAX && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM); }
 
 }  // namespace
+
+UploadMarker MarkUpload(const std::string& path, const std::string& upload_id, const std::string& host, long pid,
+                        int64_t created_s) {
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx",
+                static_cast<unsigned long long>(XXH3_64bits(upload_id.data(), upload_id.size())));
+  return {path + std::string(kMarkerInfix) + hex, "kvfile-upload\n" + upload_id + "\n" + host + "\n" +
+                                                      std::to_string(pid) + "\n" + std::to_string(created_s) + "\n"};
+}
+
+uint64_t AheadBytes() { return g_ahead_bytes.load(); }
+uint64_t PeakAheadBytes() { return g_ahead_peak.load(); }
+void ResetPeakAheadBytes() { g_ahead_peak.store(g_ahead_bytes.load()); }
 
 uint64_t PartBytes() {
   static const uint64_t n = [] {
@@ -524,6 +575,7 @@ Status AbortStaleUploads(const std::string& path, int* aborted) {
   std::vector<ObjectInfo> markers;
   KVFILE_RETURN_IF_ERROR(client->List(url.bucket, url.key + std::string(kMarkerInfix), "", &markers, nullptr));
   const std::string host = HostName();
+  const int64_t now = static_cast<int64_t>(::time(nullptr));
   for (const ObjectInfo& m : markers) {
     S3Url marker{url.bucket, m.key};
     std::string text;
@@ -537,9 +589,16 @@ Status AbortStaleUploads(const std::string& path, int* aborted) {
       lines.push_back(text.substr(at, nl - at));
       at = nl + 1;
     }
-    if (lines.size() < 4 || lines[0] != "kvfile-upload" || MarkerFor(url, lines[1]).key != m.key) continue;
+    if (lines.size() < 4 || lines[0] != "kvfile-upload" ||
+        MarkUpload(url.ToString(), lines[1], "", 0, 0).path != marker.ToString())
+      continue;
     long pid = std::strtol(lines[3].c_str(), nullptr, 10);
-    if (lines[2] == host && (pid == ::getpid() || Alive(pid))) continue;  // a live upload of this host
+    // Its age: from the time it holds, else (a marker without one) from
+    // the store's LastModified.
+    int64_t created = lines.size() >= 5 ? std::strtoll(lines[4].c_str(), nullptr, 10) : m.mtime_ns / 1000000000;
+    bool stale = now - created >= StaleUploadSeconds() ||
+                 (lines[2] == host && pid != ::getpid() && !Alive(pid));  // this host: its process is gone
+    if (!stale) continue;  // a live upload of this host, or another host's younger than the limit
     KVFILE_RETURN_IF_ERROR(client->AbortUpload(url, lines[1]));
     KVFILE_RETURN_IF_ERROR(client->Delete(marker));
     ++*aborted;
@@ -547,7 +606,7 @@ Status AbortStaleUploads(const std::string& path, int* aborted) {
   return Status::OK();
 }
 
-Status UploadFile(FileSystem* fs, const std::string& local, const std::string& path) {
+Status UploadFile(FileSystem* fs, const std::string& local, const std::string& path, const PathInfo& original) {
   S3Url url;
   Client* client;
   KVFILE_RETURN_IF_ERROR(Resolve(path, &url, &client));
@@ -559,15 +618,17 @@ Status UploadFile(FileSystem* fs, const std::string& local, const std::string& p
   uint64_t parts = std::max<uint64_t>(1, (size + part - 1) / part);
 
   std::string upload_id;
-  KVFILE_RETURN_IF_ERROR(client->CreateUpload(url, &upload_id));
-  const S3Url marker = MarkerFor(url, upload_id);
+  const std::string token = UploadToken();
+  KVFILE_RETURN_IF_ERROR(client->CreateUpload(url, &upload_id, {std::string(kTokenHeader) + ": " + token}));
+  const UploadMarker mark =
+      MarkUpload(url.ToString(), upload_id, HostName(), ::getpid(), static_cast<int64_t>(::time(nullptr)));
+  const S3Url marker{url.bucket, url.key + mark.path.substr(url.ToString().size())};
   auto abort = [&](Status why) {
     (void)client->AbortUpload(url, upload_id);
     (void)client->Delete(marker);
     return why;
   };
-  Status st = client->PutSmall(marker, "kvfile-upload\n" + upload_id + "\n" + HostName() + "\n" +
-                                          std::to_string(::getpid()) + "\n");
+  Status st = client->PutSmall(marker, mark.text);
   if (!st.ok()) return abort(st);
   std::vector<std::string> etags(parts);
   std::vector<std::vector<uint8_t>> buffers(kPartsInFlight);
@@ -600,7 +661,39 @@ Status UploadFile(FileSystem* fs, const std::string& local, const std::string& p
   // signal) fails this empty read, and the upload is aborted, not completed.
   st = in->ReadAt(0, nullptr, 0);
   if (!st.ok()) return abort(st);
-  st = client->CompleteUpload(url, upload_id, etags);
+  // The key must still be what it was at the start. Absent: the Complete
+  // carries If-None-Match: *, and the store refuses it if the key appeared
+  // meanwhile. Present: the store cannot be asked to complete over one
+  // version only (Swift's s3api refuses If-Match on a Complete whatever the
+  // ETag), so a HEAD right before it compares the version; another
+  // client's replacement between the two is not seen (docs/object-storage.md).
+  if (original.exists) {
+    bool exists = false;
+    std::string etag;
+    st = client->Head(url, &exists, nullptr, &etag);
+    if (!st.ok()) return abort(st);
+    if (!exists)
+      return abort(Status::Busy(path + ": removed by another client while the new object was uploaded; not replaced"));
+    if (!(ObjectId(path, etag) == original.id))
+      return abort(Status::Busy(path + ": replaced by another client while the new object was uploaded; not replaced"));
+  }
+  Client::Completion how;
+  st = client->CompleteUpload(url, upload_id, etags, /*if_absent=*/!original.exists, &how);
+  const bool precondition = how.status == 412 || how.code == "PreconditionFailed";
+  if (!st.ok() && (precondition || how.code == "NoSuchUpload")) {
+    // A Complete retried after its answer was lost may find the upload
+    // gone (NoSuchUpload: AWS S3 answers so once it completed it) or, with
+    // If-None-Match, the key present: the object there is this upload's
+    // when it carries its token. Otherwise the upload was aborted, or the
+    // key is another client's, and the failure stands.
+    bool exists = false;
+    std::map<std::string, std::string> headers;
+    if (client->Head(url, &exists, nullptr, nullptr, &headers).ok() && exists &&
+        headers[std::string(kTokenHeader)] == token)
+      st = Status::OK();
+    else if (precondition)
+      st = Status::Busy(path + ": created by another client while the new object was uploaded; not replaced");
+  }
   if (!st.ok()) return abort(st);
   (void)client->Delete(marker);  // the object is whole; a marker left is cleaned by the next writer
   return Status::OK();

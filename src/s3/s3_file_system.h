@@ -41,17 +41,41 @@ Status WalkPrefix(const std::string& dir, const std::vector<std::string>& suffix
 // What a remote destination was at PendingReplace::Begin.
 Status StatObject(const std::string& path, PathInfo* info);
 
+// The marker kvfile stores beside an upload of `path` it started: the
+// object path.kvupload-<16 hex digits of XXH3-64 of the upload id>
+// holding "kvfile-upload\nUPLOAD_ID\nHOST\nPID\nCREATED\n" (CREATED:
+// seconds since the epoch, on the creator's clock).
+struct UploadMarker {
+  std::string path;  // s3://bucket/KEY.kvupload-...
+  std::string text;
+};
+UploadMarker MarkUpload(const std::string& path, const std::string& upload_id, const std::string& host, long pid,
+                        int64_t created_s);
+
 // Aborts the multipart uploads kvfile left for `path` (a process killed
-// mid-upload): those whose marker object (KEY.kvupload-ID) names an upload
-// whose creator is not a live process of this host. Others' uploads (no
-// marker) are never touched. *aborted counts them.
+// mid-upload) and deletes their markers: those whose marker (above) is
+// older than KVFILE_S3_STALE_UPLOAD_S (a day by default), whatever host
+// made it, and those of this host whose process is gone. Others' uploads
+// (no marker) are never touched. *aborted counts them.
 Status AbortStaleUploads(const std::string& path, int* aborted);
 
 // Uploads the local file `local` (read through `fs`) to `path` by
 // multipart: parts of max(8 MiB, size/10000), up to 4 in flight (memory:
 // parts in flight x part size), the object appearing only when the upload
-// completes. Any failure aborts the upload and removes its marker.
-Status UploadFile(FileSystem* fs, const std::string& local, const std::string& path);
+// completes. `original` is what `path` was when the replacement began
+// (StatObject): an object another client created, replaced or removed
+// meanwhile is not overwritten (Busy). Any failure aborts the upload and
+// removes its marker.
+Status UploadFile(FileSystem* fs, const std::string& local, const std::string& path, const PathInfo& original);
+
+// The bytes that the ranges fetched ahead of the reads (File::WillRead)
+// may hold in the process, over every open object.
+inline constexpr uint64_t kAheadBudget = 64u << 20;
+// Test hooks: the bytes they hold now, and the most they held since the
+// last ResetPeakAheadBytes (never above kAheadBudget).
+uint64_t AheadBytes();
+uint64_t PeakAheadBytes();
+void ResetPeakAheadBytes();
 
 // Test hook: the part size (KVFILE_S3_PART_BYTES, at least 5 MiB, the S3
 // minimum; default 8 MiB).

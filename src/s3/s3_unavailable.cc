@@ -24,7 +24,13 @@ Status WalkPrefix(const std::string& dir, const std::vector<std::string>&, std::
 }
 Status StatObject(const std::string& path, PathInfo*) { return NoS3(path); }
 Status AbortStaleUploads(const std::string& path, int*) { return NoS3(path); }
-Status UploadFile(FileSystem*, const std::string&, const std::string& path) { return NoS3(path); }
+Status UploadFile(FileSystem*, const std::string&, const std::string& path, const PathInfo&) { return NoS3(path); }
+UploadMarker MarkUpload(const std::string& path, const std::string&, const std::string&, long, int64_t) {
+  return {path, ""};
+}
+uint64_t AheadBytes() { return 0; }
+uint64_t PeakAheadBytes() { return 0; }
+void ResetPeakAheadBytes() {}
 uint64_t PartBytes() { return 8u << 20; }
 
 }  // namespace kvfile::s3
