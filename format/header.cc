@@ -2,8 +2,6 @@
 // Encoding and decoding of the file header, commit slots and chunk headers.
 #include "format/header.h"
 
-#include <xxhash.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -12,50 +10,29 @@
 
 namespace kvfile::format {
 
-uint64_t Checksum(const void* data, size_t n) { return XXH3_64bits(data, n); }
-
-bool ChecksumMatches(uint64_t stored, uint64_t computed) {
-#ifdef KVFILE_FUZZING_SKIP_CHECKSUMS
-  (void)stored;
-  (void)computed;
-  return true;
-#else
-  return stored == computed;
-#endif
-}
-
-bool AllZero(std::span<const uint8_t> bytes) {
-  // OR of eight bytes at a time, no early exit: section padding runs to
-  // kilobytes, and a loop without a branch per byte vectorizes (and keeps
-  // the fuzz build's comparison tracing to one compare per input).
-  const uint8_t* p = bytes.data();
-  size_t n = bytes.size();
-  uint64_t any = 0;
-  for (; n >= 8; p += 8, n -= 8) {
-    uint64_t word;
-    std::memcpy(&word, p, 8);
-    any |= word;
-  }
-  for (; n > 0; ++p, --n) any |= *p;
-  return any == 0;
-}
-
 namespace {
 
 std::string At(size_t offset) { return " (header offset " + std::to_string(offset) + ")"; }
 
-// Byte ranges of the header that must be zero (reserved), as [begin, end).
-struct Range {
-  size_t begin, end;
-};
-constexpr Range kHeaderReserved[] = {
+// Byte ranges of the header that must be zero (reserved).
+constexpr ByteRange kHeaderReserved[] = {
     {68, hdr::kModelId},  // after model_id_length up to model_id
     {hdr::kLayerSetsEnd, hdr::kChecksum},
 };
 // Reserved unless the file sets kFlagLayerSets.
-constexpr Range kLayerSetRange = {hdr::kLayerSets, hdr::kLayerSetsEnd};
+constexpr ByteRange kLayerSetRange[] = {{hdr::kLayerSets, hdr::kLayerSetsEnd}};
+
+// The frame of the header (format/framing.h). Its reserved bytes are
+// checked after the counts (salt, data offset, model id length, stream
+// count), as they always were: so the frame lists none.
+constexpr FrameVersion kVersions[] = {{kMajorV2, kKnownRequiredFlags}, {kMajorV1, 0}};
+constexpr FrameSpec kFrame = {kFileMagic, kHeaderSize, kVersions, true, {}};
+static_assert(hdr::kMagic == frame::kMagic && hdr::kMajor == frame::kMajor && hdr::kMinor == frame::kMinor &&
+              hdr::kHeaderBytes == frame::kHeaderBytes && hdr::kRequiredFlags == frame::kRequiredFlags &&
+              hdr::kOptionalFlags == frame::kOptionalFlags && hdr::kChecksum == kHeaderSize - 8);
 static_assert(hdr::kLayerSets == hdr::kStreams + hdr::kMaxStreams * hdr::kStreamDescriptorSize);
 static_assert(hdr::kLayerSetBytes * 8 == kMaxLayers);
+static_assert(cs::kChecksum == kCommitSlotSize - 8);
 
 }  // namespace
 
@@ -97,13 +74,7 @@ Status ValidateFileHeader(const FileHeader& h) {
 
 void EncodeFileHeader(const FileHeader& h, std::span<uint8_t, kHeaderSize> out) {
   uint8_t* p = out.data();
-  std::memset(p, 0, kHeaderSize);
-  std::memcpy(p + hdr::kMagic, kFileMagic, sizeof kFileMagic);
-  StoreU16(p + hdr::kMajor, h.major);
-  StoreU16(p + hdr::kMinor, h.minor);
-  StoreU32(p + hdr::kHeaderBytes, static_cast<uint32_t>(kHeaderSize));
-  StoreU64(p + hdr::kRequiredFlags, h.required_flags);
-  StoreU64(p + hdr::kOptionalFlags, h.optional_flags);
+  EncodeFrame(kFrame, {h.major, h.minor, h.required_flags, h.optional_flags}, out);
   StoreU64(p + hdr::kSalt, h.salt);
   StoreU64(p + hdr::kFingerprint, h.identity.fingerprint);
   StoreU32(p + hdr::kLayerCount, h.geometry.layers);
@@ -121,7 +92,7 @@ void EncodeFileHeader(const FileHeader& h, std::span<uint8_t, kHeaderSize> out) 
     StoreU32(d + sd::kRowWidth, s.row_width);
   }
   if (h.required_flags & kFlagLayerSets) EncodeLayerSets(h.geometry, p + hdr::kLayerSets);
-  StoreU64(p + hdr::kChecksum, Checksum(p, hdr::kChecksum));
+  SealRecord(out);
 }
 
 void EncodeLayerSets(const Geometry& g, uint8_t* out) {
@@ -154,30 +125,33 @@ Status DecodeLayerSets(const uint8_t* in, size_t at, Geometry* g) {
 
 Status DecodeFileHeader(std::span<const uint8_t, kHeaderSize> in, FileHeader* out) {
   const uint8_t* p = in.data();
-  if (std::memcmp(p, kFileMagic, sizeof kFileMagic) != 0)
-    return Status::Corruption("not a kvfile: bad magic at offset 0");
-  uint64_t stored = LoadU64(p + hdr::kChecksum);
-  uint64_t actual = Checksum(p, hdr::kChecksum);
-  FileHeader h;
-  h.major = LoadU16(p + hdr::kMajor);
-  h.minor = LoadU16(p + hdr::kMinor);
-  // The version is checked before the checksum so that a file from the
-  // future gets "unsupported version", not "damaged".
-  if (h.major != kMajorV2 && h.major != kMajorV1)
-    return Status::Unsupported("format major version " + std::to_string(h.major) +
-                               " is not supported (this build reads 1 and 2)");
-  if (!ChecksumMatches(stored, actual)) return Status::Corruption("file header checksum mismatch" + At(hdr::kChecksum));
-  if (LoadU32(p + hdr::kHeaderBytes) != kHeaderSize)
-    return Status::Corruption("header size field is not 4096" + At(hdr::kHeaderBytes));
-  h.required_flags = LoadU64(p + hdr::kRequiredFlags);
-  h.optional_flags = LoadU64(p + hdr::kOptionalFlags);
-  // Unknown required bits, or any in a v1 file (v1 defines none).
-  if ((h.required_flags & ~kKnownRequiredFlags) != 0 || (h.major == kMajorV1 && h.required_flags != 0)) {
-    char hex[24];
-    std::snprintf(hex, sizeof hex, "0x%llx", static_cast<unsigned long long>(h.required_flags));
-    return Status::Unsupported(std::string("unknown required flags ") + hex +
-                               " (written by a newer kvfile?)");
+  const FrameCheck frame = ParseFrame(kFrame, in);
+  switch (frame.fault) {
+    case FrameFault::kNone:
+      break;
+    case FrameFault::kMagic:
+      return Status::Corruption("not a kvfile: bad magic at offset 0");
+    case FrameFault::kMajor:
+      return Status::Unsupported("format major version " + std::to_string(frame.fields.major) +
+                                 " is not supported (this build reads 1 and 2)");
+    case FrameFault::kChecksum:
+      return Status::Corruption("file header checksum mismatch" + At(frame.at));
+    case FrameFault::kHeaderBytes:
+      return Status::Corruption("header size field is not 4096" + At(frame.at));
+    case FrameFault::kRequiredFlags: {
+      // Unknown required bits, or any in a v1 file (v1 defines none).
+      char hex[24];
+      std::snprintf(hex, sizeof hex, "0x%llx", static_cast<unsigned long long>(frame.fields.required_flags));
+      return Status::Unsupported(std::string("unknown required flags ") + hex + " (written by a newer kvfile?)");
+    }
+    case FrameFault::kReserved:
+      return Status::Corruption("reserved header bytes are not zero" + At(frame.at));
   }
+  FileHeader h;
+  h.major = frame.fields.major;
+  h.minor = frame.fields.minor;
+  h.required_flags = frame.fields.required_flags;
+  h.optional_flags = frame.fields.optional_flags;
   h.salt = LoadU64(p + hdr::kSalt);
   if (h.salt == 0) return Status::Corruption("salt is zero" + At(hdr::kSalt));
   h.identity.fingerprint = LoadU64(p + hdr::kFingerprint);
@@ -193,9 +167,8 @@ Status DecodeFileHeader(std::span<const uint8_t, kHeaderSize> in, FileHeader* ou
   if (stream_count == 0 || stream_count > hdr::kMaxStreams)
     return Status::Corruption("stream count " + std::to_string(stream_count) + " outside 1..16" +
                               At(hdr::kStreamCount));
-  for (const Range& r : kHeaderReserved)
-    if (!AllZero(in.subspan(r.begin, r.end - r.begin)))
-      return Status::Corruption("reserved header bytes are not zero" + At(r.begin));
+  if (std::optional<ByteRange> r = FirstNonzero(kHeaderReserved, in))
+    return Status::Corruption("reserved header bytes are not zero" + At(r->begin));
   h.identity.model_id.assign(reinterpret_cast<const char*>(p + hdr::kModelId), model_len);
   if (!AllZero(in.subspan(hdr::kModelId + model_len, hdr::kModelIdCapacity - model_len)) ||
       h.identity.model_id.find('\0') != std::string::npos)
@@ -227,8 +200,8 @@ Status DecodeFileHeader(std::span<const uint8_t, kHeaderSize> in, FileHeader* ou
   }
   if (h.required_flags & kFlagLayerSets) {
     KVFILE_RETURN_IF_ERROR(DecodeLayerSets(p + hdr::kLayerSets, hdr::kLayerSets, &h.geometry));
-  } else if (!AllZero(in.subspan(kLayerSetRange.begin, kLayerSetRange.end - kLayerSetRange.begin))) {
-    return Status::Corruption("reserved header bytes are not zero" + At(kLayerSetRange.begin));
+  } else if (std::optional<ByteRange> r = FirstNonzero(kLayerSetRange, in)) {
+    return Status::Corruption("reserved header bytes are not zero" + At(r->begin));
   }
   Status st = ValidateFileHeader(h);
   if (!st.ok()) return Status::Corruption("invalid header: " + st.message());
@@ -246,15 +219,14 @@ void EncodeCommitRecord(const CommitRecord& c, std::span<uint8_t, kCommitSlotSiz
   StoreU64(p + cs::kCommittedTokens, c.tokens);
   StoreU64(p + cs::kCommittedEnd, c.end);
   StoreU64(p + cs::kCommittedChunks, c.chunks);
-  StoreU64(p + cs::kChecksum, Checksum(p, cs::kChecksum));
+  SealRecord(out);
 }
 
 Status DecodeCommitRecord(std::span<const uint8_t, kCommitSlotSize> in, CommitRecord* out) {
   const uint8_t* p = in.data();
   if (std::memcmp(p + cs::kMagicField, cs::kMagic, sizeof cs::kMagic) != 0)
     return Status::Corruption("bad commit slot magic");
-  if (!ChecksumMatches(LoadU64(p + cs::kChecksum), Checksum(p, cs::kChecksum)))
-    return Status::Corruption("commit slot checksum mismatch");
+  if (!RecordChecksumMatches(in)) return Status::Corruption("commit slot checksum mismatch");
   if (!AllZero(in.subspan(4, 4)) || !AllZero(in.subspan(cs::kEpoch + 4, 4)) ||
       !AllZero(in.subspan(cs::kCommittedChunks + 8, cs::kChecksum - cs::kCommittedChunks - 8)))
     return Status::Corruption("reserved commit slot bytes are not zero");

@@ -11,21 +11,12 @@
 #include <span>
 #include <string>
 
+#include "format/framing.h"
 #include "format/geometry.h"
 #include "format/kv_format.h"
 #include "kvfile/status.h"
 
 namespace kvfile::format {
-
-// XXH3-64 with seed 0: the one checksum of the format.
-uint64_t Checksum(const void* data, size_t n);
-
-// Whether a checksum stored in a file matches the one computed from its
-// bytes. Every checksum comparison of the library goes through here so that
-// a fuzzing build (KVFILE_FUZZING_SKIP_CHECKSUMS, tests/fuzz/) can make them
-// all pass in one place: otherwise nearly every mutated input would stop at
-// a checksum and never reach the parsers behind it.
-bool ChecksumMatches(uint64_t stored, uint64_t computed);
 
 struct FileHeader {
   uint16_t major = kMajorV2;
@@ -41,7 +32,8 @@ struct FileHeader {
 // Writes exactly kHeaderSize bytes. The header must already be valid
 // (ValidateFileHeader); encoding an invalid one is a programming error.
 void EncodeFileHeader(const FileHeader& h, std::span<uint8_t, kHeaderSize> out);
-// Checks magic, version, checksum, reserved bytes and limits.
+// Checks the frame (format/framing.h), then the fields, reserved bytes and
+// limits.
 Status DecodeFileHeader(std::span<const uint8_t, kHeaderSize> in, FileHeader* out);
 Status ValidateFileHeader(const FileHeader& h);
 
@@ -90,8 +82,5 @@ void EncodeLayerSets(const Geometry& g, uint8_t* out);
 // descriptor, and a stream in no layer. `at` is the offset of the bitmaps
 // in the containing record, for the error text.
 Status DecodeLayerSets(const uint8_t* in, size_t at, Geometry* g);
-
-// True if every byte of `bytes` is zero.
-bool AllZero(std::span<const uint8_t> bytes);
 
 }  // namespace kvfile::format

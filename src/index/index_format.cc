@@ -2,31 +2,20 @@
 // Codecs of the prefix index file (spec/INDEX.md).
 #include "index/index_format.h"
 
-#include <xxhash.h>
-
 #include <algorithm>
 #include <cstring>
 
 #include "format/endian.h"
-#include "format/header.h"
 
 namespace kvfile::index {
 
-using format::LoadU16;
 using format::LoadU32;
 using format::LoadU64;
-using format::StoreU16;
 using format::StoreU32;
 using format::StoreU64;
 
-uint64_t Checksum(const uint8_t* data, size_t n) { return XXH3_64bits(data, n); }
-
 void EncodeHeader(const Header& h, uint8_t* out) {
-  std::memset(out, 0, kHeaderBytes);
-  std::memcpy(out + hdr::kMagicField, kMagic, sizeof kMagic);
-  StoreU16(out + hdr::kMajorField, kMajor);
-  StoreU16(out + hdr::kMinorField, kMinor);
-  StoreU32(out + hdr::kHeaderBytesField, static_cast<uint32_t>(kHeaderBytes));
+  format::EncodeFrame(kFrame, {kMajor, kMinor, 0, 0}, {out, kHeaderBytes});
   StoreU64(out + hdr::kEntryCount, h.entry_count);
   StoreU32(out + hdr::kRestartInterval, h.restart_interval);
   StoreU64(out + hdr::kBlocksBytes, h.blocks_bytes);
@@ -37,24 +26,27 @@ void EncodeHeader(const Header& h, uint8_t* out) {
   StoreU64(out + hdr::kDirectoryDigest, h.directory_digest);
   StoreU64(out + hdr::kFileBytes, h.file_bytes);
   StoreU64(out + hdr::kSkipped, h.skipped);
-  StoreU64(out + hdr::kChecksum, Checksum(out, hdr::kChecksum));
+  format::SealRecord({out, kHeaderBytes});
 }
 
 Status DecodeHeader(const std::string& path, const uint8_t* in, Header* h) {
-  if (std::memcmp(in + hdr::kMagicField, kMagic, sizeof kMagic) != 0)
-    return Status::Corruption(path + ": not a kvfile prefix index (bad magic)");
-  if (!format::ChecksumMatches(LoadU64(in + hdr::kChecksum), Checksum(in, hdr::kChecksum)))
-    return Status::Corruption(path + ": index header checksum mismatch");
-  uint16_t major = LoadU16(in + hdr::kMajorField);
-  if (major != kMajor)
-    return Status::Unsupported(path + ": index format " + std::to_string(major) + " (this build reads " +
-                               std::to_string(kMajor) + ")");
-  if (LoadU32(in + hdr::kHeaderBytesField) != kHeaderBytes)
-    return Status::Corruption(path + ": index header size is not " + std::to_string(kHeaderBytes));
-  if (LoadU32(in + hdr::kReserved0) != 0)
-    return Status::Corruption(path + ": index header reserved bytes are not zero");
-  for (size_t off = hdr::kReserved; off < hdr::kChecksum; off += 8)
-    if (LoadU64(in + off) != 0) return Status::Corruption(path + ": index header reserved bytes are not zero");
+  const format::FrameCheck frame = format::ParseFrame(kFrame, {in, kHeaderBytes});
+  switch (frame.fault) {
+    case format::FrameFault::kNone:
+      break;
+    case format::FrameFault::kMagic:
+      return Status::Corruption(path + ": not a kvfile prefix index (bad magic)");
+    case format::FrameFault::kMajor:
+      return Status::Unsupported(path + ": index format " + std::to_string(frame.fields.major) +
+                                 " (this build reads " + std::to_string(kMajor) + ")");
+    case format::FrameFault::kChecksum:
+      return Status::Corruption(path + ": index header checksum mismatch");
+    case format::FrameFault::kHeaderBytes:
+      return Status::Corruption(path + ": index header size is not " + std::to_string(kHeaderBytes));
+    case format::FrameFault::kRequiredFlags:  // the index has no flags
+    case format::FrameFault::kReserved:
+      return Status::Corruption(path + ": index header reserved bytes are not zero");
+  }
   h->entry_count = LoadU64(in + hdr::kEntryCount);
   h->restart_interval = LoadU32(in + hdr::kRestartInterval);
   h->blocks_bytes = LoadU64(in + hdr::kBlocksBytes);

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "format/framing.h"
 #include "kvfile/prefix_index.h"
 #include "kvfile/status.h"
 
@@ -46,6 +47,12 @@ inline constexpr size_t kSkipped = 88;           // u64: .kv files left out (unr
 inline constexpr size_t kReserved = 96;          // u64[3], zero
 inline constexpr size_t kChecksum = 120;         // u64 XXH3-64 of [0, 120)
 }  // namespace hdr
+// The header's frame (format/framing.h): magic, version 1, no flags, the
+// reserved bytes and the checksum.
+inline constexpr format::FrameVersion kVersions[] = {{kMajor, 0}};
+inline constexpr format::ByteRange kHeaderReserved[] = {{hdr::kReserved0, hdr::kReserved0 + 4},
+                                                        {hdr::kReserved, hdr::kChecksum}};
+inline constexpr format::FrameSpec kFrame = {kMagic, kHeaderBytes, kVersions, false, kHeaderReserved};
 
 // ---- Block table entry (after the blocks) ----
 inline constexpr size_t kBlockEntryBytes = 24;
@@ -106,10 +113,9 @@ struct Group {
   uint64_t count = 0;
 };
 
-uint64_t Checksum(const uint8_t* data, size_t n);
-
 void EncodeHeader(const Header& h, uint8_t* out);
-// Checks magic, version, size field, reserved bytes and checksum.
+// Checks the frame (format/framing.h: magic, version, checksum, size
+// field, reserved bytes), then the restart interval.
 Status DecodeHeader(const std::string& path, const uint8_t* in, Header* h);
 
 void EncodeBlockRef(const BlockRef& b, uint8_t* out);

@@ -15,7 +15,6 @@
 // temporary index file in the directory and merges them all, so memory
 // stays bounded whatever the corpus size.
 #include <sys/stat.h>
-#include <xxhash.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -127,8 +126,7 @@ Status ScanDirectory(const std::string& dir, std::vector<ScannedFile>* out, uint
 
 // spec/INDEX.md 5: XXH3-64 over each file's record, in path order.
 uint64_t DirectoryDigest(const std::vector<ScannedFile>& files) {
-  XXH3_state_t* h = XXH3_createState();
-  XXH3_64bits_reset(h);
+  format::ChecksumStream h;
   for (const ScannedFile& f : files) {
     uint8_t rec[44];
     format::StoreU32(rec, static_cast<uint32_t>(f.stat.path.size()));
@@ -137,12 +135,10 @@ uint64_t DirectoryDigest(const std::vector<ScannedFile>& files) {
     format::StoreU64(rec + 20, static_cast<uint64_t>(f.stat.ctime_ns));
     format::StoreU64(rec + 28, f.stat.device);
     format::StoreU64(rec + 36, f.stat.inode);
-    XXH3_64bits_update(h, rec, sizeof rec);
-    XXH3_64bits_update(h, f.stat.path.data(), f.stat.path.size());
+    h.Update(rec, sizeof rec);
+    h.Update(f.stat.path.data(), f.stat.path.size());
   }
-  uint64_t d = XXH3_64bits_digest(h);
-  XXH3_freeState(h);
-  return d;
+  return h.Digest();
 }
 
 // Keeps the best match seen: the longest, then the first in index order.

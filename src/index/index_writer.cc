@@ -28,7 +28,7 @@ struct KVFILE_NO_EXPORT PrefixIndexWriter::Impl {
   Status FlushBlock() {
     if (block_entries == 0) return Status::OK();
     BlockRef b{offset, static_cast<uint32_t>(block.size()), block_entries,
-               index::Checksum(block.data(), block.size())};
+               format::Checksum(block.data(), block.size())};
     Status st = file->WriteAt(offset, block.data(), block.size());
     if (!st.ok()) return st;
     blocks.push_back(b);
@@ -93,9 +93,9 @@ Status PrefixIndexWriter::Finish(uint64_t directory_digest, uint64_t skipped) {
   h.entry_count = w.entry_count;
   h.blocks_bytes = w.offset - index::kHeaderBytes;
   h.block_count = w.blocks.size();
-  h.block_table_checksum = index::Checksum(tables.data(), w.blocks.size() * index::kBlockEntryBytes);
+  h.block_table_checksum = format::Checksum(tables.data(), w.blocks.size() * index::kBlockEntryBytes);
   h.group_count = w.groups.size();
-  h.group_table_checksum = index::Checksum(group_table, w.groups.size() * index::kGroupEntryBytes);
+  h.group_table_checksum = format::Checksum(group_table, w.groups.size() * index::kGroupEntryBytes);
   h.directory_digest = directory_digest;
   h.skipped = skipped;
   h.file_bytes = w.offset + tables.size();

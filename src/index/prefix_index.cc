@@ -56,7 +56,7 @@ struct KVFILE_NO_EXPORT PrefixIndex::Impl {
   Status Checked(uint64_t offset, uint64_t n, uint64_t want, std::vector<uint8_t>* out, bool* match) {
     if (whole.empty()) return internal::ReadChecked(*file, offset, n, want, out, match);
     const uint8_t* p = whole.data() + offset;
-    *match = index::Checksum(p, n) == want;
+    *match = format::ChecksumMatches(want, format::Checksum(p, n));
     if (*match) out->assign(p, p + n);
     else out->clear();
     return Status::OK();

@@ -1,12 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "io/checked_read.h"
 
-#include <xxhash.h>
-
 #include <algorithm>
-#include <memory>
 
-#include "format/header.h"
+#include "format/framing.h"
 
 namespace kvfile::internal {
 
@@ -14,22 +11,20 @@ Status ReadChecked(File& f, uint64_t offset, uint64_t n, uint64_t want, std::vec
   out->clear();
   *match = false;
   if (n > kCheckedReadPiece) {
-    std::unique_ptr<XXH3_state_t, XXH_errorcode (*)(XXH3_state_t*)> state(XXH3_createState(), XXH3_freeState);
-    if (!state) return Status::IOError("out of memory");
-    XXH3_64bits_reset(state.get());
+    format::ChecksumStream sum;
     std::vector<uint8_t> piece(kCheckedReadPiece);
     for (uint64_t at = 0; at < n;) {
       const size_t k = static_cast<size_t>(std::min<uint64_t>(piece.size(), n - at));
       KVFILE_RETURN_IF_ERROR(f.ReadAt(offset + at, piece.data(), k));
-      XXH3_64bits_update(state.get(), piece.data(), k);
+      sum.Update(piece.data(), k);
       at += k;
     }
-    if (!format::ChecksumMatches(want, XXH3_64bits_digest(state.get()))) return Status::OK();
+    if (!format::ChecksumMatches(want, sum.Digest())) return Status::OK();
   }
   out->resize(n);
   if (n) KVFILE_RETURN_IF_ERROR(f.ReadAt(offset, out->data(), n));
   // Checked again: the bytes read now are the ones kept.
-  *match = format::ChecksumMatches(want, XXH3_64bits(out->data(), n));
+  *match = format::ChecksumMatches(want, format::Checksum(out->data(), n));
   if (!*match) out->clear();
   return Status::OK();
 }

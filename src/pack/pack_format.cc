@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <new>
 
 #include "format/endian.h"
 #include "format/header.h"
@@ -26,17 +25,6 @@ uint64_t ChainHash(uint64_t previous, std::span<const uint32_t> tokens) {
   for (size_t i = 0; i < tokens.size(); ++i) StoreU32(bytes.data() + 4 * i, tokens[i]);
   return XXH3_64bits_withSeed(bytes.data(), bytes.size(), previous);
 }
-
-uint64_t Checksum(const uint8_t* data, size_t n) { return XXH3_64bits(data, n); }
-
-ChecksumStream::ChecksumStream() : state_(XXH3_createState()) {
-  if (state_ == nullptr) throw std::bad_alloc();
-  XXH3_64bits_reset(state_);
-}
-ChecksumStream::~ChecksumStream() { XXH3_freeState(state_); }
-void ChecksumStream::Reset() { XXH3_64bits_reset(state_); }
-void ChecksumStream::Update(const uint8_t* data, size_t n) { XXH3_64bits_update(state_, data, n); }
-uint64_t ChecksumStream::Digest() const { return XXH3_64bits_digest(state_); }
 
 std::string NameSetConflict(std::vector<std::string_view> names) {
   // '/' ranks below every other byte (NUL is not in a name).
@@ -73,14 +61,6 @@ void EncodeModel(const PackModel& m, uint8_t* out, bool layer_sets) {
   }
 }
 
-namespace {
-bool AllZero(const uint8_t* p, size_t n) {
-  for (size_t i = 0; i < n; ++i)
-    if (p[i] != 0) return false;
-  return true;
-}
-}  // namespace
-
 bool HasNvfp4(const Geometry& g) {
   return std::any_of(g.streams.begin(), g.streams.end(), [](const StreamSpec& s) { return IsNvfp4(s.dtype); });
 }
@@ -100,12 +80,12 @@ Status DecodeModel(const uint8_t* in, PackModel* out, uint64_t required_flags) {
   m.identity.model_id.assign(reinterpret_cast<const char*>(in + me::kModelId), id_len);
   if (m.identity.model_id.find('\0') != std::string::npos)
     return Status::Corruption("model id holds a NUL byte");
-  if (!AllZero(in + me::kModelId + id_len, me::kModelIdCapacity - id_len))
+  if (!format::AllZero({in + me::kModelId + id_len, me::kModelIdCapacity - id_len}))
     return Status::Corruption("nonzero bytes after the model id");
   for (uint32_t s = 0; s < me::kMaxStreams; ++s) {
     const uint8_t* d = in + me::kDescriptors + s * me::kDescriptorBytes;
     if (s >= streams) {
-      if (!AllZero(d, me::kDescriptorBytes)) return Status::Corruption("unused stream descriptor " + std::to_string(s) + " is not zero");
+      if (!format::AllZero({d, me::kDescriptorBytes})) return Status::Corruption("unused stream descriptor " + std::to_string(s) + " is not zero");
       continue;
     }
     StreamSpec spec;
@@ -113,7 +93,7 @@ Status DecodeModel(const uint8_t* in, PackModel* out, uint64_t required_flags) {
     size_t len = strnlen(name, format::sd::kNameCapacity);
     if (len >= format::sd::kNameCapacity)
       return Status::Corruption("stream " + std::to_string(s) + ": name is not terminated");
-    if (!AllZero(d + len, format::sd::kNameCapacity - len))
+    if (!format::AllZero({d + len, format::sd::kNameCapacity - len}))
       return Status::Corruption("stream " + std::to_string(s) + ": nonzero bytes after the name");
     spec.name.assign(name, len);
     uint8_t dt = d[format::sd::kDtype];
@@ -123,8 +103,8 @@ Status DecodeModel(const uint8_t* in, PackModel* out, uint64_t required_flags) {
     if (IsNvfp4(static_cast<Dtype>(dt)) && !(required_flags & kFlagNvfp4))
       return Status::Corruption("stream " + std::to_string(s) + ": dtype nvfp4 (6) without the NVFP4 required flag");
     spec.dtype = static_cast<Dtype>(dt);
-    if (!AllZero(d + format::sd::kDtype + 1, format::sd::kRowsPerToken - format::sd::kDtype - 1) ||
-        !AllZero(d + format::sd::kRowWidth + 4, me::kDescriptorBytes - format::sd::kRowWidth - 4))
+    if (!format::AllZero({d + format::sd::kDtype + 1, format::sd::kRowsPerToken - format::sd::kDtype - 1}) ||
+        !format::AllZero({d + format::sd::kRowWidth + 4, me::kDescriptorBytes - format::sd::kRowWidth - 4}))
       return Status::Corruption("stream " + std::to_string(s) + ": nonzero reserved bytes");
     spec.rows_per_token = LoadU32(d + format::sd::kRowsPerToken);
     spec.row_width = LoadU32(d + format::sd::kRowWidth);

@@ -10,10 +10,9 @@
 #include <string_view>
 #include <vector>
 
+#include "format/framing.h"
 #include "kvfile/pack.h"
 #include "kvfile/status.h"
-
-struct XXH3_state_s;
 
 namespace kvfile::pack {
 
@@ -53,6 +52,11 @@ inline constexpr size_t kFileBytes = 104;      // u64
 inline constexpr size_t kReserved = 112;       // u64, zero
 inline constexpr size_t kChecksum = 120;       // u64 XXH3-64 of [0, 120)
 }  // namespace hdr
+// The header's frame (format/framing.h): magic, version 1, flags, the
+// reserved u64 and the checksum.
+inline constexpr format::FrameVersion kVersions[] = {{kMajor, kKnownRequiredFlags}};
+inline constexpr format::ByteRange kHeaderReserved[] = {{hdr::kReserved, hdr::kChecksum}};
+inline constexpr format::FrameSpec kFrame = {kMagic, kHeaderBytes, kVersions, true, kHeaderReserved};
 
 // ---- Model table entry ----
 inline constexpr size_t kModelEntryBytes = 1304;
@@ -110,22 +114,6 @@ inline constexpr uint64_t kMaxEntries = uint64_t{1} << 32;  // chunk ids and mem
 uint64_t PayloadBytesPerToken(const Geometry& g);
 // The chain hash of `tokens` (u32 little-endian) after `previous`.
 uint64_t ChainHash(uint64_t previous, std::span<const uint32_t> tokens);
-uint64_t Checksum(const uint8_t* data, size_t n);
-// The same checksum over bytes that arrive in pieces, in order.
-class ChecksumStream {
- public:
-  ChecksumStream();
-  ~ChecksumStream();
-  ChecksumStream(const ChecksumStream&) = delete;
-  ChecksumStream& operator=(const ChecksumStream&) = delete;
-  void Reset();  // back to no bytes
-  void Update(const uint8_t* data, size_t n);
-  uint64_t Digest() const;
-
- private:
-  XXH3_state_s* state_;
-};
-
 // spec/PACK.md section 5, the name set: "" when every member can be
 // written under one directory, else what stops it, naming the members: no
 // name may be a leading directory of another ("a.kv" and "a.kv/b.kv"), and

@@ -27,7 +27,7 @@ namespace kvfile {
 using format::LoadU16;
 using format::LoadU32;
 using format::LoadU64;
-using pack::Checksum;
+using format::Checksum;
 
 namespace {
 // The alignment rows of a dtype need in memory: a raw element's size; codes
@@ -121,17 +121,26 @@ Status PackReader::Open(const std::string& path, FileSystem* fs, std::unique_ptr
 
 Status PackReader::Impl::ParseTables(const uint8_t* h) {
   namespace H = pack::hdr;
-  if (std::memcmp(h, pack::kMagic, 8) != 0) return Damage("not a kvfile pack (bad magic)");
-  uint16_t major = LoadU16(h + H::kMajorField);
-  if (major != pack::kMajor)
-    return Status::Unsupported(path + ": pack format version " + std::to_string(major) + " is not supported (this build reads 1)");
-  if (!format::ChecksumMatches(LoadU64(h + H::kChecksum), Checksum(h, H::kChecksum)))
-    return Damage("pack header checksum mismatch");
-  if (LoadU32(h + H::kHeaderBytesField) != pack::kHeaderBytes) return Damage("header_bytes is not 128");
-  uint64_t required = LoadU64(h + H::kRequiredFlags);
-  if (required & ~pack::kKnownRequiredFlags)
-    return Status::Unsupported(path + ": the pack needs features this build lacks (required flags " + std::to_string(required) + ")");
-  if (LoadU64(h + H::kReserved) != 0) return Damage("nonzero reserved header bytes");
+  const format::FrameCheck frame = format::ParseFrame(pack::kFrame, {h, pack::kHeaderBytes});
+  switch (frame.fault) {
+    case format::FrameFault::kNone:
+      break;
+    case format::FrameFault::kMagic:
+      return Damage("not a kvfile pack (bad magic)");
+    case format::FrameFault::kMajor:
+      return Status::Unsupported(path + ": pack format version " + std::to_string(frame.fields.major) +
+                                 " is not supported (this build reads 1)");
+    case format::FrameFault::kChecksum:
+      return Damage("pack header checksum mismatch");
+    case format::FrameFault::kHeaderBytes:
+      return Damage("header_bytes is not 128");
+    case format::FrameFault::kRequiredFlags:
+      return Status::Unsupported(path + ": the pack needs features this build lacks (required flags " +
+                                 std::to_string(frame.fields.required_flags) + ")");
+    case format::FrameFault::kReserved:
+      return Damage("nonzero reserved header bytes");
+  }
+  const uint64_t required = frame.fields.required_flags;
   data_end = LoadU64(h + H::kDataEnd);
   uint64_t model_count = LoadU64(h + H::kModelCount), chunk_count = LoadU64(h + H::kChunkCount);
   uint64_t member_count = LoadU64(h + H::kMemberCount), names_bytes = LoadU64(h + H::kNamesBytes);
@@ -388,14 +397,14 @@ Status PackReader::Impl::MaterializeDirect(PackReader& self, const PackMember& m
   const std::vector<PayloadSection> full = PackPayloadLayout(g, static_cast<uint32_t>(c_tokens));
   std::vector<PayloadSection> tail;
   internal::PageBuffer buffers[2];
-  std::vector<std::unique_ptr<pack::ChecksumStream>> sums;
+  std::vector<std::unique_ptr<format::ChecksumStream>> sums;
   std::vector<float> host_scales;  // big-endian hosts only
   for (uint64_t first = 0; first < m.token_count; first += ct) {
     const uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(ct, m.token_count - first));
     // The pack chunks [p0, p1) of the member hold exactly these tokens
     // (ReadMember checked their token ranges).
     const size_t p0 = first / c_tokens, p1 = (first + n + c_tokens - 1) / c_tokens;
-    while (sums.size() < p1 - p0) sums.push_back(std::make_unique<pack::ChecksumStream>());
+    while (sums.size() < p1 - p0) sums.push_back(std::make_unique<format::ChecksumStream>());
     for (size_t p = p0; p < p1; ++p) sums[p - p0]->Reset();
     bool fault = false;
     {

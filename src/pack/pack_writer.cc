@@ -22,7 +22,7 @@ namespace kvfile {
 
 using format::StoreU32;
 using format::StoreU64;
-using pack::Checksum;
+using format::Checksum;
 
 std::vector<PayloadSection> PackPayloadLayout(const Geometry& g, uint32_t tokens) {
   std::vector<PayloadSection> out;
@@ -401,14 +401,11 @@ Status PackWriter::Finish() {
   KVFILE_RETURN_IF_ERROR(w.Write(chunks.data(), chunks.size()));
   KVFILE_RETURN_IF_ERROR(w.Write(names.data(), names.size()));
   KVFILE_RETURN_IF_ERROR(w.Write(index.data(), index.size()));
-  uint8_t h[pack::kHeaderBytes] = {};
-  std::memcpy(h + pack::hdr::kMagicField, pack::kMagic, sizeof pack::kMagic);
-  format::StoreU16(h + pack::hdr::kMajorField, pack::kMajor);
-  format::StoreU16(h + pack::hdr::kMinorField,
-                   nvfp4 ? pack::kMinorNvfp4 : layer_sets ? pack::kMinorLayerSets : pack::kMinor);
-  StoreU64(h + pack::hdr::kRequiredFlags,
-           (layer_sets ? pack::kFlagLayerSets : 0) | (nvfp4 ? pack::kFlagNvfp4 : 0));
-  StoreU32(h + pack::hdr::kHeaderBytesField, pack::kHeaderBytes);
+  uint8_t h[pack::kHeaderBytes];
+  format::EncodeFrame(pack::kFrame,
+                      {pack::kMajor, nvfp4 ? pack::kMinorNvfp4 : layer_sets ? pack::kMinorLayerSets : pack::kMinor,
+                       (layer_sets ? pack::kFlagLayerSets : 0) | (nvfp4 ? pack::kFlagNvfp4 : 0), 0},
+                      h);
   StoreU64(h + pack::hdr::kDataEnd, data_end);
   StoreU64(h + pack::hdr::kModelCount, w.models.size());
   StoreU64(h + pack::hdr::kChunkCount, w.chunks.size());
@@ -419,7 +416,7 @@ Status PackWriter::Finish() {
   StoreU64(h + pack::hdr::kNamesChecksum, Checksum(bytes(names), names.size()));
   StoreU64(h + pack::hdr::kIndexChecksum, Checksum(index.data(), index.size()));
   StoreU64(h + pack::hdr::kFileBytes, w.offset);
-  StoreU64(h + pack::hdr::kChecksum, Checksum(h, pack::hdr::kChecksum));
+  format::SealRecord(h);
   Status st = w.file->WriteAt(0, h, sizeof h);
   if (st.ok()) st = w.file->Truncate(w.offset);  // bytes of a refused member past the end
   if (st.ok()) st = w.file->Sync();
