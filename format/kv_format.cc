@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// Names of the dtypes (kvfile/dtype.h).
+// Names of the dtypes (kvfile/dtype.h), both ways.
 #include "format/kv_format.h"
+
+#include <string>
 
 namespace kvfile {
 
@@ -14,6 +16,16 @@ const char* DtypeName(Dtype d) {
     case Dtype::kNvfp4: return "nvfp4";
   }
   return "invalid";
+}
+
+Status ParseDtype(std::string_view name, Dtype* out) {
+  for (Dtype d : {Dtype::kE4M3, Dtype::kE5M2, Dtype::kBF16, Dtype::kF16, Dtype::kF32, Dtype::kNvfp4}) {
+    if (name == DtypeName(d)) {
+      *out = d;
+      return Status::OK();
+    }
+  }
+  return Status::InvalidArgument("unknown dtype '" + std::string(name) + "' (e4m3, e5m2, bf16, f16, f32 or nvfp4)");
 }
 
 }  // namespace kvfile

@@ -217,6 +217,21 @@ TEST(Dtype, NamesAndSizes) {
   EXPECT_TRUE(IsQuantized(Dtype::kE5M2) && !IsQuantized(Dtype::kF32) && !IsNvfp4(Dtype::kE4M3));
 }
 
+TEST(Dtype, ParseEveryNameAndRefuseTheRest) {
+  for (uint8_t v = 1; v <= 6; ++v) {
+    Dtype d = Dtype::kF32;
+    ASSERT_TRUE(ParseDtype(DtypeName(static_cast<Dtype>(v)), &d).ok()) << int(v);
+    EXPECT_EQ(d, static_cast<Dtype>(v));
+  }
+  for (const char* bad : {"", "E4M3", "e4m3 ", "fp8", "invalid", "q8_0"}) {
+    Dtype d = Dtype::kBF16;
+    Status st = ParseDtype(bad, &d);
+    EXPECT_EQ(st.code(), Status::Code::kInvalidArgument) << bad;
+    EXPECT_EQ(st.message(), "unknown dtype '" + std::string(bad) + "' (e4m3, e5m2, bf16, f16, f32 or nvfp4)");
+    EXPECT_EQ(d, Dtype::kBF16);  // untouched
+  }
+}
+
 // ---- file header ------------------------------------------------------------------
 
 TEST(FileHeader, RoundTrip) {

@@ -7,8 +7,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string_view>
 
 #include "kvfile/export.h"
+#include "kvfile/status.h"
 
 namespace kvfile {
 
@@ -43,5 +45,9 @@ inline constexpr size_t ElementSize(Dtype d) {
 inline constexpr uint64_t CodeBytes(Dtype d, uint64_t n) { return IsNvfp4(d) ? n / 2 : n * ElementSize(d); }
 // "e4m3", "e5m2", "bf16", "f16", "f32", "nvfp4" ("invalid" for another value).
 KVFILE_EXPORT const char* DtypeName(Dtype d);
+// The dtype named `name` (DtypeName's text, exactly) into *out; else
+// InvalidArgument "unknown dtype 'NAME' (e4m3, e5m2, bf16, f16, f32 or
+// nvfp4)" and *out unchanged.
+KVFILE_EXPORT Status ParseDtype(std::string_view name, Dtype* out);
 
 }  // namespace kvfile
