@@ -100,11 +100,17 @@ int RunAppend(const AppendArgs& a) {
   InstallSignalHandlers();
   SetCurrentPath(a.path);
   std::optional<Dtype> dtype;
-  if (a.dtype) dtype = *a.dtype == "e5m2" ? Dtype::kE5M2 : *a.dtype == "nvfp4" ? Dtype::kNvfp4 : Dtype::kE4M3;
+  Status st;
+  if (a.dtype) {
+    dtype.emplace();
+    if (st = ParseDtype(*a.dtype, &*dtype); !st.ok()) return UsageError(st.message());
+  }
   // The upgrade of a v1 FILE writes fp8 only: --dtype nvfp4 leaves it e4m3.
-  Dtype upgrade = a.upgrade_dtype ? (*a.upgrade_dtype == "e5m2" ? Dtype::kE5M2 : Dtype::kE4M3)
-                                  : dtype && IsFp8(*dtype) ? *dtype : Dtype::kE4M3;
-  Status st = RefusePackMemberTarget(a.path);
+  Dtype upgrade = dtype && IsFp8(*dtype) ? *dtype : Dtype::kE4M3;
+  if (a.upgrade_dtype) {
+    if (st = ParseDtype(*a.upgrade_dtype, &upgrade); !st.ok()) return UsageError(st.message());
+  }
+  st = RefusePackMemberTarget(a.path);
   if (!st.ok()) return ReportError(st);
   std::unique_ptr<SafetensorsFile> in;
   st = SafetensorsFile::Open(a.input, nullptr, &in);
