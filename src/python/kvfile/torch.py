@@ -39,6 +39,11 @@ import numpy as np
 from . import _kvfile
 from . import _torch_codec as codec
 
+# The stored dtypes (the library's table, spec/FORMAT.md 2.1): by name, and
+# those stored as codes and scales.
+_DTYPES = {d["name"]: d for d in _kvfile.dtype_table()}
+_QUANTIZED = frozenset(name for name, d in _DTYPES.items() if d["quantization"] != "none")
+
 # Bytes of pinned staging per part; two parts are in flight (double
 # buffering). A layer larger than this makes a part of its own. Measured on
 # an H200 host (docs/gpu.md): for a 32k-token llama-3.1-8b session (69 MB a
@@ -283,7 +288,7 @@ def _load_cuda(torch, reader, device, dtype, dtype_name, start, stop, threads, s
     layers, tokens = geometry["layers"], stop - start
     info = reader.info()
     v1 = info["major_version"] == 1
-    quantized = {s["name"]: s["dtype"] for s in streams if not v1 and s["dtype"] in ("e4m3", "e5m2", "nvfp4")}
+    quantized = {s["name"]: s["dtype"] for s in streams if not v1 and s["dtype"] in _QUANTIZED}
     out_size = torch.empty((), dtype=dtype).element_size()
     out = None
     if tokens == 0 or layers == 0:
@@ -445,10 +450,10 @@ def _encoded(torch, writer, tensors, count, check):
         check(name, t.shape[0], t.shape[1])
         kind = kinds.get(name)
         t = t.detach()
-        if kind in ("e4m3", "e5m2", "nvfp4"):
+        if kind in _QUANTIZED:
             if not codec.all_finite(torch, t):
                 return None
-            if kind == "nvfp4":
+            if _DTYPES[kind]["quantization"] == "token":
                 parts[name] = list(codec.quantize_nvfp4(torch, t.reshape(t.shape[:2] + (-1,))))
             else:
                 parts[name] = list(codec.quantize_fp8(torch, t, kind))
