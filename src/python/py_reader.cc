@@ -45,10 +45,13 @@ struct Selection {
 
   // The result's shape: [layers,] tokens, then `tail`.
   std::vector<py::ssize_t> Shape(std::initializer_list<py::ssize_t> tail) const {
+    return Shape(std::vector<py::ssize_t>(tail));
+  }
+  std::vector<py::ssize_t> Shape(const std::vector<py::ssize_t>& tail) const {
     std::vector<py::ssize_t> shape;
     if (all_layers) shape.push_back(layer_count);
     shape.push_back(static_cast<py::ssize_t>(end - begin));
-    shape.insert(shape.end(), tail);
+    shape.insert(shape.end(), tail.begin(), tail.end());
     return shape;
   }
 };
@@ -155,42 +158,50 @@ class PyReader {
     const Geometry g = GetGeometry();
     const Selection sel = Select(g, stream, layer, start, stop);
     const StreamSpec& spec = g.streams[sel.stream];
-    if (spec.dtype == Dtype::kNvfp4) return Nvfp4Codes(spec, sel);
-    py::array_t<uint8_t> codes(sel.Shape({spec.rows_per_token, spec.row_width}));
-    py::array_t<float> scales(sel.Shape({spec.rows_per_token}));
-    uint8_t* code_dst = codes.mutable_data();
-    float* scale_dst = scales.mutable_data();
+    // The codes' dtype: the stream's, or a v1 file's raw rows quantized as
+    // v1_as. One array per part of it (kvfile/dtype.h), per token: fp8 codes
+    // [rows, width] and scales [rows]; nvfp4 codes [n/2], block scales
+    // [n/16] and one scale (n = rows*width), uint8 but the f32 scales.
+    const Dtype d = kvfile::IsQuantized(spec.dtype) ? spec.dtype : v1_quantize_as;
+    const kvfile::DtypeInfo& info = *kvfile::FindDtype(d);
+    const kvfile::CodecRows cr = kvfile::CodecRowsOf(d, spec.rows_per_token, spec.row_width);
+    std::vector<py::ssize_t> rows_shape;
+    if (info.quantization != kvfile::Quantization::kPerToken) rows_shape.push_back(spec.rows_per_token);
     const uint64_t tokens = sel.end - sel.begin;
+    py::tuple result(info.part_count);
+    std::array<uint8_t*, 3> base{};  // by DtypePart
+    for (size_t k = 0; k < info.part_count; ++k) {
+      const kvfile::DtypePart part = info.parts[k];
+      std::vector<py::ssize_t> shape = rows_shape;
+      if (part == kvfile::DtypePart::kRowScales) {
+        py::array_t<float> a(sel.Shape(shape));
+        base[static_cast<size_t>(part)] = reinterpret_cast<uint8_t*>(a.mutable_data());
+        result[k] = a;
+      } else {
+        shape.push_back(static_cast<py::ssize_t>(kvfile::PartBytes(d, part, 1, cr.width)));
+        py::array_t<uint8_t> a(sel.Shape(shape));
+        base[static_cast<size_t>(part)] = a.mutable_data();
+        result[k] = a;
+      }
+    }
+    // Layer i's part starts i reads' worth of that part further on.
+    auto at = [&](kvfile::DtypePart part, uint32_t i) -> uint8_t* {
+      uint8_t* b = base[static_cast<size_t>(part)];
+      return b ? b + i * kvfile::PartBytes(d, part, tokens * cr.per_token, cr.width) : nullptr;
+    };
     guarded_.Run([&](Reader& r) -> Status {
-      for (uint32_t i = 0; i < sel.layer_count; ++i)
-        KVFILE_RETURN_IF_ERROR(r.ReadCodes(sel.layers[i], sel.stream, sel.begin, sel.end,
-                                           code_dst + i * tokens * spec.ElementsPerToken(),
-                                           scale_dst + i * tokens * spec.rows_per_token, v1_quantize_as));
+      for (uint32_t i = 0; i < sel.layer_count; ++i) {
+        uint8_t* codes = at(kvfile::DtypePart::kCodes, i);
+        float* scales = reinterpret_cast<float*>(at(kvfile::DtypePart::kRowScales, i));
+        KVFILE_RETURN_IF_ERROR(info.quantization == kvfile::Quantization::kPerToken
+                                   ? r.ReadCodes(sel.layers[i], sel.stream, sel.begin, sel.end, codes,
+                                                 at(kvfile::DtypePart::kBlockScales, i), scales)
+                                   : r.ReadCodes(sel.layers[i], sel.stream, sel.begin, sel.end, codes, scales,
+                                                 v1_quantize_as));
+      }
       return Status::OK();
     });
-    return py::make_tuple(codes, scales);
-  }
-
-  // An nvfp4 stream's (codes, block_scales, scales): per token, uint8
-  // packed codes [rows*width/2] (low nibble first), uint8 E4M3 block scale
-  // codes [rows*width/16] and one float32 row scale.
-  py::tuple Nvfp4Codes(const StreamSpec& spec, const Selection& sel) {
-    const py::ssize_t n = static_cast<py::ssize_t>(spec.ElementsPerToken());
-    py::array_t<uint8_t> codes(sel.Shape({n / 2}));
-    py::array_t<uint8_t> blocks(sel.Shape({n / 16}));
-    py::array_t<float> scales(sel.Shape({}));
-    const uint64_t tokens = sel.end - sel.begin;
-    uint8_t* code_dst = codes.mutable_data();
-    uint8_t* block_dst = blocks.mutable_data();
-    float* scale_dst = scales.mutable_data();
-    guarded_.Run([&](Reader& r) -> Status {
-      for (uint32_t i = 0; i < sel.layer_count; ++i)
-        KVFILE_RETURN_IF_ERROR(r.ReadCodes(sel.layers[i], sel.stream, sel.begin, sel.end,
-                                           code_dst + i * tokens * (n / 2), block_dst + i * tokens * (n / 16),
-                                           scale_dst + i * tokens));
-      return Status::OK();
-    });
-    return py::make_tuple(codes, blocks, scales);
+    return result;
   }
 
   BulkSelection SelectBulk(const Geometry& g, py::handle streams, py::handle layers, uint64_t start,
