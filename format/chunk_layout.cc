@@ -35,24 +35,14 @@ Status ComputeChunkLayout(const Geometry& g, uint32_t token_count, ChunkLayout* 
       SectionLayout& sec = l.sections.emplace_back();
       sec.layer = layer;
       sec.stream = s;
-      uint64_t rows = uint64_t{token_count} * spec.rows_per_token;
-      sec.offset = pos;
-      sec.data_bytes = CodeBytes(spec.dtype, rows * spec.row_width);
-      pos = AlignUp(pos + sec.data_bytes, kSectionAlign);
-      sec.block_scales_offset = pos;
-      if (IsNvfp4(spec.dtype)) {
-        sec.block_scales_bytes = rows * spec.row_width / 16;
-        pos = AlignUp(pos + sec.block_scales_bytes, kSectionAlign);
-        sec.scales_offset = pos;
-        sec.scales_bytes = uint64_t{token_count} * 4;
-        pos = AlignUp(pos + sec.scales_bytes, kSectionAlign);
-      } else if (IsFp8(spec.dtype)) {
-        sec.scales_offset = pos;
-        sec.scales_bytes = rows * 4;
-        pos = AlignUp(pos + sec.scales_bytes, kSectionAlign);
-      } else {
-        sec.scales_offset = pos;
-        sec.scales_bytes = 0;
+      // The dtype's parts in order, each padded to 64; a part the dtype
+      // does not store has 0 bytes at the position it would have.
+      const CodecRows cr = CodecRowsOf(spec);
+      const uint64_t rows = uint64_t{token_count} * cr.per_token;
+      for (DtypePart part : {DtypePart::kCodes, DtypePart::kBlockScales, DtypePart::kRowScales}) {
+        const uint64_t bytes = PartBytes(spec.dtype, part, rows, cr.width);
+        sec.set_part(part, {pos, bytes});
+        pos = AlignUp(pos + bytes, kSectionAlign);
       }
       if (pos > kMaxChunkBytes)
         return Status::InvalidArgument("a chunk of " + std::to_string(token_count) +

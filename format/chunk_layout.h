@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "codec/dtype_codec.h"
 #include "format/geometry.h"
 #include "kvfile/status.h"
 
@@ -50,6 +51,22 @@ struct SectionLayout {
   };
   std::array<Part, 3> parts() const {
     return {{{offset, data_bytes}, {block_scales_offset, block_scales_bytes}, {scales_offset, scales_bytes}}};
+  }
+  // One part of the dtype's table (kvfile/dtype.h), as (offset, bytes).
+  Part part(DtypePart p) const {
+    switch (p) {
+      case DtypePart::kCodes: return {offset, data_bytes};
+      case DtypePart::kBlockScales: return {block_scales_offset, block_scales_bytes};
+      case DtypePart::kRowScales: return {scales_offset, scales_bytes};
+    }
+    return {end, 0};
+  }
+  void set_part(DtypePart p, Part v) {
+    switch (p) {
+      case DtypePart::kCodes: offset = v.offset, data_bytes = v.bytes; return;
+      case DtypePart::kBlockScales: block_scales_offset = v.offset, block_scales_bytes = v.bytes; return;
+      case DtypePart::kRowScales: scales_offset = v.offset, scales_bytes = v.bytes; return;
+    }
   }
 };
 
@@ -77,15 +94,26 @@ struct ChunkLayout {
   const SectionLayout& section(uint32_t layer, uint32_t stream) const { return sections[index(layer, stream)]; }
 };
 
-// The rows a stream's section holds as the codec sees them: rows_per_token
-// rows of row_width per token, or for nvfp4 one row of rows_per_token *
-// row_width elements per token (one row scale per token).
-struct CodecRows {
-  uint32_t per_token;
-  uint64_t width;
-};
-inline CodecRows CodecRowsOf(const StreamSpec& s) {
-  return IsNvfp4(s.dtype) ? CodecRows{1, s.ElementsPerToken()} : CodecRows{s.rows_per_token, s.row_width};
+// The rows a stream's section holds as the codec sees them (kvfile/dtype.h).
+using kvfile::CodecRows;
+inline CodecRows CodecRowsOf(const StreamSpec& s) { return kvfile::CodecRowsOf(s.dtype, s.rows_per_token, s.row_width); }
+
+// The parts of section `sec` in memory, `bytes` at the section's first
+// byte; a part the dtype does not store is nullptr.
+template <class Parts, class Byte>
+Parts SectionPartsT(const SectionLayout& sec, Byte* bytes) {
+  Parts p;
+  for (DtypePart part : {DtypePart::kCodes, DtypePart::kBlockScales, DtypePart::kRowScales}) {
+    const SectionLayout::Part at = sec.part(part);
+    if (at.bytes) p.set_part(part, bytes + (at.offset - sec.offset));
+  }
+  return p;
+}
+inline codec::PartsIn SectionParts(const SectionLayout& sec, const uint8_t* bytes) {
+  return SectionPartsT<codec::PartsIn>(sec, bytes);
+}
+inline codec::PartsOut SectionParts(const SectionLayout& sec, uint8_t* bytes) {
+  return SectionPartsT<codec::PartsOut>(sec, bytes);
 }
 
 // Fails (kInvalidArgument) if the chunk would exceed kMaxChunkBytes; all arithmetic

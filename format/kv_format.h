@@ -97,6 +97,12 @@ using kvfile::IsFp8;
 using kvfile::IsNvfp4;
 using kvfile::IsQuantized;
 using kvfile::IsValidDtype;
+using kvfile::DtypeInfo;
+using kvfile::DtypePart;
+using kvfile::FindDtype;
+using kvfile::PartBytes;
+using kvfile::ParseDtype;
+using kvfile::Quantization;
 
 // ---- Commit slot (offsets 4096 and 8192, 4096 bytes each) -----------------------
 namespace cs {

@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The deprecated entry points are tested too (they still work). */
+#define KVFILE_NO_DEPRECATION_WARNINGS
 #include "kvfile/c.h"
 #include "support/c_check.h"
 
@@ -696,6 +698,146 @@ static void test_nvfp4_codes_append(void) {
   kvfile_reader_close(a);
 }
 
+/* kvfile_parts (spec/FORMAT.md section 2's dtype table): a stream of every
+ * dtype, 2 rows x 16, appended as f32 rows and read back part by part; the
+ * stored parts appended into a second file as they are, which then holds the
+ * same parts; the deprecated entry points give the same bytes; short
+ * buffers, a wrong fp8 dtype and an invalid dtype are refused. */
+enum { kPartStreams = 6, kPartElems = kTokens * kPerToken };
+static const kvfile_dtype kPartDtypes[kPartStreams] = {KVFILE_E4M3, KVFILE_E5M2, KVFILE_BF16,
+                                                       KVFILE_F16,  KVFILE_F32,  KVFILE_NVFP4};
+
+/* Buffers for the parts of one stream over every token. */
+typedef struct part_buffers {
+  uint8_t data[kPartElems * 4];
+  float scales[kTokens * kRows];
+  uint8_t block_scales[kPartElems / 16];
+} part_buffers;
+
+/* The parts of dtype d in b, sized exactly for kTokens tokens. */
+static kvfile_parts parts_in(kvfile_dtype d, part_buffers* b) {
+  kvfile_parts p;
+  memset(&p, 0, sizeof p);
+  p.dtype = d;
+  p.data = b->data;
+  p.data_bytes = d == KVFILE_NVFP4 ? kPartElems / 2 : (size_t)kPartElems * kvfile_dtype_size(d);
+  if (d == KVFILE_E4M3 || d == KVFILE_E5M2 || d == KVFILE_NVFP4) {
+    p.scales = b->scales;
+    p.scale_count = d == KVFILE_NVFP4 ? kTokens : kTokens * kRows;
+  }
+  if (d == KVFILE_NVFP4) {
+    p.block_scales = b->block_scales;
+    p.block_scales_bytes = kPartElems / 16;
+  }
+  return p;
+}
+
+static void parts_geometry(kvfile_geometry* g) {
+  static const char* names[kPartStreams] = {"e4", "e5", "bf", "h", "f", "nv"};
+  memset(g, 0, sizeof *g);
+  g->layers = 1;
+  g->stream_count = kPartStreams;
+  for (int s = 0; s < kPartStreams; ++s) {
+    strcpy(g->streams[s].name, names[s]);
+    g->streams[s].rows_per_token = kRows;
+    g->streams[s].row_width = kWidth;
+    g->streams[s].dtype = kPartDtypes[s];
+  }
+}
+
+static void test_parts_every_dtype(void) {
+  static part_buffers stored[kPartStreams], again, before;
+  kvfile_geometry g;
+  parts_geometry(&g);
+  uint32_t ids[kTokens];
+  for (int t = 0; t < kTokens; ++t) ids[t] = token_id(t);
+  kvfile_parts blocks[kPartStreams];
+  for (int s = 0; s < kPartStreams; ++s) {
+    memset(&blocks[s], 0, sizeof blocks[s]);
+    blocks[s].dtype = KVFILE_F32;
+    blocks[s].data = rows_f32[s % (kLayers * kStreams)];
+    blocks[s].data_bytes = sizeof rows_f32[0];
+  }
+  kvfile_writer* w = NULL;
+  CHECK_STATUS(kvfile_writer_create(in_dir(dir, "parts.kv"), &g, "test/parts", 1, NULL, &w), KVFILE_OK);
+  blocks[2].data_bytes = sizeof rows_f32[0] - 1;  /* a short buffer: nothing appended */
+  CHECK_STATUS(kvfile_writer_append_parts(w, ids, kTokens, blocks, kPartStreams), KVFILE_BUFFER_TOO_SMALL);
+  CHECK(strcmp(kvfile_last_error(), "kvfile_writer_append_parts: block 2 data_bytes holds 1279, the result needs 1280") == 0);
+  blocks[2].data_bytes = sizeof rows_f32[0];
+  CHECK_STATUS(kvfile_writer_append_parts(w, ids, kTokens, blocks, kPartStreams), KVFILE_OK);
+  CHECK_STATUS(kvfile_writer_close(w), KVFILE_OK);
+
+  kvfile_reader* r = NULL;
+  CHECK_STATUS(kvfile_reader_open(in_dir(dir, "parts.kv"), &r), KVFILE_OK);
+  for (uint32_t s = 0; s < kPartStreams; ++s) {
+    /* The stored parts; f32 rows decoded exactly as kvfile_reader_read_rows. */
+    kvfile_parts p = parts_in(kPartDtypes[s], &stored[s]);
+    CHECK_STATUS(kvfile_reader_read_parts(r, 0, s, 0, kTokens, &p), KVFILE_OK);
+    static float want[kPartElems], got[kPartElems];
+    CHECK_STATUS(kvfile_reader_read_rows(r, 0, s, 0, kTokens, KVFILE_F32, want, sizeof want), KVFILE_OK);
+    kvfile_parts f = {KVFILE_F32, got, sizeof got, NULL, 0, NULL, 0};
+    CHECK_STATUS(kvfile_reader_read_parts(r, 0, s, 0, kTokens, &f), KVFILE_OK);
+    CHECK(memcmp(got, want, sizeof got) == 0);
+    if (kPartDtypes[s] == KVFILE_F32) CHECK(memcmp(stored[s].data, rows_f32[s % 4], sizeof got) == 0);
+  }
+  /* The deprecated reads give the same bytes. */
+  kvfile_parts e4 = parts_in(KVFILE_E4M3, &again);
+  CHECK_STATUS(kvfile_reader_read_codes(r, 0, 0, 0, kTokens, again.data, e4.data_bytes, again.scales, e4.scale_count),
+               KVFILE_OK);
+  CHECK(memcmp(again.data, stored[0].data, e4.data_bytes) == 0 &&
+        memcmp(again.scales, stored[0].scales, sizeof again.scales) == 0);
+  kvfile_parts nv = parts_in(KVFILE_NVFP4, &again);
+  CHECK_STATUS(kvfile_reader_read_nvfp4_codes(r, 0, 5, 0, kTokens, again.data, nv.data_bytes, again.block_scales,
+                                              nv.block_scales_bytes, again.scales, nv.scale_count),
+               KVFILE_OK);
+  CHECK(memcmp(again.data, stored[5].data, nv.data_bytes) == 0 &&
+        memcmp(again.block_scales, stored[5].block_scales, nv.block_scales_bytes) == 0 &&
+        memcmp(again.scales, stored[5].scales, nv.scale_count * 4) == 0);
+  /* Refused, the buffers untouched: each part one short, an fp8 dtype not
+   * the stream's, a value that is no dtype. */
+  memset(&again, 0xA5, sizeof again);
+  memcpy(&before, &again, sizeof again);
+  nv = parts_in(KVFILE_NVFP4, &again);
+  nv.block_scales_bytes -= 1;
+  CHECK_STATUS(kvfile_reader_read_parts(r, 0, 5, 0, kTokens, &nv), KVFILE_BUFFER_TOO_SMALL);
+  CHECK(strcmp(kvfile_last_error(), "kvfile_reader_read_parts: block_scales_bytes holds 19, the result needs 20") == 0);
+  nv = parts_in(KVFILE_NVFP4, &again);
+  nv.scale_count -= 1;
+  CHECK_STATUS(kvfile_reader_read_parts(r, 0, 5, 0, kTokens, &nv), KVFILE_BUFFER_TOO_SMALL);
+  CHECK(strcmp(kvfile_last_error(), "kvfile_reader_read_parts: scale_count holds 9, the result needs 10") == 0);
+  e4 = parts_in(KVFILE_E5M2, &again);
+  CHECK_STATUS(kvfile_reader_read_parts(r, 0, 0, 0, kTokens, &e4), KVFILE_INVALID_ARGUMENT);
+  CHECK(strcmp(kvfile_last_error(), "kvfile_reader_read_parts: stream 'e4' is e4m3, not e5m2") == 0);
+  e4.dtype = (kvfile_dtype)7;
+  CHECK_STATUS(kvfile_reader_read_parts(r, 0, 0, 0, kTokens, &e4), KVFILE_INVALID_ARGUMENT);
+  CHECK(strcmp(kvfile_last_error(), "kvfile_reader_read_parts: invalid dtype 7") == 0);
+  CHECK(memcmp(&again, &before, sizeof again) == 0);
+  kvfile_reader_close(r);
+
+  /* The stored parts appended as they are (raw streams as their own dtype). */
+  for (int s = 0; s < kPartStreams; ++s) blocks[s] = parts_in(kPartDtypes[s], &stored[s]);
+  CHECK_STATUS(kvfile_writer_create(in_dir(dir, "parts2.kv"), &g, "test/parts", 1, NULL, &w), KVFILE_OK);
+  blocks[5].block_scales = NULL;
+  CHECK_STATUS(kvfile_writer_append_parts(w, ids, kTokens, blocks, kPartStreams), KVFILE_INVALID_ARGUMENT);
+  CHECK_CONTAINS(kvfile_last_error(), "nvfp4 codes given without block scales");
+  blocks[5].block_scales = stored[5].block_scales;
+  blocks[1].scale_count = kTokens * kRows - 1;
+  CHECK_STATUS(kvfile_writer_append_parts(w, ids, kTokens, blocks, kPartStreams), KVFILE_BUFFER_TOO_SMALL);
+  CHECK(strcmp(kvfile_last_error(), "kvfile_writer_append_parts: block 1 scale_count holds 19, the result needs 20") == 0);
+  blocks[1].scale_count = kTokens * kRows;
+  CHECK_STATUS(kvfile_writer_append_parts(w, ids, kTokens, blocks, kPartStreams), KVFILE_OK);
+  CHECK_STATUS(kvfile_writer_close(w), KVFILE_OK);
+  CHECK_STATUS(kvfile_reader_open(in_dir(dir, "parts2.kv"), &r), KVFILE_OK);
+  for (uint32_t s = 0; s < kPartStreams; ++s) {
+    kvfile_parts p = parts_in(kPartDtypes[s], &again);
+    CHECK_STATUS(kvfile_reader_read_parts(r, 0, s, 0, kTokens, &p), KVFILE_OK);
+    CHECK(memcmp(again.data, stored[s].data, p.data_bytes) == 0);
+    CHECK(memcmp(again.scales, stored[s].scales, p.scale_count * 4) == 0);
+    CHECK(memcmp(again.block_scales, stored[s].block_scales, p.block_scales_bytes) == 0);
+  }
+  kvfile_reader_close(r);
+}
+
 /* Layer sets (spec/FORMAT.md 3.2): glm-5.2's indexer layers from the
  * preset; a file whose stream "x" is in layers 1 and 2 of 3, written with
  * kvfile_writer_create_layers and NULL rows where "x" is absent, read back
@@ -783,5 +925,6 @@ int main(int argc, char** argv) {
   test_nvfp4();
   test_nvfp4_codes_append();
   test_layer_sets();
+  test_parts_every_dtype();
   return check_summary("c_api_test");
 }

@@ -217,6 +217,61 @@ TEST(Dtype, NamesAndSizes) {
   EXPECT_TRUE(IsQuantized(Dtype::kE5M2) && !IsQuantized(Dtype::kF32) && !IsNvfp4(Dtype::kE4M3));
 }
 
+// The dtype table (spec/FORMAT.md 2.1): each dtype's parts and their bytes
+// for q quantized rows of w elements; a byte that is no dtype has no size,
+// no parts and no quantization (it was once 1 byte, raw).
+TEST(Dtype, TablePartsAndSizes) {
+  constexpr uint64_t q = 6, w = 32;  // e.g. 3 tokens x 2 rows of 32, or 6 tokens of 32 for nvfp4
+  struct Want {
+    Dtype d;
+    Quantization quant;
+    uint64_t codes, block_scales, row_scales;
+  };
+  for (const Want& x : {Want{Dtype::kE4M3, Quantization::kPerRow, q * w, 0, 4 * q},
+                        Want{Dtype::kE5M2, Quantization::kPerRow, q * w, 0, 4 * q},
+                        Want{Dtype::kBF16, Quantization::kNone, 2 * q * w, 0, 0},
+                        Want{Dtype::kF16, Quantization::kNone, 2 * q * w, 0, 0},
+                        Want{Dtype::kF32, Quantization::kNone, 4 * q * w, 0, 0},
+                        Want{Dtype::kNvfp4, Quantization::kPerToken, q * w / 2, q * w / 16, 4 * q}}) {
+    SCOPED_TRACE(DtypeName(x.d));
+    const DtypeInfo* info = FindDtype(x.d);
+    ASSERT_NE(info, nullptr);
+    EXPECT_EQ(info->dtype, x.d);
+    EXPECT_EQ(info->quantization, x.quant);
+    EXPECT_EQ(PartBytes(x.d, DtypePart::kCodes, q, w), x.codes);
+    EXPECT_EQ(PartBytes(x.d, DtypePart::kBlockScales, q, w), x.block_scales);
+    EXPECT_EQ(PartBytes(x.d, DtypePart::kRowScales, q, w), x.row_scales);
+    // The parts listed are exactly those with bytes, in section order.
+    std::vector<DtypePart> have;
+    for (DtypePart p : {DtypePart::kCodes, DtypePart::kBlockScales, DtypePart::kRowScales})
+      if (PartBytes(x.d, p, q, w)) have.push_back(p);
+    EXPECT_EQ(std::vector<DtypePart>(info->parts, info->parts + info->part_count), have);
+  }
+  for (uint8_t v : {uint8_t{0}, uint8_t{7}, uint8_t{255}}) {
+    const Dtype d = static_cast<Dtype>(v);
+    EXPECT_EQ(FindDtype(d), nullptr) << int(v);
+    EXPECT_EQ(ElementSize(d), 0u) << int(v);
+    EXPECT_EQ(CodeBytes(d, 64), 0u) << int(v);
+    EXPECT_EQ(PartBytes(d, DtypePart::kCodes, q, w), 0u) << int(v);
+    EXPECT_FALSE(IsFp8(d) || IsNvfp4(d) || IsQuantized(d)) << int(v);
+  }
+}
+
+TEST(Dtype, ParseEveryNameAndRefuseTheRest) {
+  for (uint8_t v = 1; v <= 6; ++v) {
+    Dtype d = Dtype::kF32;
+    ASSERT_TRUE(ParseDtype(DtypeName(static_cast<Dtype>(v)), &d).ok()) << int(v);
+    EXPECT_EQ(d, static_cast<Dtype>(v));
+  }
+  for (const char* bad : {"", "E4M3", "e4m3 ", "fp8", "invalid", "q8_0"}) {
+    Dtype d = Dtype::kBF16;
+    Status st = ParseDtype(bad, &d);
+    EXPECT_EQ(st.code(), Status::Code::kInvalidArgument) << bad;
+    EXPECT_EQ(st.message(), "unknown dtype '" + std::string(bad) + "' (e4m3, e5m2, bf16, f16, f32 or nvfp4)");
+    EXPECT_EQ(d, Dtype::kBF16);  // untouched
+  }
+}
+
 // ---- file header ------------------------------------------------------------------
 
 TEST(FileHeader, RoundTrip) {

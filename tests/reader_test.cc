@@ -411,6 +411,35 @@ TEST_F(ReadManyTest, CodesOfADamagedChunkFailNamingItAndZeroFill) {
   ASSERT_OK(r->ReadManyCodes(got.targets, 0, 32, 3));  // the chunks before it still read
 }
 
+// A version 1 file's codes are its raw rows quantized on read, one byte per
+// element: a failed read zero-fills that many bytes of each destination,
+// not as many as the stored bf16 rows hold.
+TEST_F(ReadManyTest, CodesOfADamagedV1FileZeroFillOnlyTheCodes) {
+  Geometry g = Preset("tiny", Dtype::kE4M3);
+  for (StreamSpec& s : g.streams) s.dtype = Dtype::kBF16;
+  Sequence q = MakeSequence(g, Dtype::kBF16, 12);
+  WriterOptions o = Options(8);
+  o.format_major = 1;
+  WriteSequence(Path("v1.kv"), q, o, {12});
+  {
+    auto clean = Open(Path("v1.kv"));
+    ASSERT_NE(clean, nullptr);
+    DamageSection(Path("v1.kv"), *clean, 1, 1, 0, 5);  // chunk 1, layer 1 'k'
+  }
+  auto r = Open(Path("v1.kv"));
+  ASSERT_NE(r, nullptr);
+  ASSERT_EQ(r->major_version(), 1);
+  CodeDestinations got(g, {{0, 0}, {1, 0}, {1, 1}}, 12);
+  Status st = r->ReadManyCodes(got.targets, 0, 12, 1, Dtype::kE5M2);
+  EXPECT_EQ(st.code(), Status::Code::kCorruption) << st.ToString();
+  for (size_t i = 0; i < got.codes.size(); ++i) {
+    EXPECT_TRUE(std::all_of(got.codes[i].begin(), got.codes[i].end() - 1, [](uint8_t b) { return b == 0; }));
+    EXPECT_TRUE(std::all_of(got.scales[i].begin(), got.scales[i].end() - 1, [](uint8_t b) { return b == 0; }));
+    EXPECT_EQ(got.codes[i].back(), kFill) << i;
+    EXPECT_EQ(got.scales[i].back(), kFill) << i;
+  }
+}
+
 // ---- nvfp4 streams (format 2.2) --------------------------------------------------------------
 
 // 10 tokens in chunks of 4 (4, 4, 2: the last chunk short), appends of 3.

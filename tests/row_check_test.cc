@@ -189,6 +189,23 @@ TEST(RowCheck, NoRowsAndEmptyRows) {
 // What the writer stores must pass what the readers check: the all-zero row
 // (scale 1.0), a row of subnormals (scale raised to FLT_MIN) and a row at
 // FLT_MAX (the largest scale) from every raw dtype into both kinds.
+// A byte that is no dtype is refused, not checked as raw values (it was
+// once "ok": FindNonFinite finds nothing in a dtype it does not know).
+TEST(RowCheck, AValueThatIsNoDtypeIsRefused) {
+  const float rows[4] = {1.0f, 2.0f, 3.0f, 4.0f};
+  const float scales[2] = {1.0f, 1.0f};
+  for (uint8_t v : {uint8_t{0}, uint8_t{7}, uint8_t{200}}) {
+    RowCheck rc = CheckRows(static_cast<Dtype>(v), rows, scales, 2, 2);
+    EXPECT_EQ(rc.fault, RowFault::kInvalidDtype) << int(v);
+    EXPECT_STREQ(RowFaultText(rc.fault), "invalid dtype");
+  }
+  EXPECT_STREQ(RowFaultText(RowFault::kNonFiniteValue), "non-finite value");
+  EXPECT_STREQ(RowFaultText(RowFault::kNonFiniteCode), "non-finite code");
+  EXPECT_STREQ(RowFaultText(RowFault::kInvalidScale), "invalid scale");
+  EXPECT_STREQ(RowFaultText(RowFault::kInvalidBlockScale), "invalid block scale");
+  EXPECT_STREQ(RowFaultText(RowFault::kNone), "");
+}
+
 TEST(RowCheck, EveryScaleTheQuantizerWritesPasses) {
   for (Dtype kind : {Dtype::kE4M3, Dtype::kE5M2}) {
     const Dtype stored = kind;

@@ -223,17 +223,86 @@ static_assert(offsetof(kvfile_rows2, dtype) == offsetof(kvfile_rows, dtype) &&
               offsetof(kvfile_rows2, data) == offsetof(kvfile_rows, data) &&
               offsetof(kvfile_rows2, scales) == offsetof(kvfile_rows, scales) &&
               offsetof(kvfile_rows2, block_scales) == sizeof(kvfile_rows));
+// kvfile_parts: the dtype, then each part's pointer and size in the order
+// of the dtype table's parts (codes, row scales, block scales here).
+static_assert(offsetof(kvfile_parts, dtype) == 0 && offsetof(kvfile_parts, data) == sizeof(void*) &&
+              offsetof(kvfile_parts, data_bytes) == 2 * sizeof(void*) &&
+              offsetof(kvfile_parts, scales) == 3 * sizeof(void*) &&
+              offsetof(kvfile_parts, scale_count) == 4 * sizeof(void*) &&
+              offsetof(kvfile_parts, block_scales) == 5 * sizeof(void*) &&
+              offsetof(kvfile_parts, block_scales_bytes) == 6 * sizeof(void*) &&
+              sizeof(kvfile_parts) == 7 * sizeof(void*));
 
-const uint8_t* BlockScalesOf(const kvfile_rows&) { return nullptr; }
-const uint8_t* BlockScalesOf(const kvfile_rows2& b) { return b.block_scales; }
+// The deprecated append structs as kvfile_parts (sizes unknown: unbounded).
+constexpr size_t kUnknownSize = SIZE_MAX;
+kvfile_parts PartsOf(const kvfile_rows& b) {
+  return {b.dtype, const_cast<void*>(b.data), kUnknownSize, const_cast<float*>(b.scales), kUnknownSize, nullptr,
+          kUnknownSize};
+}
+kvfile_parts PartsOf(const kvfile_rows2& b) {
+  return {b.dtype,      const_cast<void*>(b.data), kUnknownSize, const_cast<float*>(b.scales), kUnknownSize,
+          const_cast<uint8_t*>(b.block_scales), kUnknownSize};
+}
+const kvfile_parts& PartsOf(const kvfile_parts& b) { return b; }
 
-// kvfile_writer_append and kvfile_writer_append2 (`function` names it).
+// One part of a kvfile_parts: its pointer, its size (in elements of the
+// part: bytes, or f32 scales) and the names a message gives them.
+struct CPart {
+  void* data;
+  size_t size;
+  uint64_t element_bytes;
+  const char* size_name;
+  const char* name;
+};
+// The names each entry point gives the parts (codes, block scales, row scales).
+struct PartNames {
+  const char* data_size;
+  const char* block_scales_size;
+  const char* scales_size;
+  const char* data;
+  const char* block_scales;
+  const char* scales;
+};
+constexpr PartNames kPartsNames{"data_bytes", "block_scales_bytes", "scale_count", "data", "block_scales", "scales"};
+CPart PartOf(const kvfile_parts& p, kvfile::DtypePart part, const PartNames& n) {
+  switch (part) {
+    case kvfile::DtypePart::kCodes: return {p.data, p.data_bytes, 1, n.data_size, n.data};
+    case kvfile::DtypePart::kBlockScales: return {p.block_scales, p.block_scales_bytes, 1, n.block_scales_size, n.block_scales};
+    case kvfile::DtypePart::kRowScales: return {p.scales, p.scale_count, sizeof(float), n.scales_size, n.scales};
+  }
+  return {p.data, p.data_bytes, 1, n.data_size, n.data};
+}
+
+// Checks the sizes, then (with `pointers`) the pointers, of the parts of
+// `dtype` for `tokens` tokens of `spec` (none when `tokens` is 0). `what`
+// prefixes the names.
+kvfile_status CheckParts(const std::string& function, const std::string& what, const kvfile_parts& p, Dtype dtype,
+                         const kvfile::StreamSpec& spec, uint64_t tokens, const PartNames& names, bool pointers) {
+  if (tokens == 0) return KVFILE_OK;
+  const kvfile::DtypeInfo& info = *kvfile::FindDtype(dtype);
+  const kvfile::CodecRows cr = kvfile::CodecRowsOf(dtype, spec.rows_per_token, spec.row_width);
+  for (size_t k = 0; k < info.part_count; ++k) {
+    const CPart c = PartOf(p, info.parts[k], names);
+    const uint64_t need = kvfile::PartBytes(dtype, info.parts[k], tokens * cr.per_token, cr.width) / c.element_bytes;
+    if (kvfile_status st = CheckCapacity(function + ": " + what + c.size_name, need, c.size); st != KVFILE_OK)
+      return st;
+  }
+  for (size_t k = 0; pointers && k < info.part_count; ++k) {
+    const CPart c = PartOf(p, info.parts[k], names);
+    if (c.data == nullptr) return NullArgument(function, what + c.name);
+  }
+  return KVFILE_OK;
+}
+
+// kvfile_writer_append_parts and the deprecated kvfile_writer_append and
+// kvfile_writer_append2 (`function` names it).
 template <typename Rows>
 kvfile_status Append(const char* function, kvfile_writer* writer, const uint32_t* tokens, size_t token_count,
                      const Rows* blocks, size_t block_count) {
   if (writer == nullptr) return NullArgument(function, "writer");
   if (tokens == nullptr && token_count > 0) return NullArgument(function, "tokens");
   if (blocks == nullptr && block_count > 0) return NullArgument(function, "blocks");
+  const Geometry& g = writer->impl->geometry();
   kvfile::AppendBatch batch;
   batch.tokens = std::span<const uint32_t>(tokens, token_count);
   batch.blocks.reserve(block_count);
@@ -241,14 +310,54 @@ kvfile_status Append(const char* function, kvfile_writer* writer, const uint32_t
     auto refuse = [&](const std::string& what) {
       return Fail(KVFILE_INVALID_ARGUMENT, std::string(function) + ": block " + std::to_string(i) + what);
     };
-    if (!IsDtype(blocks[i].dtype))
-      return refuse(" has an invalid dtype " + std::to_string(static_cast<int>(blocks[i].dtype)));
-    const uint8_t* block_scales = BlockScalesOf(blocks[i]);
-    if (block_scales != nullptr && blocks[i].dtype != KVFILE_NVFP4)
+    const kvfile_parts& b = PartsOf(blocks[i]);
+    if (!IsDtype(b.dtype)) return refuse(" has an invalid dtype " + std::to_string(static_cast<int>(b.dtype)));
+    const Dtype dtype = static_cast<Dtype>(b.dtype);
+    if (b.block_scales != nullptr && !kvfile::FindDtype(dtype)->block_elements)
       return refuse(" has block_scales but is not KVFILE_NVFP4 codes");
-    batch.blocks.push_back({static_cast<Dtype>(blocks[i].dtype), blocks[i].data, blocks[i].scales, block_scales});
+    // The sizes of the parts given; the writer refuses a missing part or
+    // block with its own message (no rows, codes without scales, rows for
+    // a layer the stream is not in).
+    const size_t S = g.streams.size();
+    if (b.data != nullptr && i < g.layers * S &&
+        g.InLayer(static_cast<uint32_t>(i / S), static_cast<uint32_t>(i % S)))
+      if (kvfile_status st =
+              CheckParts(function, "block " + std::to_string(i) + " ", b, dtype, g.streams[i % S], token_count,
+                         kPartsNames, false);
+          st != KVFILE_OK)
+        return st;
+    batch.blocks.push_back({dtype, b.data, b.scales, b.block_scales});
   }
   return Report(writer->impl->Append(batch));
+}
+
+// kvfile_reader_read_parts and the deprecated kvfile_reader_read_codes and
+// kvfile_reader_read_nvfp4_codes (`function` names it, `names` its arguments).
+kvfile_status ReadParts(const char* function, kvfile_reader* reader, uint32_t layer, uint32_t stream, uint64_t begin,
+                        uint64_t end, const kvfile_parts& p, const PartNames& names) {
+  if (reader == nullptr) return NullArgument(function, "reader");
+  if (!IsDtype(p.dtype))
+    return Fail(KVFILE_INVALID_ARGUMENT,
+                std::string(function) + ": invalid dtype " + std::to_string(static_cast<int>(p.dtype)));
+  const Dtype dtype = static_cast<Dtype>(p.dtype);
+  kvfile::Reader& r = *reader->impl;
+  if (RowsInRead(r, layer, stream, begin, end) > 0) {
+    const kvfile::StreamSpec& spec = r.geometry().streams[stream];
+    if (kvfile_status st = CheckParts(function, "", p, dtype, spec, end - begin, names, true); st != KVFILE_OK)
+      return st;
+    if (r.major_version() > 1 && kvfile::IsFp8(dtype) && kvfile::IsFp8(spec.dtype) && dtype != spec.dtype)
+      return Fail(KVFILE_INVALID_ARGUMENT, std::string(function) + ": stream '" + spec.name + "' is " +
+                                               kvfile::DtypeName(spec.dtype) + ", not " + kvfile::DtypeName(dtype));
+  }
+  switch (kvfile::FindDtype(dtype)->quantization) {
+    case kvfile::Quantization::kNone:
+      return Report(r.ReadRows(layer, stream, begin, end, dtype, p.data));
+    case kvfile::Quantization::kPerRow:
+      return Report(r.ReadCodes(layer, stream, begin, end, static_cast<uint8_t*>(p.data), p.scales, dtype));
+    case kvfile::Quantization::kPerToken:
+      return Report(r.ReadCodes(layer, stream, begin, end, static_cast<uint8_t*>(p.data), p.block_scales, p.scales));
+  }
+  return Fail(KVFILE_INVALID_ARGUMENT, std::string(function) + ": invalid dtype");
 }
 
 // Copies the layers stream `stream` of `g` is in to out[0, capacity).
@@ -389,6 +498,12 @@ kvfile_status kvfile_writer_open(const char* path, const kvfile_writer_options* 
   });
 }
 
+kvfile_status kvfile_writer_append_parts(kvfile_writer* writer, const uint32_t* tokens, size_t token_count,
+                                         const kvfile_parts* blocks, size_t block_count) {
+  return Guarded(
+      [&] { return Append("kvfile_writer_append_parts", writer, tokens, token_count, blocks, block_count); });
+}
+
 kvfile_status kvfile_writer_append(kvfile_writer* writer, const uint32_t* tokens, size_t token_count,
                                    const kvfile_rows* blocks, size_t block_count) {
   return Guarded([&] { return Append("kvfile_writer_append", writer, tokens, token_count, blocks, block_count); });
@@ -505,53 +620,35 @@ kvfile_status kvfile_reader_read_rows(kvfile_reader* reader, uint32_t layer, uin
   });
 }
 
+kvfile_status kvfile_reader_read_parts(kvfile_reader* reader, uint32_t layer, uint32_t stream, uint64_t begin,
+                                       uint64_t end, const kvfile_parts* parts) {
+  return Guarded([&] {
+    if (parts == nullptr) return NullArgument("kvfile_reader_read_parts", "parts");
+    return ReadParts("kvfile_reader_read_parts", reader, layer, stream, begin, end, *parts, kPartsNames);
+  });
+}
+
 kvfile_status kvfile_reader_read_nvfp4_codes(kvfile_reader* reader, uint32_t layer, uint32_t stream, uint64_t begin,
                                              uint64_t end, uint8_t* codes, size_t codes_bytes, uint8_t* block_scales,
                                              size_t block_scales_bytes, float* scales, size_t scale_count) {
   return Guarded([&] {
-    if (reader == nullptr) return NullArgument("kvfile_reader_read_nvfp4_codes", "reader");
-    const kvfile::Reader& r = *reader->impl;
-    uint64_t rows = RowsInRead(r, layer, stream, begin, end);
-    if (rows > 0) {
-      const uint64_t tokens = end - begin, width = r.geometry().streams[stream].ElementsPerToken();
-      if (kvfile_status st = CheckCapacity("kvfile_reader_read_nvfp4_codes: codes_bytes", tokens * (width / 2),
-                                           codes_bytes);
-          st != KVFILE_OK)
-        return st;
-      if (kvfile_status st = CheckCapacity("kvfile_reader_read_nvfp4_codes: block_scales_bytes",
-                                           tokens * (width / 16), block_scales_bytes);
-          st != KVFILE_OK)
-        return st;
-      if (kvfile_status st = CheckCapacity("kvfile_reader_read_nvfp4_codes: scale_count", tokens, scale_count);
-          st != KVFILE_OK)
-        return st;
-      if (codes == nullptr) return NullArgument("kvfile_reader_read_nvfp4_codes", "codes");
-      if (block_scales == nullptr) return NullArgument("kvfile_reader_read_nvfp4_codes", "block_scales");
-      if (scales == nullptr) return NullArgument("kvfile_reader_read_nvfp4_codes", "scales");
-    }
-    return Report(reader->impl->ReadCodes(layer, stream, begin, end, codes, block_scales, scales));
+    const kvfile_parts p{KVFILE_NVFP4, codes, codes_bytes, scales, scale_count, block_scales, block_scales_bytes};
+    return ReadParts("kvfile_reader_read_nvfp4_codes", reader, layer, stream, begin, end, p,
+                     {"codes_bytes", "block_scales_bytes", "scale_count", "codes", "block_scales", "scales"});
   });
 }
 
+// The codes of the stream's own fp8 dtype, or of a v1 file's rows as e4m3.
 kvfile_status kvfile_reader_read_codes(kvfile_reader* reader, uint32_t layer, uint32_t stream, uint64_t begin,
                                        uint64_t end, uint8_t* codes, size_t codes_bytes, float* scales,
                                        size_t scale_count) {
   return Guarded([&] {
-    if (reader == nullptr) return NullArgument("kvfile_reader_read_codes", "reader");
-    const kvfile::Reader& r = *reader->impl;
-    uint64_t rows = RowsInRead(r, layer, stream, begin, end);
-    if (rows > 0) {
-      uint64_t need_codes = rows * r.geometry().streams[stream].row_width;
-      if (kvfile_status st = CheckCapacity("kvfile_reader_read_codes: codes_bytes", need_codes, codes_bytes);
-          st != KVFILE_OK)
-        return st;
-      if (kvfile_status st = CheckCapacity("kvfile_reader_read_codes: scale_count", rows, scale_count);
-          st != KVFILE_OK)
-        return st;
-      if (codes == nullptr) return NullArgument("kvfile_reader_read_codes", "codes");
-      if (scales == nullptr) return NullArgument("kvfile_reader_read_codes", "scales");
-    }
-    return Report(reader->impl->ReadCodes(layer, stream, begin, end, codes, scales));
+    kvfile_parts p{KVFILE_E4M3, codes, codes_bytes, scales, scale_count, nullptr, 0};
+    if (reader != nullptr && stream < reader->impl->geometry().streams.size() &&
+        kvfile::IsFp8(reader->impl->geometry().streams[stream].dtype))
+      p.dtype = static_cast<kvfile_dtype>(reader->impl->geometry().streams[stream].dtype);
+    return ReadParts("kvfile_reader_read_codes", reader, layer, stream, begin, end, p,
+                     {"codes_bytes", "", "scale_count", "codes", "", "scales"});
   });
 }
 

@@ -20,7 +20,13 @@ enum class RowFault : uint8_t {
   kNonFiniteCode,   // an invalid fp8 code (8.1)
   kInvalidScale,    // a scale outside 0x00800000..0x7F7FFFFF (8.2)
   kInvalidBlockScale,  // an nvfp4 block scale with bit 7 set, or 0x7F (14.6)
+  kInvalidDtype,       // `dtype` is not a Dtype value (nothing checked)
 };
+
+// The fault as the messages of every caller name it: "non-finite value",
+// "non-finite code", "invalid scale", "invalid block scale", "invalid
+// dtype"; "" for kNone.
+const char* RowFaultText(RowFault f);
 
 struct RowCheck {
   RowFault fault = RowFault::kNone;

@@ -13,6 +13,7 @@
 #include <optional>
 #include <set>
 
+#include "codec/dtype_codec.h"
 #include "codec/row_check.h"
 #include "kvfile/codec.h"
 #include "format/endian.h"
@@ -545,6 +546,24 @@ Status SafetensorsWriter::Close() {
 
 // ---- The kvfile convention --------------------------------------------------------------
 
+const char* PartSuffix(DtypePart p) {
+  switch (p) {
+    case DtypePart::kCodes: return ".codes";
+    case DtypePart::kBlockScales: return ".block_scales";
+    case DtypePart::kRowScales: return ".scales";
+  }
+  return "";
+}
+
+const TensorInfo*& KvStream::part(DtypePart p) {
+  switch (p) {
+    case DtypePart::kCodes: return codes;
+    case DtypePart::kBlockScales: return block_scales;
+    case DtypePart::kRowScales: return scales;
+  }
+  return codes;
+}
+
 Dtype KvStream::source_dtype() const {
   if (block_scales) return Dtype::kNvfp4;
   const TensorInfo* t = codes ? codes : values;
@@ -654,16 +673,22 @@ Status DescribeKv(const Header& h, KvTensors* out) {
       kv.token_ids = &t;
       continue;
     }
+    // "<stream>" (values) or "<stream><suffix>" (a part), the parts in
+    // DtypePart order: ".block_scales" before ".scales".
     std::string base = t.name;
-    int kind = 0;  // 0 values, 1 codes, 2 scales, 3 block scales
-    if (EndsWith(t.name, ".codes")) base = t.name.substr(0, t.name.size() - 6), kind = 1;
-    else if (EndsWith(t.name, ".block_scales")) base = t.name.substr(0, t.name.size() - 13), kind = 3;
-    else if (EndsWith(t.name, ".scales")) base = t.name.substr(0, t.name.size() - 7), kind = 2;
+    std::optional<DtypePart> part;
+    for (DtypePart p : {DtypePart::kCodes, DtypePart::kBlockScales, DtypePart::kRowScales}) {
+      const std::string_view suffix = PartSuffix(p);
+      if (!EndsWith(t.name, suffix)) continue;
+      base = t.name.substr(0, t.name.size() - suffix.size());
+      part = p;
+      break;
+    }
     if (!format::IsValidStreamName(base))
       return Status::InvalidArgument("tensor " + Quote(t.name) + ": " + Quote(base) +
                                      " is not a stream name (1-31 characters of [a-z0-9_.-])");
     KvStream& s = stream_named(base);
-    (kind == 0 ? s.values : kind == 1 ? s.codes : kind == 2 ? s.scales : s.block_scales) = &t;
+    (part ? s.part(*part) : s.values) = &t;
   }
   if (kv.token_ids == nullptr) return Status::InvalidArgument("no 'tokens' tensor");
   if (kv.streams.empty()) return Status::InvalidArgument("no stream tensors");
@@ -684,14 +709,17 @@ Status DescribeKv(const Header& h, KvTensors* out) {
     std::string where = "stream " + Quote(s.name);
     if (s.values && (s.codes || s.scales || s.block_scales))
       return Status::InvalidArgument(where + ": both " + Quote(s.name) + " and " +
-                                     Quote(s.name + (s.codes ? ".codes" : s.scales ? ".scales" : ".block_scales")) +
+                                     Quote(s.name + PartSuffix(s.codes    ? DtypePart::kCodes
+                                                               : s.scales ? DtypePart::kRowScales
+                                                                          : DtypePart::kBlockScales)) +
                                      " are present");
     if (!s.values && !s.codes)
-      return Status::InvalidArgument(where + ": " + Quote(s.name + (s.scales ? ".scales" : ".block_scales")) +
-                                     " without " + Quote(s.name + ".codes"));
+      return Status::InvalidArgument(
+          where + ": " + Quote(s.name + PartSuffix(s.scales ? DtypePart::kRowScales : DtypePart::kBlockScales)) +
+          " without " + Quote(s.name + PartSuffix(DtypePart::kCodes)));
     if (s.codes && !s.scales)
-      return Status::InvalidArgument(where + ": " + Quote(s.name + ".codes") + " without " +
-                                     Quote(s.name + ".scales"));
+      return Status::InvalidArgument(where + ": " + Quote(s.name + PartSuffix(DtypePart::kCodes)) + " without " +
+                                     Quote(s.name + PartSuffix(DtypePart::kRowScales)));
     const TensorInfo& t = s.values ? *s.values : *s.codes;
     const std::optional<Dtype> kd = KvDtypeOf(t.dtype);
     if (s.values && (!kd || IsFp8(*kd)))
@@ -701,7 +729,7 @@ Status DescribeKv(const Header& h, KvTensors* out) {
       return Status::InvalidArgument("tensor " + Quote(t.name) + " is " + DTypeName(t.dtype) +
                                      "; codes must be F8_E4M3 or F8_E5M2" +
                                      (t.dtype == DType::kU8 ? " (U8: nvfp4 codes, with " +
-                                                                  Quote(s.name + ".block_scales") + ")"
+                                                                  Quote(s.name + PartSuffix(DtypePart::kBlockScales)) + ")"
                                                             : std::string()));
     std::vector<uint64_t> shape = t.shape;  // [layers, tokens, rows_per_token, row_width]
     if (s.block_scales) KVFILE_RETURN_IF_ERROR(Nvfp4Shape(h, s, &shape));
@@ -817,6 +845,19 @@ Status ReadStreamSlab(SafetensorsFile& f, const KvTensors& kv, const KvStream& s
   return Status::OK();
 }
 
+namespace {
+// The parts of a slab as ReadStreamSlab reads it: the codes (or values),
+// then the block scales, in `data`; the row scales in `scales`.
+codec::PartsIn SlabParts(Dtype d, const std::vector<uint8_t>& data, const std::vector<float>& scales, uint64_t rows,
+                         uint64_t width) {
+  codec::PartsIn p{data.data()};
+  if (PartBytes(d, DtypePart::kBlockScales, rows, width))
+    p.block_scales = data.data() + PartBytes(d, DtypePart::kCodes, rows, width);
+  if (PartBytes(d, DtypePart::kRowScales, rows, width)) p.row_scales = scales.data();
+  return p;
+}
+}  // namespace
+
 Status CheckValues(SafetensorsFile& f, const KvTensors& kv) {
   std::vector<uint8_t> data;
   std::vector<float> scales;
@@ -830,19 +871,17 @@ Status CheckValues(SafetensorsFile& f, const KvTensors& kv) {
       for (uint64_t t0 = 0; t0 < kv.tokens; t0 += block) {
         uint64_t n = std::min(block, kv.tokens - t0);
         KVFILE_RETURN_IF_ERROR(ReadStreamSlab(f, kv, s, l, t0, n, &data, &scales));
-        // An nvfp4 row is a token's elements, so a fault names no row.
-        const bool nvfp4 = IsNvfp4(dt);
+        // A per-token row (nvfp4) is a token's elements, so a fault names no row.
+        const CodecRows cr = CodecRowsOf(dt, s.rows_per_token, s.row_width);
+        const bool per_token = FindDtype(dt)->quantization == Quantization::kPerToken;
         auto where = [&](uint64_t row, const std::string& tensor) {
           return f.path() + ": tensor " + Quote(tensor) + ": layer " + std::to_string(l) + ", token " +
-                 (nvfp4 ? std::to_string(t0 + row)
-                        : std::to_string(t0 + row / s.rows_per_token) + ", row " +
-                              std::to_string(row % s.rows_per_token));
+                 (per_token
+                      ? std::to_string(t0 + row)
+                      : std::to_string(t0 + row / s.rows_per_token) + ", row " + std::to_string(row % s.rows_per_token));
         };
-        codec::RowCheck rc =
-            nvfp4 ? codec::CheckRows(dt, data.data(), scales.data(), n, elems_per_token,
-                                     data.data() + n * elems_per_token / 2)
-                  : codec::CheckRows(dt, data.data(), s.codes ? scales.data() : nullptr, n * s.rows_per_token,
-                                     s.row_width);
+        const uint64_t rows = n * cr.per_token;
+        codec::RowCheck rc = codec::CodecOf(dt)->check(dt, SlabParts(dt, data, scales, rows, cr.width), rows, cr.width);
         if (rc.fault == codec::RowFault::kInvalidBlockScale)
           return Status::NonFinite(where(rc.row, s.block_scales->name) +
                                    ": invalid block scale (bit 7 set, or 0x7F)");
@@ -887,33 +926,27 @@ Status AppendAll(SafetensorsFile& f, const KvTensors& kv, std::span<const uint32
         }
         KVFILE_RETURN_IF_ERROR(ReadStreamSlab(f, kv, src, l, t0, n, &data[i], &scales[i]));
         Dtype from = src.source_dtype();
-        // nvfp4 codes: one row per token, the block scales after the codes.
-        const bool nvfp4 = IsNvfp4(from);
-        const uint64_t rows = nvfp4 ? n : n * spec.rows_per_token;
-        const uint64_t width = nvfp4 ? spec.ElementsPerToken() : spec.row_width;
-        const uint8_t* block_scales = nvfp4 ? data[i].data() + rows * width / 2 : nullptr;
+        // The parts as the slab holds them (nvfp4: one row per token, the
+        // block scales after the codes).
+        const CodecRows cr = CodecRowsOf(from, spec.rows_per_token, spec.row_width);
+        const uint64_t rows = n * cr.per_token, width = cr.width;
+        const codec::PartsIn parts = SlabParts(from, data[i], scales[i], rows, width);
         if (!src.is_codes()) {
           batch.blocks.push_back({from, data[i].data(), nullptr});
         } else if (from == spec.dtype) {
-          batch.blocks.push_back({from, data[i].data(), scales[i].data(), block_scales});
+          batch.blocks.push_back({from, data[i].data(), parts.row_scales, parts.block_scales});
         } else {
           // Codes of another quantized dtype (or into a raw stream): decode
           // to f32 and let the writer quantize or convert. The decoder wants
           // valid codes and scales.
-          codec::RowCheck rc = codec::CheckRows(from, data[i].data(), scales[i].data(), rows, width, block_scales);
+          const codec::DtypeCodec& codec = *codec::CodecOf(from);
+          codec::RowCheck rc = codec.check(from, parts, rows, width);
           if (!rc.ok())
             return Status::NonFinite(f.path() + ": stream " + Quote(src.name) + ": layer " + std::to_string(l) +
-                                     ", token " + std::to_string(t0 + (nvfp4 ? rc.row : rc.row / spec.rows_per_token)) +
-                                     (rc.fault == codec::RowFault::kNonFiniteCode       ? ": non-finite code"
-                                      : rc.fault == codec::RowFault::kInvalidBlockScale ? ": invalid block scale"
-                                                                                        : ": invalid scale"));
+                                     ", token " + std::to_string(t0 + rc.row / cr.per_token) + ": " +
+                                     codec::RowFaultText(rc.fault));
           decoded[i].resize(rows * width);
-          if (nvfp4)
-            codec::DequantizeNvfp4Rows(data[i].data(), block_scales, scales[i].data(), rows, width, Dtype::kF32,
-                                       decoded[i].data());
-          else
-            codec::DequantizeRows(from, data[i].data(), scales[i].data(), rows, width, Dtype::kF32,
-                                  decoded[i].data());
+          codec.decode(from, parts, rows, width, Dtype::kF32, decoded[i].data());
           batch.blocks.push_back({Dtype::kF32, decoded[i].data(), nullptr});
         }
       }

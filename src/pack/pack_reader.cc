@@ -12,6 +12,7 @@
 
 #include "io/atomic_replace.h"
 #include "io/checked_read.h"
+#include "codec/dtype_codec.h"
 #include "codec/row_check.h"
 #include "writer/direct_chunk.h"
 #include "format/chunk_layout.h"
@@ -67,11 +68,7 @@ struct KVFILE_NO_EXPORT PackReader::Impl {
   // refuses.
   Status RowDamage(uint32_t id, uint32_t layer, const StreamSpec& spec, codec::RowFault fault) const {
     return Damage("chunk " + std::to_string(id) + " layer " + std::to_string(layer) + " stream '" + spec.name +
-                  "': " +
-                  (fault == codec::RowFault::kNonFiniteCode       ? "non-finite code"
-                   : fault == codec::RowFault::kInvalidScale      ? "invalid scale"
-                   : fault == codec::RowFault::kInvalidBlockScale ? "invalid block scale"
-                                                                  : "non-finite value"));
+                  "': " + codec::RowFaultText(fault));
   }
   // Unpack's direct path: where the .kv chunk size is a multiple of the
   // pack's and the pieces it reads are large (UseDirectPath).
@@ -564,9 +561,12 @@ Status PackReader::Materialize(size_t index, const std::string& dest) {
         const StreamSpec& spec = g.streams[p.stream];
         const format::CodecRows cr = format::CodecRowsOf(spec);
         const uint64_t rows = uint64_t{done} * cr.per_token;
-        piece.blocks[k].data = static_cast<const uint8_t*>(batch.blocks[k].data) + CodeBytes(spec.dtype, rows * cr.width);
-        if (piece.blocks[k].block_scales) piece.blocks[k].block_scales += rows * cr.width / codec::kNvfp4Block;
-        if (piece.blocks[k].scales) piece.blocks[k].scales += rows;
+        const RowBlock& from = batch.blocks[k];
+        const codec::PartsIn at =
+            codec::AtRow(spec.dtype, codec::PartsIn{from.data, from.block_scales, from.scales}, rows, cr.width);
+        piece.blocks[k].data = at.codes;
+        piece.blocks[k].block_scales = at.block_scales;
+        piece.blocks[k].scales = at.row_scales;
       }
       Status st = w->Append(piece);
       if (!st.ok()) {

@@ -24,6 +24,18 @@ using format::StoreU32;
 using format::StoreU64;
 using format::Checksum;
 
+namespace {
+// The (offset, bytes) fields of one part of a payload section.
+std::pair<uint64_t*, uint64_t*> PayloadPart(PayloadSection& p, DtypePart part) {
+  switch (part) {
+    case DtypePart::kCodes: return {&p.data_offset, &p.data_bytes};
+    case DtypePart::kBlockScales: return {&p.block_scales_offset, &p.block_scales_bytes};
+    case DtypePart::kRowScales: return {&p.scales_offset, &p.scales_bytes};
+  }
+  return {&p.data_offset, &p.data_bytes};
+}
+}  // namespace
+
 std::vector<PayloadSection> PackPayloadLayout(const Geometry& g, uint32_t tokens) {
   std::vector<PayloadSection> out;
   out.reserve(g.SectionCount());
@@ -35,19 +47,18 @@ std::vector<PayloadSection> PackPayloadLayout(const Geometry& g, uint32_t tokens
       PayloadSection p;
       p.layer = l;
       p.stream = si;
-      uint64_t rows = uint64_t{tokens} * s.rows_per_token;
-      // The section's parts in the order of a .kv section (spec/PACK.md 4):
-      // codes (raw rows), block scales (nvfp4), scales (fp8: one per row,
-      // nvfp4: one per token).
-      p.data_offset = at;
-      p.data_bytes = CodeBytes(s.dtype, rows * s.row_width);
-      at += p.data_bytes;
-      p.block_scales_offset = at;
-      if (IsNvfp4(s.dtype)) p.block_scales_bytes = rows * s.row_width / codec::kNvfp4Block;
-      at += p.block_scales_bytes;
-      p.scales_offset = at;
-      if (IsQuantized(s.dtype)) p.scales_bytes = uint64_t{4} * (IsNvfp4(s.dtype) ? tokens : rows);
-      at += p.scales_bytes;
+      // The section's parts in the order of a .kv section (spec/PACK.md 4),
+      // unpadded: those of the dtype's table, each at its offset, those it
+      // does not store with 0 bytes where they would be.
+      const CodecRows cr = format::CodecRowsOf(s);
+      const uint64_t rows = uint64_t{tokens} * cr.per_token;
+      for (DtypePart part : {DtypePart::kCodes, DtypePart::kBlockScales, DtypePart::kRowScales}) {
+        const uint64_t bytes = PartBytes(s.dtype, part, rows, cr.width);
+        auto [offset, size] = PayloadPart(p, part);
+        *offset = at;
+        *size = bytes;
+        at += bytes;
+      }
       out.push_back(p);
     }
   return out;
@@ -223,9 +234,8 @@ Status PackWriter::Impl::FillSections(Reader& r, const PackModel& m, const std::
           f32.resize(rows * width);
           KVFILE_RETURN_IF_ERROR(r.ReadRows(l, s, begin, end, Dtype::kF32, f32.data()));
           size_t bad = 0;
-          if (!(IsNvfp4(spec.dtype)
-                    ? codec::QuantizeNvfp4Rows(Dtype::kF32, f32.data(), rows, width, codes, block_scales, scales, &bad)
-                    : codec::QuantizeRows(spec.dtype, Dtype::kF32, f32.data(), rows, width, codes, scales, &bad)))
+          if (!codec::CodecOf(spec.dtype)->encode(spec.dtype, Dtype::kF32, f32.data(), rows, width,
+                                                  codec::PartsOut{codes, block_scales, scales}, &bad))
             return Status::NonFinite(r.path() + ": layer " + std::to_string(l) + " stream '" + spec.name +
                                      "': a non-finite value in row " + std::to_string(bad));
         }

@@ -87,9 +87,9 @@ py::dtype NumpyDtype(Dtype dtype) {
 }
 
 Dtype DtypeByName(const std::string& name) {
-  for (Dtype d : {Dtype::kE4M3, Dtype::kE5M2, Dtype::kBF16, Dtype::kF16, Dtype::kF32, Dtype::kNvfp4})
-    if (name == DtypeName(d)) return d;
-  throw py::value_error("unknown dtype '" + name + "' (known: e4m3, e5m2, bf16, f16, f32, nvfp4)");
+  Dtype d{};
+  if (Status st = ParseDtype(name, &d); !st.ok()) throw py::value_error(st.message());
+  return d;
 }
 
 py::array TokenIdArray(py::handle tokens) {

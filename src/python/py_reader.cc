@@ -27,6 +27,7 @@
 #include "kvfile/codec.h"
 #include "kvfile/dtype.h"
 #include "kvfile/reader.h"
+#include "kvfile/safetensors.h"
 
 namespace py = pybind11;
 
@@ -44,10 +45,13 @@ struct Selection {
 
   // The result's shape: [layers,] tokens, then `tail`.
   std::vector<py::ssize_t> Shape(std::initializer_list<py::ssize_t> tail) const {
+    return Shape(std::vector<py::ssize_t>(tail));
+  }
+  std::vector<py::ssize_t> Shape(const std::vector<py::ssize_t>& tail) const {
     std::vector<py::ssize_t> shape;
     if (all_layers) shape.push_back(layer_count);
     shape.push_back(static_cast<py::ssize_t>(end - begin));
-    shape.insert(shape.end(), tail);
+    shape.insert(shape.end(), tail.begin(), tail.end());
     return shape;
   }
 };
@@ -154,42 +158,50 @@ class PyReader {
     const Geometry g = GetGeometry();
     const Selection sel = Select(g, stream, layer, start, stop);
     const StreamSpec& spec = g.streams[sel.stream];
-    if (spec.dtype == Dtype::kNvfp4) return Nvfp4Codes(spec, sel);
-    py::array_t<uint8_t> codes(sel.Shape({spec.rows_per_token, spec.row_width}));
-    py::array_t<float> scales(sel.Shape({spec.rows_per_token}));
-    uint8_t* code_dst = codes.mutable_data();
-    float* scale_dst = scales.mutable_data();
+    // The codes' dtype: the stream's, or a v1 file's raw rows quantized as
+    // v1_as. One array per part of it (kvfile/dtype.h), per token: fp8 codes
+    // [rows, width] and scales [rows]; nvfp4 codes [n/2], block scales
+    // [n/16] and one scale (n = rows*width), uint8 but the f32 scales.
+    const Dtype d = kvfile::IsQuantized(spec.dtype) ? spec.dtype : v1_quantize_as;
+    const kvfile::DtypeInfo& info = *kvfile::FindDtype(d);
+    const kvfile::CodecRows cr = kvfile::CodecRowsOf(d, spec.rows_per_token, spec.row_width);
+    std::vector<py::ssize_t> rows_shape;
+    if (info.quantization != kvfile::Quantization::kPerToken) rows_shape.push_back(spec.rows_per_token);
     const uint64_t tokens = sel.end - sel.begin;
+    py::tuple result(info.part_count);
+    std::array<uint8_t*, 3> base{};  // by DtypePart
+    for (size_t k = 0; k < info.part_count; ++k) {
+      const kvfile::DtypePart part = info.parts[k];
+      std::vector<py::ssize_t> shape = rows_shape;
+      if (part == kvfile::DtypePart::kRowScales) {
+        py::array_t<float> a(sel.Shape(shape));
+        base[static_cast<size_t>(part)] = reinterpret_cast<uint8_t*>(a.mutable_data());
+        result[k] = a;
+      } else {
+        shape.push_back(static_cast<py::ssize_t>(kvfile::PartBytes(d, part, 1, cr.width)));
+        py::array_t<uint8_t> a(sel.Shape(shape));
+        base[static_cast<size_t>(part)] = a.mutable_data();
+        result[k] = a;
+      }
+    }
+    // Layer i's part starts i reads' worth of that part further on.
+    auto at = [&](kvfile::DtypePart part, uint32_t i) -> uint8_t* {
+      uint8_t* b = base[static_cast<size_t>(part)];
+      return b ? b + i * kvfile::PartBytes(d, part, tokens * cr.per_token, cr.width) : nullptr;
+    };
     guarded_.Run([&](Reader& r) -> Status {
-      for (uint32_t i = 0; i < sel.layer_count; ++i)
-        KVFILE_RETURN_IF_ERROR(r.ReadCodes(sel.layers[i], sel.stream, sel.begin, sel.end,
-                                           code_dst + i * tokens * spec.ElementsPerToken(),
-                                           scale_dst + i * tokens * spec.rows_per_token, v1_quantize_as));
+      for (uint32_t i = 0; i < sel.layer_count; ++i) {
+        uint8_t* codes = at(kvfile::DtypePart::kCodes, i);
+        float* scales = reinterpret_cast<float*>(at(kvfile::DtypePart::kRowScales, i));
+        KVFILE_RETURN_IF_ERROR(info.quantization == kvfile::Quantization::kPerToken
+                                   ? r.ReadCodes(sel.layers[i], sel.stream, sel.begin, sel.end, codes,
+                                                 at(kvfile::DtypePart::kBlockScales, i), scales)
+                                   : r.ReadCodes(sel.layers[i], sel.stream, sel.begin, sel.end, codes, scales,
+                                                 v1_quantize_as));
+      }
       return Status::OK();
     });
-    return MakeCodes(codes, py::none(), scales);
-  }
-
-  // An nvfp4 stream's Codes(codes, block_scales, scales): per token, uint8
-  // packed codes [rows*width/2] (low nibble first), uint8 E4M3 block scale
-  // codes [rows*width/16] and one float32 row scale.
-  py::object Nvfp4Codes(const StreamSpec& spec, const Selection& sel) {
-    const py::ssize_t n = static_cast<py::ssize_t>(spec.ElementsPerToken());
-    py::array_t<uint8_t> codes(sel.Shape({n / 2}));
-    py::array_t<uint8_t> blocks(sel.Shape({n / 16}));
-    py::array_t<float> scales(sel.Shape({}));
-    const uint64_t tokens = sel.end - sel.begin;
-    uint8_t* code_dst = codes.mutable_data();
-    uint8_t* block_dst = blocks.mutable_data();
-    float* scale_dst = scales.mutable_data();
-    guarded_.Run([&](Reader& r) -> Status {
-      for (uint32_t i = 0; i < sel.layer_count; ++i)
-        KVFILE_RETURN_IF_ERROR(r.ReadCodes(sel.layers[i], sel.stream, sel.begin, sel.end,
-                                           code_dst + i * tokens * (n / 2), block_dst + i * tokens * (n / 16),
-                                           scale_dst + i * tokens));
-      return Status::OK();
-    });
-    return MakeCodes(codes, blocks, scales);
+    return result;
   }
 
   BulkSelection SelectBulk(const Geometry& g, py::handle streams, py::handle layers, uint64_t start,
@@ -283,65 +295,73 @@ class PyReader {
     py::dict result;
     std::vector<std::unique_ptr<WritableBuffer>> held;
     std::vector<CodesTarget> targets;
-    const auto tokens = static_cast<py::ssize_t>(sel.end - sel.begin);
     for (uint32_t s : sel.streams) {
       const StreamSpec& spec = g.streams[s];
-      if (spec.dtype == Dtype::kNvfp4) {
-        result[py::str(spec.name)] = Nvfp4Targets(spec, s, sel, OutEntry(out, spec.name), &held, &targets);
-        continue;
-      }
-      py::object codes_out = py::none(), scales_out = py::none();
-      if (py::object given = OutEntry(out, spec.name); !given.is_none()) {
-        std::array<py::object, 3> parts;
-        if (!CodesParts(given, false, &parts))
-          throw py::type_error("out['" + spec.name + "'] must be (codes, scales) or kvfile.Codes: the stream is " +
-                               DtypeName(spec.dtype));
-        codes_out = parts[0];
-        scales_out = parts[2];
-      }
-      void* codes = nullptr;
-      void* scales = nullptr;
-      const std::vector<uint32_t> ls = LayersIn(g, s, sel);
-      const auto nl = static_cast<py::ssize_t>(ls.size());
-      py::object c = Destination(codes_out, "out['" + spec.name + "'][0]", py::dtype::of<uint8_t>(),
-                                 {nl, tokens, spec.rows_per_token, spec.row_width}, &held, &codes);
-      py::object sc = Destination(scales_out, "out['" + spec.name + "'][1]", py::dtype::of<float>(),
-                                  {nl, tokens, spec.rows_per_token}, &held, &scales);
-      result[py::str(spec.name)] = MakeCodes(c, py::none(), sc);
-      for (size_t i = 0; i < ls.size(); ++i)
-        targets.push_back({ls[i], s,
-                           static_cast<uint8_t*>(codes) + i * (sel.end - sel.begin) * spec.ElementsPerToken(),
-                           static_cast<float*>(scales) + i * (sel.end - sel.begin) * spec.rows_per_token});
+      // The codes' dtype: the stream's, or a v1 file's raw rows quantized as v1_as.
+      const Dtype codes_dtype = kvfile::IsQuantized(spec.dtype) ? spec.dtype : v1_quantize_as;
+      result[py::str(spec.name)] =
+          PartTargets(g, s, codes_dtype, sel, OutEntry(out, spec.name), &held, &targets);
     }
     guarded_.Run([&](Reader& r) { return r.ReadManyCodes(targets, sel.begin, sel.end, sel.threads, v1_quantize_as); });
     return result;
   }
 
-  // codes_all's destinations of an nvfp4 stream: (codes [layers, tokens,
-  // n/2], block_scales [layers, tokens, n/16], scales [layers, tokens]),
-  // n = rows*width, from `given` (a 3-tuple of buffers) or new arrays.
-  static py::object Nvfp4Targets(const StreamSpec& spec, uint32_t s, const BulkSelection& sel, py::handle given,
-                                std::vector<std::unique_ptr<WritableBuffer>>* held, std::vector<CodesTarget>* targets) {
-    std::array<py::object, 3> outs = {py::none(), py::none(), py::none()};
-    if (!given.is_none() && !CodesParts(given, true, &outs))
-      throw py::type_error("out['" + spec.name + "'] must be (codes, block_scales, scales): the stream is nvfp4");
-    const auto tokens = static_cast<py::ssize_t>(sel.end - sel.begin);
-    const auto n = static_cast<py::ssize_t>(spec.ElementsPerToken());
+  // codes_all's destinations of stream s: one array per part of the codes'
+  // dtype `d` (kvfile/dtype.h), over the layers the stream is in: fp8 codes
+  // [layers, tokens, rows, width] and scales [layers, tokens, rows]; nvfp4
+  // codes [layers, tokens, n/2], block_scales [layers, tokens, n/16] and
+  // scales [layers, tokens] (n = rows*width). From `given` (a sequence of
+  // as many buffers) or new arrays.
+  static py::object PartTargets(const Geometry& g, uint32_t s, Dtype d, const BulkSelection& sel, py::handle given,
+                               std::vector<std::unique_ptr<WritableBuffer>>* held,
+                               std::vector<CodesTarget>* targets) {
+    const StreamSpec& spec = g.streams[s];
+    const kvfile::DtypeInfo& info = *kvfile::FindDtype(d);
     const std::string what = "out['" + spec.name + "']";
-    void *codes = nullptr, *blocks = nullptr, *scales = nullptr;
-    py::object c = Destination(outs[0], what + "[0]", py::dtype::of<uint8_t>(), {sel.layer_count, tokens, n / 2},
-                               held, &codes);
-    py::object b = Destination(outs[1], what + "[1]", py::dtype::of<uint8_t>(), {sel.layer_count, tokens, n / 16},
-                               held, &blocks);
-    py::object sc = Destination(outs[2], what + "[2]", py::dtype::of<float>(), {sel.layer_count, tokens}, held,
-                                &scales);
-    for (uint32_t i = 0; i < sel.layer_count; ++i) {
-      CodesTarget t{sel.first_layer + i, s, static_cast<uint8_t*>(codes) + i * tokens * (n / 2),
-                    static_cast<float*>(scales) + i * tokens};
-      t.block_scales = static_cast<uint8_t*>(blocks) + i * tokens * (n / 16);
+    std::vector<py::object> outs(info.part_count, py::none());
+    if (!given.is_none()) {
+      // A kvfile.Codes, or a tuple of the parts (CodesParts).
+      std::array<py::object, 3> fields;
+      const bool blocks = info.quantization == kvfile::Quantization::kPerToken;
+      if (!CodesParts(given, blocks, &fields)) {
+        std::string names;
+        for (size_t k = 0; k < info.part_count; ++k)
+          names += std::string(k ? ", " : "") + (kvfile::safetensors::PartSuffix(info.parts[k]) + 1);
+        throw py::type_error(what + " must be (" + names + ") or kvfile.Codes: the stream is " +
+                             DtypeName(spec.dtype));
+      }
+      for (size_t k = 0; k < info.part_count; ++k) outs[k] = fields[static_cast<size_t>(info.parts[k])];
+    }
+    const std::vector<uint32_t> ls = LayersIn(g, s, sel);
+    const auto tokens = static_cast<py::ssize_t>(sel.end - sel.begin);
+    const kvfile::CodecRows cr = kvfile::CodecRowsOf(d, spec.rows_per_token, spec.row_width);
+    // [layers, tokens], then rows for a per-row dtype.
+    std::vector<py::ssize_t> rows_shape = {static_cast<py::ssize_t>(ls.size()), tokens};
+    if (info.quantization != kvfile::Quantization::kPerToken) rows_shape.push_back(spec.rows_per_token);
+    py::tuple result(info.part_count);
+    std::array<uint8_t*, 3> base{};  // by DtypePart
+    for (size_t k = 0; k < info.part_count; ++k) {
+      const kvfile::DtypePart part = info.parts[k];
+      const bool scales = part == kvfile::DtypePart::kRowScales;
+      std::vector<py::ssize_t> shape = rows_shape;
+      if (!scales) shape.push_back(static_cast<py::ssize_t>(kvfile::PartBytes(d, part, 1, cr.width)));
+      void* data = nullptr;
+      result[k] = Destination(outs[k], what + "[" + std::to_string(k) + "]",
+                              scales ? py::dtype::of<float>() : py::dtype::of<uint8_t>(), shape, held, &data);
+      base[static_cast<size_t>(part)] = static_cast<uint8_t*>(data);
+    }
+    // Layer i's part starts i tokens' worth of that part further on.
+    auto at = [&](kvfile::DtypePart part, size_t i) -> uint8_t* {
+      uint8_t* b = base[static_cast<size_t>(part)];
+      return b ? b + i * kvfile::PartBytes(d, part, uint64_t(tokens) * cr.per_token, cr.width) : nullptr;
+    };
+    for (size_t i = 0; i < ls.size(); ++i) {
+      CodesTarget t{ls[i], s, at(kvfile::DtypePart::kCodes, i),
+                    reinterpret_cast<float*>(at(kvfile::DtypePart::kRowScales, i))};
+      t.block_scales = at(kvfile::DtypePart::kBlockScales, i);
       targets->push_back(t);
     }
-    return MakeCodes(c, b, sc);
+    return ToCodes(info, result);
   }
 
   py::list Chunks() {

@@ -9,7 +9,7 @@
 #include "reader/file_scan.h"
 #include "reader/parallel_chunks.h"
 #include "reader/reader_access.h"
-#include "codec/nvfp4.h"
+#include "codec/dtype_codec.h"
 #include "kvfile/codec.h"
 #include "format/endian.h"
 
@@ -127,41 +127,24 @@ Status CheckSection(const StreamSpec& spec, const SectionLayout& sec, const uint
 // `out_dtype`; returns the end of what it wrote.
 uint8_t* DecodeSection(const StreamSpec& spec, const SectionLayout& sec, const uint8_t* bytes,
                        uint32_t first, uint32_t count, Dtype out_dtype, uint8_t* out) {
-  if (IsNvfp4(spec.dtype)) {
-    const CodecRows cr = CodecRowsOf(spec);
-    codec::nvfp4::DequantizeRows(bytes + first * cr.width / 2,
-                                 bytes + (sec.block_scales_offset - sec.offset) + first * cr.width / 16,
-                                 reinterpret_cast<const float*>(bytes + (sec.scales_offset - sec.offset)) + first,
-                                 count, cr.width, out_dtype, out);
-    return out + count * cr.width * ElementSize(out_dtype);
-  }
-  uint64_t row0 = uint64_t{first} * spec.rows_per_token;
-  uint64_t rows = uint64_t{count} * spec.rows_per_token;
-  if (IsFp8(spec.dtype)) {
-    const float* scales = reinterpret_cast<const float*>(bytes + (sec.scales_offset - sec.offset)) + row0;
-    codec::DequantizeRows(spec.dtype, bytes + row0 * spec.row_width, scales, rows, spec.row_width,
-                          out_dtype, out);
-  } else {
-    codec::ConvertRaw(spec.dtype, bytes + row0 * spec.row_width * ElementSize(spec.dtype), rows * spec.row_width,
-                      out_dtype, out);
-  }
-  return out + rows * spec.row_width * ElementSize(out_dtype);
+  const CodecRows cr = CodecRowsOf(spec);
+  const uint64_t rows = uint64_t{count} * cr.per_token;
+  const codec::PartsIn in = codec::AtRow(spec.dtype, SectionParts(sec, bytes), uint64_t{first} * cr.per_token, cr.width);
+  codec::CodecOf(spec.dtype)->decode(spec.dtype, in, rows, cr.width, out_dtype, out);
+  return out + CodeBytes(out_dtype, rows * cr.width);
 }
 
-// Copies the stored codes and scales (and for nvfp4 the block scales) of
-// tokens [first, first + count) of a checked fp8 or nvfp4 section to the
-// destinations of token `out_token` (counted from the read's first token).
+// Copies the stored parts (codes and scales, and for nvfp4 the block
+// scales) of tokens [first, first + count) of a checked fp8 or nvfp4
+// section to the destinations of token `out_token` (counted from the
+// read's first token).
 void CopyCodes(const StreamSpec& spec, const SectionLayout& sec, const uint8_t* bytes, uint32_t first,
                uint32_t count, uint64_t out_token, uint8_t* codes, uint8_t* block_scales, float* scales) {
   const CodecRows cr = CodecRowsOf(spec);
-  const uint64_t row0 = uint64_t{first} * cr.per_token, rows = uint64_t{count} * cr.per_token;
-  const uint64_t out_row0 = out_token * cr.per_token;
-  std::memcpy(codes + CodeBytes(spec.dtype, out_row0 * cr.width), bytes + CodeBytes(spec.dtype, row0 * cr.width),
-              CodeBytes(spec.dtype, rows * cr.width));
-  if (IsNvfp4(spec.dtype))
-    std::memcpy(block_scales + out_row0 * cr.width / 16,
-                bytes + (sec.block_scales_offset - sec.offset) + row0 * cr.width / 16, rows * cr.width / 16);
-  std::memcpy(scales + out_row0, bytes + (sec.scales_offset - sec.offset) + row0 * 4, rows * 4);
+  const codec::PartsIn from = codec::AtRow(spec.dtype, SectionParts(sec, bytes), uint64_t{first} * cr.per_token, cr.width);
+  const codec::PartsOut to =
+      codec::AtRow(spec.dtype, codec::PartsOut{codes, block_scales, scales}, out_token * cr.per_token, cr.width);
+  codec::CopyParts(spec.dtype, from, uint64_t{count} * cr.per_token, cr.width, to);
 }
 
 // The refusal of a codes read of a stream it cannot read, or OK.
@@ -451,7 +434,8 @@ Status Reader::ReadManyCodes(std::span<const CodesTarget> targets, uint64_t begi
     if (!quantize && !IsQuantized(spec.dtype))
       return Status::InvalidArgument(r.path + ": stream '" + spec.name + "' is stored raw (" +
                                      DtypeName(spec.dtype) + "); read it with ReadMany");
-    if (t.codes == nullptr || t.scales == nullptr || (IsNvfp4(spec.dtype) && t.block_scales == nullptr))
+    const Dtype codes_dtype = quantize ? v1_quantize_as : spec.dtype;
+    if (!codec::HasEveryPart(codes_dtype, codec::PartsOut{t.codes, t.block_scales, t.scales}))
       return Status::InvalidArgument(r.path + ": ReadManyCodes target without a destination" +
                                      (IsNvfp4(spec.dtype) ? " (nvfp4 needs block_scales too)" : ""));
   }
@@ -462,11 +446,11 @@ Status Reader::ReadManyCodes(std::span<const CodesTarget> targets, uint64_t begi
                              });
   if (!st.ok())
     for (const CodesTarget& t : targets) {
+      // The parts of the codes' dtype (a version 1 file's: v1_quantize_as).
       const StreamSpec& spec = r.g().streams[t.stream];
-      const CodecRows cr = CodecRowsOf(spec);
-      std::memset(t.codes, 0, CodeBytes(spec.dtype, (end - begin) * spec.ElementsPerToken()));
-      if (IsNvfp4(spec.dtype)) std::memset(t.block_scales, 0, (end - begin) * spec.ElementsPerToken() / 16);
-      std::memset(t.scales, 0, (end - begin) * cr.per_token * sizeof(float));
+      const Dtype codes_dtype = quantize ? v1_quantize_as : spec.dtype;
+      const CodecRows cr = CodecRowsOf(codes_dtype, spec.rows_per_token, spec.row_width);
+      codec::ZeroParts(codes_dtype, (end - begin) * cr.per_token, cr.width, codec::PartsOut{t.codes, t.block_scales, t.scales});
     }
   return st;
 }

@@ -8,7 +8,7 @@
 #include <thread>
 
 #include "kvfile/codec.h"
-#include "codec/nvfp4.h"
+#include "codec/dtype_codec.h"
 #include "codec/row_check.h"
 #include "format/endian.h"
 #include "reader/parallel_chunks.h"
@@ -19,14 +19,14 @@ using namespace kvfile::format;
 
 namespace {
 
-bool IsRawInput(Dtype d) { return d == Dtype::kBF16 || d == Dtype::kF16 || d == Dtype::kF32; }
-
-// The start of the writer's message for a row the codec's row check refused.
-const char* RowFaultText(codec::RowFault f) {
-  return f == codec::RowFault::kNonFiniteCode       ? "non-finite code in "
-         : f == codec::RowFault::kInvalidScale      ? "invalid scale in "
-         : f == codec::RowFault::kInvalidBlockScale ? "invalid block scale in "
-                                                    : "non-finite value in ";
+// A RowBlock's pointer to one part of its codes.
+const void* BlockPart(const RowBlock& blk, DtypePart p) {
+  switch (p) {
+    case DtypePart::kCodes: return blk.data;
+    case DtypePart::kBlockScales: return blk.block_scales;
+    case DtypePart::kRowScales: return blk.scales;
+  }
+  return nullptr;
 }
 
 }  // namespace
@@ -106,23 +106,27 @@ Status ChunkBuilder::Validate(const AppendBatch& b, bool scan_values, uint64_t s
       return blk.data == nullptr ? Status::OK()
                                  : Status::InvalidArgument(where + ": rows given, but the stream is not in this layer");
     if (blk.data == nullptr) return Status::InvalidArgument(where + ": no rows given");
-    bool prequantized = IsQuantized(blk.dtype);
+    const DtypeInfo* in = FindDtype(blk.dtype);
+    if (in == nullptr) return Status::InvalidArgument(where + ": invalid input dtype");
+    const bool prequantized = in->quantization != Quantization::kNone;
     if (prequantized && blk.dtype != spec.dtype)
       return Status::InvalidArgument(where + ": codes are " + DtypeName(blk.dtype) +
                                      " but the stream stores " + DtypeName(spec.dtype));
-    if (prequantized && blk.scales == nullptr)
-      return Status::InvalidArgument(where + ": codes given without scales");
-    if (IsNvfp4(blk.dtype) && blk.block_scales == nullptr)
-      return Status::InvalidArgument(where + ": nvfp4 codes given without block scales");
-    if (!prequantized && !IsRawInput(blk.dtype))
-      return Status::InvalidArgument(where + ": invalid input dtype");
+    // Codes come with every other part of their dtype (row scales named first).
+    for (size_t k = in->part_count; k-- > 1;) {
+      if (BlockPart(blk, in->parts[k]) != nullptr) continue;
+      return Status::InvalidArgument(where + (in->parts[k] == DtypePart::kRowScales
+                                                  ? std::string(": codes given without scales")
+                                                  : std::string(": ") + in->name + " codes given without block scales"));
+    }
     if (!scan_values) return Status::OK();
     // Codes as the codec sees them; raw input row by row.
-    const CodecRows cr = IsNvfp4(blk.dtype) ? CodecRowsOf(spec) : CodecRows{spec.rows_per_token, spec.row_width};
+    const CodecRows cr = CodecRowsOf(blk.dtype, spec.rows_per_token, spec.row_width);
     codec::RowCheck rc =
         codec::CheckRows(blk.dtype, blk.data, blk.scales, n * cr.per_token, cr.width, blk.block_scales);
     if (!rc.ok())
-      return Status::NonFinite(RowFaultText(rc.fault) + RowWhere(layer, s, first, rc.row, cr, IsNvfp4(blk.dtype)));
+      return Status::NonFinite(std::string(codec::RowFaultText(rc.fault)) + " in " +
+                               RowWhere(layer, s, first, rc.row, cr, in->quantization == Quantization::kPerToken));
     return Status::OK();
   };
   return ForSections(scan_values ? n : 0, check);
@@ -142,39 +146,35 @@ Status ChunkBuilder::Stage(const AppendBatch& b, uint64_t from, uint32_t n, uint
     const RowBlock& blk = b.blocks[i];
     const StreamSpec& spec = g.streams[s];
     const SectionLayout& sec = full_.section(layer, s);
-    uint64_t rows_before = uint64_t{staged_} * spec.rows_per_token;
-    uint64_t rows = uint64_t{n} * spec.rows_per_token;
-    uint64_t src_row = from * spec.rows_per_token;
-    if (IsNvfp4(spec.dtype)) return StageNvfp4(blk, layer, s, sec, from, n, first);
-    size_t in_elem = ElementSize(blk.dtype);
-    const uint8_t* src = static_cast<const uint8_t*>(blk.data) + src_row * spec.row_width * in_elem;
-    uint8_t* dst = base + sec.offset + rows_before * spec.row_width * ElementSize(spec.dtype);
-    if (IsFp8(spec.dtype)) {
-      float* scales = reinterpret_cast<float*>(base + sec.scales_offset) + rows_before;
-      if (IsFp8(blk.dtype)) {
-        // Codes from the caller get the checks a reader would make.
-        size_t elems = rows * spec.row_width;
-        codec::RowCheck rc = codec::CheckRows(blk.dtype, src, blk.scales + src_row, rows, spec.row_width);
-        if (!rc.ok())
-          return Status::NonFinite(RowFaultText(rc.fault) +
-                                   Where(layer, s, first + rc.row / spec.rows_per_token, rc.row % spec.rows_per_token));
-        std::memcpy(dst, src, elems);
-        std::memcpy(scales, blk.scales + src_row, rows * 4);
-        return Status::OK();
-      }
-      size_t bad_row;
-      if (!codec::QuantizeRows(spec.dtype, blk.dtype, src, rows, spec.row_width, dst, scales, &bad_row))
-        return Status::NonFinite("non-finite value in " + Where(layer, s, first + bad_row / spec.rows_per_token,
-                                                                bad_row % spec.rows_per_token));
+    const CodecRows cr = CodecRowsOf(spec);
+    // The section's parts at the first token staged now.
+    const codec::PartsOut dst =
+        codec::AtRow(spec.dtype, SectionParts(sec, base + sec.offset), uint64_t{staged_} * cr.per_token, cr.width);
+    const DtypeInfo* in = FindDtype(blk.dtype);
+    if (in == nullptr) return Status::InvalidArgument(Where(layer, s, first, 0) + ": invalid input dtype");
+    if (in->quantization != Quantization::kNone) {
+      // Codes from the caller (of the stream's dtype: Validate) get the
+      // checks a reader would make, then are copied part by part.
+      const codec::PartsIn src =
+          codec::AtRow(blk.dtype, codec::PartsIn{blk.data, blk.block_scales, blk.scales}, from * cr.per_token, cr.width);
+      codec::RowCheck rc = codec::CodecOf(blk.dtype)->check(blk.dtype, src, n * cr.per_token, cr.width);
+      if (!rc.ok())
+        return Status::NonFinite(std::string(codec::RowFaultText(rc.fault)) + " in " +
+                                 RowWhere(layer, s, first, rc.row, cr, in->quantization == Quantization::kPerToken));
+      codec::CopyParts(spec.dtype, src, n * cr.per_token, cr.width, dst);
       return Status::OK();
     }
-    size_t elems = rows * spec.row_width;
-    codec::RowCheck rc = codec::CheckRows(blk.dtype, src, nullptr, rows, spec.row_width);
-    if (!rc.ok())
-      return Status::NonFinite(RowFaultText(rc.fault) +
-                               Where(layer, s, first + rc.row / spec.rows_per_token, rc.row % spec.rows_per_token));
-    codec::ConvertRaw(blk.dtype, src, elems, spec.dtype, dst);
-    return Status::OK();
+    // Raw rows are encoded into the stream's parts (quantized, or converted);
+    // a non-finite one is named by token and row.
+    const uint64_t elems_per_token = spec.ElementsPerToken();
+    const uint8_t* src = static_cast<const uint8_t*>(blk.data) + CodeBytes(blk.dtype, from * elems_per_token);
+    size_t bad_row;
+    if (codec::CodecOf(spec.dtype)->encode(spec.dtype, blk.dtype, src, n * cr.per_token, cr.width, dst, &bad_row))
+      return Status::OK();
+    const uint64_t bad_token = bad_row / cr.per_token;
+    const size_t bad =
+        codec::FindNonFinite(blk.dtype, src + CodeBytes(blk.dtype, bad_token * elems_per_token), elems_per_token);
+    return Status::NonFinite("non-finite value in " + Where(layer, s, first + bad_token, bad / spec.row_width));
   };
   KVFILE_RETURN_IF_ERROR(ForSections(n, stage));
   for (uint32_t i = 0; i < n; ++i) StoreU32(base + full_.tokens_offset + 4ull * (staged_ + i), b.tokens[from + i]);
@@ -182,41 +182,12 @@ Status ChunkBuilder::Stage(const AppendBatch& b, uint64_t from, uint32_t n, uint
   return Status::OK();
 }
 
-// One nvfp4 section's part of Stage: a token's R*W elements are one nvfp4
-// row (spec/FORMAT.md 5.2). Codes from the caller get the reader's checks;
-// raw rows are quantized, and a non-finite one is named by token and row.
-Status ChunkBuilder::StageNvfp4(const RowBlock& blk, uint32_t layer, uint32_t s, const SectionLayout& sec,
-                                uint64_t from, uint32_t n, uint64_t first) {
-  const StreamSpec& spec = g_->streams[s];
-  const CodecRows cr = CodecRowsOf(spec);
-  uint8_t* base = staging_[current_].data();
-  uint8_t* codes = base + sec.offset + staged_ * cr.width / 2;
-  uint8_t* block_scales = base + sec.block_scales_offset + staged_ * cr.width / codec::nvfp4::kBlock;
-  float* scales = reinterpret_cast<float*>(base + sec.scales_offset) + staged_;
-  if (IsNvfp4(blk.dtype)) {
-    const uint8_t* src = static_cast<const uint8_t*>(blk.data) + from * cr.width / 2;
-    const uint8_t* src_blocks = blk.block_scales + from * cr.width / codec::nvfp4::kBlock;
-    codec::RowCheck rc = codec::CheckRows(Dtype::kNvfp4, src, blk.scales + from, n, cr.width, src_blocks);
-    if (!rc.ok()) return Status::NonFinite(RowFaultText(rc.fault) + RowWhere(layer, s, first, rc.row, cr, true));
-    std::memcpy(codes, src, n * cr.width / 2);
-    std::memcpy(block_scales, src_blocks, n * cr.width / codec::nvfp4::kBlock);
-    std::memcpy(scales, blk.scales + from, n * sizeof(float));
-    return Status::OK();
-  }
-  const size_t in_elem = ElementSize(blk.dtype);
-  const uint8_t* src = static_cast<const uint8_t*>(blk.data) + from * cr.width * in_elem;
-  size_t bad_token;
-  if (codec::nvfp4::QuantizeRows(blk.dtype, src, n, cr.width, codes, block_scales, scales, &bad_token))
-    return Status::OK();
-  size_t bad = codec::FindNonFinite(blk.dtype, src + bad_token * cr.width * in_elem, cr.width);
-  return Status::NonFinite("non-finite value in " + Where(layer, s, first + bad_token, bad / spec.row_width));
-}
-
 // Where a row the row check refused lies: `row` counts rows of `cr` from
-// the batch's first token `first`; a row of nvfp4 codes is a whole token.
+// the batch's first token `first`; a row of per-token codes (nvfp4) is a
+// whole token.
 std::string ChunkBuilder::RowWhere(uint32_t layer, uint32_t stream, uint64_t first, uint64_t row,
-                                   const CodecRows& cr, bool nvfp4_codes) const {
-  if (nvfp4_codes)
+                                   const CodecRows& cr, bool per_token_codes) const {
+  if (per_token_codes)
     return "layer " + std::to_string(layer) + ", stream '" + g_->streams[stream].name + "', token " +
            std::to_string(first + row);
   return Where(layer, stream, first + row / cr.per_token, row % cr.per_token);

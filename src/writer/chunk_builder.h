@@ -83,9 +83,7 @@ class ChunkBuilder {
   Status ForSections(uint64_t tokens, const std::function<Status(unsigned, size_t)>& task) const;
   std::string Where(uint32_t layer, uint32_t stream, uint64_t token, uint64_t row) const;
   std::string RowWhere(uint32_t layer, uint32_t stream, uint64_t first, uint64_t row,
-                       const format::CodecRows& cr, bool nvfp4_codes) const;
-  Status StageNvfp4(const RowBlock& blk, uint32_t layer, uint32_t s, const format::SectionLayout& sec,
-                    uint64_t from, uint32_t n, uint64_t first);
+                       const format::CodecRows& cr, bool per_token_codes) const;
 
   const format::Geometry* g_ = nullptr;
   format::ChunkLayout full_;  // layout of a chunk of capacity() tokens

@@ -32,7 +32,7 @@ int main(int argc, char** argv) {
 
   /* Rows of every (layer, stream), blocks[layer * stream_count + stream]. */
   size_t block_count = (size_t)g.layers * g.stream_count;
-  kvfile_rows* blocks = calloc(block_count, sizeof *blocks);
+  kvfile_parts* blocks = calloc(block_count, sizeof *blocks);
   if (blocks == NULL) return 1;
   for (uint32_t layer = 0; layer < g.layers; ++layer) {
     for (uint32_t s = 0; s < g.stream_count; ++s) {
@@ -42,6 +42,7 @@ int main(int argc, char** argv) {
       for (uint64_t e = 0; e < kTokens * per_token; ++e) rows[e] = value(layer, s, e / per_token, e % per_token);
       blocks[layer * g.stream_count + s].dtype = KVFILE_F32;
       blocks[layer * g.stream_count + s].data = rows;
+      blocks[layer * g.stream_count + s].data_bytes = kTokens * per_token * sizeof *rows;
     }
   }
 
@@ -50,7 +51,7 @@ int main(int argc, char** argv) {
   kvfile_writer* w = NULL;
   st = kvfile_writer_create(path, &g, "meta-llama/Llama-3.1-8B", 0x5eed, &options, &w);
   if (st != KVFILE_OK) return fail("create", st);
-  st = kvfile_writer_append(w, tokens, kTokens, blocks, block_count);
+  st = kvfile_writer_append_parts(w, tokens, kTokens, blocks, block_count);
   if (st != KVFILE_OK) return fail("append", st);
   st = kvfile_writer_close(w); /* durable and committed; frees w */
   if (st != KVFILE_OK) return fail("close", st);

@@ -304,6 +304,20 @@ def test_info(tmp_path):
     assert info["committed_bytes_missing"] == size - (12288 + 4096 + 100)
 
 
+def test_dtype_table_states_every_dtype_and_its_parts():
+    """The library's dtype table (spec/FORMAT.md 2.1), as Python sees it."""
+    rows = [(d["name"], d["value"], d["quantization"], d["element_bits"], d["block_elements"], d["parts"])
+            for d in kvfile.dtype_table()]
+    assert rows == [
+        ("e4m3", 1, "row", 8, 0, ("codes", "scales")),
+        ("e5m2", 2, "row", 8, 0, ("codes", "scales")),
+        ("bf16", 3, "none", 16, 0, ("codes",)),
+        ("f16", 4, "none", 16, 0, ("codes",)),
+        ("f32", 5, "none", 32, 0, ("codes",)),
+        ("nvfp4", 6, "token", 4, 16, ("codes", "block_scales", "scales")),
+    ]
+
+
 def test_geometry_dict_and_presets(tmp_path):
     assert "tiny" in kvfile.presets() and "llama-3.1-8b" in kvfile.presets()
     path = tmp_path / "g.kv"

@@ -64,3 +64,24 @@ def test_torch_load_returns_the_stream_with_its_layers(tmp_path):
     assert "latent.layers" not in out
     with kvfile.open_reader(str(tmp_path / "c.kv")) as r:
         np.testing.assert_array_equal(out["indexer"].numpy(), r.read("indexer", dtype="f32"))
+
+
+def test_codes_all_of_an_nvfp4_stream_in_some_layers(tmp_path):
+    """codes_all reads an nvfp4 stream in its own layers, as codes() does
+    layer by layer (it once asked for every layer and was refused)."""
+    geometry = {"layers": 4, "streams": [
+        {"name": "k", "rows_per_token": 1, "row_width": 16, "dtype": "e4m3"},
+        {"name": "nv", "rows_per_token": 2, "row_width": 16, "dtype": "nvfp4", "layers": [1, 3]}]}
+    rng = np.random.default_rng(1)
+    path = str(tmp_path / "nv.kv")
+    with kvfile.create(path, geometry, chunk_tokens=4) as w:
+        w.append(np.arange(5, dtype=np.uint32), {"k": rng.standard_normal((4, 5, 1, 16)).astype(np.float32),
+                                                  "nv": rng.standard_normal((2, 5, 2, 16)).astype(np.float32)})
+    with kvfile.open_reader(path) as r:
+        got = r.codes_all(threads=2)
+        assert [a.shape for a in got["nv"]] == [(2, 5, 16), (2, 5, 2), (2, 5)]
+        for part, want in zip(got["nv"], zip(*(r.codes("nv", layer=layer) for layer in (1, 3)))):
+            np.testing.assert_array_equal(part, np.stack(want))
+        assert [a.shape for a in got["k"]] == [(4, 5, 1, 16), (4, 5, 1)]
+        with pytest.raises(TypeError, match=r"out\['nv'\] must be \(codes, block_scales, scales\): the stream is nvfp4"):
+            r.codes_all(streams=["nv"], out={"nv": (got["nv"][0], got["nv"][2])})

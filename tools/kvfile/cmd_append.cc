@@ -63,11 +63,17 @@ int RunAppend(const AppendArgs& a) {
   InstallSignalHandlers();
   SetCurrentPath(a.path);
   safetensors::AppendPlanOptions plan_options;
-  if (a.dtype)
-    plan_options.dtype = *a.dtype == "e5m2" ? Dtype::kE5M2 : *a.dtype == "nvfp4" ? Dtype::kNvfp4 : Dtype::kE4M3;
-  if (a.upgrade_dtype) plan_options.upgrade_dtype = *a.upgrade_dtype == "e5m2" ? Dtype::kE5M2 : Dtype::kE4M3;
+  Status st;
+  if (a.dtype) {
+    plan_options.dtype.emplace();
+    if (st = ParseDtype(*a.dtype, &*plan_options.dtype); !st.ok()) return UsageError(st.message());
+  }
+  if (a.upgrade_dtype) {
+    plan_options.upgrade_dtype.emplace();
+    if (st = ParseDtype(*a.upgrade_dtype, &*plan_options.upgrade_dtype); !st.ok()) return UsageError(st.message());
+  }
   plan_options.keep_raw = a.keep_raw;
-  Status st = RefusePackMemberTarget(a.path);
+  st = RefusePackMemberTarget(a.path);
   if (!st.ok()) return ReportError(st);
   std::unique_ptr<SafetensorsFile> in;
   st = SafetensorsFile::Open(a.input, nullptr, &in);

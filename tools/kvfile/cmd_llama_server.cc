@@ -269,7 +269,8 @@ int RunSave(const ServerArgs& a) {
   if (Status st = GetModel(a, &model); !st.ok()) return ReportError(st);
   LlamaImport o;
   if (a.dtype) {
-    o.dtype = *a.dtype == "e5m2" ? Dtype::kE5M2 : Dtype::kE4M3;
+    o.dtype.emplace();
+    if (Status st = ParseDtype(*a.dtype, &*o.dtype); !st.ok()) return UsageError(st.message());
   } else {
     o.keep_raw = {"k", "v"};  // lossless: the cache's own values
   }

@@ -90,8 +90,8 @@ int RunPack(const PackArgs& a) {
   po.chunk_tokens = a.chunk_tokens;
   po.threads = a.jobs;
   if (a.dtype) {
-    for (Dtype d : {Dtype::kE4M3, Dtype::kE5M2, Dtype::kNvfp4, Dtype::kBF16, Dtype::kF16, Dtype::kF32})
-      if (*a.dtype == DtypeName(d)) po.dtype = d;
+    po.dtype.emplace();
+    if (st = ParseDtype(*a.dtype, &*po.dtype); !st.ok()) return UsageError(st.message());
   }
   std::unique_ptr<PackWriter> w;
   st = PackWriter::Begin(a.out, po, &w);

@@ -74,7 +74,9 @@ int RunRewind(const RewindArgs& a) {
     if (!st.ok()) return ReportError(st);
   }
   WriterOptions opt;
-  if (a.upgrade_dtype) opt.upgrade_dtype = *a.upgrade_dtype == "e5m2" ? Dtype::kE5M2 : Dtype::kE4M3;
+  if (a.upgrade_dtype) {
+    if (Status st = ParseDtype(*a.upgrade_dtype, &opt.upgrade_dtype); !st.ok()) return UsageError(st.message());
+  }
   opt.keep_raw = a.keep_raw;
   // Declared before the writer, which reads and writes through its fs().
   std::unique_ptr<UpgradeProgress> upgrading;

@@ -54,9 +54,11 @@ void GenerateAll(const Geometry& g, uint64_t seed, uint64_t first, uint64_t n,
 int RunSynth(const SynthArgs& a) {
   InstallSignalHandlers();
   SetCurrentPath(a.path);
-  Dtype quantized = a.dtype == "e5m2" ? Dtype::kE5M2 : a.dtype == "nvfp4" ? Dtype::kNvfp4 : Dtype::kE4M3;
+  Dtype quantized{};
+  Status st = ParseDtype(a.dtype, &quantized);
+  if (!st.ok()) return UsageError(st.message());
   Geometry g;
-  Status st = RefusePackMemberTarget(a.path);
+  st = RefusePackMemberTarget(a.path);
   if (st.ok()) st = GetPreset(a.preset, quantized, &g);
   if (!st.ok()) return ReportError(st);
   // The session is written under a temporary name and replaces FILE only

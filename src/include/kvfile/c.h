@@ -33,6 +33,14 @@
 
 #include "kvfile/export.h"
 
+/* Deprecated entry points still work, for one release; a caller sees a
+ * compiler warning unless it defines KVFILE_NO_DEPRECATION_WARNINGS. */
+#if defined(KVFILE_NO_DEPRECATION_WARNINGS) || !(defined(__GNUC__) || defined(__clang__))
+#define KVFILE_DEPRECATED(replacement)
+#else
+#define KVFILE_DEPRECATED(replacement) __attribute__((deprecated("use " replacement)))
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -79,8 +87,7 @@ typedef enum kvfile_dtype {
   KVFILE_F16 = 4,  /* IEEE binary16, as uint16_t bit patterns */
   KVFILE_F32 = 5,  /* IEEE binary32, as float */
   KVFILE_NVFP4 = 6, /* nvfp4 (format 2.2): per token, rows * width E2M1 codes two a byte, one E4M3
-                     * block scale per 16 elements, one f32 scale (kvfile_reader_read_nvfp4_codes,
-                     * kvfile_writer_append2) */
+                     * block scale per 16 elements, one f32 scale (kvfile_parts) */
   KVFILE_DTYPE_RANGE_MIN_ = -0x7FFFFFFF - 1, /* not dtypes: see "Enum ranges" above */
   KVFILE_DTYPE_RANGE_MAX_ = 0x7FFFFFFF
 } kvfile_dtype;
@@ -181,7 +188,48 @@ KVFILE_EXPORT kvfile_status kvfile_writer_create_layers(const char* path, const 
 KVFILE_EXPORT kvfile_status kvfile_writer_open(const char* path, const kvfile_writer_options* options,
                                  kvfile_writer** out);
 
-/* The rows of one (layer, stream) for the tokens of one append.
+/* The stored parts of one (layer, stream) for the tokens of one append or
+ * read, for every dtype (the dtype table of spec/FORMAT.md section 2).
+ * With T tokens and n = T * rows_per_token * row_width elements:
+ *   KVFILE_BF16, KVFILE_F16, KVFILE_F32: `data` holds n values (2 or 4
+ *     bytes each); scales and block_scales are NULL.
+ *   KVFILE_E4M3, KVFILE_E5M2: `data` holds n codes (one byte each),
+ *     `scales` T * rows_per_token f32 scales (one per row); block_scales
+ *     NULL.
+ *   KVFILE_NVFP4: per token, rows_per_token * row_width / 2 bytes of packed
+ *     E2M1 codes (low nibble first) in `data`, rows_per_token * row_width /
+ *     16 E4M3 block scale codes in `block_scales` and one f32 scale in
+ *     `scales`, token after token.
+ * data_bytes, scale_count and block_scales_bytes are the sizes of the
+ * buffers: at least what the tokens need (else KVFILE_BUFFER_TOO_SMALL,
+ * nothing done); those of a part the dtype does not have are ignored. An
+ * append only reads the buffers (during the call). */
+typedef struct kvfile_parts {
+  kvfile_dtype dtype;
+  void* data;
+  size_t data_bytes;
+  float* scales;
+  size_t scale_count;
+  uint8_t* block_scales;
+  size_t block_scales_bytes;
+} kvfile_parts;
+
+/* Appends token_count tokens: their ids, and for every layer and stream its
+ * parts, blocks[layer * stream_count + stream]; block_count must be layers
+ * * stream_count (a stream absent from a layer: dtype KVFILE_BF16, data
+ * NULL). Parts of a raw dtype (bf16, f16, f32) are rows the writer
+ * quantizes, or converts for a raw stream; parts of the stream's own
+ * quantized dtype are stored exactly as given, after the checks of
+ * spec/CODEC.md 8 and 14.6. Everything is validated first: a NaN or Inf
+ * row, a wrong dtype or an invalid scale fails the whole append
+ * (KVFILE_NON_FINITE or KVFILE_INVALID_ARGUMENT, naming layer, stream,
+ * token and row) and nothing of it is written. */
+KVFILE_EXPORT kvfile_status kvfile_writer_append_parts(kvfile_writer* writer, const uint32_t* tokens,
+                                                       size_t token_count, const kvfile_parts* blocks,
+                                                       size_t block_count);
+
+/* Deprecated (kvfile_parts and kvfile_writer_append_parts replace them).
+ * The rows of one (layer, stream) for the tokens of one append.
  * dtype KVFILE_BF16, KVFILE_F16 or KVFILE_F32: `data` holds
  *   tokens * rows_per_token * row_width values, and `scales` must be NULL;
  *   the writer quantizes them (or stores them, for a raw stream).
@@ -205,9 +253,10 @@ typedef struct kvfile_rows {
  * nothing of it is written. The buffers are only read during the call. */
 KVFILE_EXPORT kvfile_status kvfile_writer_append(kvfile_writer* writer, const uint32_t* tokens,
                                    size_t token_count, const kvfile_rows* blocks,
-                                   size_t block_count);
+                                   size_t block_count) KVFILE_DEPRECATED("kvfile_writer_append_parts");
 
-/* kvfile_rows with room for an nvfp4 stream's block scales: dtype, data and
+/* Deprecated (kvfile_parts replaces it).
+ * kvfile_rows with room for an nvfp4 stream's block scales: dtype, data and
  * scales as in kvfile_rows (the same offsets), and
  * dtype KVFILE_NVFP4 (pre-quantized codes of an nvfp4 stream): per token,
  *   `data` holds rows_per_token * row_width / 2 bytes of packed E2M1 codes
@@ -227,7 +276,7 @@ typedef struct kvfile_rows2 {
  * codes too. */
 KVFILE_EXPORT kvfile_status kvfile_writer_append2(kvfile_writer* writer, const uint32_t* tokens,
                                                   size_t token_count, const kvfile_rows2* blocks,
-                                                  size_t block_count);
+                                                  size_t block_count) KVFILE_DEPRECATED("kvfile_writer_append_parts");
 
 /* Writes what is staged and makes every appended token durable. */
 KVFILE_EXPORT kvfile_status kvfile_writer_sync(kvfile_writer* writer);
@@ -291,7 +340,23 @@ KVFILE_EXPORT kvfile_status kvfile_reader_read_rows(kvfile_reader* reader, uint3
                                       uint64_t begin, uint64_t end, kvfile_dtype out_dtype,
                                       void* dst, size_t dst_bytes);
 
-/* The fp8 codes and scales of (layer, stream) for tokens [begin, end):
+/* The parts of (layer, stream) for tokens [begin, end) into `parts`, as
+ * parts->dtype says (the sizes of kvfile_parts; a failed read leaves every
+ * buffer untouched):
+ *   KVFILE_BF16, KVFILE_F16, KVFILE_F32: the rows decoded, as
+ *     kvfile_reader_read_rows;
+ *   the stream's own quantized dtype: its stored codes and scales (and
+ *     nvfp4 block scales), exactly;
+ *   KVFILE_E4M3 or KVFILE_E5M2 for a stream of a v1 file (raw rows only):
+ *     the rows quantized on the fly, exactly as an upgrade to v2 stores
+ *     them.
+ * Another quantized dtype is KVFILE_INVALID_ARGUMENT ("stream 'k' is
+ * e4m3, not e5m2"; a raw stream of a v2 file has no codes). */
+KVFILE_EXPORT kvfile_status kvfile_reader_read_parts(kvfile_reader* reader, uint32_t layer, uint32_t stream,
+                                                     uint64_t begin, uint64_t end, const kvfile_parts* parts);
+
+/* Deprecated (kvfile_reader_read_parts replaces it).
+ * The fp8 codes and scales of (layer, stream) for tokens [begin, end):
  * codes_bytes must be at least (end - begin) * rows_per_token * row_width
  * and scale_count at least (end - begin) * rows_per_token, else
  * KVFILE_BUFFER_TOO_SMALL. A raw stream of a v2 file has no codes
@@ -300,9 +365,11 @@ KVFILE_EXPORT kvfile_status kvfile_reader_read_rows(kvfile_reader* reader, uint3
  * to v2 stores them. A failed read leaves both buffers untouched. */
 KVFILE_EXPORT kvfile_status kvfile_reader_read_codes(kvfile_reader* reader, uint32_t layer, uint32_t stream,
                                        uint64_t begin, uint64_t end, uint8_t* codes,
-                                       size_t codes_bytes, float* scales, size_t scale_count);
+                                       size_t codes_bytes, float* scales, size_t scale_count)
+    KVFILE_DEPRECATED("kvfile_reader_read_parts");
 
-/* The stored data of an nvfp4 stream (format 2.2) for tokens [begin, end):
+/* Deprecated (kvfile_reader_read_parts replaces it).
+ * The stored data of an nvfp4 stream (format 2.2) for tokens [begin, end):
  * per token, rows_per_token * row_width / 2 bytes of packed E2M1 codes (low
  * nibble first), rows_per_token * row_width / 16 E4M3 block scale codes and
  * one f32 row scale, in token order. codes_bytes, block_scales_bytes and
@@ -312,7 +379,7 @@ KVFILE_EXPORT kvfile_status kvfile_reader_read_codes(kvfile_reader* reader, uint
 KVFILE_EXPORT kvfile_status kvfile_reader_read_nvfp4_codes(kvfile_reader* reader, uint32_t layer, uint32_t stream,
                                              uint64_t begin, uint64_t end, uint8_t* codes, size_t codes_bytes,
                                              uint8_t* block_scales, size_t block_scales_bytes, float* scales,
-                                             size_t scale_count);
+                                             size_t scale_count) KVFILE_DEPRECATED("kvfile_reader_read_parts");
 
 /* One destination of kvfile_reader_read_many: the rows of (layer, stream),
  * decoded, laid out as for kvfile_reader_read_rows; dst_bytes is the size

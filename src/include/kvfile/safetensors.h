@@ -157,6 +157,13 @@ class KVFILE_EXPORT SafetensorsWriter {
 // `codes` + `scales` (fp8 codes and their per-row scales), or `codes` +
 // `block_scales` + `scales` (nvfp4: packed codes, E4M3 block scales, one
 // scale per token).
+// The suffix of the tensor that holds one stored part of a quantized
+// stream: "<stream>.codes", "<stream>.block_scales", "<stream>.scales" (a
+// raw stream's values are the tensor "<stream>", no suffix). The one table
+// of these names; a name ending in ".block_scales" also ends in ".scales",
+// so a name is matched against the parts in DtypePart order.
+KVFILE_EXPORT const char* PartSuffix(DtypePart p);
+
 struct KVFILE_EXPORT KvStream {
   std::string name;
   uint32_t rows_per_token = 0;
@@ -168,6 +175,8 @@ struct KVFILE_EXPORT KvStream {
   std::vector<uint32_t> layers;  // "kvfile.layers.<name>"; empty: every layer
 
   bool is_codes() const { return codes != nullptr; }
+  // The tensor of one stored part (codes, block_scales or scales).
+  const TensorInfo*& part(DtypePart p);
   // The kvfile dtype of what the file holds: kBF16/kF16/kF32 for values,
   // kE4M3/kE5M2 for fp8 codes, kNvfp4 for nvfp4 codes.
   Dtype source_dtype() const;

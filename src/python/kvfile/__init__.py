@@ -50,6 +50,7 @@ from ._kvfile import (  # noqa: F401  (re-exported)
     coli_export,
     coli_import,
     create,
+    dtype_table,
     find,
     fp8_decode_table,
     index_directory,

@@ -39,6 +39,11 @@ import numpy as np
 from . import _kvfile
 from . import _torch_codec as codec
 
+# The stored dtypes (the library's table, spec/FORMAT.md 2.1): by name, and
+# those stored as codes and scales.
+_DTYPES = {d["name"]: d for d in _kvfile.dtype_table()}
+_QUANTIZED = frozenset(name for name, d in _DTYPES.items() if d["quantization"] != "none")
+
 # Bytes of pinned staging per part; two parts are in flight (double
 # buffering). A layer larger than this makes a part of its own. Measured on
 # an H200 host (docs/gpu.md): for a 32k-token llama-3.1-8b session (69 MB a
@@ -181,24 +186,29 @@ class _Layout:
             shape = _shape(s, layers, tokens)
             elements = int(np.prod(shape))
             kind = quantized.get(s["name"])
-            if kind == "nvfp4":
-                codes_at = offset
-                offset = _round_up(offset + elements // 2)
-                blocks_at = offset
-                offset = _round_up(offset + elements // 16)
-                scales_at = offset
-                offset = _round_up(offset + layers * tokens * 4)
-                self.entries.append((s["name"], kind, shape, codes_at, scales_at, blocks_at))
-            elif kind is not None:
-                codes_at = offset
-                offset = _round_up(offset + elements)
-                scales_at = offset
-                offset = _round_up(offset + elements // s["row_width"] * 4)
-                self.entries.append((s["name"], kind, shape, codes_at, scales_at, None))
-            else:
+            if kind is None:
                 self.entries.append((s["name"], None, shape, offset, None, None))
                 offset = _round_up(offset + elements * out_size)
+                continue
+            at = {}
+            for part, (np_dtype, part_shape) in _part_shapes(kind, shape).items():
+                at[part] = offset
+                offset = _round_up(offset + int(np.prod(part_shape)) * np.dtype(np_dtype).itemsize)
+            self.entries.append((s["name"], kind, shape, at["codes"], at["scales"], at.get("block_scales")))
         self.bytes = offset
+
+
+def _part_shapes(kind, shape):
+    """The arrays of a quantized stream's parts, in the dtype table's order,
+    for values of `shape` [layers, tokens, rows, width]: {part: (numpy
+    dtype, shape)}; a per-token dtype (nvfp4) has one row of rows * width
+    per token."""
+    d = _DTYPES[kind]
+    rows, width = (shape[:2], shape[2] * shape[3]) if d["quantization"] == "token" else (shape[:3], shape[3])
+    sizes = {"codes": (np.uint8, rows + (width * d["element_bits"] // 8,)),
+             "block_scales": (np.uint8, rows + (width // max(d["block_elements"], 1),)),
+             "scales": (np.float32, rows)}
+    return {part: sizes[part] for part in d["parts"]}
 
 
 def _round_up(n):
@@ -283,7 +293,7 @@ def _load_cuda(torch, reader, device, dtype, dtype_name, start, stop, threads, s
     layers, tokens = geometry["layers"], stop - start
     info = reader.info()
     v1 = info["major_version"] == 1
-    quantized = {s["name"]: s["dtype"] for s in streams if not v1 and s["dtype"] in ("e4m3", "e5m2", "nvfp4")}
+    quantized = {s["name"]: s["dtype"] for s in streams if not v1 and s["dtype"] in _QUANTIZED}
     out_size = torch.empty((), dtype=dtype).element_size()
     out = None
     if tokens == 0 or layers == 0:
@@ -313,13 +323,10 @@ def _load_cuda(torch, reader, device, dtype, dtype_name, start, stop, threads, s
         layout = layouts[key]
         views = {}  # name -> (kind, shape, [(offset, numpy dtype, shape)], numpy arrays)
         for name, kind, shape, a, b, c in layout.entries:
-            elements = int(np.prod(shape))
-            if kind == "nvfp4":
-                pieces = [(a, np.uint8, shape[:2] + (elements // n // count // 2,)),
-                         (c, np.uint8, shape[:2] + (elements // n // count // 16,)),
-                         (b, np.float32, shape[:2])]
-            elif kind is not None:
-                pieces = [(a, np.uint8, shape), (b, np.float32, shape[:-1])]
+            if kind is not None:
+                offsets = {"codes": a, "scales": b, "block_scales": c}
+                pieces = [(offsets[part], np_dtype, part_shape)
+                          for part, (np_dtype, part_shape) in _part_shapes(kind, shape).items()]
             else:
                 pieces = [(a, raw, shape)]
             arrays = []
@@ -390,7 +397,7 @@ def _load_cuda(torch, reader, device, dtype, dtype_name, start, stop, threads, s
                 for at, np_dtype, part_shape in pieces:
                     nbytes = int(np.prod(part_shape)) * np.dtype(np_dtype).itemsize
                     t.append(g[at:at + nbytes].view(_TORCH_OF[np.dtype(np_dtype).name](torch)).view(part_shape))
-                if kind == "nvfp4":
+                if _DTYPES[kind]["quantization"] == "token":
                     values = codec.dequantize_nvfp4(torch, t[0], t[1], t[2], dtype, tables["e4m3"]).view(shape)
                 elif kind is not None:
                     values = dequantize(t[0], t[1], kind, dtype, tables[kind])
@@ -445,10 +452,10 @@ def _encoded(torch, writer, tensors, count, check):
         check(name, t.shape[0], t.shape[1])
         kind = kinds.get(name)
         t = t.detach()
-        if kind in ("e4m3", "e5m2", "nvfp4"):
+        if kind in _QUANTIZED:
             if not codec.all_finite(torch, t):
                 return None
-            if kind == "nvfp4":
+            if _DTYPES[kind]["quantization"] == "token":
                 parts[name] = list(codec.quantize_nvfp4(torch, t.reshape(t.shape[:2] + (-1,))))
             else:
                 parts[name] = list(codec.quantize_fp8(torch, t, kind))
