@@ -345,7 +345,8 @@ def _load_cuda(torch, reader, device, dtype, dtype_name, start, stop, threads, s
         """Reads part `part` into its slot once the slot's last copy is done."""
         slot = part % 2
         if done[slot] is not None:
-            done[slot].synchronize()
+            with torch.cuda.device(device):  # a thread of its own: its current device may be another
+                done[slot].synchronize()
         return read(*parts[part], slot)
 
     # The first part is read (every reader thread, the GIL released) while
