@@ -6,9 +6,9 @@
 
 #include <algorithm>
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <mutex>
+#include <semaphore>
 #include <system_error>
 #include <thread>
 
@@ -90,33 +90,55 @@ Status ForEachChunk(size_t begin, size_t end, unsigned workers,
   return queue.Result();
 }
 
-// What the pool's threads share with the caller of Run: the current call
-// (generation, its queue, how many threads take part) and the count of
-// those still working on it.
+// What the pool's threads share with the caller of Run. Each thread sleeps
+// on a semaphore of its own, released for each call it may take part in:
+// only the threads a call asks for wake, and none contends with another for
+// a lock. A call is open until the caller has run out of chunks; a thread
+// joins it only while it is open (a thread the scheduler wakes late finds it
+// closed and sleeps again: the caller never waits for a thread that has not
+// started on the call), and the caller waits only for the threads that
+// joined. One atomic word holds the call's state: its number, how many
+// threads it asks for, whether it is closed and how many threads are in it.
+// The last thread to leave a closed call releases `done`.
 struct ChunkWorkers::State {
-  std::mutex mu;
-  std::condition_variable wake;  // a new call, or stop
-  std::condition_variable done;  // running reached 0
-  uint64_t generation = 0;
-  ChunkQueue* queue = nullptr;
-  unsigned taking_part = 0;  // threads [0, taking_part) work on the current call
-  unsigned running = 0;      // of those, the ones not finished
-  bool stop = false;
+  static constexpr uint64_t kInside = 0xffff;  // threads working on the call
+  static constexpr uint64_t kClosed = uint64_t{1} << 16;
+  static constexpr unsigned kAskedShift = 17;  // 15 bits: threads the call asks for
+  static constexpr unsigned kCallShift = 32;
+  std::vector<std::unique_ptr<std::counting_semaphore<>>> wake;  // one per thread
+  std::binary_semaphore done{0};
+  std::atomic<uint64_t> call{kClosed};
+  ChunkQueue* queue = nullptr;  // the open call's, published by the store that opens it
+  std::atomic<bool> stop{false};
+  uint32_t calls = 0;  // the caller's count
 
-  // Thread `index`'s life; `seen`: the generation when it was started.
-  void Loop(unsigned index, uint64_t seen) {
-    std::unique_lock<std::mutex> lock(mu);
+  // Thread `index`'s life: worker index + 1 of each call it joins.
+  void Loop(unsigned index, std::counting_semaphore<>* own) {
     for (;;) {
-      wake.wait(lock, [&] { return stop || generation != seen; });
-      if (stop) return;
-      seen = generation;
-      if (index >= taking_part) continue;
-      ChunkQueue* q = queue;
-      lock.unlock();
-      q->Work(index + 1);
-      lock.lock();
-      if (--running == 0) done.notify_one();
+      own->acquire();
+      if (stop.load(std::memory_order_acquire)) return;
+      uint64_t c = call.load(std::memory_order_acquire);
+      bool joined = false;
+      while (!joined && !(c & kClosed) && index < ((c >> kAskedShift) & 0x7fff))
+        joined = call.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel, std::memory_order_acquire);
+      if (!joined) continue;  // the call closed before this thread woke
+      queue->Work(index + 1);
+      c = call.fetch_sub(1, std::memory_order_acq_rel);
+      if ((c & kClosed) && (c & kInside) == 1) done.release();
     }
+  }
+
+  // Opens a call of `queue` asking for threads [0, threads), and wakes them.
+  void Open(ChunkQueue* q, unsigned threads) {
+    queue = q;
+    call.store(uint64_t{++calls} << kCallShift | uint64_t{threads} << kAskedShift, std::memory_order_release);
+    for (unsigned i = 0; i < threads; ++i) wake[i]->release();
+  }
+
+  // Closes the call and waits for the threads working on it.
+  void Close() {
+    if ((call.fetch_or(kClosed, std::memory_order_acq_rel) & kInside) != 0) done.acquire();
+    queue = nullptr;
   }
 };
 
@@ -130,11 +152,8 @@ ChunkWorkers::~ChunkWorkers() {
 }
 
 void ChunkWorkers::Stop() {
-  {
-    std::lock_guard<std::mutex> lock(state_->mu);
-    state_->stop = true;
-  }
-  state_->wake.notify_all();
+  state_->stop.store(true, std::memory_order_release);
+  for (size_t i = 0; i < threads_.size(); ++i) state_->wake[i]->release();
   for (auto& t : threads_) t.join();
   threads_.clear();
 }
@@ -148,8 +167,8 @@ void ChunkWorkers::Forget() {
     }
   }
   threads_.clear();
-  // The parent's threads may have held the mutex when the process forked:
-  // the state is left as it is (not destroyed) and a new one made.
+  // The state is the parent's threads' too, as they were at the fork: it is
+  // left as it is (not destroyed) and a new one made.
   static_cast<void>(state_.release());
   state_ = std::make_unique<State>();
 }
@@ -161,7 +180,9 @@ Status ChunkWorkers::Run(size_t begin, size_t end, unsigned workers,
   while (threads_.size() + 1 < workers) {
     try {
       const auto index = static_cast<unsigned>(threads_.size());
-      threads_.emplace_back([state = state_.get(), index, seen = state_->generation] { state->Loop(index, seen); });
+      if (state_->wake.size() <= index) state_->wake.push_back(std::make_unique<std::counting_semaphore<>>(0));
+      threads_.emplace_back(
+          [state = state_.get(), index, own = state_->wake[index].get()] { state->Loop(index, own); });
       pid_ = getpid();
       ++threads_started_;
     } catch (const std::system_error&) {
@@ -170,22 +191,9 @@ Status ChunkWorkers::Run(size_t begin, size_t end, unsigned workers,
   }
   ChunkQueue queue(begin, end, task);
   const auto helpers = static_cast<unsigned>(std::min<size_t>(threads_.size(), workers - 1));
-  if (helpers > 0) {
-    {
-      std::lock_guard<std::mutex> lock(state_->mu);
-      ++state_->generation;
-      state_->queue = &queue;
-      state_->taking_part = helpers;
-      state_->running = helpers;
-    }
-    state_->wake.notify_all();
-  }
+  if (helpers > 0) state_->Open(&queue, helpers);
   queue.Work(0);
-  if (helpers > 0) {
-    std::unique_lock<std::mutex> lock(state_->mu);
-    state_->done.wait(lock, [&] { return state_->running == 0; });
-    state_->queue = nullptr;
-  }
+  if (helpers > 0) state_->Close();
   return queue.Result();
 }
 
