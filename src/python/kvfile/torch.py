@@ -49,9 +49,10 @@ _ALIGN = 256
 # load_into reads layer 0 first and alone, in this many token slices (whole
 # chunks), each copied and decoded on the GPU while the next is read. On the
 # H200 hosts of docs/gpu.md every further slice put layer 0 1.3 to 2.7 ms
-# later (each slice is a read call, with its reader threads, and a part's
-# queueing of copy, decode and scatter), more than a slice's copy and decode
-# hide: one slice, layer 0 in a part of its own, is the fastest measured.
+# later when each slice's read call started the reader's threads anew and
+# was made only once the part before was queued: one slice was the fastest
+# measured. The reader now keeps its threads and the next part is read
+# ahead; tools/bench/gpu_layer0.sh measures 1 to 8 slices.
 FIRST_LAYER_SLICES = 1
 # A CUDA load reads each part after the first in a thread while the part
 # before it is queued (copy, decode, scatter), instead of after; False reads
