@@ -43,10 +43,12 @@ Status ForEachChunk(size_t begin, size_t end, unsigned workers,
 // thread, worker w > 0 the pool's thread w - 1, started by the first call
 // that needs it and kept until the pool is destroyed, so a later call starts
 // no thread (a Reader's ReadMany and ReadManyCodes: a read of a few chunks
-// costs a wake-up of each worker, not a thread start). Run calls must not
-// overlap (the owner's calls are serialized). In a process forked from the
-// one that started the threads they do not exist: the pool forgets them (their
-// memory is left, not joined) and starts its own.
+// costs the wake-up of the threads it asks for, not their start; a thread
+// that wakes after the caller has run out of chunks stays out of the call
+// and does not delay it). Run calls must not overlap (the owner's calls are
+// serialized). In a process forked from the one that started the threads
+// they do not exist: the pool forgets them (their memory is left, not
+// joined) and starts its own.
 class ChunkWorkers {
  public:
   ChunkWorkers();

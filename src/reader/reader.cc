@@ -421,9 +421,10 @@ Status Reader::Impl::ForEachChunk(uint64_t begin, uint64_t end, unsigned threads
     worker_files.clear();
     worker_files_pid = getpid();
   }
-  if (worker_files.size() + 1 < threads)
-    KVFILE_RETURN_IF_ERROR(internal::OpenWorkerFiles(*fs, path, *file, threads - 1 - static_cast<unsigned>(worker_files.size()),
-                                                     "since it was opened", &worker_files));
+  if (worker_files.size() + 1 < threads) {
+    const auto more = threads - 1 - static_cast<unsigned>(worker_files.size());
+    KVFILE_RETURN_IF_ERROR(internal::OpenWorkerFiles(*fs, path, *file, more, "since it was opened", &worker_files));
+  }
   if (worker_buffers.size() < threads) worker_buffers.resize(threads);
   while (worker_layouts.size() < threads) worker_layouts.emplace_back(&g());
   return workers.Run(first_chunk, last_chunk, threads, [&](unsigned w, size_t ci) {
