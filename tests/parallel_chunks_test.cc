@@ -1,15 +1,18 @@
 // SPDX-License-Identifier: Apache-2.0
 // Unit tests of the per-chunk fan-out (src/reader/parallel_chunks.h): worker counts,
 // every chunk run exactly once, which failure is reported, no chunk started
-// after a failure, and the checked per-worker files; and of the worker pool
-// beneath it and the CLI's per-file loops (kvfile/parallel.h): every index
-// once, and no index started once `stop` says so.
+// after a failure, the checked per-worker files, and ChunkWorkers' threads
+// kept between calls (and started anew in a forked child); and of the
+// worker pool beneath ForEachChunk and the CLI's per-file loops
+// (kvfile/parallel.h): every index once, and no index started once `stop`
+// says so.
 
 #include "reader/parallel_chunks.h"
 
 #include "kvfile/parallel.h"
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,6 +20,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -152,6 +156,122 @@ TEST(ParallelFor, NoIndexStartsOnceStopSaysSo) {
   EXPECT_EQ(begun.load(), finished.load());
   EXPECT_LT(begun.load(), 1000);
   EXPECT_TRUE(stop.load());
+}
+
+// Runs chunks [0, workers) on `workers` workers, each chunk waiting until
+// every worker has one, so that each worker takes exactly one; returns the
+// thread of each worker.
+std::map<unsigned, std::thread::id> ThreadOfEachWorker(ChunkWorkers& pool, unsigned workers) {
+  std::mutex mu;
+  std::map<unsigned, std::thread::id> threads;
+  std::atomic<unsigned> arrived{0};
+  Status st = pool.Run(0, workers, workers, [&](unsigned w, size_t) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      threads[w] = std::this_thread::get_id();
+    }
+    ++arrived;
+    while (arrived < workers) std::this_thread::yield();
+    return Status::OK();
+  });
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  return threads;
+}
+
+TEST(ChunkWorkers, ThreadsAreStartedOnceAndKeptBetweenCalls) {
+  ChunkWorkers pool;
+  EXPECT_EQ(pool.threads_started(), 0u);
+  const auto first = ThreadOfEachWorker(pool, 4);
+  ASSERT_EQ(first.size(), 4u);
+  EXPECT_EQ(first.at(0), std::this_thread::get_id());  // worker 0 is the caller
+  EXPECT_EQ(std::set<std::thread::id>({first.at(1), first.at(2), first.at(3), first.at(0)}).size(), 4u);
+  EXPECT_EQ(pool.threads_started(), 3u);
+  for (int call = 0; call < 5; ++call) EXPECT_EQ(ThreadOfEachWorker(pool, 4), first) << "call " << call;
+  EXPECT_EQ(ThreadOfEachWorker(pool, 2), (std::map<unsigned, std::thread::id>{{0, first.at(0)}, {1, first.at(1)}}));
+  EXPECT_EQ(pool.threads_started(), 3u);
+  // More workers: the kept threads, and new ones for the rest.
+  const auto more = ThreadOfEachWorker(pool, 6);
+  EXPECT_EQ(pool.threads_started(), 5u);
+  for (unsigned w = 0; w < 4; ++w) EXPECT_EQ(more.at(w), first.at(w)) << "worker " << w;
+}
+
+TEST(ChunkWorkers, EveryChunkOnceAndTheLowestFailureAfterWhichThePoolServesOn) {
+  ChunkWorkers pool;
+  for (unsigned workers : {3u, 1u, 8u, 3u}) {
+    std::vector<std::atomic<int>> runs(50);
+    Status st = pool.Run(7, 50, workers, [&](unsigned w, size_t chunk) {
+      EXPECT_LT(w, workers);
+      ++runs[chunk];
+      return Status::OK();
+    });
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    for (size_t i = 0; i < runs.size(); ++i) EXPECT_EQ(runs[i].load(), i < 7 ? 0 : 1) << "chunk " << i;
+  }
+  EXPECT_EQ(pool.threads_started(), 7u);
+  // Chunks 1 and 2 fail, chunk 2 first: chunk 1's failure is the result.
+  std::atomic<bool> two_failed{false};
+  Status st = pool.Run(0, 3, 3, [&](unsigned, size_t chunk) {
+    if (chunk == 2) {
+      two_failed = true;
+      return Status::IOError("chunk 2");
+    }
+    if (chunk == 1) {
+      while (!two_failed) std::this_thread::yield();
+      return Status::Corruption("chunk 1");
+    }
+    return Status::OK();
+  });
+  EXPECT_EQ(st.code(), Status::Code::kCorruption);
+  EXPECT_EQ(st.message(), "chunk 1");
+  std::atomic<int> ran{0};
+  EXPECT_TRUE(pool.Run(0, 20, 8, [&](unsigned, size_t) {
+                    ++ran;
+                    return Status::OK();
+                  }).ok());
+  EXPECT_EQ(ran.load(), 20);
+  EXPECT_EQ(pool.threads_started(), 7u);
+}
+
+// A child forked after the pool started its threads has none of them: its
+// calls start threads of its own (they would wait forever for the parent's)
+// and its destructor does not join the parent's. The child's alarm ends a
+// child that hangs (SIGALRM: the test fails, it does not hang).
+TEST(ChunkWorkers, AForkedChildStartsThreadsOfItsOwn) {
+  auto pool = std::make_unique<ChunkWorkers>();
+  const auto parent = ThreadOfEachWorker(*pool, 3);
+  ASSERT_EQ(pool->threads_started(), 2u);
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    alarm(30);
+    int failed = 0;
+    std::atomic<int> ran{0};
+    Status st = pool->Run(0, 12, 3, [&](unsigned, size_t) {
+      ++ran;
+      return Status::OK();
+    });
+    if (!st.ok() || ran != 12) failed |= 1;
+    if (pool->threads_started() != 4) failed |= 2;
+    if (ThreadOfEachWorker(*pool, 3).size() != 3) failed |= 4;
+    pool.reset();  // joins the child's threads
+    _exit(failed);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status)) << "the child was ended by signal " << (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_EQ(ThreadOfEachWorker(*pool, 3), parent);  // the parent's pool is as it was
+  // A child that only destroys the pool it inherited.
+  child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    alarm(30);
+    pool.reset();
+    _exit(0);
+  }
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status)) << "the child was ended by signal " << (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
 class WorkerFilesTest : public testing::Test {

@@ -1,9 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 // Tests of the reader (src/reader/reader.cc): expectations at open, reads of a
 // damaged section leave the buffer alone, LongestCommonPrefix, and ReadMany
-// against ReadRows over every range, target set and thread count; nvfp4
+// against ReadRows over every range, target set and thread count, its
+// worker threads and file handles kept between calls; nvfp4
 // streams (format 2.2) written and read back at the level of codes and bytes.
 
+#include <atomic>
+
+#include "support/forwarding_fs.h"
 #include "support/kv_test_util.h"
 #include "util/testing_hooks.h"
 
@@ -438,6 +442,80 @@ TEST_F(ReadManyTest, CodesOfADamagedV1FileZeroFillOnlyTheCodes) {
     EXPECT_EQ(got.codes[i].back(), kFill) << i;
     EXPECT_EQ(got.scales[i].back(), kFill) << i;
   }
+}
+
+// ---- ReadMany's workers, kept between calls -----------------------------------------------
+
+// The real file system, counting the opens of one path.
+class CountingOpens : public testing::ForwardingFs {
+ public:
+  explicit CountingOpens(std::string watched) : watched_(std::move(watched)) {}
+  Status Open(const std::string& path, OpenMode mode, std::unique_ptr<File>* out) override {
+    if (path == watched_) ++opens_;
+    return base_->Open(path, mode, out);
+  }
+  int opens() const { return opens_; }
+
+ private:
+  std::string watched_;
+  std::atomic<int> opens_{0};
+};
+
+TEST_F(ReadManyTest, WorkerThreadsAndFilesAreMadeOnceAndKept) {
+  ASSERT_NO_FATAL_FAILURE(Write());
+  CountingOpens fs(Path());
+  ReaderOptions options;
+  options.fs = &fs;
+  std::unique_ptr<Reader> r;
+  ASSERT_OK(Reader::Open(Path(), options, &r));
+  ASSERT_EQ(r->chunks().size(), 5u);
+  EXPECT_EQ(fs.opens(), 1);
+  EXPECT_EQ(hooks::ReaderAccess::WorkerThreadsStarted(*r), 0u);
+  const std::vector<Pair> pairs = Fp8Pairs(q_.g);
+  CodeDestinations want(q_.g, pairs, 37);
+  for (size_t i = 0; i < pairs.size(); ++i)
+    ASSERT_OK(r->ReadCodes(pairs[i].first, pairs[i].second, 0, 37, want.codes[i].data(),
+                           reinterpret_cast<float*>(want.scales[i].data())));
+  // 4 workers: the calling thread and 3 of the reader's, each with a file of its own.
+  for (int call = 0; call < 6; ++call) {
+    CodeDestinations got(q_.g, pairs, 37);
+    ASSERT_OK(r->ReadManyCodes(got.targets, 0, 37, call % 2 == 0 ? 4 : 2));
+    ASSERT_TRUE(got.codes == want.codes && got.scales == want.scales) << "call " << call;
+    Destinations rows(q_.g, AllPairs(q_.g), 8, Dtype::kF32);
+    ASSERT_OK(r->ReadMany(rows.targets, 8, 16, Dtype::kF32, 4));  // one chunk: the calling thread
+    ASSERT_OK(r->ReadMany(rows.targets, 0, 8, Dtype::kF32, 3));
+    EXPECT_EQ(fs.opens(), 4) << "call " << call;
+    EXPECT_EQ(hooks::ReaderAccess::WorkerThreadsStarted(*r), 3u) << "call " << call;
+  }
+  // More workers (5 chunks: 5 at most): one more thread and file.
+  CodeDestinations got(q_.g, pairs, 37);
+  ASSERT_OK(r->ReadManyCodes(got.targets, 0, 37, 8));
+  ASSERT_TRUE(got.codes == want.codes && got.scales == want.scales);
+  EXPECT_EQ(fs.opens(), 5);
+  EXPECT_EQ(hooks::ReaderAccess::WorkerThreadsStarted(*r), 4u);
+}
+
+// A worker's file is checked once, when it is opened: a file renamed over
+// the path before the workers' first call is refused as before, one renamed
+// after it is not seen (the kept handles read the file the reader opened).
+TEST_F(ReadManyTest, AFileReplacedAfterTheWorkersOpenedItStillReadsTheOpenedFile) {
+  ASSERT_NO_FATAL_FAILURE(Write());
+  const std::string other = Path("other.kv");
+  std::ofstream(other) << "not the file the reader opened";
+  auto early = Open(Path());
+  auto r = Open(Path());
+  ASSERT_NE(r, nullptr);
+  const std::vector<Pair> pairs = Fp8Pairs(q_.g);
+  CodeDestinations want(q_.g, pairs, 37);
+  ASSERT_OK(r->ReadManyCodes(want.targets, 0, 37, 3));
+  std::filesystem::rename(other, Path());
+  CodeDestinations got(q_.g, pairs, 37);
+  ASSERT_OK(r->ReadManyCodes(got.targets, 0, 37, 3));
+  EXPECT_TRUE(got.codes == want.codes && got.scales == want.scales);
+  CodeDestinations refused(q_.g, pairs, 37);
+  Status st = early->ReadManyCodes(refused.targets, 0, 37, 3);
+  EXPECT_EQ(st.code(), Status::Code::kFailed);
+  EXPECT_EQ(st.message(), Path() + ": the file was replaced since it was opened");
 }
 
 // ---- nvfp4 streams (format 2.2) --------------------------------------------------------------

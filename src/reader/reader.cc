@@ -3,6 +3,8 @@
 // decode anything into the caller's buffer.
 #include "kvfile/reader.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 
@@ -12,6 +14,7 @@
 #include "codec/dtype_codec.h"
 #include "kvfile/codec.h"
 #include "format/endian.h"
+#include "util/testing_hooks.h"
 
 namespace kvfile {
 
@@ -33,8 +36,14 @@ struct KVFILE_NO_EXPORT Reader::Impl {
   CommitInfo commit;  // scan->commit, as the public type
   std::unique_ptr<internal::LayoutCache> layouts;
   internal::PageBuffer scratch;  // reused across reads: no allocation per call once warm
-  // ReadMany's workers: one section buffer each, kept for the next call.
+  // ReadMany's and ReadManyCodes' workers, kept for the next call: the
+  // pool's threads, and for each worker its section buffer and layouts and,
+  // after the first (which reads through `file`), a File of its own.
   std::vector<internal::PageBuffer> worker_buffers;
+  std::vector<internal::LayoutCache> worker_layouts;
+  std::vector<std::unique_ptr<File>> worker_files;
+  pid_t worker_files_pid = 0;  // the process that opened worker_files
+  internal::ChunkWorkers workers;  // last: its threads stop before the rest goes
 
   const Geometry& g() const { return scan->header.geometry; }
 
@@ -338,6 +347,8 @@ Status internal::ReaderAccess::Share(const Reader& r, std::unique_ptr<Reader>* o
   return Status::OK();
 }
 
+uint64_t hooks::ReaderAccess::WorkerThreadsStarted(const Reader& r) { return r.impl_->workers.threads_started(); }
+
 uint16_t Reader::major_version() const { return impl_->scan->header.major; }
 uint16_t Reader::minor_version() const { return impl_->scan->header.minor; }
 const Geometry& Reader::geometry() const { return impl_->g(); }
@@ -387,14 +398,21 @@ Status Reader::Impl::ForEachChunk(uint64_t begin, uint64_t end, unsigned threads
   threads = internal::WorkerCount(threads, last_chunk - first_chunk, kMaxReadThreads);
 
   // Each further worker reads through its own File, which must be the file
-  // this reader opened.
-  std::vector<std::unique_ptr<File>> files;
-  KVFILE_RETURN_IF_ERROR(internal::OpenWorkerFiles(*fs, path, *file, threads - 1, "since it was opened", &files));
+  // this reader opened; one opened by the process this one forked from
+  // would share its io_uring ring.
+  if (worker_files_pid != getpid()) {
+    worker_files.clear();
+    worker_files_pid = getpid();
+  }
+  if (worker_files.size() + 1 < threads) {
+    const auto more = threads - 1 - static_cast<unsigned>(worker_files.size());
+    KVFILE_RETURN_IF_ERROR(internal::OpenWorkerFiles(*fs, path, *file, more, "since it was opened", &worker_files));
+  }
   if (worker_buffers.size() < threads) worker_buffers.resize(threads);
-  std::vector<internal::LayoutCache> chunk_layouts(threads, internal::LayoutCache(&g()));
-  return internal::ForEachChunk(first_chunk, last_chunk, threads, [&](unsigned w, size_t ci) {
-    File& f = w == 0 ? *file : *files[w - 1];
-    return per_chunk(f, chunk_layouts[w], ci, &worker_buffers[w]);
+  while (worker_layouts.size() < threads) worker_layouts.emplace_back(&g());
+  return workers.Run(first_chunk, last_chunk, threads, [&](unsigned w, size_t ci) {
+    File& f = w == 0 ? *file : *worker_files[w - 1];
+    return per_chunk(f, worker_layouts[w], ci, &worker_buffers[w]);
   });
 }
 

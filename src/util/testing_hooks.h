@@ -22,6 +22,9 @@ struct ReaderAccess {
   // Reads and checks every byte of chunk `index` (all sections, codes and
   // scales), as verify does.
   static Status VerifyChunk(Reader& r, size_t index) { return r.VerifyChunk(index); }
+  // The worker threads r's ReadMany and ReadManyCodes have started since it
+  // was opened (they are kept between calls).
+  static uint64_t WorkerThreadsStarted(const Reader& r);
 };
 
 }  // namespace kvfile::hooks

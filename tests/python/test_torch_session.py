@@ -276,6 +276,38 @@ def test_load_into_a_paged_cache(tmp_path, device, layout, kind, block_size):
         assert int((dest[0] == -7.0).sum()) == dest[0].numel() - 2 * 37 * 16
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", ["e4m3", "nvfp4", "bf16"])
+def test_load_into_takes_an_open_reader_and_leaves_it_open(tmp_path, device, kind):
+    """load_into(reader) fills the destination with the bytes load_into(path)
+    gives, call after call on the same reader (its threads kept), in the
+    background too; the reader stays open for the caller, and a closed one is
+    refused with the library's error."""
+    path = tmp_path / "s.kv"
+    kvtorch.save(path, session(203, seed=5), torch.arange(203), dtype=kind, chunk_tokens=16)
+    block_ids = torch.randperm(16, generator=torch.Generator().manual_seed(6))[:13]
+    want = paged("vllm", 3, 16, 16, 2, 16, torch.bfloat16, device)
+    kvtorch.load_into(path, want, block_ids=block_ids, threads=4)
+    with kvfile.open(path) as reader:
+        for call in range(3):
+            got = paged("vllm", 3, 16, 16, 2, 16, torch.bfloat16, device)
+            if call < 2:
+                events = kvtorch.load_into(reader, got, block_ids=block_ids, threads=4)
+            else:
+                events = kvtorch.load_into(reader, got, block_ids=block_ids, threads=4, background=True).result()
+            assert len(events) == 3
+            assert [as_bits(x) for x in got] == [as_bits(x) for x in want], call
+        assert len(reader) == 203 and reader.path == str(path)  # still open
+    loaded = kvtorch.load(path, device="cpu", dtype=torch.bfloat16)
+    t = torch.arange(203)
+    blk, off = block_ids[t // 16], t % 16
+    for layer in range(3):
+        for which, name in enumerate(("k", "v")):
+            assert as_bits(gather("vllm", got[layer].cpu(), which, blk, off)) == as_bits(loaded[name][layer])
+    with pytest.raises(kvfile.FailedError, match="reader is closed"):
+        kvtorch.load_into(reader, paged("vllm", 3, 16, 16, 2, 16, torch.bfloat16, device), block_ids=block_ids)
+
+
 def as_bits(t):
     t = t.detach().cpu().contiguous()
     return t.view(torch.int16).numpy().tobytes() if t.dtype == torch.bfloat16 else t.numpy().tobytes()

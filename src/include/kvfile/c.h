@@ -394,9 +394,11 @@ typedef struct kvfile_rows_target {
 /* Bulk read: the rows of every target for tokens [begin, end), decoded as
  * out_dtype (KVFILE_BF16, KVFILE_F16 or KVFILE_F32), in one call: what an
  * engine resuming a session does (pass every (layer, stream) pair). The
- * file is read chunk by chunk by `threads` worker threads inside the call
- * (0: as many as the machine has cores; the library caps them at 16 and at
- * the number of chunks). Every target is checked before anything is read
+ * file is read chunk by chunk by `threads` workers (0: as many as the
+ * machine has cores; the library caps them at 16 and at the number of
+ * chunks): the calling thread and threads of the reader's, each with a
+ * handle of the file of its own, made by the first call that needs them and
+ * kept until the reader is closed. Every target is checked before anything is read
  * (range, layer, stream, KVFILE_BUFFER_TOO_SMALL for a short buffer). Data
  * is checked chunk by chunk: on a failure every destination is zero-filled
  * (no partly decoded data is left) and the message names the first failing

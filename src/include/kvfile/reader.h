@@ -63,8 +63,9 @@ struct CodesTarget {
   uint8_t* block_scales = nullptr;  // nvfp4 streams only
 };
 
-// A Reader is used by one thread at a time; ReadMany and VerifyFile run
-// their own worker threads inside one call.
+// A Reader is used by one thread at a time; ReadMany and ReadManyCodes run
+// on worker threads the reader keeps between calls (VerifyFile starts its
+// own for the call).
 class KVFILE_EXPORT Reader {
  public:
   static Status Open(const std::string& path, const ReaderOptions& options,
@@ -108,10 +109,13 @@ class KVFILE_EXPORT Reader {
   // chunk, with one read per chunk covering every section asked for (a whole
   // session streams through the file sequentially), each section checked
   // (checksum, codes, scales) before it is decoded. `threads` workers share
-  // the chunks (1: the calling thread alone; each further worker opens the
-  // file once more). Unlike ReadRows, a failure is found chunk by chunk: on
-  // error every destination is zero-filled, so no partly decoded data is
-  // left behind, and the message names the chunk.
+  // the chunks (1: the calling thread alone; each further worker is a thread
+  // of this reader's reading through a handle of the file of its own, both
+  // made by the first call that needs them and kept until the reader is
+  // destroyed, so that later calls start no thread and open nothing).
+  // Unlike ReadRows, a failure is found chunk by chunk: on error every
+  // destination is zero-filled, so no partly decoded data is left behind,
+  // and the message names the chunk.
   Status ReadMany(std::span<const RowsTarget> targets, uint64_t begin, uint64_t end,
                   Dtype out_dtype, unsigned threads = 1);
   // Codes and scales of many (layer, stream) pairs of fp8 or nvfp4 streams for tokens

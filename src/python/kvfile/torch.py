@@ -6,7 +6,7 @@
     save(path, tensors, tokens, model="", fingerprint=0, dtype="e4m3", encoder="auto")
     append(path, tensors, tokens, encoder="auto")
     append_turn(path, tensors, tokens, model=None, fingerprint=None) -> dict
-    load_into(path, destination, block_ids=None, slot_mapping=None, layout="vllm", heads=None, ...)
+    load_into(path or reader, destination, block_ids=None, slot_mapping=None, layout="vllm", heads=None, ...)
 
 torch is imported when one of these is called: `import kvfile` never needs it.
 
@@ -54,10 +54,15 @@ _ALIGN = 256
 # load_into reads layer 0 first and alone, in this many token slices (whole
 # chunks), each copied and decoded on the GPU while the next is read. On the
 # H200 hosts of docs/gpu.md every further slice put layer 0 1.3 to 2.7 ms
-# later (each slice is a read call, with its reader threads, and a part's
-# queueing of copy, decode and scatter), more than a slice's copy and decode
-# hide: one slice, layer 0 in a part of its own, is the fastest measured.
+# later when each slice's read call started the reader's threads anew and
+# was made only once the part before was queued: one slice was the fastest
+# measured. The reader now keeps its threads and the next part is read
+# ahead; tools/bench/gpu_layer0.sh measures 1 to 8 slices.
 FIRST_LAYER_SLICES = 1
+# A CUDA load reads each part after the first in a thread while the part
+# before it is queued (copy, decode, scatter), instead of after; False reads
+# them in turn on the loading thread.
+READ_AHEAD = True
 
 _staging_lock = threading.Lock()
 _staging = {}  # device index -> [_Pinned] * 3 (two for loads, one for saves), reused
@@ -342,18 +347,20 @@ def _load_cuda(torch, reader, device, dtype, dtype_name, start, stop, threads, s
                             streams=raw_names, out={name: views[name][3][0] for name in raw_names})
         return views, layout.bytes
 
+    done = [None, None]  # event: the slot's pinned buffer has been copied out
+
+    def fetch(part):
+        """Reads part `part` into its slot once the slot's last copy is done."""
+        slot = part % 2
+        if done[slot] is not None:
+            with torch.cuda.device(device):  # a thread of its own: its current device may be another
+                done[slot].synchronize()
+        return read(*parts[part], slot)
+
     # The first part is read (every reader thread, the GIL released) while
     # the rest is set up: the decode tables, the stream, the GPU buffers,
     # the outputs and the caller's prepare().
-    first_read = {}
-
-    def read_first():
-        try:
-            first_read["result"] = read(*parts[0], 0)
-        except BaseException as e:  # noqa: BLE001 - raised by the loading thread below
-            first_read["error"] = e
-    reading = threading.Thread(target=read_first, daemon=True)
-    reading.start()
+    ahead = _Background(lambda: fetch(0))
     try:
         tables = {kind: codec.decode_table(torch, kind, device)
                   for kind in {"e4m3" if k == "nvfp4" else k for k in quantized.values()}}
@@ -366,46 +373,49 @@ def _load_cuda(torch, reader, device, dtype, dtype_name, start, stop, threads, s
                 out[name][first:last, lo:hi] = values
         if prepare is not None:
             prepare()
-    finally:
-        reading.join()
-    if "error" in first_read:
-        raise first_read["error"]
-    done = [None, None]  # event: the slot's pinned buffer has been copied out
+    except BaseException:
+        ahead.wait()
+        raise
     timings = []  # (start event, end event, bytes) per copy, when stats is asked for
     # The GPU buffers and outputs are used on copy_stream only from here on.
     copy_stream.wait_stream(torch.cuda.current_stream(device))
-    for part, (first, last, lo, hi) in enumerate(parts):
-        slot = part % 2
-        if part == 0:
-            views, used = first_read.pop("result")
-        else:
-            if done[slot] is not None:
-                done[slot].synchronize()
-            views, used = read(first, last, lo, hi, slot)
-        with torch.cuda.stream(copy_stream):
-            g = gpu[slot]
-            if stats is not None:
-                timings.append((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True), used))
-                timings[-1][0].record(copy_stream)
-            g[:used].copy_(pinned[slot][:used], non_blocking=True)
-            if stats is not None:
-                timings[-1][1].record(copy_stream)
-            done[slot] = torch.cuda.Event()
-            done[slot].record(copy_stream)
-            for name, (kind, shape, pieces, _) in views.items():
-                t = []
-                for at, np_dtype, part_shape in pieces:
-                    nbytes = int(np.prod(part_shape)) * np.dtype(np_dtype).itemsize
-                    t.append(g[at:at + nbytes].view(_TORCH_OF[np.dtype(np_dtype).name](torch)).view(part_shape))
-                if _DTYPES[kind]["quantization"] == "token":
-                    values = codec.dequantize_nvfp4(torch, t[0], t[1], t[2], dtype, tables["e4m3"]).view(shape)
-                elif kind is not None:
-                    values = dequantize(t[0], t[1], kind, dtype, tables[kind])
-                else:
-                    values = t[0].view(dtype)
-                sink(name, first, last, lo - start, hi - start, values)
-            if part_done is not None and hi == stop:
-                part_done(first, last, copy_stream)
+    try:
+        for part, (first, last, lo, hi) in enumerate(parts):
+            slot = part % 2
+            views, used = ahead.result() if ahead is not None else fetch(part)
+            ahead = None
+            with torch.cuda.stream(copy_stream):
+                g = gpu[slot]
+                if stats is not None:
+                    timings.append((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True),
+                                    used))
+                    timings[-1][0].record(copy_stream)
+                g[:used].copy_(pinned[slot][:used], non_blocking=True)
+                if stats is not None:
+                    timings[-1][1].record(copy_stream)
+                done[slot] = torch.cuda.Event()
+                done[slot].record(copy_stream)
+                # The next part is read (in a thread) while this one's
+                # decode and scatter are queued.
+                if READ_AHEAD and part + 1 < len(parts):
+                    ahead = _Background(lambda p=part + 1: fetch(p))
+                for name, (kind, shape, pieces, _) in views.items():
+                    t = []
+                    for at, np_dtype, part_shape in pieces:
+                        nbytes = int(np.prod(part_shape)) * np.dtype(np_dtype).itemsize
+                        t.append(g[at:at + nbytes].view(_TORCH_OF[np.dtype(np_dtype).name](torch)).view(part_shape))
+                    if _DTYPES[kind]["quantization"] == "token":
+                        values = codec.dequantize_nvfp4(torch, t[0], t[1], t[2], dtype, tables["e4m3"]).view(shape)
+                    elif kind is not None:
+                        values = dequantize(t[0], t[1], kind, dtype, tables[kind])
+                    else:
+                        values = t[0].view(dtype)
+                    sink(name, first, last, lo - start, hi - start, values)
+                if part_done is not None and hi == stop:
+                    part_done(first, last, copy_stream)
+    finally:
+        if ahead is not None:  # a failure above: no read may outlive the call (the staging is shared)
+            ahead.wait()
     copy_stream.synchronize()
     if stats is not None:
         stats["parts"] = len(timings)
@@ -413,6 +423,31 @@ def _load_cuda(torch, reader, device, dtype, dtype_name, start, stop, threads, s
         stats["h2d_bytes"] = sum(n for _, _, n in timings)
         stats["h2d_seconds"] = sum(a.elapsed_time(b) for a, b, _ in timings) / 1e3
     return out
+
+
+class _Background:
+    """fn() running in a thread: result() waits and returns its value or
+    raises its exception; wait() only waits."""
+
+    def __init__(self, fn):
+        self._out = {}
+
+        def body():
+            try:
+                self._out["value"] = fn()
+            except BaseException as e:  # noqa: BLE001 - raised by result()
+                self._out["error"] = e
+        self._thread = threading.Thread(target=body, daemon=True)
+        self._thread.start()
+
+    def wait(self):
+        self._thread.join()
+
+    def result(self):
+        self._thread.join()
+        if "error" in self._out:
+            raise self._out["error"]
+        return self._out["value"]
 
 
 # numpy dtype name -> torch dtype of the same bytes
@@ -618,6 +653,14 @@ def append_turn(path, tensors, tokens, model=None, fingerprint=None, encoder="au
 _LAYOUTS = ("vllm", "nhd", "hnd")
 
 
+def _open(path):
+    """A context giving a reader of `path`: opened here and closed on exit,
+    or, where path is a kvfile.Reader, that reader, left open."""
+    if isinstance(path, _kvfile.Reader):
+        return contextlib.nullcontext(path)
+    return _kvfile.open_reader(str(path))
+
+
 def _slot_indices(torch, layout, destination, device, tokens, block_ids, slot_mapping):
     """(block index, offset in block) int64 tensors [tokens] on device."""
     first = destination[0]
@@ -686,7 +729,14 @@ class LayerLoad:
 def load_into(path, destination, block_ids=None, slot_mapping=None, layout="vllm", heads=None,
               streams=("k", "v"), start=0, on_layer=None, background=False, threads=0, staging_bytes=None):
     """Reads tokens [start, ...) of a .kv file straight into a paged KV cache,
-    layer by layer. destination: one tensor per layer, in `layout`:
+    layer by layer. path: the file's path, or a reader kvfile.open(path)
+    returned, which load_into uses and leaves open (for the caller to close).
+    A caller that has the file open already (to match a prompt's tokens with
+    longest_common_prefix, say) saves the open's scan of the file, and a
+    reader that has read with several threads before keeps its reader threads
+    and their file handles: the call starts none and opens nothing, and
+    layer 0 is in place that much sooner (docs/gpu.md).
+    destination: one tensor per layer, in `layout`:
       "vllm": [2, num_blocks, block_size, heads, head_dim]
       "nhd":  [num_pages, 2, page_size, heads, head_dim] (FlashInfer)
       "hnd":  [num_pages, 2, heads, page_size, head_dim] (FlashInfer)
@@ -716,8 +766,8 @@ def load_into(path, destination, block_ids=None, slot_mapping=None, layout="vllm
     _np_dtype_name(torch, dtype)
 
     def run(ready):
-        with _kvfile.open_reader(str(path)) as reader:
-            _warn_if_rotated(reader, path)
+        with _open(path) as reader:
+            _warn_if_rotated(reader, reader.path)
             geometry = reader.geometry
             layers = geometry["layers"]
             if len(destination) != layers:
