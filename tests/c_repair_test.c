@@ -25,20 +25,21 @@ static void write_file(const char* path) {
   kvfile_geometry g;
   kvfile_writer_options options;
   kvfile_writer* w = NULL;
-  kvfile_rows blocks[kLayers * kStreams];
+  kvfile_parts blocks[kLayers * kStreams];
   uint32_t ids[kTokens];
   CHECK_STATUS(kvfile_preset("tiny", KVFILE_E4M3, &g), KVFILE_OK);
   memset(&options, 0, sizeof options);
   options.chunk_tokens = 4;
   for (int b = 0; b < kLayers * kStreams; ++b) {
     for (int i = 0; i < kTokens * kPerToken; ++i) rows[b][i] = 0.5f + (float)((b * 7 + i) % 32) / 64.0f;
+    memset(&blocks[b], 0, sizeof blocks[b]);
     blocks[b].dtype = KVFILE_F32;
     blocks[b].data = rows[b];
-    blocks[b].scales = NULL;
+    blocks[b].data_bytes = sizeof rows[b];
   }
   for (int t = 0; t < kTokens; ++t) ids[t] = (uint32_t)(100 + t);
   CHECK_STATUS(kvfile_writer_create(path, &g, "test/tiny", 1, &options, &w), KVFILE_OK);
-  CHECK_STATUS(kvfile_writer_append(w, ids, kTokens, blocks, kLayers * kStreams), KVFILE_OK);
+  CHECK_STATUS(kvfile_writer_append_parts(w, ids, kTokens, blocks, kLayers * kStreams), KVFILE_OK);
   CHECK_STATUS(kvfile_writer_close(w), KVFILE_OK);
 }
 

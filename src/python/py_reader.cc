@@ -201,7 +201,16 @@ class PyReader {
       }
       return Status::OK();
     });
-    return result;
+    return ToCodes(info, result);
+  }
+
+  // The parts of one dtype (in the table's order) as a kvfile.Codes, whose
+  // fields are the parts in DtypePart order (codes, block_scales, scales),
+  // None for a part the dtype has not.
+  static py::object ToCodes(const kvfile::DtypeInfo& info, const py::tuple& parts) {
+    std::array<py::object, 3> fields = {py::none(), py::none(), py::none()};
+    for (size_t k = 0; k < info.part_count; ++k) fields[static_cast<size_t>(info.parts[k])] = parts[k];
+    return MakeCodes(fields[0], fields[1], fields[2]);
   }
 
   BulkSelection SelectBulk(const Geometry& g, py::handle streams, py::handle layers, uint64_t start,
