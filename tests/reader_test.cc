@@ -5,7 +5,7 @@
 // streams (format 2.2) written and read back at the level of codes and bytes.
 
 #include "support/kv_test_util.h"
-#include "util/testing_hooks.h"
+#include "support/testing_hooks.h"
 
 namespace kvfile {
 namespace {
@@ -127,7 +127,7 @@ TEST_F(KvFileTest, LongestCommonPrefix) {
 
   // An empty file.
   std::unique_ptr<Writer> w;
-  ASSERT_OK(Writer::Create(Path("empty.kv"), g, kIdentity, Options(8), &w));
+  ASSERT_OK(hooks::CreateWriter(Path("empty.kv"), g, kIdentity, Options(8), &w));
   ASSERT_OK(w->Close());
   ASSERT_OK(Reader::Open(Path("empty.kv"), {}, &r));
   EXPECT_EQ(r->token_count(), 0u);
@@ -541,18 +541,18 @@ TEST_F(Nvfp4FileTest, CreateRefusesAWidthThatIsNotBlocks) {
   Geometry g = Nvfp4Geometry();
   g.streams[0] = {"k", 3, 8, Dtype::kNvfp4};
   std::unique_ptr<Writer> w;
-  Status st = Writer::Create(Path(), g, kIdentity, Options(4), &w);
+  Status st = hooks::CreateWriter(Path(), g, kIdentity, Options(4), &w);
   EXPECT_TRUE(HasCode(st, Code::kInvalidArgument, {"stream 'k': nvfp4 needs rows x width (24) to be a multiple of 16"}));
   EXPECT_FALSE(std::filesystem::exists(Path()));
   WriterOptions v1 = Options(4);
   v1.format_major = 1;
-  EXPECT_TRUE(HasCode(Writer::Create(Path(), Nvfp4Geometry(), kIdentity, v1, &w), Code::kInvalidArgument,
+  EXPECT_TRUE(HasCode(hooks::CreateWriter(Path(), Nvfp4Geometry(), kIdentity, v1, &w), Code::kInvalidArgument,
                       {"v1 files store raw rows only"}));
 }
 
 TEST_F(Nvfp4FileTest, BadRowsAndCodesFailTheAppendNamingTokenAndRow) {
   std::unique_ptr<Writer> w;
-  ASSERT_OK(Writer::Create(Path(), Nvfp4Geometry(), kIdentity, Options(4), &w));
+  ASSERT_OK(hooks::CreateWriter(Path(), Nvfp4Geometry(), kIdentity, Options(4), &w));
   ASSERT_OK(w->Append(rows_.Batch(0, 4, false)));
   // A NaN in layer 1, token 5 (of the sequence), element 20: row 1.
   Nvfp4Rows bad = rows_;

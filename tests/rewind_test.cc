@@ -9,7 +9,7 @@
 
 #include "support/fault_fs.h"
 #include "support/kv_test_util.h"
-#include "util/testing_hooks.h"
+#include "support/testing_hooks.h"
 
 namespace kvfile {
 namespace {
@@ -25,7 +25,7 @@ TEST_F(ReadManyTest, RewoundFileWithDeadTokens) {
   Sequence q3 = Splice(q2, MakeSequence(g, Dtype::kF16, 35, 3), 25);
   {
     std::unique_ptr<Writer> w;
-    ASSERT_OK(Writer::Create(Path(), g, kIdentity, Options(8), &w));
+    ASSERT_OK(hooks::CreateWriter(Path(), g, kIdentity, Options(8), &w));
     ASSERT_OK(w->Append(Batch(q1, 0, 30)));  // chunks [0,8) [8,16) [16,24) on disk
     ASSERT_OK(w->Rewind(13));
     ASSERT_OK(w->Append(Batch(q2, 13, 17)));  // [13,21) [21,29) on disk
@@ -54,7 +54,7 @@ TEST(EpochLimit, RewindAtTheLastEpochIsRefused) {
   o.chunk_tokens = 4;
   hooks::SetWriterSalt(99);
   std::unique_ptr<Writer> w;
-  ASSERT_TRUE(Writer::Create("/e/y.kv", g, {"m", 1}, o, &w).ok());
+  ASSERT_TRUE(hooks::CreateWriter("/e/y.kv", g, {"m", 1}, o, &w).ok());
   ASSERT_TRUE(w->Close().ok());
   // The empty file's active record (sequence 2, slot 0) rewritten with the
   // last epoch, as a file that was rewound 2^32 - 2 times would hold.
