@@ -5,6 +5,20 @@
 // will be on disk; a full buffer is written as one chunk. Nothing already on
 // disk is ever overwritten by an append. What is durable when is set by the
 // SyncMode (spec/RECOVERY.md states the guarantees).
+//
+// Threads. A Writer has no lock of its own: it is used by one thread at a
+// time (every member, the const accessors included; calls from different
+// threads must be ordered by the caller, e.g. by a mutex), and it may move
+// from one thread to another between calls. Different Writers, of
+// different files, may be used at once from different threads. One file
+// has one Writer at a time, across threads and processes: a Writer holds
+// the file's writer lock from Create or Open until it is closed, and
+// another Open of that file meanwhile fails with kBusy. Readers (reader.h)
+// may read the file while it is written, from any thread or process. The
+// threads WriterOptions::threads asks for are the Writer's own, inside one
+// Append, and touch no file; all the Writer's I/O runs on the calling
+// thread, through WriterOptions::fs (file.h says what a FileSystem must
+// allow).
 #pragma once
 
 #include <cstdint>
