@@ -7,7 +7,9 @@
 # library, and pkg-config with the shared library and with --static (a
 # fully static program). Each program writes a session, reads it back and
 # checks every value; the installed `kvfile verify` then checks the file it
-# wrote. Then the kvfile command line and the resume example are built from
+# wrote. The installed libraries must hold no test hook
+# (tests/test_hooks_absent_test.sh), and every installed header must
+# compile on its own. Then the kvfile command line and the resume example are built from
 # their sources against the installed shared library (tests/consumer/tools:
 # public headers only) and run.
 # Then the Python package: imported from the installed prefix, and
@@ -98,6 +100,19 @@ if [ -e "${libdir_of[static]}/libkvfile.so" ] || [ ! -e "${libdir_of[static]}/li
   ls "$libdir" "${libdir_of[static]}" >&2
   exit 1
 fi
+
+echo "== the installed libraries: no test hooks; every public header compiles on its own"
+libraries=("$libdir/libkvfile.so" "${libdir_of[static]}/libkvfile.a")
+[ "${prefix_of[fullstatic]}" = "${prefix_of[static]}" ] || libraries+=("${libdir_of[fullstatic]}/libkvfile.a")
+"$KVFILE_ROOT/tests/test_hooks_absent_test.sh" "${libraries[@]}"
+# writer.h takes RowBlock and AppendBatch from row_block.h: each installed
+# header must bring what it uses.
+[ -f "$prefix/include/kvfile/row_block.h" ] || { echo "install_test: kvfile/row_block.h not installed" >&2; exit 1; }
+for header in "$prefix"/include/kvfile/*.h; do
+  printf '#include "kvfile/%s"\n' "$(basename "$header")" |
+    c++ -std=c++20 -Wall -Wextra -Werror -fsyntax-only -I"$prefix/include" -x c++ - ||
+    { echo "install_test: kvfile/$(basename "$header") does not compile on its own" >&2; exit 1; }
+done
 
 # Runs both example programs of one way (their directory $1) and checks the
 # sessions they wrote with the installed command line; $2 says how the

@@ -20,7 +20,7 @@
 #include "kvfile/verify.h"
 #include "kvfile/writer.h"
 #include "support/fault_fs.h"
-#include "util/testing_hooks.h"
+#include "support/testing_hooks.h"
 
 namespace kvfile {
 namespace {
@@ -101,7 +101,7 @@ TEST(AppendTest, AFailedCallDropsTheWholeAppendItBelongsTo) {
     FaultFs fs;
     const Geometry g = Tiny();
     std::unique_ptr<Writer> w;
-    ASSERT_TRUE(Writer::Create(kPath, g, {"m", 1}, Options(&fs, mode, 4), &w).ok());
+    ASSERT_TRUE(hooks::CreateWriter(kPath, g, {"m", 1}, Options(&fs, mode, 4), &w).ok());
     ASSERT_TRUE(w->Append(Tokens(g, 100, 3).Make()).ok());
     ASSERT_TRUE(w->Append(Tokens(g, 200, 6).Make(/*continued=*/true)).ok());  // fills chunk 0, part of chunk 1
     ASSERT_EQ(w->token_count(), 9u);
@@ -128,7 +128,7 @@ TEST(AppendTest, ASingleFailedCallLeavesNoTrace) {
   FaultFs fs;
   const Geometry g = Tiny();
   std::unique_ptr<Writer> w;
-  ASSERT_TRUE(Writer::Create(kPath, g, {"m", 1}, Options(&fs, SyncMode::kChunk, 4), &w).ok());
+  ASSERT_TRUE(hooks::CreateWriter(kPath, g, {"m", 1}, Options(&fs, SyncMode::kChunk, 4), &w).ok());
   ASSERT_TRUE(w->Append(Tokens(g, 100, 2).Make()).ok());
   size_t ops = fs.log().size();
   EXPECT_EQ(w->Append(Tokens(g, 200, 1, 0).Make()).code(), Status::Code::kNonFinite);
@@ -145,7 +145,7 @@ TEST(AppendTest, CloseDropsAnUnfinishedAppend) {
     FaultFs fs;
     const Geometry g = Tiny();
     std::unique_ptr<Writer> w;
-    ASSERT_TRUE(Writer::Create(kPath, g, {"m", 1}, Options(&fs, SyncMode::kClose, 4), &w).ok());
+    ASSERT_TRUE(hooks::CreateWriter(kPath, g, {"m", 1}, Options(&fs, SyncMode::kClose, 4), &w).ok());
     ASSERT_TRUE(w->Append(Tokens(g, 100, 5).Make()).ok());
     ASSERT_TRUE(w->Append(Tokens(g, 200, open_tokens).Make(/*continued=*/true)).ok());
     Status st = w->Close();
@@ -191,7 +191,7 @@ TEST(AppendTest, RewindInsideAnOpenAppendToTheChunksOnDisk) {
   FaultFs fs;
   const Geometry g = Tiny();
   std::unique_ptr<Writer> w;
-  ASSERT_TRUE(Writer::Create(kPath, g, {"m", 1}, Options(&fs, SyncMode::kClose, 4), &w).ok());
+  ASSERT_TRUE(hooks::CreateWriter(kPath, g, {"m", 1}, Options(&fs, SyncMode::kClose, 4), &w).ok());
   ASSERT_TRUE(w->Append(Tokens(g, 100, 10).Make(/*continued=*/true)).ok());  // 8 tokens in chunks
   ASSERT_TRUE(w->Rewind(8).ok());
   ASSERT_TRUE(w->Close().ok());
@@ -204,7 +204,7 @@ TEST(AppendTest, SyncAcknowledgesFinishedAppendsOnly) {
   FaultFs fs;
   const Geometry g = Tiny();
   std::unique_ptr<Writer> w;
-  ASSERT_TRUE(Writer::Create(kPath, g, {"m", 1}, Options(&fs, SyncMode::kNone, 4), &w).ok());
+  ASSERT_TRUE(hooks::CreateWriter(kPath, g, {"m", 1}, Options(&fs, SyncMode::kNone, 4), &w).ok());
   ASSERT_TRUE(w->Append(Tokens(g, 100, 3).Make()).ok());
   ASSERT_TRUE(w->Append(Tokens(g, 200, 6).Make(true)).ok());
   ASSERT_TRUE(w->Sync().ok());
@@ -226,7 +226,7 @@ TEST(AppendTest, ChunksOfAnUnfinishedAppendAreATornTail) {
   testing::DiskImage at_crash;
   {
     std::unique_ptr<Writer> w;
-    ASSERT_TRUE(Writer::Create(kPath, g, {"m", 1}, Options(&fs, SyncMode::kNone, 4), &w).ok());
+    ASSERT_TRUE(hooks::CreateWriter(kPath, g, {"m", 1}, Options(&fs, SyncMode::kNone, 4), &w).ok());
     ASSERT_TRUE(w->Append(Tokens(g, 100, 3).Make()).ok());
     ASSERT_TRUE(w->Append(Tokens(g, 200, 10).Make(true)).ok());  // chunks [0,4), [4,8), [8,12) written
     ASSERT_TRUE(w->Flush().ok());                                 // and [12,13) too
@@ -261,7 +261,7 @@ TEST(AppendTest, AnIoErrorCutsTheFileBackToItsLastCommit) {
   FaultFs fs;
   const Geometry g = Tiny();
   std::unique_ptr<Writer> w;
-  ASSERT_TRUE(Writer::Create(kPath, g, {"m", 1}, Options(&fs, SyncMode::kClose, 4), &w).ok());
+  ASSERT_TRUE(hooks::CreateWriter(kPath, g, {"m", 1}, Options(&fs, SyncMode::kClose, 4), &w).ok());
   ASSERT_TRUE(w->Append(Tokens(g, 100, 4).Make()).ok());
   ASSERT_TRUE(w->Sync().ok());
   ASSERT_TRUE(w->Append(Tokens(g, 200, 4).Make(true)).ok());  // one chunk written past the commit

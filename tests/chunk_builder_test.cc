@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "format/endian.h"
+#include "kvfile/writer.h"  // FitChunkTokens
 
 namespace kvfile::internal {
 namespace {

@@ -20,7 +20,7 @@
 #include "support/file_util.h"
 #include "support/scratch_dir.h"
 #include "support/sweep_fixtures.h"
-#include "util/testing_hooks.h"
+#include "support/testing_hooks.h"
 
 namespace kvfile {
 namespace {
@@ -119,7 +119,7 @@ TEST_F(CliJsonTest, ModelIdOfInvalidUtf8) {
   std::unique_ptr<Writer> w;
   WriterOptions opt;
   hooks::SetWriterSalt(77);
-  ASSERT_TRUE(Writer::Create(path, g, {"bad\xff\xc0 \"id\"\n", 1}, opt, &w).ok());
+  ASSERT_TRUE(hooks::CreateWriter(path, g, {"bad\xff\xc0 \"id\"\n", 1}, opt, &w).ok());
   ASSERT_TRUE(w->Close().ok());
   int code = 0;
   nlohmann::json info = RunJson("info", path, &code);

@@ -56,6 +56,20 @@ TEST(CommitLog, SlotOfASequence) {
   EXPECT_EQ(CommitSlotOffset(1001), 8192u);
 }
 
+// The one epoch rule: the next epoch, none after the last.
+TEST(CommitLog, BumpEpoch) {
+  uint32_t next = 0;
+  ASSERT_TRUE(CommitLog::BumpEpoch("/f.kv", 1, &next).ok());
+  EXPECT_EQ(next, 2u);
+  ASSERT_TRUE(CommitLog::BumpEpoch("/f.kv", 0xFFFFFFFEu, &next).ok());
+  EXPECT_EQ(next, 0xFFFFFFFFu);
+  next = 7;
+  Status st = CommitLog::BumpEpoch("/f.kv", 0xFFFFFFFFu, &next);
+  EXPECT_EQ(st.code(), Status::Code::kUnsupported);
+  EXPECT_EQ(st.message(), "/f.kv: the epoch counter is exhausted; rewrite the file with kvfile convert");
+  EXPECT_EQ(next, 7u);
+}
+
 TEST(CommitLog, InitialSlotsHoldSequenceOneAndTwo) {
   std::vector<uint8_t> fixed(kDataOffset);
   CommitRecord newest = EncodeInitialSlots(kSalt, 5, fixed);

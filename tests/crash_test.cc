@@ -19,7 +19,7 @@
 #include "kvfile/reader.h"
 #include "kvfile/writer.h"
 #include "support/fault_fs.h"
-#include "util/testing_hooks.h"
+#include "support/testing_hooks.h"
 
 namespace kvfile {
 namespace {
@@ -62,7 +62,7 @@ class Workload {
   }
 
   void Create() {
-    ASSERT_TRUE(Writer::Create(kPath, g_, {"m", 1}, options_, &w_).ok());
+    ASSERT_TRUE(hooks::CreateWriter(kPath, g_, {"m", 1}, options_, &w_).ok());
     created_ops_ = fs_.log().size();
     Checkpoint();
   }

@@ -21,7 +21,7 @@
 #include "kvfile/reader.h"
 #include "kvfile/writer.h"
 #include "support/fault_fs.h"
-#include "util/testing_hooks.h"
+#include "support/testing_hooks.h"
 #include "writer/write_behind.h"
 
 namespace kvfile::internal {
@@ -88,7 +88,7 @@ std::unique_ptr<Writer> Create(FaultFs& fs, const std::string& path, uint32_t ch
   wo.fs = &fs;
   wo.chunk_tokens = chunk;
   std::unique_ptr<Writer> w;
-  Status st = Writer::Create(path, Mixed(), {"test/direct", 7}, wo, &w);
+  Status st = hooks::CreateWriter(path, Mixed(), {"test/direct", 7}, wo, &w);
   EXPECT_TRUE(st.ok()) << st.ToString();
   return w;
 }
@@ -252,7 +252,7 @@ TEST(DirectChunkTest, AbandonedChunkWaitsForItsQueuedSections) {
   wo.fs = &fs;
   wo.chunk_tokens = 8;
   std::unique_ptr<Writer> w;
-  ASSERT_TRUE(Writer::Create("/a.kv", g, {"test/direct", 7}, wo, &w).ok());
+  ASSERT_TRUE(hooks::CreateWriter("/a.kv", g, {"test/direct", 7}, wo, &w).ok());
   ASSERT_TRUE(WriteDirect(*w, Rows(g, 0, 8), 8).ok());
   EXPECT_EQ(fs.pending, 0u);
   Rows rows(g, 8, 8);

@@ -16,7 +16,7 @@
 
 #include "kvfile/reader.h"
 #include "kvfile/writer.h"
-#include "util/testing_hooks.h"
+#include "support/testing_hooks.h"
 
 namespace kvfile {
 namespace {
@@ -42,7 +42,7 @@ void WriteExample(const std::string& path, uint16_t major = 2) {
   hooks::SetWriterSalt(0x1122334455667788ull);
   opt.overwrite = true;
   std::unique_ptr<Writer> w;
-  ASSERT_TRUE(Writer::Create(path, ExampleGeometry(major), {"example/tiny", 0x0123456789ABCDEFull}, opt, &w).ok());
+  ASSERT_TRUE(hooks::CreateWriter(path, ExampleGeometry(major), {"example/tiny", 0x0123456789ABCDEFull}, opt, &w).ok());
   const float k[8] = {1.0f, -2.0f, 0.5f, 448.0f, 0.0f, 0.0f, 0.0f, -0.0f};
   const uint16_t idx[4] = {0x3FC0, 0xC040, 0x3E80, 0x42C8};  // bf16 1.5, -3, 0.25, 100
   const uint32_t tokens[2] = {101, 202};

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// Faults injected at the system-call level inside both real backends
-// (src/io/io_fault_hook.h): EINTR, EAGAIN and short counts on the Nth write,
+// Faults injected at the system-call level inside both real backends, by
+// the tests' injector (tests/support/io_faults.h) through the backends'
+// SyscallFilter seam: EINTR, EAGAIN and short counts on the Nth write,
 // fsync or read (pwrite/pread/fdatasync for POSIX, the SQE's completion for
 // io_uring), once and persistently; EIO and ENOSPC on the Nth write and
 // fsync. What is checked:
@@ -32,17 +33,17 @@
 #include <vector>
 
 #include "io/file_backends.h"
-#include "io/io_fault_hook.h"
+#include "support/io_faults.h"
 #include "kvfile/presets.h"
 #include "kvfile/reader.h"
 #include "kvfile/replace.h"
 #include "kvfile/writer.h"
-#include "util/testing_hooks.h"
+#include "support/testing_hooks.h"
 
 namespace kvfile {
 namespace {
 
-using internal::IoFault;
+using hooks::IoFault;
 using Bytes = std::vector<uint8_t>;
 
 constexpr int kShort = IoFault::kShort;
@@ -60,9 +61,9 @@ constexpr uint64_t kRetryBound = 1000;  // both backends' EINTR/EAGAIN bound
 
 // Null (and why) when the backend cannot be used in this process.
 FileSystem* Backend(const std::string& name, std::string* why) {
-  if (name == "posix") return internal::PosixFileSystemInstance();
+  if (name == "posix") return hooks::FaultablePosix();
   FileSystem* fs = nullptr;
-  Status st = internal::UringFileSystemInstance(&fs);
+  Status st = hooks::FaultableUring(&fs);
   if (!st.ok()) *why = st.ToString();
   return st.ok() ? fs : nullptr;
 }
@@ -75,8 +76,8 @@ const std::vector<std::string>& BackendNames() {
 // Arms faults for one scope (cleared even when an assertion returns early).
 class Armed {
  public:
-  explicit Armed(std::vector<IoFault> faults) { internal::SetIoFaults(std::move(faults)); }
-  ~Armed() { internal::ClearIoFaults(); }
+  explicit Armed(std::vector<IoFault> faults) { hooks::SetIoFaults(std::move(faults)); }
+  ~Armed() { hooks::ClearIoFaults(); }
   Armed(const Armed&) = delete;
   Armed& operator=(const Armed&) = delete;
 };
@@ -222,7 +223,7 @@ TEST_P(FileTransientTest, InvisibleInBytesWrittenAndRead) {
     SCOPED_TRACE(std::string(fault().name) + " at operation " + std::to_string(nth));
     Armed armed({FaultAt(fault(), nth)});
     RunFileScript(fs_, dir_.Path("f" + std::to_string(nth)));
-    EXPECT_GE(internal::IoFaultsInjected(), 1u) << "the fault never fired";
+    EXPECT_GE(hooks::IoFaultsInjected(), 1u) << "the fault never fired";
   }
 }
 
@@ -267,7 +268,7 @@ TEST_P(UringChainTest, LargeQueuedWriteWithLinkedFsync) {
       ASSERT_OK(f->SubmitWrite(512, big.data(), big.size(), /*sync_after=*/true));
       ASSERT_OK(f->WaitWrites());
       ASSERT_OK(f->Sync());
-      EXPECT_GE(internal::IoFaultsInjected(), 1u) << "the fault never fired";
+      EXPECT_GE(hooks::IoFaultsInjected(), 1u) << "the fault never fired";
     }
     EXPECT_TRUE(DiskBytes(path) == model);
     if (c.op == IoFault::kWrite || nth == 0) {
@@ -298,8 +299,8 @@ TEST(UringFaults, ShortQueuedWriteCancelsItsLinkedFsync) {
     Armed armed({{IoFault::kWrite, 0, kShort, false}});
     ASSERT_OK(f->SubmitWrite(0, b.data(), b.size(), true));
     ASSERT_OK(f->WaitWrites());
-    EXPECT_EQ(internal::IoOpsCounted(IoFault::kWrite), 2u);  // half, then the rest
-    EXPECT_EQ(internal::IoOpsCounted(IoFault::kSync), 1u);   // cancelled once, run once
+    EXPECT_EQ(hooks::IoOpsCounted(IoFault::kWrite), 2u);  // half, then the rest
+    EXPECT_EQ(hooks::IoOpsCounted(IoFault::kSync), 1u);   // cancelled once, run once
   }
   EXPECT_EQ(internal::UringChainResubmissions() - before, 1u);
   f.reset();
@@ -348,8 +349,8 @@ TEST_P(FileEndlessRetryTest, FailsAfterTheBound) {
     EXPECT_EQ(st.code(), Status::Code::kIOError) << st.ToString();
     EXPECT_NE(st.message().find(path), std::string::npos) << st.ToString();
     EXPECT_NE(st.message().find(ErrText(c.result)), std::string::npos) << st.ToString();
-    EXPECT_EQ(internal::IoFaultsInjected(), kRetryBound);
-    EXPECT_EQ(internal::IoOpsCounted(c.op), 1 + kRetryBound);
+    EXPECT_EQ(hooks::IoFaultsInjected(), kRetryBound);
+    EXPECT_EQ(hooks::IoOpsCounted(c.op), 1 + kRetryBound);
     if (c.op != IoFault::kRead) {
       // Queued (io_uring: the chain is resubmitted up to the same bound;
       // POSIX runs it at once), the failure comes from either call.
@@ -408,7 +409,7 @@ TEST_P(FileHardErrorTest, ReportedOnceWithPathAndErrno) {
       check(f->WriteAt(0, data.data(), data.size()), "WriteAt");
     else
       check(f->Sync(), "Sync");
-    EXPECT_EQ(internal::IoFaultsInjected(), 1u) << "retried a hard error";
+    EXPECT_EQ(hooks::IoFaultsInjected(), 1u) << "retried a hard error";
     Status st = f->SubmitWrite(0, data.data(), data.size(), /*sync_after=*/true);
     if (st.ok()) st = f->WaitWrites();
     if (c.persistent) check(st, "SubmitWrite/WaitWrites");
@@ -475,8 +476,8 @@ TEST_P(ReadBatchTransientTest, CompletedTransparently) {
     for (Bytes& buf : b.bufs) std::fill(buf.begin(), buf.end(), 0xEE);
     Armed armed({FaultAt(fault(), nth)});
     ASSERT_OK(f->ReadBatch(b.reqs));
-    EXPECT_GE(internal::IoFaultsInjected(), 1u) << "the fault never fired";
-    EXPECT_GT(internal::IoOpsCounted(IoFault::kRead), b.reqs.size()) << "nothing was retried";
+    EXPECT_GE(hooks::IoFaultsInjected(), 1u) << "the fault never fired";
+    EXPECT_GT(hooks::IoOpsCounted(IoFault::kRead), b.reqs.size()) << "nothing was retried";
     b.Expect();
   }
 }
@@ -505,7 +506,7 @@ TEST_P(ReadBatchErrorTest, EioNamesTheOffset) {
     {
       Armed armed({{IoFault::kRead, nth, -EIO, false}});
       st = f->ReadBatch(b.reqs);
-      EXPECT_EQ(internal::IoFaultsInjected(), 1u);
+      EXPECT_EQ(hooks::IoFaultsInjected(), 1u);
     }
     EXPECT_EQ(st.code(), Status::Code::kIOError) << st.ToString();
     const std::string want =
@@ -584,7 +585,7 @@ Outcome RunWriter(FileSystem* fs, const std::string& path) {
   const Payload& p = ThePayload();
   Outcome out;
   std::unique_ptr<Writer> w;
-  Status st = Writer::Create(path, p.g, {"io-fault-model", 42}, Options(fs, SyncMode::kChunk), &w);
+  Status st = hooks::CreateWriter(path, p.g, {"io-fault-model", 42}, Options(fs, SyncMode::kChunk), &w);
   if (!st.ok()) {
     out.failed = true;
     out.first_error = st;
@@ -647,11 +648,11 @@ const Reference& TheReference() {
     Reference r;
     TempDir dir;
     const std::string path = dir.Path("ref.kv");
-    Outcome o = RunWriter(internal::PosixFileSystemInstance(), path);
+    Outcome o = RunWriter(hooks::FaultablePosix(), path);
     EXPECT_FALSE(o.failed) << o.first_error.ToString();
     r.bytes = DiskBytes(path);
     ReaderOptions ro;
-    ro.fs = internal::PosixFileSystemInstance();
+    ro.fs = hooks::FaultablePosix();
     std::unique_ptr<Reader> reader;
     Status st = Reader::Open(path, ro, &reader);
     EXPECT_TRUE(st.ok()) << st.ToString();
@@ -703,13 +704,13 @@ TEST_P(WriterTransientTest, SameFileAndSameRows) {
       Armed armed({FaultAt(fault(), nth)});
       Outcome o = RunWriter(fs_, path);
       ASSERT_FALSE(o.failed) << o.first_error.ToString();
-      injected += internal::IoFaultsInjected();
+      injected += hooks::IoFaultsInjected();
     }
     EXPECT_TRUE(DiskBytes(path) == ref.bytes) << "the file differs from the one written without faults";
     {
       Armed armed({FaultAt(fault(), nth)});
       ExpectReadsBack(fs_, path, kTokens);
-      injected += internal::IoFaultsInjected();
+      injected += hooks::IoFaultsInjected();
     }
     EXPECT_GE(injected, 1u) << "the fault never fired";
   }
@@ -775,7 +776,7 @@ TEST_P(WriterErrorTest, FailsLoudlyAndKeepsWhatWasAcknowledged) {
       EXPECT_FALSE(std::filesystem::exists(path + ".kvnew", ec)) << "a failed Create left its temp";
       continue;
     }
-    ExpectReadsBack(internal::PosixFileSystemInstance(), path, o.acked);
+    ExpectReadsBack(hooks::FaultablePosix(), path, o.acked);
     if (nth % 4 != 0) continue;
     // The file can be appended to again, up to the full payload.
     std::unique_ptr<Writer> w;
@@ -803,7 +804,7 @@ INSTANTIATE_TEST_SUITE_P(All, WriterErrorTest,
 void RunScript(FileSystem* fs, const std::string& path, SyncMode mode) {
   const Payload& p = ThePayload();
   std::unique_ptr<Writer> w;
-  ASSERT_OK(Writer::Create(path, p.g, {"io-fault-model", 42}, Options(fs, mode), &w));
+  ASSERT_OK(hooks::CreateWriter(path, p.g, {"io-fault-model", 42}, Options(fs, mode), &w));
   ASSERT_OK(w->Append(p.Batch(0, 3)));
   ASSERT_OK(w->Append(p.Batch(3, 6)));
   ASSERT_OK(w->Sync());
@@ -841,7 +842,7 @@ TEST_P(DifferentialTest, PosixAndUringWriteIdenticalFiles) {
   const std::string up = dir.Path("uring.kv");
   {
     Armed armed(faults);
-    RunScript(internal::PosixFileSystemInstance(), pp, mode);
+    RunScript(hooks::FaultablePosix(), pp, mode);
   }
   {
     Armed armed(faults);
@@ -851,7 +852,7 @@ TEST_P(DifferentialTest, PosixAndUringWriteIdenticalFiles) {
   const Bytes ub = DiskBytes(up);
   ASSERT_FALSE(pb.empty());
   EXPECT_TRUE(pb == ub) << "posix wrote " << pb.size() << " bytes, io_uring " << ub.size();
-  for (FileSystem* fs : {internal::PosixFileSystemInstance(), uring}) {
+  for (FileSystem* fs : {hooks::FaultablePosix(), uring}) {
     ReaderOptions ro;
     ro.fs = fs;
     std::unique_ptr<Reader> r;
@@ -889,10 +890,10 @@ const Payload& TheBigPayload() {
 void WriteChunked(const std::string& path, uint32_t n, uint32_t ct,
                   const std::vector<uint32_t>& sync_at) {
   const Payload& p = TheBigPayload();
-  WriterOptions o = Options(internal::PosixFileSystemInstance(), SyncMode::kClose);
+  WriterOptions o = Options(hooks::FaultablePosix(), SyncMode::kClose);
   o.chunk_tokens = ct;
   std::unique_ptr<Writer> w;
-  ASSERT_OK(Writer::Create(path, p.g, {"io-fault-model", 42}, o, &w));
+  ASSERT_OK(hooks::CreateWriter(path, p.g, {"io-fault-model", 42}, o, &w));
   uint32_t done = 0;
   for (int step = 0; done < n; ++step) {
     uint32_t until = n;
@@ -913,7 +914,7 @@ std::vector<std::vector<float>> ReferenceRows(uint32_t n) {
   const std::string path = dir.Path("one.kv");
   WriteChunked(path, n, 65536, {});
   ReaderOptions ro;
-  ro.fs = internal::PosixFileSystemInstance();
+  ro.fs = hooks::FaultablePosix();
   std::unique_ptr<Reader> r;
   Status st = Reader::Open(path, ro, &r);
   EXPECT_TRUE(st.ok()) << st.ToString();
@@ -1001,26 +1002,26 @@ INSTANTIATE_TEST_SUITE_P(All, OpenPrefetchTest, ::testing::ValuesIn(BackendNames
 // The hook itself: which operation is faulted, what a short count is, and
 // nothing at all once cleared.
 TEST(IoFaultHook, CountsAndFiresAsArmed) {
-  internal::ClearIoFaults();
+  hooks::ClearIoFaults();
   ssize_t r = 0;
-  EXPECT_FALSE(internal::TakeIoFault(IoFault::kWrite, 100, &r));
-  internal::SetIoFaults({{IoFault::kWrite, 1, kShort, false}, {IoFault::kSync, 0, -EIO, true}});
-  EXPECT_FALSE(internal::TakeIoFault(IoFault::kWrite, 100, &r));
-  EXPECT_TRUE(internal::TakeIoFault(IoFault::kWrite, 100, &r));
+  EXPECT_FALSE(hooks::TakeIoFault(IoFault::kWrite, 100, &r));
+  hooks::SetIoFaults({{IoFault::kWrite, 1, kShort, false}, {IoFault::kSync, 0, -EIO, true}});
+  EXPECT_FALSE(hooks::TakeIoFault(IoFault::kWrite, 100, &r));
+  EXPECT_TRUE(hooks::TakeIoFault(IoFault::kWrite, 100, &r));
   EXPECT_EQ(r, 50);
-  EXPECT_FALSE(internal::TakeIoFault(IoFault::kWrite, 100, &r));
-  EXPECT_TRUE(internal::TakeIoFault(IoFault::kSync, 0, &r));
+  EXPECT_FALSE(hooks::TakeIoFault(IoFault::kWrite, 100, &r));
+  EXPECT_TRUE(hooks::TakeIoFault(IoFault::kSync, 0, &r));
   EXPECT_EQ(r, -EIO);
-  EXPECT_TRUE(internal::TakeIoFault(IoFault::kSync, 0, &r));
-  EXPECT_FALSE(internal::TakeIoFault(IoFault::kRead, 1, &r));
-  EXPECT_EQ(internal::IoOpsCounted(IoFault::kWrite), 3u);
-  EXPECT_EQ(internal::IoFaultsInjected(), 3u);
-  internal::SetIoFaults({{IoFault::kRead, 0, kShort, true}});
-  EXPECT_FALSE(internal::TakeIoFault(IoFault::kRead, 1, &r)) << "one byte cannot be short";
-  EXPECT_TRUE(internal::TakeIoFault(IoFault::kRead, 3, &r));
+  EXPECT_TRUE(hooks::TakeIoFault(IoFault::kSync, 0, &r));
+  EXPECT_FALSE(hooks::TakeIoFault(IoFault::kRead, 1, &r));
+  EXPECT_EQ(hooks::IoOpsCounted(IoFault::kWrite), 3u);
+  EXPECT_EQ(hooks::IoFaultsInjected(), 3u);
+  hooks::SetIoFaults({{IoFault::kRead, 0, kShort, true}});
+  EXPECT_FALSE(hooks::TakeIoFault(IoFault::kRead, 1, &r)) << "one byte cannot be short";
+  EXPECT_TRUE(hooks::TakeIoFault(IoFault::kRead, 3, &r));
   EXPECT_EQ(r, 1);
-  internal::ClearIoFaults();
-  EXPECT_FALSE(internal::TakeIoFault(IoFault::kRead, 3, &r));
+  hooks::ClearIoFaults();
+  EXPECT_FALSE(hooks::TakeIoFault(IoFault::kRead, 3, &r));
 }
 
 // ---- Directory syncs ----------------------------------------------------------------
@@ -1037,24 +1038,24 @@ TEST(DirectorySyncFaults, NameTheDirectory) {
   const fs::path before = fs::current_path();
   fs::current_path(dir);
   const std::string full = fs::current_path().string();
-  FileSystem* posix = internal::PosixFileSystemInstance();
+  FileSystem* posix = hooks::FaultablePosix();
   const std::string eio = ": fsync directory: " + std::string(std::strerror(EIO));
   using DirCase = std::pair<std::string, std::string>;  // destination, the directory its error names
   for (const auto& [dest, named] : std::vector<DirCase>{{"bare.bin", full}, {"sub/x.bin", "sub"}}) {
     std::unique_ptr<PendingReplace> r;
     ASSERT_OK(PendingReplace::Begin(dest, posix, &r));
     std::ofstream(r->temp_path()) << "new";
-    internal::SetIoFaults({{IoFault::kSyncDir, 0, -EIO, false}});
+    hooks::SetIoFaults({{IoFault::kSyncDir, 0, -EIO, false}});
     Status st = r->Commit();
-    internal::ClearIoFaults();
+    hooks::ClearIoFaults();
     EXPECT_EQ(st.message(), named + eio) << dest;
   }
   for (const auto& [dest, named] : std::vector<DirCase>{{"bare.kv", full}, {"sub/y.kv", "sub"}}) {
     const Payload& p = ThePayload();
     std::unique_ptr<Writer> w;
-    internal::SetIoFaults({{IoFault::kSyncDir, 0, -EIO, false}});
-    Status st = Writer::Create(dest, p.g, {"io-fault-model", 42}, Options(posix, SyncMode::kClose), &w);
-    internal::ClearIoFaults();
+    hooks::SetIoFaults({{IoFault::kSyncDir, 0, -EIO, false}});
+    Status st = hooks::CreateWriter(dest, p.g, {"io-fault-model", 42}, Options(posix, SyncMode::kClose), &w);
+    hooks::ClearIoFaults();
     EXPECT_EQ(st.message(), named + eio) << dest;
   }
   fs::current_path(before);

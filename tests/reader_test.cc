@@ -9,7 +9,8 @@
 
 #include "support/forwarding_fs.h"
 #include "support/kv_test_util.h"
-#include "util/testing_hooks.h"
+#include "reader/reader_access.h"
+#include "support/testing_hooks.h"
 
 namespace kvfile {
 namespace {
@@ -131,7 +132,7 @@ TEST_F(KvFileTest, LongestCommonPrefix) {
 
   // An empty file.
   std::unique_ptr<Writer> w;
-  ASSERT_OK(Writer::Create(Path("empty.kv"), g, kIdentity, Options(8), &w));
+  ASSERT_OK(hooks::CreateWriter(Path("empty.kv"), g, kIdentity, Options(8), &w));
   ASSERT_OK(w->Close());
   ASSERT_OK(Reader::Open(Path("empty.kv"), {}, &r));
   EXPECT_EQ(r->token_count(), 0u);
@@ -470,7 +471,7 @@ TEST_F(ReadManyTest, WorkerThreadsAndFilesAreMadeOnceAndKept) {
   ASSERT_OK(Reader::Open(Path(), options, &r));
   ASSERT_EQ(r->chunks().size(), 5u);
   EXPECT_EQ(fs.opens(), 1);
-  EXPECT_EQ(hooks::ReaderAccess::WorkerThreadsStarted(*r), 0u);
+  EXPECT_EQ(internal::ReaderAccess::WorkerThreadsStarted(*r), 0u);
   const std::vector<Pair> pairs = Fp8Pairs(q_.g);
   CodeDestinations want(q_.g, pairs, 37);
   for (size_t i = 0; i < pairs.size(); ++i)
@@ -485,14 +486,14 @@ TEST_F(ReadManyTest, WorkerThreadsAndFilesAreMadeOnceAndKept) {
     ASSERT_OK(r->ReadMany(rows.targets, 8, 16, Dtype::kF32, 4));  // one chunk: the calling thread
     ASSERT_OK(r->ReadMany(rows.targets, 0, 8, Dtype::kF32, 3));
     EXPECT_EQ(fs.opens(), 4) << "call " << call;
-    EXPECT_EQ(hooks::ReaderAccess::WorkerThreadsStarted(*r), 3u) << "call " << call;
+    EXPECT_EQ(internal::ReaderAccess::WorkerThreadsStarted(*r), 3u) << "call " << call;
   }
   // More workers (5 chunks: 5 at most): one more thread and file.
   CodeDestinations got(q_.g, pairs, 37);
   ASSERT_OK(r->ReadManyCodes(got.targets, 0, 37, 8));
   ASSERT_TRUE(got.codes == want.codes && got.scales == want.scales);
   EXPECT_EQ(fs.opens(), 5);
-  EXPECT_EQ(hooks::ReaderAccess::WorkerThreadsStarted(*r), 4u);
+  EXPECT_EQ(internal::ReaderAccess::WorkerThreadsStarted(*r), 4u);
 }
 
 // A worker's file is checked once, when it is opened: a file renamed over
@@ -648,18 +649,18 @@ TEST_F(Nvfp4FileTest, CreateRefusesAWidthThatIsNotBlocks) {
   Geometry g = Nvfp4Geometry();
   g.streams[0] = {"k", 3, 8, Dtype::kNvfp4};
   std::unique_ptr<Writer> w;
-  Status st = Writer::Create(Path(), g, kIdentity, Options(4), &w);
+  Status st = hooks::CreateWriter(Path(), g, kIdentity, Options(4), &w);
   EXPECT_TRUE(HasCode(st, Code::kInvalidArgument, {"stream 'k': nvfp4 needs rows x width (24) to be a multiple of 16"}));
   EXPECT_FALSE(std::filesystem::exists(Path()));
   WriterOptions v1 = Options(4);
   v1.format_major = 1;
-  EXPECT_TRUE(HasCode(Writer::Create(Path(), Nvfp4Geometry(), kIdentity, v1, &w), Code::kInvalidArgument,
+  EXPECT_TRUE(HasCode(hooks::CreateWriter(Path(), Nvfp4Geometry(), kIdentity, v1, &w), Code::kInvalidArgument,
                       {"v1 files store raw rows only"}));
 }
 
 TEST_F(Nvfp4FileTest, BadRowsAndCodesFailTheAppendNamingTokenAndRow) {
   std::unique_ptr<Writer> w;
-  ASSERT_OK(Writer::Create(Path(), Nvfp4Geometry(), kIdentity, Options(4), &w));
+  ASSERT_OK(hooks::CreateWriter(Path(), Nvfp4Geometry(), kIdentity, Options(4), &w));
   ASSERT_OK(w->Append(rows_.Batch(0, 4, false)));
   // A NaN in layer 1, token 5 (of the sequence), element 20: row 1.
   Nvfp4Rows bad = rows_;

@@ -9,7 +9,7 @@
 
 #include "support/fault_fs.h"
 #include "support/kv_test_util.h"
-#include "util/testing_hooks.h"
+#include "support/testing_hooks.h"
 
 namespace kvfile {
 namespace {
@@ -25,7 +25,7 @@ TEST_F(ReadManyTest, RewoundFileWithDeadTokens) {
   Sequence q3 = Splice(q2, MakeSequence(g, Dtype::kF16, 35, 3), 25);
   {
     std::unique_ptr<Writer> w;
-    ASSERT_OK(Writer::Create(Path(), g, kIdentity, Options(8), &w));
+    ASSERT_OK(hooks::CreateWriter(Path(), g, kIdentity, Options(8), &w));
     ASSERT_OK(w->Append(Batch(q1, 0, 30)));  // chunks [0,8) [8,16) [16,24) on disk
     ASSERT_OK(w->Rewind(13));
     ASSERT_OK(w->Append(Batch(q2, 13, 17)));  // [13,21) [21,29) on disk
@@ -43,29 +43,39 @@ TEST_F(ReadManyTest, RewoundFileWithDeadTokens) {
   CheckReadManyOverChunks(*r, q3, ComputeExpected(q3));
 }
 
+// The image of an empty file made with `o` (and `salt`) whose active commit
+// record (sequence 2, slot 0) is rewritten with the last epoch, as a file
+// that was rewound 2^32 - 2 times would hold.
+testing::DiskImage AtTheLastEpoch(const std::string& path, const Geometry& g, WriterOptions o, uint64_t salt) {
+  testing::FaultFs fs;
+  o.fs = &fs;
+  hooks::SetWriterSalt(salt);
+  std::unique_ptr<Writer> w;
+  Status st = hooks::CreateWriter(path, g, {"m", 1}, o, &w);
+  hooks::SetWriterSalt(0);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  if (st.ok()) {
+    EXPECT_TRUE(w->Close().ok());
+  }
+  testing::DiskImage img = fs.Image();
+  format::CommitRecord c;
+  c.sequence = 2;
+  c.salt = salt;
+  c.epoch = 0xFFFFFFFFu;
+  format::EncodeCommitRecord(c, std::span<uint8_t, format::kCommitSlotSize>(img.at(path).data() + 4096, 4096));
+  return img;
+}
+
 // A writer that opens a file with an exhausted epoch counter refuses to
 // rewind: a wrapped epoch would make the file unreadable.
 TEST(EpochLimit, RewindAtTheLastEpochIsRefused) {
   Geometry g;
   ASSERT_TRUE(GetPreset("tiny", Dtype::kE4M3, &g).ok());
-  testing::FaultFs fs;
   WriterOptions o;
-  o.fs = &fs;
   o.chunk_tokens = 4;
-  hooks::SetWriterSalt(99);
-  std::unique_ptr<Writer> w;
-  ASSERT_TRUE(Writer::Create("/e/y.kv", g, {"m", 1}, o, &w).ok());
-  ASSERT_TRUE(w->Close().ok());
-  // The empty file's active record (sequence 2, slot 0) rewritten with the
-  // last epoch, as a file that was rewound 2^32 - 2 times would hold.
-  testing::DiskImage img = fs.Image();
-  format::CommitRecord c;
-  c.sequence = 2;
-  c.salt = 99;
-  c.epoch = 0xFFFFFFFFu;
-  format::EncodeCommitRecord(c, std::span<uint8_t, format::kCommitSlotSize>(img.at("/e/y.kv").data() + 4096, 4096));
-  testing::FaultFs disk(img);
+  testing::FaultFs disk(AtTheLastEpoch("/e/y.kv", g, o, 99));
   o.fs = &disk;
+  std::unique_ptr<Writer> w;
   Status st = Writer::Open("/e/y.kv", o, &w);
   ASSERT_TRUE(st.ok()) << st.ToString();
   const Sequence q = MakeSequence(g, Dtype::kF32, 5);
@@ -73,8 +83,29 @@ TEST(EpochLimit, RewindAtTheLastEpochIsRefused) {
   ASSERT_TRUE(w->Sync().ok());
   st = w->Rewind(2);
   EXPECT_EQ(st.code(), Status::Code::kUnsupported) << st.ToString();
-  EXPECT_NE(st.message().find("epoch counter is exhausted"), std::string::npos) << st.message();
+  EXPECT_EQ(st.message(), "/e/y.kv: the epoch counter is exhausted; rewrite the file with kvfile convert");
   EXPECT_EQ(w->token_count(), 5u);
+}
+
+// The upgrade of a v1 file goes on at the next epoch (its new file): at the
+// last one it is refused by the same rule and with the same line as a
+// rewind (CommitLog::BumpEpoch), and the v1 file is left as it was.
+TEST(EpochLimit, UpgradeAtTheLastEpochIsRefused) {
+  Geometry g;
+  ASSERT_TRUE(GetPreset("tiny", Dtype::kE4M3, &g).ok());
+  for (StreamSpec& s : g.streams) s.dtype = Dtype::kF32;  // v1 streams are raw
+  WriterOptions o;
+  o.chunk_tokens = 4;
+  o.format_major = 1;
+  const testing::DiskImage img = AtTheLastEpoch("/e/v1.kv", g, o, 98);
+  testing::FaultFs disk(img);
+  o.fs = &disk;
+  o.format_major = 2;
+  std::unique_ptr<Writer> w;
+  Status st = Writer::Open("/e/v1.kv", o, &w);
+  EXPECT_EQ(st.code(), Status::Code::kUnsupported) << st.ToString();
+  EXPECT_EQ(st.message(), "/e/v1.kv: the epoch counter is exhausted; rewrite the file with kvfile convert");
+  EXPECT_EQ(disk.Image(), img);
 }
 
 }  // namespace

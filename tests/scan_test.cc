@@ -5,7 +5,7 @@
 // commit slots, files that are not kvfiles.
 
 #include "support/kv_test_util.h"
-#include "util/testing_hooks.h"
+#include "support/testing_hooks.h"
 
 namespace kvfile {
 namespace {

@@ -6,7 +6,7 @@
 
 #include "kvfile/verify.h"
 #include "support/kv_test_util.h"
-#include "util/testing_hooks.h"
+#include "support/testing_hooks.h"
 
 namespace kvfile {
 namespace {
@@ -236,7 +236,7 @@ TEST_F(KvFileTest, PrequantizedAppendsGiveIdenticalFiles) {
       WriteSequence(Path("quantize.kv"), q, Options(4), sizes);
       for (bool only_layer0 : {false, true}) {
         std::unique_ptr<Writer> w;
-        ASSERT_OK(Writer::Create(Path("pre.kv"), g, kIdentity, Options(4), &w));
+        ASSERT_OK(hooks::CreateWriter(Path("pre.kv"), g, kIdentity, Options(4), &w));
         uint64_t done = 0;
         for (uint64_t k : sizes) {
           ASSERT_OK(w->Append(QuantizedBatch(q, e, done, k, only_layer0)));
@@ -257,7 +257,7 @@ TEST_F(KvFileTest, PrequantizedBlocksMustMatchTheStream) {
   Sequence q = MakeSequence(g, Dtype::kBF16, 4);
   Expected e = ComputeExpected(q);
   std::unique_ptr<Writer> w;
-  ASSERT_OK(Writer::Create(Path(), g, kIdentity, Options(8), &w));
+  ASSERT_OK(hooks::CreateWriter(Path(), g, kIdentity, Options(8), &w));
   AppendBatch b = QuantizedBatch(q, e, 0, 2);
   b.blocks[3].dtype = Dtype::kE5M2;  // layer 1, stream 'v' stores e4m3
   EXPECT_TRUE(HasCode(w->Append(b), Code::kInvalidArgument, {"layer 1", "stream 'v'", "e5m2"}));
@@ -284,7 +284,7 @@ TEST_F(KvFileTest, PrequantizedRawStreamIsRefused) {
   Geometry g = Preset("dsa-mixed", Dtype::kE4M3);
   Sequence q = MakeSequence(g, Dtype::kBF16, 2);
   std::unique_ptr<Writer> w;
-  ASSERT_OK(Writer::Create(Path(), g, kIdentity, Options(8), &w));
+  ASSERT_OK(hooks::CreateWriter(Path(), g, kIdentity, Options(8), &w));
   AppendBatch b = Batch(q, 0, 2);
   std::vector<float> scales(2, 1.0f);
   Bytes codes(2 * 128, 0x10);
@@ -323,7 +323,7 @@ void CheckInvalidPrequantized(const std::string& dir, uint64_t first, uint64_t c
       bad.scales[3][token * 2 + 1] = d.scale;
     }
     std::unique_ptr<Writer> w;
-    ASSERT_OK(Writer::Create(path, g, kIdentity, Options(chunk), &w));
+    ASSERT_OK(hooks::CreateWriter(path, g, kIdentity, Options(chunk), &w));
     if (first > 0) ASSERT_OK(w->Append(QuantizedBatch(q, e, 0, first)));
     Status st = w->Append(QuantizedBatch(q, bad, first, count));
     EXPECT_TRUE(HasCode(st, Code::kNonFinite,
@@ -388,7 +388,7 @@ void RunNonFinite(const std::string& dir, const NonFiniteCase& c, bool nan, bool
   std::string path = dir + "/nf.kv";
   std::string ref_path = dir + "/ref.kv";
   std::unique_ptr<Writer> w;
-  ASSERT_OK(Writer::Create(path, g, kIdentity, Options(c.chunk), &w));
+  ASSERT_OK(hooks::CreateWriter(path, g, kIdentity, Options(c.chunk), &w));
   if (c.before > 0) ASSERT_OK(w->Append(Batch(good, 0, c.before)));
   Status st = w->Append(Batch(bad, c.before, c.count));
   EXPECT_TRUE(HasCode(st, Code::kNonFinite,
@@ -453,7 +453,7 @@ TEST_F(KvFileTest, FailedAppendLeavesNoTraceInLaterChunks) {
     Sequence bad = MakeSequence(g, in, 20, 99);  // other values, one of them NaN
     StoreNonFinite(in, bad.Elem(1, 1, bad.Elems(1) - 1), true, false);
     std::unique_ptr<Writer> w;
-    ASSERT_OK(Writer::Create(Path("x.kv"), g, kIdentity, Options(8), &w));
+    ASSERT_OK(hooks::CreateWriter(Path("x.kv"), g, kIdentity, Options(8), &w));
     ASSERT_OK(w->Append(Batch(q, 0, 5)));
     // Tokens 5..7 of `bad` (fits the buffer), NaN in the last row of layer 1 'v'.
     AppendBatch b = Batch(bad, 17, 3);
@@ -478,7 +478,7 @@ TEST_F(KvFileTest, CreateRefusesAnExistingPathUnlessOverwrite) {
   WriteSequence(Path(), q, Options(8), {5});
   const Bytes original = ReadFileBytes(Path());
   std::unique_ptr<Writer> w;
-  EXPECT_TRUE(HasCode(Writer::Create(Path(), g, kIdentity, Options(8), &w), Code::kInvalidArgument,
+  EXPECT_TRUE(HasCode(hooks::CreateWriter(Path(), g, kIdentity, Options(8), &w), Code::kInvalidArgument,
                       {Path(), "exists"}));
   EXPECT_EQ(w, nullptr);
   EXPECT_TRUE(ReadFileBytes(Path()) == original);
@@ -486,18 +486,18 @@ TEST_F(KvFileTest, CreateRefusesAnExistingPathUnlessOverwrite) {
 
   // Not a kvfile at all: still refused, still untouched.
   { std::ofstream(Path("notes.txt")) << "hello"; }
-  EXPECT_TRUE(HasCode(Writer::Create(Path("notes.txt"), g, kIdentity, Options(8), &w),
+  EXPECT_TRUE(HasCode(hooks::CreateWriter(Path("notes.txt"), g, kIdentity, Options(8), &w),
                       Code::kInvalidArgument));
   EXPECT_EQ(ReadFileBytes(Path("notes.txt")), (Bytes{'h', 'e', 'l', 'l', 'o'}));
 
   // overwrite: replaced by a new, empty file.
   WriterOptions o = Options(4);
   o.overwrite = true;
-  ASSERT_OK(Writer::Create(Path("fresh.kv"), g, kIdentity, o, &w));  // nothing to replace
+  ASSERT_OK(hooks::CreateWriter(Path("fresh.kv"), g, kIdentity, o, &w));  // nothing to replace
   ASSERT_OK(w->Close());
   std::filesystem::remove(Path("fresh.kv"));
   hooks::SetWriterSalt(77);
-  ASSERT_OK(Writer::Create(Path(), g, kIdentity, o, &w));
+  ASSERT_OK(hooks::CreateWriter(Path(), g, kIdentity, o, &w));
   EXPECT_EQ(ListDir(dir_), (std::vector<std::string>{"a.kv", "notes.txt"}));
   ASSERT_OK(w->Append(Batch(q, 0, 2)));
   ASSERT_OK(w->Close());
@@ -512,7 +512,7 @@ TEST_F(KvFileTest, CreateLeavesNoTemporaryFile) {
   Geometry g = Preset("tiny", Dtype::kE4M3);
   Sequence q = MakeSequence(g, Dtype::kBF16, 9);
   std::unique_ptr<Writer> w;
-  ASSERT_OK(Writer::Create(Path(), g, kIdentity, Options(4), &w));
+  ASSERT_OK(hooks::CreateWriter(Path(), g, kIdentity, Options(4), &w));
   EXPECT_EQ(ListDir(dir_), (std::vector<std::string>{"a.kv"}));
   EXPECT_EQ(FileSize(Path()), format::kDataOffset);  // header and commit slots are in place
   {
@@ -526,24 +526,24 @@ TEST_F(KvFileTest, CreateLeavesNoTemporaryFile) {
 
   // A leftover of a crashed create is removed and does not block.
   { std::ofstream(Path("b.kv.kvnew")) << "partial header"; }
-  ASSERT_OK(Writer::Create(Path("b.kv"), g, kIdentity, Options(4), &w));
+  ASSERT_OK(hooks::CreateWriter(Path("b.kv"), g, kIdentity, Options(4), &w));
   ASSERT_OK(w->Close());
   EXPECT_EQ(ListDir(dir_), (std::vector<std::string>{"a.kv", "b.kv"}));
 
   // Refused creates leave nothing behind either.
   Geometry bad = g;
   bad.layers = 0;
-  EXPECT_TRUE(HasCode(Writer::Create(Path("c.kv"), bad, kIdentity, Options(4), &w), Code::kInvalidArgument,
+  EXPECT_TRUE(HasCode(hooks::CreateWriter(Path("c.kv"), bad, kIdentity, Options(4), &w), Code::kInvalidArgument,
                       {"layer count"}));
-  EXPECT_TRUE(HasCode(Writer::Create(Path("c.kv"), g, kIdentity, Options(0), &w), Code::kInvalidArgument,
+  EXPECT_TRUE(HasCode(hooks::CreateWriter(Path("c.kv"), g, kIdentity, Options(0), &w), Code::kInvalidArgument,
                       {"chunk tokens"}));
   ModelIdentity long_id{std::string(256, 'x'), 1};
-  EXPECT_TRUE(HasCode(Writer::Create(Path("c.kv"), g, long_id, Options(4), &w), Code::kInvalidArgument,
+  EXPECT_TRUE(HasCode(hooks::CreateWriter(Path("c.kv"), g, long_id, Options(4), &w), Code::kInvalidArgument,
                       {"model id"}));
-  EXPECT_TRUE(HasCode(Writer::Create(dir_ + "/no/such/dir/c.kv", g, kIdentity, Options(4), &w),
+  EXPECT_TRUE(HasCode(hooks::CreateWriter(dir_ + "/no/such/dir/c.kv", g, kIdentity, Options(4), &w),
                       Code::kNotFound));
   // A chunk of 65536 llama tokens would exceed 1 GiB.
-  EXPECT_TRUE(HasCode(Writer::Create(Path("c.kv"), Preset("llama-3.1-8b"), kIdentity, Options(65536), &w),
+  EXPECT_TRUE(HasCode(hooks::CreateWriter(Path("c.kv"), Preset("llama-3.1-8b"), kIdentity, Options(65536), &w),
                       Code::kInvalidArgument, {"1 GiB"}));
   EXPECT_EQ(ListDir(dir_), (std::vector<std::string>{"a.kv", "b.kv"}));
 }
@@ -552,12 +552,12 @@ TEST_F(KvFileTest, SecondCreateWhileTheFirstWriterIsOpenIsBusy) {
   Geometry g = Preset("tiny", Dtype::kE4M3);
   Sequence q = MakeSequence(g, Dtype::kBF16, 6);
   std::unique_ptr<Writer> first;
-  ASSERT_OK(Writer::Create(Path(), g, kIdentity, Options(4), &first));
+  ASSERT_OK(hooks::CreateWriter(Path(), g, kIdentity, Options(4), &first));
   ASSERT_OK(first->Append(Batch(q, 0, 5)));
   WriterOptions o = Options(4);
   o.overwrite = true;
   std::unique_ptr<Writer> second;
-  EXPECT_TRUE(HasCode(Writer::Create(Path(), g, kIdentity, o, &second), Code::kBusy));
+  EXPECT_TRUE(HasCode(hooks::CreateWriter(Path(), g, kIdentity, o, &second), Code::kBusy));
   EXPECT_EQ(second, nullptr);
   EXPECT_EQ(ListDir(dir_), (std::vector<std::string>{"a.kv"}));
   // The first writer is unaffected.
@@ -565,7 +565,7 @@ TEST_F(KvFileTest, SecondCreateWhileTheFirstWriterIsOpenIsBusy) {
   ASSERT_OK(first->Close());
   CheckFile(Path(), q, ComputeExpected(q), 4, true);
   // Once it is closed the path can be replaced.
-  ASSERT_OK(Writer::Create(Path(), g, kIdentity, o, &second));
+  ASSERT_OK(hooks::CreateWriter(Path(), g, kIdentity, o, &second));
   ASSERT_OK(second->Close());
 }
 
@@ -574,7 +574,7 @@ TEST_F(KvFileTest, WriterLifecycle) {
   Sequence q = MakeSequence(g, Dtype::kBF16, 6);
   {
     std::unique_ptr<Writer> w;
-    ASSERT_OK(Writer::Create(Path(), g, kIdentity, Options(4), &w));
+    ASSERT_OK(hooks::CreateWriter(Path(), g, kIdentity, Options(4), &w));
     EXPECT_EQ(w->path(), Path());
     EXPECT_EQ(w->geometry(), g);
     ASSERT_OK(w->Append(AppendBatch{{}, {}}));  // no tokens: nothing to do
@@ -586,7 +586,7 @@ TEST_F(KvFileTest, WriterLifecycle) {
   std::unique_ptr<Writer> w;
   WriterOptions o = Options(4);
   o.overwrite = true;
-  ASSERT_OK(Writer::Create(Path(), g, kIdentity, o, &w));
+  ASSERT_OK(hooks::CreateWriter(Path(), g, kIdentity, o, &w));
   ASSERT_OK(w->Close());
   ASSERT_OK(w->Close());  // a second Close is harmless
   EXPECT_TRUE(HasCode(w->Append(Batch(q, 0, 1)), Code::kFailed, {"closed"}));
@@ -600,7 +600,7 @@ TEST_F(KvFileTest, SyncNoneFileReadsBackUncommitted) {
   Geometry g = Preset("tiny", Dtype::kE5M2);
   Sequence q = MakeSequence(g, Dtype::kF16, 20);
   std::unique_ptr<Writer> w;
-  ASSERT_OK(Writer::Create(Path(), g, kIdentity, Options(8, SyncMode::kNone), &w));
+  ASSERT_OK(hooks::CreateWriter(Path(), g, kIdentity, Options(8, SyncMode::kNone), &w));
   for (uint64_t t = 0; t < q.n; ++t) {
     ASSERT_OK(w->Append(Batch(q, t, 1)));
     EXPECT_EQ(w->durable_tokens(), 0u);
@@ -624,7 +624,7 @@ TEST_F(KvFileTest, SyncNoneWithExplicitSync) {
   Geometry g = Preset("tiny", Dtype::kE4M3);
   Sequence q = MakeSequence(g, Dtype::kBF16, 15);
   std::unique_ptr<Writer> w;
-  ASSERT_OK(Writer::Create(Path(), g, kIdentity, Options(8, SyncMode::kNone), &w));
+  ASSERT_OK(hooks::CreateWriter(Path(), g, kIdentity, Options(8, SyncMode::kNone), &w));
   ASSERT_OK(w->Append(Batch(q, 0, 10)));
   EXPECT_EQ(w->durable_tokens(), 0u);
   ASSERT_OK(w->Sync());  // flushes the 2 staged tokens as a short chunk
@@ -657,7 +657,7 @@ TEST_F(KvFileTest, SyncChunkMakesEveryFullChunkDurable) {
   Geometry g = Preset("tiny", Dtype::kE4M3);
   Sequence q = MakeSequence(g, Dtype::kBF16, 21);
   std::unique_ptr<Writer> w;
-  ASSERT_OK(Writer::Create(Path(), g, kIdentity, Options(8, SyncMode::kChunk), &w));
+  ASSERT_OK(hooks::CreateWriter(Path(), g, kIdentity, Options(8, SyncMode::kChunk), &w));
   for (uint64_t t = 0; t < 12; ++t) {
     ASSERT_OK(w->Append(Batch(q, t, 1)));
     // An append is durable once a chunk holding its end is written.
@@ -689,7 +689,7 @@ TEST_F(KvFileTest, SyncCloseIsDurableOnlyAfterClose) {
   Geometry g = Preset("tiny", Dtype::kE4M3);
   Sequence q = MakeSequence(g, Dtype::kBF16, 10);
   std::unique_ptr<Writer> w;
-  ASSERT_OK(Writer::Create(Path(), g, kIdentity, Options(4, SyncMode::kClose), &w));
+  ASSERT_OK(hooks::CreateWriter(Path(), g, kIdentity, Options(4, SyncMode::kClose), &w));
   ASSERT_OK(w->Append(Batch(q, 0, 10)));
   EXPECT_EQ(w->durable_tokens(), 0u);
   ASSERT_OK(w->Flush());  // writes the staged tokens, does not commit

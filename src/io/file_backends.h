@@ -5,12 +5,16 @@
 #include <cstdint>
 #include <memory>
 
+#include "io/syscall_filter.h"
 #include "kvfile/file.h"
 
 namespace kvfile::internal {
 
 // pread/pwrite/fdatasync; always available.
 FileSystem* PosixFileSystemInstance();
+// Another POSIX file system whose system calls ask `filter` first
+// (syscall_filter.h; nullptr: none). The filter must outlive it.
+std::unique_ptr<FileSystem> NewPosixFileSystem(SyscallFilter* filter);
 
 // What both backends do the same way on a file descriptor.
 // Opens without blocking (O_NONBLOCK) and refuses anything but a regular
@@ -28,7 +32,9 @@ Status FdNextData(int fd, const std::string& path, uint64_t from, uint64_t* next
 // kUnsupported, saying why) when this process cannot use io_uring: ENOSYS
 // (old kernel, gVisor), EPERM (seccomp, kernel.io_uring_disabled), ENOMEM
 // (locked-memory limit), or a kernel without IORING_OP_READ/WRITE/FSYNC.
-Status NewUringFileSystem(std::unique_ptr<FileSystem>* out);
+// Its SQEs and its directory fsyncs ask `filter` first (syscall_filter.h;
+// nullptr: none). The filter must outlive it.
+Status NewUringFileSystem(std::unique_ptr<FileSystem>* out, SyscallFilter* filter = nullptr);
 
 // The process-wide io_uring file system, probed once (thread-safe); on
 // failure *out is nullptr and the probe's failure is returned every time.

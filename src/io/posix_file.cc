@@ -8,9 +8,9 @@
 // as the error: a persistent interruption fails instead of hanging. A
 // fdatasync failing with EINTR or EAGAIN is retried the same way (it
 // reported no write-back error, so the retry loses nothing); any other
-// fdatasync error is returned at once and never retried. Each of these
-// system calls first asks the fault hook (io_fault_hook.h), which tests use
-// to fake errors and short counts.
+// fdatasync error is returned at once and never retried. In a file system
+// made with a SyscallFilter (syscall_filter.h), each of these system calls
+// first asks the filter, which tests use to fake errors and short counts.
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/file.h>
@@ -23,7 +23,7 @@
 #include <cstring>
 
 #include "io/file_backends.h"
-#include "io/io_fault_hook.h"
+#include "io/syscall_filter.h"
 
 namespace kvfile {
 
@@ -77,19 +77,20 @@ Status FileSystem::ListDir(const std::string&, std::vector<std::string>* names) 
 
 namespace {
 
-using internal::IoFault;
+using internal::IoCall;
+using internal::SyscallFilter;
 
 // EINTR/EAGAIN in a row, without a byte transferred, before giving up.
 constexpr int kMaxRetries = 1000;
 
 bool Retryable(int err) { return err == EINTR || err == EAGAIN; }
 
-// One pwrite/pread/fdatasync as the fault hook lets it run: the system
-// call's return value and errno, faked or real. A faked short count is a
-// real transfer of fewer bytes.
-ssize_t PwriteOnce(int fd, const void* p, size_t n, uint64_t offset) {
+// One pwrite/pread/fdatasync as the filter (if any) lets it run: the
+// system call's return value and errno, faked or real. A faked short count
+// is a real transfer of fewer bytes.
+ssize_t PwriteOnce(SyscallFilter* filter, int fd, const void* p, size_t n, uint64_t offset) {
   ssize_t fake = 0;
-  if (internal::TakeIoFault(IoFault::kWrite, n, &fake)) {
+  if (filter != nullptr && filter->Intercept(IoCall::kWrite, n, &fake)) {
     if (fake < 0) {
       errno = static_cast<int>(-fake);
       return -1;
@@ -99,9 +100,9 @@ ssize_t PwriteOnce(int fd, const void* p, size_t n, uint64_t offset) {
   return ::pwrite(fd, p, n, static_cast<off_t>(offset));
 }
 
-ssize_t PreadOnce(int fd, void* p, size_t n, uint64_t offset) {
+ssize_t PreadOnce(SyscallFilter* filter, int fd, void* p, size_t n, uint64_t offset) {
   ssize_t fake = 0;
-  if (internal::TakeIoFault(IoFault::kRead, n, &fake)) {
+  if (filter != nullptr && filter->Intercept(IoCall::kRead, n, &fake)) {
     if (fake < 0) {
       errno = static_cast<int>(-fake);
       return -1;
@@ -111,9 +112,9 @@ ssize_t PreadOnce(int fd, void* p, size_t n, uint64_t offset) {
   return ::pread(fd, p, n, static_cast<off_t>(offset));
 }
 
-int FdatasyncOnce(int fd) {
+int FdatasyncOnce(SyscallFilter* filter, int fd) {
   ssize_t fake = 0;
-  if (internal::TakeIoFault(IoFault::kSync, 0, &fake) && fake < 0) {
+  if (filter != nullptr && filter->Intercept(IoCall::kSync, 0, &fake) && fake < 0) {
     errno = static_cast<int>(-fake);
     return -1;
   }
@@ -132,14 +133,14 @@ std::string ShownDir(const std::string& dir) {
 
 class PosixFile final : public File {
  public:
-  PosixFile(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
+  PosixFile(std::string path, int fd, SyscallFilter* filter) : path_(std::move(path)), fd_(fd), filter_(filter) {}
   ~PosixFile() override { ::close(fd_); }
 
   Status ReadAt(uint64_t offset, void* buf, size_t n) override {
     auto* p = static_cast<uint8_t*>(buf);
     int retries = 0;
     while (n > 0) {
-      ssize_t r = PreadOnce(fd_, p, n, offset);
+      ssize_t r = PreadOnce(filter_, fd_, p, n, offset);
       if (r < 0) {
         const int err = errno;
         if (Retryable(err) && ++retries < kMaxRetries) continue;
@@ -160,7 +161,7 @@ class PosixFile final : public File {
     const auto* p = static_cast<const uint8_t*>(buf);
     int retries = 0;
     while (n > 0) {
-      ssize_t w = PwriteOnce(fd_, p, n, offset);
+      ssize_t w = PwriteOnce(filter_, fd_, p, n, offset);
       if (w < 0) {
         const int err = errno;
         if (Retryable(err) && ++retries < kMaxRetries) continue;
@@ -180,7 +181,7 @@ class PosixFile final : public File {
 
   Status Sync() override {
     for (int retries = 0;;) {
-      if (FdatasyncOnce(fd_) == 0) return Status::OK();
+      if (FdatasyncOnce(filter_, fd_) == 0) return Status::OK();
       const int err = errno;
       if (Retryable(err) && ++retries < kMaxRetries) continue;
       return ErrnoStatus(path_ + ": fdatasync", err);
@@ -210,14 +211,17 @@ class PosixFile final : public File {
  private:
   std::string path_;
   int fd_;
+  SyscallFilter* filter_;  // nullptr: none
 };
 
 class PosixFileSystem final : public FileSystem {
  public:
+  explicit PosixFileSystem(SyscallFilter* filter) : filter_(filter) {}
+
   Status Open(const std::string& path, OpenMode mode, std::unique_ptr<File>* out) override {
     int fd;
     KVFILE_RETURN_IF_ERROR(internal::OpenFd(path, mode, &fd));
-    *out = std::make_unique<PosixFile>(path, fd);
+    *out = std::make_unique<PosixFile>(path, fd, filter_);
     return Status::OK();
   }
 
@@ -240,7 +244,7 @@ class PosixFileSystem final : public FileSystem {
     if (fd < 0) return ErrnoStatus(ShownDir(dir) + ": open directory", errno);
     ssize_t fake = 0;
     int rc = 0;
-    if (internal::TakeIoFault(IoFault::kSyncDir, 0, &fake) && fake < 0) {
+    if (filter_ != nullptr && filter_->Intercept(IoCall::kSyncDir, 0, &fake) && fake < 0) {
       rc = -1;
       errno = static_cast<int>(-fake);
     } else {
@@ -335,6 +339,9 @@ class PosixFileSystem final : public FileSystem {
     }
     return ErrnoStatus(path, errno);
   }
+
+ private:
+  SyscallFilter* filter_;  // nullptr: none
 };
 
 }  // namespace
@@ -423,8 +430,12 @@ Status FdNextData(int fd, const std::string& path, uint64_t from, uint64_t* next
 }
 
 FileSystem* PosixFileSystemInstance() {
-  static PosixFileSystem* fs = new PosixFileSystem();
+  static PosixFileSystem* fs = new PosixFileSystem(nullptr);
   return fs;
+}
+
+std::unique_ptr<FileSystem> NewPosixFileSystem(SyscallFilter* filter) {
+  return std::make_unique<PosixFileSystem>(filter);
 }
 }  // namespace internal
 

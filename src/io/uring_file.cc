@@ -7,7 +7,7 @@
 // retries), the write-chain scheduler (write_chain_scheduler.h: the queued
 // writes and fsyncs as pure logic, everything from "SubmitWrite queues" to
 // "Resubmission without progress" below) and this file, the File adapter:
-// the synchronous operations, the fault hook, and the routing of
+// the synchronous operations, the syscall filter, and the routing of
 // completions to their owner.
 //
 // Ring ownership: one ring per open File (kQueueDepth submission entries, the
@@ -50,16 +50,17 @@
 // counts as that when the thread reaping is not the one that submitted).
 // Resubmission without progress gives up after kMaxStalls rounds.
 //
-// Fault injection (io_fault_hook.h, for tests): the hook is asked before
-// each read, write and fsync SQE is prepared (so its count is of SQEs, each
+// Fault injection (syscall_filter.h, for tests): in a file system made
+// with a SyscallFilter, the filter is asked before each read, write and
+// fsync SQE is prepared (so its count is of SQEs, each
 // resubmission included), and its fault shows in that SQE's completion. A
 // faked short count prepares the SQE with fewer bytes, so the kernel
 // transfers exactly what the completion reports, and the SQEs linked after
 // it in the chain are cancelled (-ECANCELED), as after a real short write. A
 // faked error prepares the SQE on fd -1: it fails for real (-EBADF) without
 // touching the file and the kernel cancels what is linked after it; its
-// -EBADF is reported as the faked errno. Nothing else changes, and with no
-// fault armed the hook costs one relaxed atomic load per SQE.
+// -EBADF is reported as the faked errno. Nothing else changes, and without
+// a filter the check costs one null pointer test per SQE.
 //
 // SubmitWrite fails only when the ring itself does (then WaitWrites must
 // still be called before the buffers are reused); a queued write's failure
@@ -79,7 +80,7 @@
 #include <vector>
 
 #include "io/file_backends.h"
-#include "io/io_fault_hook.h"
+#include "io/syscall_filter.h"
 #include "io/uring_ring.h"
 #include "writer/write_chain_scheduler.h"
 
@@ -105,9 +106,10 @@ bool Retryable(int res) { return res == -EINTR || res == -EAGAIN; }
 
 class UringFile final : public File, private internal::ChainIo {
  public:
-  UringFile(std::string path, int fd)
+  UringFile(std::string path, int fd, internal::SyscallFilter* filter)
       : path_(std::move(path)),
         fd_(fd),
+        filter_(filter),
         ring_(path_, [this](uint64_t ud, int res) { OnCompletion(ud, res); }),
         chains_(path_, this, kChainLimits) {}
   UringFile(const UringFile&) = delete;
@@ -262,7 +264,7 @@ class UringFile final : public File, private internal::ChainIo {
   }
 
   // internal::ChainIo: the scheduler's ops go into the ring, through the
-  // fault hook. A faked short write cancels the rest of its chain.
+  // filter (if any). A faked short write cancels the rest of its chain.
   Status Prepare(const ChainOp& op) override {
     io_uring_sqe* sqe = nullptr;
     KVFILE_RETURN_IF_ERROR(Ring(ring_.GetSqe(&sqe)));
@@ -308,15 +310,16 @@ class UringFile final : public File, private internal::ChainIo {
     chains_.Complete(ud, res);
   }
 
-  // The fault hook's say on an SQE about to be prepared for `kind` with
+  // The filter's say on an SQE about to be prepared for `kind` with
   // *len bytes (see the top of this file): the fd to prepare it with, and
   // *len shortened for a faked short count.
   int FaultedFd(Kind kind, uint64_t ud, unsigned* len) {
-    const auto op = kind == Kind::kRead    ? internal::IoFault::kRead
-                    : kind == Kind::kWrite ? internal::IoFault::kWrite
-                                           : internal::IoFault::kSync;
+    if (filter_ == nullptr) return fd_;
+    const auto op = kind == Kind::kRead    ? internal::IoCall::kRead
+                    : kind == Kind::kWrite ? internal::IoCall::kWrite
+                                           : internal::IoCall::kSync;
     ssize_t fake = 0;
-    if (!internal::TakeIoFault(op, kind == Kind::kFsync ? 0 : *len, &fake)) return fd_;
+    if (!filter_->Intercept(op, kind == Kind::kFsync ? 0 : *len, &fake)) return fd_;
     if (fake > 0) {
       *len = static_cast<unsigned>(fake);
       return fd_;
@@ -325,7 +328,7 @@ class UringFile final : public File, private internal::ChainIo {
     return -1;
   }
 
-  // The result to report for a completion the fault hook had a say in: the
+  // The result to report for a completion the filter had a say in: the
   // faked errno for the -EBADF of an SQE prepared on fd -1. Any other result
   // (-ECANCELED: cancelled by an earlier failure in its link) is real.
   int InjectedResult(uint64_t ud, int res) {
@@ -364,6 +367,7 @@ class UringFile final : public File, private internal::ChainIo {
 
   std::string path_;
   int fd_;
+  internal::SyscallFilter* filter_;  // nullptr: none
   UringRing ring_;
   WriteChainScheduler chains_;
   std::unordered_map<uint64_t, int> injected_;  // user_data -> faked result (tests)
@@ -376,43 +380,47 @@ class UringFile final : public File, private internal::ChainIo {
 
 class UringFileSystem final : public FileSystem {
  public:
+  // Directory operations are the POSIX backend's (with the same filter).
+  explicit UringFileSystem(internal::SyscallFilter* filter) : filter_(filter) {
+    if (filter == nullptr) {
+      dirs_ = internal::PosixFileSystemInstance();
+    } else {
+      own_dirs_ = internal::NewPosixFileSystem(filter);
+      dirs_ = own_dirs_.get();
+    }
+  }
+
   Status Open(const std::string& path, OpenMode mode, std::unique_ptr<File>* out) override {
     int fd;
     KVFILE_RETURN_IF_ERROR(internal::OpenFd(path, mode, &fd));
-    auto file = std::make_unique<UringFile>(path, fd);  // owns fd from here
+    auto file = std::make_unique<UringFile>(path, fd, filter_);  // owns fd from here
     KVFILE_RETURN_IF_ERROR(file->Init());
     *out = std::move(file);
     return Status::OK();
   }
 
-  // Directory operations are the POSIX backend's.
   Status Rename(const std::string& from, const std::string& to, bool replace) override {
-    return internal::PosixFileSystemInstance()->Rename(from, to, replace);
+    return dirs_->Rename(from, to, replace);
   }
-  Status Remove(const std::string& path) override {
-    return internal::PosixFileSystemInstance()->Remove(path);
-  }
-  Status SyncDir(const std::string& dir) override {
-    return internal::PosixFileSystemInstance()->SyncDir(dir);
-  }
-  Status Exists(const std::string& path, bool* exists) override {
-    return internal::PosixFileSystemInstance()->Exists(path, exists);
-  }
-  Status PathId(const std::string& path, FileId* id) override {
-    return internal::PosixFileSystemInstance()->PathId(path, id);
-  }
-  Status Stat(const std::string& path, PathInfo* info) override {
-    return internal::PosixFileSystemInstance()->Stat(path, info);
-  }
+  Status Remove(const std::string& path) override { return dirs_->Remove(path); }
+  Status SyncDir(const std::string& dir) override { return dirs_->SyncDir(dir); }
+  Status Exists(const std::string& path, bool* exists) override { return dirs_->Exists(path, exists); }
+  Status PathId(const std::string& path, FileId* id) override { return dirs_->PathId(path, id); }
+  Status Stat(const std::string& path, PathInfo* info) override { return dirs_->Stat(path, info); }
   Status ResolveSymlinks(const std::string& path, std::string* target) override {
-    return internal::PosixFileSystemInstance()->ResolveSymlinks(path, target);
+    return dirs_->ResolveSymlinks(path, target);
   }
   Status CopyAttributes(const PathInfo& like, const std::string& path) override {
-    return internal::PosixFileSystemInstance()->CopyAttributes(like, path);
+    return dirs_->CopyAttributes(like, path);
   }
   Status ListDir(const std::string& dir, std::vector<std::string>* names) override {
-    return internal::PosixFileSystemInstance()->ListDir(dir, names);
+    return dirs_->ListDir(dir, names);
   }
+
+ private:
+  internal::SyscallFilter* filter_;  // nullptr: none
+  std::unique_ptr<FileSystem> own_dirs_;
+  FileSystem* dirs_;
 };
 
 // Can this process set up a ring, and does the kernel have the operations
@@ -460,9 +468,9 @@ Status ProbeUring() {
 
 namespace internal {
 
-Status NewUringFileSystem(std::unique_ptr<FileSystem>* out) {
+Status NewUringFileSystem(std::unique_ptr<FileSystem>* out, SyscallFilter* filter) {
   KVFILE_RETURN_IF_ERROR(ProbeUring());
-  *out = std::make_unique<UringFileSystem>();
+  *out = std::make_unique<UringFileSystem>(filter);
   return Status::OK();
 }
 

@@ -12,7 +12,7 @@ Status NoUring() {
 }
 }  // namespace
 
-Status NewUringFileSystem(std::unique_ptr<FileSystem>* out) {
+Status NewUringFileSystem(std::unique_ptr<FileSystem>* out, SyscallFilter*) {
   out->reset();
   return NoUring();
 }

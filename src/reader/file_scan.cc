@@ -362,56 +362,65 @@ Status ExplainReadFailure(File& file, const ScanResult& scan, uint64_t read_end,
   return error;
 }
 
-Status ScanFile(File& file, ScanResult* out, DamageLocation* where) {
-  DamageLocation unused;
-  if (where == nullptr) where = &unused;
-  ScanResult r;
-  uint64_t size;
-  KVFILE_RETURN_IF_ERROR(file.Size(&size));
-  r.tail.file_size = size;
-  std::vector<uint8_t> fixed(kDataOffset);
-  if (size < sizeof kFileMagic) return Status::Corruption("not a kvfile: only " + std::to_string(size) + " bytes");
-  if (size < kDataOffset) {
-    KVFILE_RETURN_IF_ERROR(file.ReadAt(0, fixed.data(), sizeof kFileMagic));
-    where->offset = 0;
-    if (std::memcmp(fixed.data(), kFileMagic, sizeof kFileMagic) != 0)
-      return Status::Corruption("not a kvfile: bad magic at offset 0");
-    where->offset = static_cast<int64_t>(size);  // where the missing bytes start
-    return Status::Corruption("truncated: " + std::to_string(size) +
-                              " bytes, shorter than the 12288-byte header and commit slots");
-  }
-  KVFILE_RETURN_IF_ERROR(file.ReadAt(0, fixed.data(), kDataOffset));
-  where->offset = 0;
-  KVFILE_RETURN_IF_ERROR(
-      DecodeFileHeader(std::span<const uint8_t, kHeaderSize>(fixed.data(), kHeaderSize), &r.header));
+namespace {
 
-  // The newest valid commit slot wins; a damaged one is remembered (verify
-  // reports it) but is not fatal: a crash while writing a slot tears it.
-  CommitSlots slots;
-  bool have = ReadCommitSlots(fixed, r.header.salt, &slots);
-  r.commit = slots.newest;
-  r.active_slot = slots.active_slot;
-  r.slot_errors = slots.errors;
-  for (int i = 0; i < 2; ++i) {
-    r.slots[i].valid = slots.valid[i];
-    r.slots[i].sequence = slots.sequence[i];
-    r.slots[i].error = slots.reason[i];
-  }
-  where->offset = static_cast<int64_t>(kCommitSlotOffset[0]);
-  if (!have) return Status::Corruption("both commit slots are damaged: " + r.slot_errors[0]);
-  // A file shorter than its commit record lost committed bytes: the scan
-  // keeps the whole chunks before the cut, and records the loss (open for
-  // reading goes on, open for writing and verify refuse; RECOVERY.md).
-  bool truncated = size < r.commit.end;
-  uint64_t committed_limit = std::min(size, r.commit.end);
+// ScanFile's state and its phases, one job each, in the order ScanFile runs
+// them: the header, the commit slots, the tables' reservation, the walk of
+// the committed chain, then either the valid prefix of a file cut inside
+// committed data, or the commit record's cut of the last chunk, the walk
+// past the record, the unfinished append and the classification of the
+// tail. A phase that finds damage returns it and sets *where.
+class FileScan {
+ public:
+  FileScan(File& file, DamageLocation* where) : file_(file), where_(where) {}
 
-  LayoutCache layouts(&r.header.geometry);
-  std::vector<uint8_t> buf;
-  PageBuffer whole;
-  std::vector<uint32_t> chunk_tokens;
-  uint64_t pos = kDataOffset;
-  r.sections = r.header.geometry.SectionCount();
-  // The committed region's tables, reserved up front for what the commit
+  // 1. The file's size, its magic and its header (the fixed region's first
+  // block; the fixed region is kept for the slots).
+  Status ReadHeader() {
+    KVFILE_RETURN_IF_ERROR(file_.Size(&size_));
+    r_.tail.file_size = size_;
+    fixed_.resize(kDataOffset);
+    if (size_ < sizeof kFileMagic)
+      return Status::Corruption("not a kvfile: only " + std::to_string(size_) + " bytes");
+    if (size_ < kDataOffset) {
+      KVFILE_RETURN_IF_ERROR(file_.ReadAt(0, fixed_.data(), sizeof kFileMagic));
+      where_->offset = 0;
+      if (std::memcmp(fixed_.data(), kFileMagic, sizeof kFileMagic) != 0)
+        return Status::Corruption("not a kvfile: bad magic at offset 0");
+      where_->offset = static_cast<int64_t>(size_);  // where the missing bytes start
+      return Status::Corruption("truncated: " + std::to_string(size_) +
+                                " bytes, shorter than the 12288-byte header and commit slots");
+    }
+    KVFILE_RETURN_IF_ERROR(file_.ReadAt(0, fixed_.data(), kDataOffset));
+    where_->offset = 0;
+    return DecodeFileHeader(std::span<const uint8_t, kHeaderSize>(fixed_.data(), kHeaderSize), &r_.header);
+  }
+
+  // 2. The commit slots. The newest valid one wins; a damaged one is
+  // remembered (verify reports it) but is not fatal: a crash while writing
+  // a slot tears it. Both damaged: an error.
+  Status ReadSlots() {
+    CommitSlots slots;
+    bool have = ReadCommitSlots(fixed_, r_.header.salt, &slots);
+    r_.commit = slots.newest;
+    r_.active_slot = slots.active_slot;
+    r_.slot_errors = slots.errors;
+    for (int i = 0; i < 2; ++i) {
+      r_.slots[i].valid = slots.valid[i];
+      r_.slots[i].sequence = slots.sequence[i];
+      r_.slots[i].error = slots.reason[i];
+    }
+    where_->offset = static_cast<int64_t>(kCommitSlotOffset[0]);
+    if (!have) return Status::Corruption("both commit slots are damaged: " + r_.slot_errors[0]);
+    // A file shorter than its commit record lost committed bytes: the scan
+    // keeps the whole chunks before the cut, and records the loss (open for
+    // reading goes on, open for writing and verify refuse; RECOVERY.md).
+    truncated_ = size_ < r_.commit.end;
+    committed_limit_ = std::min(size_, r_.commit.end);
+    return Status::OK();
+  }
+
+  // 3. The committed region's tables, reserved up front for what the commit
   // record claims (growing them chunk by chunk would fault fresh pages in
   // again and again), but bounded by the file's size (a chunk takes at
   // least a block, a token 4 bytes, a section checksum 8) and by
@@ -419,163 +428,237 @@ Status ScanFile(File& file, ScanResult* out, DamageLocation* where) {
   // trusted than the record. Past that, a table grows (doubling) only as
   // chunks are read and checked, so that its memory stays a bounded
   // multiple of the chunk heads actually in the file.
-  constexpr uint64_t kMaxReserveBytes = uint64_t{1} << 20;
-  uint64_t committed_bytes = committed_limit > kDataOffset ? committed_limit - kDataOffset : 0;
-  uint64_t expect_chunks = std::min<uint64_t>(r.commit.chunks, committed_bytes / kBlockSize);
-  r.chunks.reserve(std::min<uint64_t>(expect_chunks, kMaxReserveBytes / sizeof(ScannedChunk)));
-  r.section_checksums.reserve(
-      std::min({expect_chunks * r.sections, committed_bytes / 8, kMaxReserveBytes / sizeof(uint64_t)}));
-  r.tokens.reserve(std::min({r.commit.tokens, committed_bytes / 4, kMaxReserveBytes / sizeof(uint32_t)}));
-  // The committed region: every chunk must check out.
-  HeadPrefetcher prefetch(file, r.header, layouts, committed_limit);
-  std::string cut_reason;
-  for (uint64_t i = 0; i < r.commit.chunks; ++i) {
-    ScannedChunk c;
-    bool cut = false;
-    Status st = ReadChunkHead(file, r.header, layouts, pos, committed_limit, &c, &r.section_checksums,
-                              &chunk_tokens, &buf, prefetch.Get(pos), &cut);
-    if (!st.ok() && cut && truncated) {
-      // The file ends inside this chunk (or right before it): the chunks
-      // before it are the valid prefix.
-      r.section_checksums.resize(r.chunks.size() * r.sections);
-      cut_reason = ChunkWhere(i, pos) + ": " + st.message();
-      break;
-    }
-    if (st.ok() && c.info.epoch > r.commit.epoch)
-      st = Status::Corruption("chunk epoch " + std::to_string(c.info.epoch) +
-                              " is newer than the commit record's");
-    if (st.ok()) st = LinkChunk(&r, &c, true);
-    if (!st.ok()) {
-      *where = {static_cast<int64_t>(i), static_cast<int64_t>(pos)};
-      return Status::Corruption(ChunkWhere(i, pos) + ": " + st.message());
-    }
-    c.info.committed = true;
-    r.tokens.insert(r.tokens.end(), chunk_tokens.begin(), chunk_tokens.end());
-    pos += c.info.bytes;
-    r.chunks.push_back(std::move(c));
+  void ReserveTables() {
+    r_.sections = r_.header.geometry.SectionCount();
+    constexpr uint64_t kMaxReserveBytes = uint64_t{1} << 20;
+    uint64_t committed_bytes = committed_limit_ > kDataOffset ? committed_limit_ - kDataOffset : 0;
+    uint64_t expect_chunks = std::min<uint64_t>(r_.commit.chunks, committed_bytes / kBlockSize);
+    r_.chunks.reserve(std::min<uint64_t>(expect_chunks, kMaxReserveBytes / sizeof(ScannedChunk)));
+    r_.section_checksums.reserve(
+        std::min({expect_chunks * r_.sections, committed_bytes / 8, kMaxReserveBytes / sizeof(uint64_t)}));
+    r_.tokens.reserve(std::min({r_.commit.tokens, committed_bytes / 4, kMaxReserveBytes / sizeof(uint32_t)}));
   }
-  if (truncated) {
-    if (cut_reason.empty()) {
+
+  // 4. The committed region: every chunk must check out and link to the
+  // one before it. In a file cut inside it, the walk stops at the chunk the
+  // file ends in (cut_reason_ says why).
+  Status WalkCommitted() {
+    HeadPrefetcher prefetch(file_, r_.header, layouts_, committed_limit_);
+    for (uint64_t i = 0; i < r_.commit.chunks; ++i) {
+      ScannedChunk c;
+      bool cut = false;
+      Status st = ReadChunkHead(file_, r_.header, layouts_, pos_, committed_limit_, &c, &r_.section_checksums,
+                                &chunk_tokens_, &buf_, prefetch.Get(pos_), &cut);
+      if (!st.ok() && cut && truncated_) {
+        // The file ends inside this chunk (or right before it): the chunks
+        // before it are the valid prefix.
+        r_.section_checksums.resize(r_.chunks.size() * r_.sections);
+        cut_reason_ = ChunkWhere(i, pos_) + ": " + st.message();
+        break;
+      }
+      if (st.ok() && c.info.epoch > r_.commit.epoch)
+        st = Status::Corruption("chunk epoch " + std::to_string(c.info.epoch) +
+                                " is newer than the commit record's");
+      if (st.ok()) st = LinkChunk(&r_, &c, true);
+      if (!st.ok()) {
+        *where_ = {static_cast<int64_t>(i), static_cast<int64_t>(pos_)};
+        return Status::Corruption(ChunkWhere(i, pos_) + ": " + st.message());
+      }
+      c.info.committed = true;
+      r_.tokens.insert(r_.tokens.end(), chunk_tokens_.begin(), chunk_tokens_.end());
+      pos_ += c.info.bytes;
+      r_.chunks.push_back(std::move(c));
+    }
+    return Status::OK();
+  }
+
+  bool truncated() const { return truncated_; }
+
+  // 5a. A file shorter than its commit record: the whole chunks before the
+  // cut are what it holds, and the loss is recorded in the tail.
+  Status KeepPrefixBeforeCut() {
+    if (cut_reason_.empty()) {
       // Every committed chunk is there, yet they end before the record's end.
-      *where = {-1, static_cast<int64_t>(pos)};
-      return Status::Corruption("committed chunks end at " + std::to_string(pos) +
-                                " but the commit record says " + std::to_string(r.commit.end));
+      *where_ = {-1, static_cast<int64_t>(pos_)};
+      return Status::Corruption("committed chunks end at " + std::to_string(pos_) + " but the commit record says " +
+                                std::to_string(r_.commit.end));
     }
     // The commit record's token count speaks of the chunk it ends in, which
     // is gone: the kept chunks are whole, their live counts come from the
     // chain. Nothing past the cut is read: it is all committed data.
-    r.tail.valid_end = pos;
-    r.tail.torn_tail_bytes = size - pos;
-    r.tail.torn_reason = cut_reason;
-    r.tail.committed_data_missing = true;
-    r.tail.committed_chunks_missing = r.commit.chunks - r.chunks.size();
-    r.tail.committed_tokens_missing = r.commit.tokens > r.tokens.size() ? r.commit.tokens - r.tokens.size() : 0;
-    r.tail.committed_bytes_missing = r.commit.end - size;
-    *out = std::move(r);
+    r_.tail.valid_end = pos_;
+    r_.tail.torn_tail_bytes = size_ - pos_;
+    r_.tail.torn_reason = cut_reason_;
+    r_.tail.committed_data_missing = true;
+    r_.tail.committed_chunks_missing = r_.commit.chunks - r_.chunks.size();
+    r_.tail.committed_tokens_missing =
+        r_.commit.tokens > r_.tokens.size() ? r_.commit.tokens - r_.tokens.size() : 0;
+    r_.tail.committed_bytes_missing = r_.commit.end - size_;
     return Status::OK();
   }
-  *where = {-1, static_cast<int64_t>(pos)};
-  if (pos != r.commit.end)
-    return Status::Corruption("committed chunks end at " + std::to_string(pos) +
-                              " but the commit record says " + std::to_string(r.commit.end));
-  // The commit record may cut the last committed chunk: a rewind (the
-  // chunk is of an older epoch), or, in files with append ends, an append
-  // that ends inside it while later appends go on in the chunks after it
-  // (same epoch: those continue after its stored tokens, FORMAT.md 5.4).
-  const bool append_ends = (r.header.required_flags & kFlagAppendEnds) != 0;
-  uint64_t chain_next = 0;            // first_token the next uncommitted chunk must have
-  std::vector<uint32_t> cut_tokens;   // what the commit record cut from the last chunk
-  if (r.chunks.empty()) {
-    if (r.commit.tokens != 0) return Status::Corruption("commit record counts tokens but no chunks");
-  } else {
-    ChunkInfo& last = r.chunks.back().info;
+
+  // 5b. The committed chunks must end where the record says, and its token
+  // count fall in the last of them. The record may cut that chunk: a rewind
+  // (the chunk is of an older epoch), or, in files with append ends, an
+  // append that ends inside it while later appends go on in the chunks
+  // after it (same epoch: those continue after its stored tokens, FORMAT.md
+  // 5.4; cut_tokens_ keeps what was cut, to be put back if they do).
+  Status ApplyCommitRecord() {
+    *where_ = {-1, static_cast<int64_t>(pos_)};
+    if (pos_ != r_.commit.end)
+      return Status::Corruption("committed chunks end at " + std::to_string(pos_) + " but the commit record says " +
+                                std::to_string(r_.commit.end));
+    append_ends_ = (r_.header.required_flags & kFlagAppendEnds) != 0;
+    if (r_.chunks.empty()) {
+      if (r_.commit.tokens != 0) return Status::Corruption("commit record counts tokens but no chunks");
+      return Status::OK();
+    }
+    ChunkInfo& last = r_.chunks.back().info;
     uint64_t last_end = last.first_token + last.live_tokens;
-    if (r.commit.tokens <= last.first_token || r.commit.tokens > last_end)
-      return Status::Corruption("commit record's token count " + std::to_string(r.commit.tokens) +
+    if (r_.commit.tokens <= last.first_token || r_.commit.tokens > last_end)
+      return Status::Corruption("commit record's token count " + std::to_string(r_.commit.tokens) +
                                 " does not fall in the last committed chunk");
-    uint64_t drop = last_end - r.commit.tokens;
-    chain_next = r.commit.tokens;
-    if (append_ends && last.epoch == r.commit.epoch) {
-      chain_next = last_end;
-      cut_tokens.assign(r.tokens.end() - static_cast<ptrdiff_t>(drop), r.tokens.end());
+    uint64_t drop = last_end - r_.commit.tokens;
+    chain_next_ = r_.commit.tokens;
+    if (append_ends_ && last.epoch == r_.commit.epoch) {
+      chain_next_ = last_end;
+      cut_tokens_.assign(r_.tokens.end() - static_cast<ptrdiff_t>(drop), r_.tokens.end());
     }
     last.live_tokens -= static_cast<uint32_t>(drop);
-    r.tokens.resize(r.tokens.size() - drop);
+    r_.tokens.resize(r_.tokens.size() - drop);
+    return Status::OK();
   }
 
-  // Past the committed region: accept whole, checked chunks of this epoch.
-  const size_t committed_chunks = r.chunks.size();
-  std::string torn_reason;
-  while (pos < size) {
-    ScannedChunk c;
-    Status st = ReadChunkHead(file, r.header, layouts, pos, size, &c, &r.section_checksums, &chunk_tokens, &buf);
-    if (st.ok() && c.info.epoch != r.commit.epoch)
-      st = Status::Corruption("stale chunk of epoch " + std::to_string(c.info.epoch) +
-                              " (current epoch " + std::to_string(r.commit.epoch) + ")");
-    if (st.ok() && c.info.first_token != chain_next)
-      st = Status::Corruption("chunk starts at token " + std::to_string(c.info.first_token) +
-                              " but " + std::to_string(chain_next) + " tokens precede it");
-    if (st.ok()) st = ReadAndCheckChunk(file, r.header.geometry, layouts, c, r.SectionChecksums(r.chunks.size()), &whole);
-    if (!st.ok()) r.section_checksums.resize(r.chunks.size() * r.sections);
-    if (!st.ok()) {
-      torn_reason = ChunkWhere(r.chunks.size(), pos) + ": " + st.message();
-      break;
+  // 6. Past the committed region: whole, checked chunks of this epoch that
+  // continue the chain, up to the first that is not (torn_reason_ says
+  // why). Returns where that one starts (the file's size if none).
+  uint64_t WalkPastCommit() {
+    committed_chunks_ = r_.chunks.size();
+    while (pos_ < size_) {
+      ScannedChunk c;
+      Status st =
+          ReadChunkHead(file_, r_.header, layouts_, pos_, size_, &c, &r_.section_checksums, &chunk_tokens_, &buf_);
+      if (st.ok() && c.info.epoch != r_.commit.epoch)
+        st = Status::Corruption("stale chunk of epoch " + std::to_string(c.info.epoch) + " (current epoch " +
+                                std::to_string(r_.commit.epoch) + ")");
+      if (st.ok() && c.info.first_token != chain_next_)
+        st = Status::Corruption("chunk starts at token " + std::to_string(c.info.first_token) + " but " +
+                                std::to_string(chain_next_) + " tokens precede it");
+      if (st.ok())
+        st = ReadAndCheckChunk(file_, r_.header.geometry, layouts_, c, r_.SectionChecksums(r_.chunks.size()),
+                               &whole_);
+      if (!st.ok()) {
+        r_.section_checksums.resize(r_.chunks.size() * r_.sections);
+        torn_reason_ = ChunkWhere(r_.chunks.size(), pos_) + ": " + st.message();
+        break;
+      }
+      if (!cut_tokens_.empty()) {
+        // The appends go on past the commit record's cut: undo it.
+        r_.chunks.back().info.live_tokens = r_.chunks.back().info.stored_tokens;
+        r_.tokens.insert(r_.tokens.end(), cut_tokens_.begin(), cut_tokens_.end());
+        cut_tokens_.clear();
+      }
+      r_.tokens.insert(r_.tokens.end(), chunk_tokens_.begin(), chunk_tokens_.end());
+      chain_next_ = c.info.first_token + c.info.stored_tokens;
+      pos_ += c.info.bytes;
+      r_.chunks.push_back(std::move(c));
     }
-    if (!cut_tokens.empty()) {
-      // The appends go on past the commit record's cut: undo it.
-      r.chunks.back().info.live_tokens = r.chunks.back().info.stored_tokens;
-      r.tokens.insert(r.tokens.end(), cut_tokens.begin(), cut_tokens.end());
-      cut_tokens.clear();
-    }
-    r.tokens.insert(r.tokens.end(), chunk_tokens.begin(), chunk_tokens.end());
-    chain_next = c.info.first_token + c.info.stored_tokens;
-    pos += c.info.bytes;
-    r.chunks.push_back(std::move(c));
+    return pos_;
   }
-  const uint64_t scan_stop = pos;  // where the first chunk that failed starts
-  if (append_ends && r.chunks.size() > committed_chunks) {
-    // Past the commit record, the data ends at the last append end: whole
-    // chunks after it hold part of an append that never finished.
-    size_t keep = r.chunks.size();
-    while (keep > committed_chunks && r.chunks[keep - 1].append_end == 0) --keep;
-    if (keep < r.chunks.size()) {
-      const ChunkInfo& first_dropped = r.chunks[keep].info;
-      torn_reason = ChunkWhere(keep, first_dropped.offset) +
-                    ": part of an append that did not finish (no append ends in it or after it)";
-      pos = first_dropped.offset;
+
+  // 7. In a file with append ends, the data past the commit record ends at
+  // the last append end: whole chunks after it hold part of an append that
+  // never finished, and are dropped with the tail.
+  void DropUnfinishedAppend() {
+    if (!append_ends_ || r_.chunks.size() <= committed_chunks_) return;
+    size_t keep = r_.chunks.size();
+    while (keep > committed_chunks_ && r_.chunks[keep - 1].append_end == 0) --keep;
+    if (keep < r_.chunks.size()) {
+      const ChunkInfo& first_dropped = r_.chunks[keep].info;
+      torn_reason_ = ChunkWhere(keep, first_dropped.offset) +
+                     ": part of an append that did not finish (no append ends in it or after it)";
+      pos_ = first_dropped.offset;
     }
     uint64_t end_tokens;
-    if (keep > committed_chunks) {
-      ScannedChunk& k = r.chunks[keep - 1];
+    if (keep > committed_chunks_) {
+      ScannedChunk& k = r_.chunks[keep - 1];
       k.info.live_tokens = k.append_end;
       end_tokens = k.info.first_token + k.append_end;
     } else {
       // No append ended past the record: back to what the record says.
-      if (committed_chunks > 0) {
-        ChunkInfo& last = r.chunks[committed_chunks - 1].info;
-        last.live_tokens = static_cast<uint32_t>(r.commit.tokens - last.first_token);
+      if (committed_chunks_ > 0) {
+        ChunkInfo& last = r_.chunks[committed_chunks_ - 1].info;
+        last.live_tokens = static_cast<uint32_t>(r_.commit.tokens - last.first_token);
       }
-      end_tokens = r.commit.tokens;
+      end_tokens = r_.commit.tokens;
     }
-    r.chunks.resize(keep);
-    r.section_checksums.resize(keep * r.sections);
-    r.tokens.resize(end_tokens);
+    r_.chunks.resize(keep);
+    r_.section_checksums.resize(keep * r_.sections);
+    r_.tokens.resize(end_tokens);
   }
-  r.tail.valid_end = pos;
-  r.tail.torn_tail_bytes = size - pos;
-  r.tail.torn_reason = torn_reason;
-  if (scan_stop < size) {
-    // Past the commit record a crash can leave a damaged chunk before a
-    // whole one (writes reach the disk in any order until a sync), so this
-    // is not an open error: nothing acknowledged is lost. It is recorded,
-    // and verify reports it, because a bit flip looks the same.
-    uint64_t found_at;
-    if (ValidChunkFollows(file, r, layouts, scan_stop + 1, size, &found_at)) {
-      r.tail.valid_data_follows = true;
-      r.tail.valid_data_offset = found_at;
+
+  // 8. The tail: where the valid data ends, what is cut and why, and
+  // whether a valid chunk of this file and epoch lies past `scan_stop`
+  // (where the walk past the record stopped). Past the commit record a
+  // crash can leave a damaged chunk before a whole one (writes reach the
+  // disk in any order until a sync), so that is not an open error: nothing
+  // acknowledged is lost. It is recorded, and verify reports it, because a
+  // bit flip looks the same.
+  void ClassifyTail(uint64_t scan_stop) {
+    r_.tail.valid_end = pos_;
+    r_.tail.torn_tail_bytes = size_ - pos_;
+    r_.tail.torn_reason = torn_reason_;
+    if (scan_stop < size_) {
+      uint64_t found_at;
+      if (ValidChunkFollows(file_, r_, layouts_, scan_stop + 1, size_, &found_at)) {
+        r_.tail.valid_data_follows = true;
+        r_.tail.valid_data_offset = found_at;
+      }
     }
   }
-  *out = std::move(r);
+
+  ScanResult Take() { return std::move(r_); }
+
+ private:
+  File& file_;
+  DamageLocation* where_;
+  ScanResult r_;
+  LayoutCache layouts_{&r_.header.geometry};
+  uint64_t size_ = 0;
+  std::vector<uint8_t> fixed_;  // the header and the commit slots
+  bool truncated_ = false;      // the file ends before its commit record's end
+  uint64_t committed_limit_ = 0;
+  uint64_t pos_ = kDataOffset;  // the next chunk's offset
+  std::string cut_reason_;      // a truncated file: why the chunk at the cut is not whole
+  bool append_ends_ = false;
+  uint64_t chain_next_ = 0;          // first_token the next uncommitted chunk must have
+  std::vector<uint32_t> cut_tokens_;  // what the commit record cut from the last chunk
+  size_t committed_chunks_ = 0;
+  std::string torn_reason_;
+  // Scratch reused chunk after chunk.
+  std::vector<uint8_t> buf_;
+  PageBuffer whole_;
+  std::vector<uint32_t> chunk_tokens_;
+};
+
+}  // namespace
+
+Status ScanFile(File& file, ScanResult* out, DamageLocation* where) {
+  DamageLocation unused;
+  FileScan scan(file, where != nullptr ? where : &unused);
+  KVFILE_RETURN_IF_ERROR(scan.ReadHeader());
+  KVFILE_RETURN_IF_ERROR(scan.ReadSlots());
+  scan.ReserveTables();
+  KVFILE_RETURN_IF_ERROR(scan.WalkCommitted());
+  if (scan.truncated()) {
+    KVFILE_RETURN_IF_ERROR(scan.KeepPrefixBeforeCut());
+  } else {
+    KVFILE_RETURN_IF_ERROR(scan.ApplyCommitRecord());
+    const uint64_t scan_stop = scan.WalkPastCommit();
+    scan.DropUnfinishedAppend();
+    scan.ClassifyTail(scan_stop);
+  }
+  *out = scan.Take();
   return Status::OK();
 }
 

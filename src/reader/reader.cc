@@ -14,7 +14,6 @@
 #include "codec/dtype_codec.h"
 #include "kvfile/codec.h"
 #include "format/endian.h"
-#include "util/testing_hooks.h"
 
 namespace kvfile {
 
@@ -347,7 +346,7 @@ Status internal::ReaderAccess::Share(const Reader& r, std::unique_ptr<Reader>* o
   return Status::OK();
 }
 
-uint64_t hooks::ReaderAccess::WorkerThreadsStarted(const Reader& r) { return r.impl_->workers.threads_started(); }
+uint64_t internal::ReaderAccess::WorkerThreadsStarted(const Reader& r) { return r.impl_->workers.threads_started(); }
 
 uint16_t Reader::major_version() const { return impl_->scan->header.major; }
 uint16_t Reader::minor_version() const { return impl_->scan->header.minor; }

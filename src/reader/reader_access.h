@@ -17,6 +17,9 @@ struct ReaderAccess {
   // the path since gives Status::Failed("PATH: the file was replaced since it
   // was opened")).
   static Status Share(const Reader& r, std::unique_ptr<Reader>* out);
+  // The worker threads r's ReadMany and ReadManyCodes have started since it
+  // was opened (they are kept between calls).
+  static uint64_t WorkerThreadsStarted(const Reader& r);
 };
 
 }  // namespace kvfile::internal

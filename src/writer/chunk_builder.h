@@ -15,8 +15,9 @@
 
 #include "format/chunk_layout.h"
 #include "format/header.h"
-#include "kvfile/writer.h"
 #include "io/page_buffer.h"
+#include "kvfile/row_block.h"
+#include "kvfile/status.h"
 
 namespace kvfile::internal {
 

@@ -2,6 +2,7 @@
 // The commit slots: choice, decoding and the writer's commit (see commit_log.h).
 #include "writer/commit_log.h"
 
+#include <cstdint>
 #include <vector>
 
 namespace kvfile::internal {
@@ -46,6 +47,13 @@ CommitRecord EncodeInitialSlots(uint64_t salt, uint32_t epoch, std::span<uint8_t
     EncodeCommitRecord(c, std::span<uint8_t, kCommitSlotSize>(fixed.data() + CommitSlotOffset(seq), kCommitSlotSize));
   }
   return c;  // sequence 2 is the newest
+}
+
+Status CommitLog::BumpEpoch(const std::string& path, uint32_t current, uint32_t* next) {
+  if (current == UINT32_MAX)
+    return Status::Unsupported(path + ": the epoch counter is exhausted; rewrite the file with kvfile convert");
+  *next = current + 1;
+  return Status::OK();
 }
 
 Status CommitLog::Write(File& file, CommitRecord next) {

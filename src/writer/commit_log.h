@@ -57,6 +57,13 @@ class CommitLog {
   // A sync of the file covered every write so far.
   void DataSynced() { data_unsynced_ = false; }
 
+  // The one epoch rule (spec/FORMAT.md 5.3): a rewind, a recovery that
+  // finds a cut last chunk of the current epoch, and an upgrade (its new
+  // file) each go on at the epoch after the current one, *next. There is
+  // none after UINT32_MAX: kUnsupported, naming `path` (the file must be
+  // rewritten whole, which starts again at epoch 1).
+  static Status BumpEpoch(const std::string& path, uint32_t current, uint32_t* next);
+
   // Syncs unsynced data, then writes `next` with the next sequence number
   // into its slot and syncs again. On success `next` is the durable record.
   Status Write(File& file, format::CommitRecord next);

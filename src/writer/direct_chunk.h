@@ -12,10 +12,16 @@
 // kernel to start writing the chunk back (write_behind.h), so the disk
 // works while the next chunk is prepared. A failed write leaves the writer
 // unusable, as a failed chunk write does.
+//
+// DirectChunk reaches the writer only through DirectChunkSink below, which
+// the writer (Writer::Impl) implements: the head of the next chunk, the
+// file's end for its bytes, and the counting of the finished chunk. It sees
+// nothing else of the writer (not its file, staging or commit log).
 #pragma once
 
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "format/chunk_layout.h"
@@ -23,6 +29,36 @@
 #include "kvfile/writer.h"
 
 namespace kvfile::internal {
+
+// What a writer offers a chunk written whole into its file.
+class DirectChunkSink {
+ public:
+  // The head (salt, first token, offset, epoch, append end, token_count)
+  // and the layout of the next chunk, of `n` tokens, at the file's end; its
+  // earlier chunk's write has completed. Fails if the writer is unusable,
+  // if tokens are staged or an append is open, or if n is not in 1..the
+  // writer's chunk size.
+  virtual Status BeginDirectChunk(uint32_t n, format::ChunkHeader* head, format::ChunkLayout* layout) = 0;
+  // The file's path, for messages.
+  virtual const std::string& DirectChunkPath() const = 0;
+  // Queues the write of `n` bytes at file offset `offset` (no sync). On a
+  // failure it waits for what was queued (the bytes are the caller's again)
+  // and the writer is unusable.
+  virtual Status QueueChunkBytes(uint64_t offset, const uint8_t* bytes, size_t n) = 0;
+  // Waits for the queued writes; a failure makes the writer unusable.
+  virtual Status WaitChunkBytes() = 0;
+  // Waits for the queued writes of an abandoned chunk; a failure is
+  // dropped (the chunk never counts).
+  virtual void AbandonChunkBytes() = 0;
+  // Writes the chunk's head (`head_bytes`, sealed), starts its writeback
+  // and counts the chunk, every byte of it written, as the sequence's next
+  // tokens, `tokens`, which end an append; in SyncMode::kChunk it commits.
+  virtual Status EndDirectChunk(const format::ChunkHeader& head, std::span<const uint8_t> head_bytes,
+                                std::span<const uint32_t> tokens) = 0;
+
+ protected:
+  ~DirectChunkSink() = default;
+};
 
 class DirectChunk {
  public:
@@ -53,7 +89,7 @@ class DirectChunk {
   Status Finish(std::span<const uint32_t> tokens);
 
  private:
-  Writer* writer_ = nullptr;
+  DirectChunkSink* sink_ = nullptr;
   format::ChunkLayout layout_;
   format::ChunkHeader head_;
   std::vector<uint64_t> checksums_;

@@ -15,7 +15,6 @@
 #include "format/chunk_layout.h"
 #include "format/header.h"
 #include "io/atomic_replace.h"
-#include "util/testing_hooks.h"
 #include "writer/writer_impl.h"
 #include "writer/writer_lock.h"
 
@@ -264,15 +263,21 @@ Writer::~Writer() {
 Status Writer::Create(const std::string& path, const Geometry& geometry,
                       const ModelIdentity& identity, const WriterOptions& options,
                       std::unique_ptr<Writer>* out) {
+  return internal::WriterAccess::Create(path, geometry, identity, options, /*salt=*/0, out);
+}
+
+Status internal::WriterAccess::Create(const std::string& path, const Geometry& geometry,
+                                      const ModelIdentity& identity, const WriterOptions& options, uint64_t salt,
+                                      std::unique_ptr<Writer>* out) {
   if (options.format_major != kMajorV1 && options.format_major != kMajorV2)
     return Status::InvalidArgument(path + ": format must be 1 or 2, not " +
                                    std::to_string(options.format_major));
   FileHeader h = NewHeader(geometry, identity, options.chunk_tokens, options.format_major);
-  h.salt = hooks::WriterSalt();  // a test's fixed salt, or 0: random below
+  h.salt = salt;
   if (h.salt == 0) KVFILE_RETURN_IF_ERROR(RandomSalt(&h.salt));
   Status st = ValidateFileHeader(h);
   if (!st.ok()) return st.WithContext(path);
-  auto impl = std::make_unique<Impl>();
+  auto impl = std::make_unique<Writer::Impl>();
   KVFILE_RETURN_IF_ERROR(impl->Init(path, options, h, /*cap_chunk_size=*/false));
   FileSystem* fs = impl->fs;
   // With overwrite, the existing file stays locked until it has been

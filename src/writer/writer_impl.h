@@ -21,11 +21,12 @@
 #include "writer/chunk_builder.h"
 #include "writer/commit_log.h"
 #include "reader/file_scan.h"
+#include "writer/direct_chunk.h"
 #include "writer/write_behind.h"
 
 namespace kvfile {
 
-struct KVFILE_NO_EXPORT Writer::Impl {
+struct KVFILE_NO_EXPORT Writer::Impl final : internal::DirectChunkSink {
   std::string path;
   FileSystem* fs = nullptr;
   std::unique_ptr<File> file;
@@ -90,11 +91,14 @@ struct KVFILE_NO_EXPORT Writer::Impl {
   Status AbandonAppend(Status why);
 
   // direct_chunk.cc: chunks a caller writes whole into the file, without
-  // staging (DirectChunk). Begin: the head of the next chunk, of n tokens,
-  // at the end (nothing may be staged); End: counts that chunk, every byte
-  // of it written, as the sequence's next n tokens, which end an append.
-  Status BeginDirectChunk(uint32_t n, format::ChunkHeader* head);
-  Status EndDirectChunk(const format::ChunkHeader& head, std::span<const uint32_t> chunk_tokens);
+  // staging (DirectChunk, through internal::DirectChunkSink).
+  Status BeginDirectChunk(uint32_t n, format::ChunkHeader* head, format::ChunkLayout* layout) override;
+  const std::string& DirectChunkPath() const override { return path; }
+  Status QueueChunkBytes(uint64_t offset, const uint8_t* bytes, size_t n) override;
+  Status WaitChunkBytes() override;
+  void AbandonChunkBytes() override;
+  Status EndDirectChunk(const format::ChunkHeader& head, std::span<const uint8_t> head_bytes,
+                        std::span<const uint32_t> chunk_tokens) override;
 
   // writer_recovery.cc
   Status Recover(const internal::ScanResult& scan);
@@ -111,9 +115,19 @@ struct KVFILE_NO_EXPORT Writer::Impl {
 
 namespace internal {
 
-// The library's parts that work with a writer's insides (DirectChunk).
+// The library's two doors into a writer (writer.h's one friend), each
+// narrow: a chunk written whole (DirectChunk) sees the writer only as its
+// DirectChunkSink, and Create is Writer::Create with the salt given.
 struct WriterAccess {
-  static Writer::Impl& Of(Writer& w) { return *w.impl_; }
+  static DirectChunkSink& DirectChunks(Writer& w) { return *w.impl_; }
+  // Writer::Create with `salt` for the new file instead of a random one
+  // (0: random, which is all Writer::Create does). The format wants a
+  // fresh random salt for every file (spec/FORMAT.md); nothing in the
+  // library passes another. Tests whose files must come out byte for byte
+  // the same (golden files, sweeps) do, through the test library
+  // (tests/support/testing_hooks.h).
+  static Status Create(const std::string& path, const Geometry& geometry, const ModelIdentity& identity,
+                       const WriterOptions& options, uint64_t salt, std::unique_ptr<Writer>* out);
 };
 
 // A new file's header (salt left 0).

@@ -44,10 +44,8 @@ Status Writer::Impl::Recover(const internal::ScanResult& scan) {
   if (!scan.chunks.empty()) {
     const ChunkInfo& last = scan.chunks.back().info;
     if (last.live_tokens < last.stored_tokens && last.epoch == log.durable().epoch) {
-      if (log.durable().epoch == UINT32_MAX)
-        return Status::Unsupported(path + ": the epoch counter is exhausted; rewrite the file with kvfile convert");
       CommitRecord next = log.durable();
-      next.epoch += 1;
+      KVFILE_RETURN_IF_ERROR(internal::CommitLog::BumpEpoch(path, next.epoch, &next.epoch));
       next.tokens = disk_tokens;
       next.end = end;
       next.chunks = chunks.size();

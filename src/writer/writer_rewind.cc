@@ -32,10 +32,8 @@ Status Writer::Impl::RewindTo(uint64_t n) {
   uint64_t new_end = keep == 0 ? kDataOffset : chunks[keep - 1].offset + chunks[keep - 1].bytes;
   // The kept chunks may not be durable yet (sync mode none): WriteCommit
   // syncs them before the record that vouches for them.
-  if (log.durable().epoch == UINT32_MAX)
-    return Status::Unsupported(path + ": the epoch counter is exhausted; rewrite the file with kvfile convert");
   CommitRecord next = log.durable();
-  next.epoch += 1;
+  KVFILE_RETURN_IF_ERROR(internal::CommitLog::BumpEpoch(path, next.epoch, &next.epoch));
   next.tokens = n;
   next.end = new_end;
   next.chunks = keep;

@@ -30,8 +30,8 @@ Status Writer::Impl::OpenUpgrading(const std::string& path, const std::string& r
   KVFILE_RETURN_IF_ERROR(RandomSalt(&h.salt));
   KVFILE_RETURN_IF_ERROR(impl->Init(path, options, h, /*cap_chunk_size=*/true));
   FileSystem* fs = impl->fs;
-  if (scan.commit.epoch == UINT32_MAX)
-    return Status::Unsupported(path + ": the epoch counter is exhausted; convert the file instead");
+  uint32_t epoch = 0;
+  KVFILE_RETURN_IF_ERROR(internal::CommitLog::BumpEpoch(path, scan.commit.epoch, &epoch));
   // The upgrade renames a new file over the old one's name: another hard
   // link would go on naming the old v1 data, so that is refused. The new
   // file gets the old one's mode, owner and group.
@@ -46,7 +46,7 @@ Status Writer::Impl::OpenUpgrading(const std::string& path, const std::string& r
         path + ": a v1 file with " + std::to_string(info.links) +
         " hard links is not upgraded to v2 in place (the other names would keep the old v1 data); "
         "write a v2 copy with `kvfile convert`, or remove the other links first");
-  Status st = impl->CreateFile(tmp, scan.commit.epoch + 1);
+  Status st = impl->CreateFile(tmp, epoch);
   if (!st.ok()) return st.WithContext(path + ": upgrade to v2 failed, the v1 file is unchanged");
   st = impl->UpgradeFrom(v1, scan);
   if (st.ok()) st = fs->CopyAttributes(info, tmp);

@@ -9,7 +9,7 @@
 #include "fuzz/fuzz_support.h"
 #include "kvfile/safetensors.h"
 #include "kvfile/writer.h"
-#include "util/testing_hooks.h"
+#include "support/testing_hooks.h"
 
 namespace {
 
@@ -57,7 +57,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   options.chunk_tokens = static_cast<uint32_t>(std::clamp<uint64_t>(kChunkBudgetBytes / token_bytes, 1, kMaxChunkTokens));
   ModelIdentity identity{kv.model_id.value_or(""), kv.fingerprint.value_or(0)};
   std::unique_ptr<Writer> writer;
-  if (!Writer::Create("out.kv", g, identity, options, &writer).ok()) return 0;
+  if (!kvfile::hooks::CreateWriter("out.kv", g, identity, options, &writer).ok()) return 0;
   Status s = st::AppendAll(*file, kv, ids, stream_of, *writer, st::BlockTokens(token_bytes * 3, kChunkBudgetBytes));
   if (values_valid && !s.ok()) fuzz::Fail("values CheckValues accepted do not import: " + s.ToString());
   if (!s.ok()) return 0;

@@ -32,7 +32,7 @@
 #include "kvfile/reader.h"
 #include "kvfile/verify.h"
 #include "kvfile/writer.h"
-#include "util/testing_hooks.h"
+#include "support/testing_hooks.h"
 
 namespace kvfile::test {
 
@@ -276,7 +276,7 @@ inline const ModelIdentity kIdentity{"org/test-model", 0x0F1E2D3C4B5A6978ull};
 inline void WriteSequence(const std::string& path, const Sequence& q, const WriterOptions& o,
                    const std::vector<uint64_t>& sizes) {
   std::unique_ptr<Writer> w;
-  ASSERT_OK(Writer::Create(path, q.g, kIdentity, o, &w));
+  ASSERT_OK(hooks::CreateWriter(path, q.g, kIdentity, o, &w));
   uint64_t done = 0;
   for (uint64_t k : sizes) {
     ASSERT_OK(w->Append(Batch(q, done, k)));
@@ -651,7 +651,7 @@ struct Nvfp4Rows {
 inline void WriteNvfp4(const std::string& path, const Nvfp4Rows& rows, uint32_t chunk, uint64_t append,
                        bool as_codes) {
   std::unique_ptr<Writer> w;
-  ASSERT_OK(Writer::Create(path, Nvfp4Geometry(), kIdentity, Options(chunk), &w));
+  ASSERT_OK(hooks::CreateWriter(path, Nvfp4Geometry(), kIdentity, Options(chunk), &w));
   for (uint64_t t = 0; t < rows.tokens.size(); t += append)
     ASSERT_OK(w->Append(rows.Batch(t, std::min<uint64_t>(append, rows.tokens.size() - t), as_codes)));
   ASSERT_OK(w->Close());

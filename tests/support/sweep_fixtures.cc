@@ -13,7 +13,7 @@
 #include "kvfile/presets.h"
 #include "kvfile/reader.h"
 #include "kvfile/writer.h"
-#include "util/testing_hooks.h"
+#include "support/testing_hooks.h"
 #include "support/fault_fs.h"
 
 namespace kvfile::testing {
@@ -97,7 +97,7 @@ Status BuildFixture(const FixtureSpec& spec, SweepFixture* out) {
   opt.format_major = spec.major;
   opt.sync = spec.committed ? SyncMode::kClose : SyncMode::kNone;
   std::unique_ptr<Writer> w;
-  Status created = Writer::Create(kSweepPath, g, {"sweep/" + spec.name, spec.seed}, opt, &w);
+  Status created = hooks::CreateWriter(kSweepPath, g, {"sweep/" + spec.name, spec.seed}, opt, &w);
   hooks::SetWriterSalt(0);
   KVFILE_RETURN_IF_ERROR(created);
   SplitMix rng(spec.seed);

@@ -5,6 +5,17 @@
 // FileSystem for Files. Tests substitute a FileSystem that records every
 // operation and injects faults (EIO, ENOSPC, short writes, lost syncs) into
 // the library's real code paths.
+//
+// Threads. A File is used by one thread at a time: the library never calls
+// one File from two threads at once, though it may call it from different
+// threads one after the other (a worker of ReadMany or VerifyFile gets a
+// File of its own, opened for it; an io_uring File's queued writes may be
+// waited for by another thread than the one that queued them). A
+// FileSystem is called from every thread that uses a Reader, Writer or
+// other library object made with it, at once: its members must be safe to
+// call concurrently (for different paths and Files). FileSystem::Default()
+// is: it may be called from any thread, and the same instance is returned
+// to all of them (the backend is chosen at the first call).
 #pragma once
 
 #include <cstdint>

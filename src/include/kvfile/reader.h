@@ -137,7 +137,7 @@ class KVFILE_EXPORT Reader {
   Status ReadCodes(uint32_t layer, uint32_t stream, uint64_t begin, uint64_t end, uint8_t* codes,
                    uint8_t* block_scales, float* row_scales);
  private:
-  friend struct hooks::ReaderAccess;  // the library's tests (src/util/testing_hooks.h)
+  friend struct hooks::ReaderAccess;  // the library's tests (tests/support/testing_hooks.h)
   friend struct internal::ReaderAccess;
   Status VerifyChunk(size_t index);
   struct Impl;  // defined hidden: not exported

@@ -5,6 +5,20 @@
 // will be on disk; a full buffer is written as one chunk. Nothing already on
 // disk is ever overwritten by an append. What is durable when is set by the
 // SyncMode (spec/RECOVERY.md states the guarantees).
+//
+// Threads. A Writer has no lock of its own: it is used by one thread at a
+// time (every member, the const accessors included; calls from different
+// threads must be ordered by the caller, e.g. by a mutex), and it may move
+// from one thread to another between calls. Different Writers, of
+// different files, may be used at once from different threads. One file
+// has one Writer at a time, across threads and processes: a Writer holds
+// the file's writer lock from Create or Open until it is closed, and
+// another Open of that file meanwhile fails with kBusy. Readers (reader.h)
+// may read the file while it is written, from any thread or process. The
+// threads WriterOptions::threads asks for are the Writer's own, inside one
+// Append, and touch no file; all the Writer's I/O runs on the calling
+// thread, through WriterOptions::fs (file.h says what a FileSystem must
+// allow).
 #pragma once
 
 #include <cstdint>
@@ -16,6 +30,7 @@
 #include "kvfile/export.h"
 #include "kvfile/file.h"
 #include "kvfile/geometry.h"
+#include "kvfile/row_block.h"
 #include "kvfile/status.h"
 
 namespace kvfile {
@@ -58,35 +73,6 @@ struct WriterOptions {
   // (layer, stream) section each (0: one per core). The file's bytes and
   // every error are the same for every count.
   unsigned threads = 1;
-};
-
-// The rows of one (layer, stream) for the tokens of one append, row after
-// row: [tokens][rows_per_token][row_width].
-struct RowBlock {
-  // kBF16/kF16 (u16 bit patterns) or kF32 input rows, or codes already
-  // quantized with the stream's own fp8 dtype (then `scales` holds one f32
-  // per row and must be valid). For an nvfp4 stream, codes are kNvfp4: per
-  // token, `data` holds rows*width/2 packed code bytes, `block_scales`
-  // rows*width/16 E4M3 codes and `scales` one f32 (spec/FORMAT.md 5.2).
-  Dtype dtype = Dtype::kBF16;
-  const void* data = nullptr;
-  const float* scales = nullptr;
-  const uint8_t* block_scales = nullptr;  // nvfp4 codes only
-};
-
-// One append: token ids and, for every layer and stream, a RowBlock; where a
-// stream is absent from a layer (StreamSpec::layers), a RowBlock without
-// data (data == nullptr).
-// blocks[layer * stream_count + stream].
-//
-// An append is all or nothing (spec/RECOVERY.md): after a failure or a
-// crash the file holds whole appends only. An append too large to hold in
-// memory at once can span several calls: every batch but the last sets
-// `continued`; the append ends with the first batch that does not.
-struct AppendBatch {
-  std::span<const uint32_t> tokens;
-  std::vector<RowBlock> blocks;
-  bool continued = false;  // more of this same append follows in the next Append()
 };
 
 class KVFILE_EXPORT Writer {
