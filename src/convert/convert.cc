@@ -122,7 +122,7 @@ Dtype TargetDtype(const std::string& stream, Dtype have, const ConvertOptions& o
   bool raw_dtype = o.dtype && !IsQuantized(*o.dtype);
   if (o.keep_raw.count(stream)) return raw_dtype ? *o.dtype : IsQuantized(have) ? Dtype::kBF16 : have;
   if (!o.dtype) return have;
-  if (IsQuantized(*o.dtype)) return IsQuantized(have) ? *o.dtype : have;
+  if (IsQuantized(*o.dtype)) return IsQuantized(have) || o.every_stream ? *o.dtype : have;
   return *o.dtype;
 }
 

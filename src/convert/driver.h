@@ -74,7 +74,8 @@ Status CheckInterrupted(const ConvertOptions& o, const std::string& path);
 // The stored dtype of a stream whose values are stored as `have` (a raw
 // stream, or a quantized stream's codes), by the dtype policy of docs/cli.md:
 // - keep_raw: a raw o.dtype, else a raw stream's own dtype, else bf16;
-// - o.dtype e4m3/e5m2/nvfp4: quantized streams take it, raw streams stay;
+// - o.dtype e4m3/e5m2/nvfp4: quantized streams take it, raw streams stay
+//   (take it too with o.every_stream);
 // - o.dtype bf16/f16/f32: every stream takes it;
 // - no o.dtype: unchanged.
 Dtype TargetDtype(const std::string& stream, Dtype have, const ConvertOptions& o);

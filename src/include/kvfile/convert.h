@@ -66,6 +66,7 @@ struct ConvertOptions {
   std::optional<Format> to;              // default: DetectFormat(out, is_output = true)
   uint16_t kv_major = 2;                 // a .kv output's format (1 or 2)
   std::optional<Dtype> dtype;            // the target-dtype policy of docs/cli.md (convert --dtype)
+  bool every_stream = false;             // a quantized dtype quantizes raw streams too (not kept raw)
   std::set<std::string> keep_raw;        // streams kept raw
   bool codes = false;                    // safetensors export: codes and scales instead of values
   std::optional<uint32_t> chunk_tokens;  // else the one rule (FitChunkTokens)
