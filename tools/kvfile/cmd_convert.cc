@@ -55,13 +55,6 @@ struct ConvertArgs {
   std::optional<uint32_t> n_stream;    // llama.cpp export
 };
 
-// What the flags ask for: the library's options, and the llama.cpp export's
-// (convert_legacy.h, until that driver is the library's).
-struct Plan {
-  ConvertOptions options;
-  LlamaExport llama;
-};
-
 enum class Kind { kKv, kSafetensors, kDirectory, kLlama, kOther };
 
 // What a path holds, as kvfile::DetectFormat says (an input by its content
@@ -103,8 +96,9 @@ Status ExistsError(const std::string& out) {
 
 // IN -> OUT through kvfile::Convert, with a progress bar on stderr and the
 // signal handlers' stop request polled between batches.
-Outcome ConvertOne(const std::string& in, const std::string& out, Kind in_kind, Kind out_kind, const Plan& p) {
-  ConvertOptions o = p.options;
+Outcome ConvertOne(const std::string& in, const std::string& out, Kind in_kind, Kind out_kind,
+                   const ConvertOptions& options) {
+  ConvertOptions o = options;
   std::unique_ptr<Progress> bar;
   std::string bar_label;
   uint64_t shown = 0;
@@ -122,7 +116,7 @@ Outcome ConvertOne(const std::string& in, const std::string& out, Kind in_kind, 
   std::vector<std::string> warnings;
   Status st;
   if (in_kind == Kind::kLlama || out_kind == Kind::kLlama) {
-    st = LegacyLlamaConvert(in, out, out_kind == Kind::kLlama, o, p.llama, &summary, &warnings);
+    st = LegacyLlamaConvert(in, out, out_kind == Kind::kLlama, o, &summary, &warnings);
   } else {
     o.to = out_kind == Kind::kSafetensors ? Format::kSafetensors : Format::kKv;
     ConvertReport report;
@@ -157,7 +151,7 @@ int Report(const std::vector<Outcome>& outcomes) {
 
 // ---- Directories ----------------------------------------------------------------------------
 
-int ConvertTree(const ConvertArgs& a, const Plan& p) {
+int ConvertTree(const ConvertArgs& a, const ConvertOptions& options) {
   std::error_code ec;
   fs::path in_root = fs::path(a.in);
   fs::path out_root = fs::path(a.out);
@@ -194,7 +188,7 @@ int ConvertTree(const ConvertArgs& a, const Plan& p) {
     if (a.chunk_tokens) return UsageError("--chunk-tokens applies to .kv output");
     if (a.codes && a.dtype)
       return UsageError("--codes exports fp8 streams as stored and raw streams as stored; drop --dtype");
-    if (p.options.dtype && IsQuantized(*p.options.dtype))
+    if (options.dtype && IsQuantized(*options.dtype))
       return UsageError("--dtype " + *a.dtype + ": export decodes to bf16, f16 or f32; use --codes for codes");
   } else if (a.codes && !kv_files.empty()) {
     return UsageError("--codes applies to .safetensors input or output, not to .kv -> .kv");
@@ -236,7 +230,7 @@ int ConvertTree(const ConvertArgs& a, const Plan& p) {
   auto work = [&] {
     for (size_t i; !PendingSignal() && (i = next.fetch_add(1)) < files.size();) {
       try {
-        outcomes[i] = ConvertOne(files[i], outs[i], KindOf(files[i]), to, p);
+        outcomes[i] = ConvertOne(files[i], outs[i], KindOf(files[i]), to, options);
       } catch (const std::bad_alloc&) {
         outcomes[i] = {Status::Failed(files[i] + ": out of memory"), "", ""};
       }
@@ -265,8 +259,7 @@ int RunConvert(const ConvertArgs& a) {
   InstallSignalHandlers();
   SetCurrentPath(a.out);
   if (Status st = RefusePackMemberTarget(a.out); !st.ok()) return ReportError(st);
-  Plan p;
-  ConvertOptions& o = p.options;
+  ConvertOptions o;  // what the flags ask for
   o.kv_major = a.format == "v1" ? 1 : 2;
   bool to_llama = a.format.starts_with("llama-");
   if (a.dtype && (*a.dtype == "q8_0" || a.dtype->find('=') != std::string::npos) && !to_llama)
@@ -280,7 +273,11 @@ int RunConvert(const ConvertArgs& a) {
   o.llama.model = a.model;
   if (a.rotated) o.llama.rotated = *a.rotated == "yes";
   o.llama.unrotate = a.unrotate;
-  p.llama = {a.format == "llama-session", a.dtype, a.v_trans, a.arch, o.llama.rotated, a.n_stream};
+  o.llama.session = a.format == "llama-session";
+  o.llama.type = a.dtype;
+  o.llama.v_trans = a.v_trans;
+  o.llama.arch = a.arch;
+  o.llama.n_stream = a.n_stream;
   if (!to_llama && (a.v_trans || a.arch || a.n_stream))
     return UsageError("--v-trans, --arch and --n-stream apply to --format llama-seq|llama-session");
   if (to_llama && a.unrotate)
@@ -304,7 +301,7 @@ int RunConvert(const ConvertArgs& a) {
     if (!st.ok()) return ReportError(st);
   }
   auto convert_one = [&](Kind in_kind, Kind out_kind) {
-    Outcome done = ConvertOne(in, a.out, in_kind, out_kind, p);
+    Outcome done = ConvertOne(in, a.out, in_kind, out_kind, o);
     done.status = members.Name(done.status);
     done.line = members.Name(done.line);
     done.warning = members.Name(done.warning);
@@ -333,7 +330,7 @@ int RunConvert(const ConvertArgs& a) {
     if (to_llama) return UsageError(a.in + ": --format " + a.format + " converts one .kv file, not a directory");
     if (a.out.starts_with("s3://"))
       return UsageError(a.out + ": a directory is converted into a local directory; an object store takes one file per convert");
-    return ConvertTree(a, p);
+    return ConvertTree(a, o);
   }
   if (a.to) return UsageError("--to applies to a directory IN (a file's OUT suffix says the format)");
   Kind out_kind = to_llama ? Kind::kLlama : KindOf(a.out, false);

@@ -52,8 +52,8 @@ Status CheckInput(const std::string& in, const Reader& r, bool salvage, uint64_t
 }  // namespace
 
 Status LegacyLlamaConvert(const std::string& in, const std::string& out, bool export_to_llama,
-                          const ConvertOptions& o, const LlamaExport& e, std::string* summary,
-                          std::vector<std::string>* warnings) {
+                          const ConvertOptions& o, std::string* summary, std::vector<std::string>* warnings) {
+  const LlamaExport e{o.llama.session, o.llama.type, o.llama.v_trans, o.llama.arch, o.llama.rotated, o.llama.n_stream};
   std::unique_ptr<PendingReplace> replace;
   KVFILE_RETURN_IF_ERROR(PendingReplace::Begin(out, nullptr, &replace));
   if (replace->original().exists && !o.force)

@@ -19,8 +19,8 @@ namespace kvfile::cli {
 bool IsLlamaInput(const std::string& path);
 
 // IN -> OUT where IN or OUT (export) is a llama.cpp state file.
+// o.llama: the llama.cpp options (import and export).
 Status LegacyLlamaConvert(const std::string& in, const std::string& out, bool export_to_llama,
-                          const ConvertOptions& o, const LlamaExport& e, std::string* summary,
-                          std::vector<std::string>* warnings);
+                          const ConvertOptions& o, std::string* summary, std::vector<std::string>* warnings);
 
 }  // namespace kvfile::cli
