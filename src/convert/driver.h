@@ -50,6 +50,12 @@ extern const Driver kLlamaDriver;
 extern const Driver kMooncakeDriver;
 extern const Driver kColiDriver;
 
+// Refuses (rotated) or warns about (rotation unknown) exporting the k and v
+// rows of a .kv imported from a llama.cpp quantized cache to a consumer that
+// takes them for plain keys and values (the safetensors export). Defined
+// with the llama.cpp driver (llama_driver.cc).
+Status CheckPlainRows(const std::string& in, const Reader& r, std::string* warning);
+
 // ---- The core's rules, for the drivers (convert.cc) ----
 
 // OK, or kFailed "PATH: interrupted" once o.interrupted() says so: a driver
