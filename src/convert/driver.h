@@ -56,6 +56,15 @@ extern const Driver kColiDriver;
 // with the llama.cpp driver (llama_driver.cc).
 Status CheckPlainRows(const std::string& in, const Reader& r, std::string* warning);
 
+// A directory output (Driver::directory), with the Mooncake driver: Begin
+// refuses an OUT that exists without `force` ("OUT: exists; use --force to
+// replace it") or that is no directory that format's export wrote, removes
+// stale temporary directories of OUT and names a fresh one in *tmp_dir (not
+// created yet); Commit puts the complete *tmp_dir in OUT's place whole
+// (swapped with an old OUT, which is then removed) and syncs the parent.
+Status BeginDirectoryOutput(const Driver& d, const std::string& out, bool force, std::string* tmp_dir);
+Status CommitDirectoryOutput(const Driver& d, const std::string& tmp_dir, const std::string& out);
+
 // ---- The core's rules, for the drivers (convert.cc) ----
 
 // OK, or kFailed "PATH: interrupted" once o.interrupted() says so: a driver

@@ -87,8 +87,10 @@ struct ConvertOptions {
 struct ConvertReport {
   Format from{}, to{};
   uint64_t tokens = 0;                // tokens written
-  std::string summary;                // the one line the CLI prints on success
+  std::string summary;                // what was written, one line (the CLI prints "IN -> OUT: " before it)
   std::vector<std::string> warnings;  // each one line (salvage, rotation, ...)
+  std::vector<std::string> notes;     // each one line: remarks that are no warning (requantized records, ...)
+  std::string out_name;               // OUT as the caller named it (set by Convert before a driver runs)
 };
 
 // IN -> OUT as one transaction (see above). report may be nullptr.
