@@ -22,11 +22,11 @@
 #include "kvfile/replace.h"
 #include "bench_support.h"
 #include "cli_common.h"
-#include "convert_seeds.h"
 #include "damage_advice.h"
+#include "kvfile/convert.h"
+#include "kvfile/formats/llama.h"
 #include "natural_sort.h"
 #include "pack_member.h"
-#include "convert_llama.h"
 #include "progress.h"
 #include "signals.h"
 #include "kvfile/reader.h"
@@ -62,9 +62,9 @@ struct ConvertArgs {
   unsigned jobs = 1;
   std::string format = "v2";
   std::optional<std::string> to;  // directories: "kv" or "safetensors"
-  std::optional<uint32_t> group_size;  // --format mooncake (convert_seeds.h)
-  std::optional<uint32_t> vocab;       // --format coli-v2|coli-v1 (convert_seeds.h)
-  std::optional<std::string> indexer_layers;  // a .coli_kv IN (convert_seeds.h)
+  std::optional<uint32_t> group_size;  // --format mooncake (the Mooncake and colibri drivers)
+  std::optional<uint32_t> vocab;       // --format coli-v2|coli-v1 (the Mooncake and colibri drivers)
+  std::optional<std::string> indexer_layers;  // a .coli_kv IN (the Mooncake and colibri drivers)
   std::optional<uint32_t> head_size;  // llama.cpp import
   std::optional<std::string> model;   // llama.cpp import
   std::optional<uint32_t> v_trans;    // llama.cpp export
@@ -86,8 +86,27 @@ struct Plan {
   std::optional<std::string> model;   // llama.cpp import
   std::optional<bool> rotated;        // llama.cpp import (the export's is in `llama`)
   bool unrotate = false;              // llama.cpp import
-  LlamaExport llama;                  // llama.cpp export
+  LlamaOptions llama;                 // llama.cpp export
 };
+
+// Whether `path` is a llama.cpp state file, by its magic.
+bool IsLlamaStateFile(const std::string& path) {
+  Format f;
+  return DetectFormat(path, false, nullptr, &f).ok() && f == Format::kLlamaState;
+}
+
+// The library's options for a conversion by a format driver (kvfile/convert.h):
+// a signal stops it between batches, and its progress is drawn as a bar.
+ConvertOptions LibraryOptions(std::shared_ptr<std::unique_ptr<Progress>> bar) {
+  ConvertOptions o;
+  o.interrupted = [] { return PendingSignal() != 0; };
+  o.progress = [bar, last = uint64_t{0}](const std::string& label, uint64_t done, uint64_t total) mutable {
+    if (!*bar) *bar = std::make_unique<Progress>(label, total);
+    (*bar)->Add(done - std::min(done, last));
+    last = done;
+  };
+  return o;
+}
 
 enum class Kind { kKv, kSafetensors, kDirectory, kLlama, kOther };
 
@@ -341,7 +360,7 @@ Status Export(const std::string& in, const std::string& tmp, const Plan& p, std:
   KVFILE_RETURN_IF_ERROR(CheckInput(in, *r, p, &T, warning));
   {
     std::string w;
-    KVFILE_RETURN_IF_ERROR(CheckPlainRows(in, *r, &w));
+    KVFILE_RETURN_IF_ERROR(llama::CheckPlainRows(in, *r, &w));
     if (!w.empty()) *warning = warning->empty() ? w : *warning + "; " + w;
   }
   Dtype out_dtype = p.dtype.value_or(Dtype::kBF16);
@@ -518,7 +537,7 @@ Status Export(const std::string& in, const std::string& tmp, const Plan& p, std:
   return Status::OK();
 }
 
-// ---- .kv -> llama.cpp state file (convert_llama.cc) ------------------------------------------
+// ---- .kv -> llama.cpp state file (kvfile/formats/llama.h) ------------------------------------------
 
 Status ExportToLlama(const std::string& in, const std::string& tmp, const Plan& p, std::string* summary,
                      std::string* warning) {
@@ -527,7 +546,9 @@ Status ExportToLlama(const std::string& in, const std::string& tmp, const Plan& 
   uint64_t T = 0;
   KVFILE_RETURN_IF_ERROR(CheckInput(in, *r, p, &T, warning));
   std::string w;
-  KVFILE_RETURN_IF_ERROR(ExportLlama(in, *r, T, tmp, p.llama, summary, &w));
+  ConvertOptions o = LibraryOptions(std::make_shared<std::unique_ptr<Progress>>());
+  o.llama = p.llama;
+  KVFILE_RETURN_IF_ERROR(llama::Export(in, *r, T, tmp, o, summary, &w));
   if (!w.empty()) *warning = warning->empty() ? w : *warning + "; " + w;
   return Status::OK();
 }
@@ -556,9 +577,20 @@ Outcome ConvertOne(const std::string& in, const std::string& out, Kind in_kind, 
   std::string summary, warning;
   if (in_kind == Kind::kKv && out_kind == Kind::kKv) st = KvToKv(in, tmp, p, &summary, &warning);
   else if (in_kind == Kind::kSafetensors) st = Import(in, tmp, p, &summary);
-  else if (in_kind == Kind::kLlama)
-    st = ImportLlama(in, tmp, {p.dtype, p.keep_raw, p.head_size, p.chunk_tokens, p.major, p.model, p.rotated, p.unrotate},
-                     &summary);
+  else if (in_kind == Kind::kLlama) {
+    ConvertOptions o = LibraryOptions(std::make_shared<std::unique_ptr<Progress>>());
+    o.dtype = p.dtype;
+    o.keep_raw = p.keep_raw;
+    o.chunk_tokens = p.chunk_tokens;
+    o.kv_major = p.major;
+    o.llama.head_size = p.head_size;
+    o.llama.model = p.model;
+    o.llama.rotated = p.rotated;
+    o.llama.unrotate = p.unrotate;
+    ConvertReport rep;
+    st = llama::Import(in, o, tmp, &rep);
+    summary = rep.summary;
+  }
   else if (out_kind == Kind::kLlama) st = ExportToLlama(in, tmp, p, &summary, &warning);
   else st = Export(in, tmp, p, &summary, &warning);
   if (!st.ok() && PendingSignal()) st = CheckInterrupt(out);  // a signal ended it: OUT is as it was
@@ -690,6 +722,104 @@ int ConvertTree(const ConvertArgs& a, const Plan& p) {
   return code;
 }
 
+// ---- Mooncake record directories and colibri sessions (the library's drivers) ---------------
+
+struct SeedConvertArgs {
+  std::string in;
+  std::string out;
+  std::string format;                  // --format (v2 when not given)
+  std::optional<uint32_t> group_size;  // --group-size
+  std::optional<uint32_t> vocab;       // --vocab
+  bool force = false;
+  bool other_flags = false;  // --dtype, --keep-raw, --codes, --chunk-tokens, --salvage or --jobs given
+  std::optional<std::string> indexer_layers;  // --indexer-layers (a .coli_kv IN)
+};
+
+bool EndsWith(const std::string& s, const char* suffix) { return fs::path(s).extension() == suffix; }
+
+// One conversion by kvfile::Convert; prints its line and notes.
+int ConvertByLibrary(const SeedConvertArgs& a, Format to) {
+  ConvertOptions o = LibraryOptions(std::make_shared<std::unique_ptr<Progress>>());
+  o.to = to;
+  o.force = a.force;
+  o.mooncake.group_size = a.group_size;
+  o.coli.vocab = a.vocab;
+  o.coli.v1 = a.format == "coli-v1";
+  o.coli.indexer_layers = a.indexer_layers;
+  ConvertReport rep;
+  Status st = Convert(a.in, a.out, o, &rep);
+  o = ConvertOptions();  // erases the progress bar
+  if (!st.ok() && PendingSignal()) st = CheckInterrupt(a.out);  // a signal: OUT stays as it was
+  if (!st.ok()) return ReportError(st);
+  std::printf("%s -> %s: %s\n", a.in.c_str(), a.out.c_str(), rep.summary.c_str());
+  std::fflush(stdout);
+  for (const std::string& n : rep.notes) PrintLine("note", n);
+  for (const std::string& w : rep.warnings) PrintLine("warning", w);
+  return kExitOk;
+}
+
+// True when IN or OUT is a Mooncake directory or a .coli_kv file (or the
+// flags ask for one); the conversion is then done and *exit_code set.
+bool ConvertSeedFormat(const SeedConvertArgs& given, int* exit_code) {
+  // A .coli_kv OUT says the format itself, unless --format names another.
+  SeedConvertArgs a = given;
+  if (a.format == "v2" && EndsWith(a.out, ".coli_kv")) a.format = "coli-v2";
+  std::error_code ec;
+  bool in_dir = fs::is_directory(a.in, ec);
+  bool mooncake_out = a.format == "mooncake";
+  bool coli_out = a.format == "coli-v2" || a.format == "coli-v1";
+  Format detected = Format::kKv;
+  bool known = DetectFormat(a.in, false, nullptr, &detected).ok();
+  bool mooncake_in = in_dir && known && detected == Format::kMooncake;
+  bool coli_in = !in_dir && EndsWith(a.in, ".coli_kv");
+  if (!mooncake_out && !coli_out && !mooncake_in && !coli_in) {
+    if (a.group_size) *exit_code = UsageError("--group-size applies to --format mooncake");
+    else if (a.vocab) *exit_code = UsageError("--vocab applies to --format coli-v2 or coli-v1");
+    else if (a.indexer_layers) *exit_code = UsageError("--indexer-layers applies to a .coli_kv IN");
+    else if (EndsWith(a.out, ".coli_kv"))
+      *exit_code =
+          UsageError(a.out + ": a .coli_kv OUT is written by --format coli-v2 or coli-v1, not --format " + a.format);
+    else return false;
+    return true;
+  }
+  SetCurrentPath(a.out);
+  if (a.other_flags) {
+    *exit_code = UsageError("--dtype, --keep-raw, --codes, --chunk-tokens, --salvage and --jobs do not apply to "
+                            "Mooncake or .coli_kv conversions");
+    return true;
+  }
+  if (a.group_size && !mooncake_out) {
+    *exit_code = UsageError("--group-size applies to --format mooncake");
+    return true;
+  }
+  if (a.indexer_layers && !coli_in) {
+    *exit_code = UsageError("--indexer-layers applies to a .coli_kv IN");
+    return true;
+  }
+  if (a.vocab && !coli_out) {
+    *exit_code = UsageError("--vocab applies to --format coli-v2 or coli-v1");
+    return true;
+  }
+  if ((mooncake_out || coli_out) && (mooncake_in || coli_in || in_dir || !EndsWith(a.in, ".kv"))) {
+    *exit_code = UsageError(a.in + ": --format " + a.format + " converts a .kv file");
+    return true;
+  }
+  if ((mooncake_in || coli_in) && !EndsWith(a.out, ".kv")) {
+    *exit_code = UsageError(a.out + ": a " + std::string(mooncake_in ? "Mooncake directory" : ".coli_kv file") +
+                            " is converted to a .kv file (OUT must end in .kv)");
+    return true;
+  }
+  if (a.indexer_layers) {
+    std::vector<uint32_t> layers;
+    if (Status st = ParseLayerList(*a.indexer_layers, &layers); !st.ok()) {
+      *exit_code = UsageError("--indexer-layers: " + st.message());
+      return true;
+    }
+  }
+  *exit_code = ConvertByLibrary(a, mooncake_out ? Format::kMooncake : coli_out ? Format::kColi : Format::kKv);
+  return true;
+}
+
 int RunConvert(const ConvertArgs& a) {
   InstallSignalHandlers();
   SetCurrentPath(a.out);
@@ -700,7 +830,7 @@ int RunConvert(const ConvertArgs& a) {
   if (a.dtype && (*a.dtype == "q8_0" || a.dtype->find('=') != std::string::npos) && !to_llama)
     return UsageError("--dtype " + *a.dtype + " applies to --format llama-seq|llama-session");
   if (to_llama && a.dtype) {
-    if (Status st = CheckLlamaDtype(*a.dtype); !st.ok()) return ReportError(st);
+    if (Status st = llama::CheckExportType(*a.dtype); !st.ok()) return ReportError(st);
   } else if (a.dtype) {
     p.dtype = ParseDtype(*a.dtype);
   }
@@ -708,7 +838,12 @@ int RunConvert(const ConvertArgs& a) {
   p.model = a.model;
   if (a.rotated) p.rotated = *a.rotated == "yes";
   p.unrotate = a.unrotate;
-  p.llama = {a.format == "llama-session", a.dtype, a.v_trans, a.arch, p.rotated, a.n_stream};
+  p.llama.session = a.format == "llama-session";
+  p.llama.type = a.dtype;
+  p.llama.v_trans = a.v_trans;
+  p.llama.arch = a.arch;
+  p.llama.rotated = p.rotated;
+  p.llama.n_stream = a.n_stream;
   if (!to_llama && (a.v_trans || a.arch || a.n_stream))
     return UsageError("--v-trans, --arch and --n-stream apply to --format llama-seq|llama-session");
   if (to_llama && a.unrotate)
@@ -747,7 +882,7 @@ int RunConvert(const ConvertArgs& a) {
     Status st = FileSystem::Default()->Open(a.in, OpenMode::kRead, &f);
     if (!st.ok()) return ReportError(st);
   }
-  // Mooncake record directories and colibri .coli_kv sessions (convert_seeds.h).
+  // Mooncake record directories and colibri .coli_kv sessions (the drivers of kvfile/convert.h).
   {
     SeedConvertArgs sa{a.in, a.out, a.format, a.group_size, a.vocab, a.force,
                        a.dtype || !a.keep_raw.empty() || a.codes || a.chunk_tokens || a.salvage || a.jobs != 1,
