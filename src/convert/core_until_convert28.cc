@@ -88,6 +88,10 @@ Status DetectFormat(const std::string& path, bool is_output, FileSystem* fs, For
 }
 
 Status Convert(const std::string& in, const std::string& out, const ConvertOptions& o, ConvertReport* report) {
+  auto interrupted = [&](Status st) {
+    if (!st.ok() && o.interrupted && o.interrupted()) return Status::Failed(out + ": interrupted");
+    return st;
+  };
   ConvertReport local;
   ConvertReport* r = report ? report : &local;
   *r = ConvertReport();
@@ -102,8 +106,7 @@ Status Convert(const std::string& in, const std::string& out, const ConvertOptio
     KVFILE_RETURN_IF_ERROR(PendingReplace::Begin(out, o.fs, &replace));
     if (replace->original().exists && !o.force)
       return Status::InvalidArgument(out + ": file exists; use --force to replace it");
-    KVFILE_RETURN_IF_ERROR(from.import_kv(in, o, replace->temp_path(), r));
-    KVFILE_RETURN_IF_ERROR(convert::CheckInterrupted(o, out));
+    KVFILE_RETURN_IF_ERROR(interrupted(from.import_kv(in, o, replace->temp_path(), r)));
     return replace->Commit();
   }
   if (r->from != Format::kKv || !to.export_kv)
@@ -127,8 +130,8 @@ Status Convert(const std::string& in, const std::string& out, const ConvertOptio
   ReaderOptions ro;
   ro.fs = o.fs;
   KVFILE_RETURN_IF_ERROR(Reader::Open(in, ro, &reader));
-  Status st = to.export_kv(*reader, in, reader->token_count(), o, to.directory ? tmp_dir : replace->temp_path(), r);
-  if (st.ok()) st = convert::CheckInterrupted(o, out);
+  Status st = interrupted(
+      to.export_kv(*reader, in, reader->token_count(), o, to.directory ? tmp_dir : replace->temp_path(), r));
   if (st.ok()) st = to.directory ? convert::CommitDirectoryOutput(to, tmp_dir, out) : replace->Commit();
   if (!st.ok() && to.directory) {
     std::error_code ec;
