@@ -96,15 +96,11 @@ bool IsLlamaStateFile(const std::string& path) {
 }
 
 // The library's options for a conversion by a format driver (kvfile/convert.h):
-// a signal stops it between batches, and its progress is drawn as a bar.
-ConvertOptions LibraryOptions(std::shared_ptr<std::unique_ptr<Progress>> bar) {
+// a signal stops it between batches, and its progress is drawn as bars.
+ConvertOptions LibraryOptions(ProgressReports* bars) {
   ConvertOptions o;
   o.interrupted = [] { return PendingSignal() != 0; };
-  o.progress = [bar, last = uint64_t{0}](const std::string& label, uint64_t done, uint64_t total) mutable {
-    if (!*bar) *bar = std::make_unique<Progress>(label, total);
-    (*bar)->Add(done - std::min(done, last));
-    last = done;
-  };
+  o.progress = bars->Callback();
   return o;
 }
 
@@ -546,7 +542,8 @@ Status ExportToLlama(const std::string& in, const std::string& tmp, const Plan& 
   uint64_t T = 0;
   KVFILE_RETURN_IF_ERROR(CheckInput(in, *r, p, &T, warning));
   std::string w;
-  ConvertOptions o = LibraryOptions(std::make_shared<std::unique_ptr<Progress>>());
+  ProgressReports bars;
+  ConvertOptions o = LibraryOptions(&bars);
   o.llama = p.llama;
   KVFILE_RETURN_IF_ERROR(llama::Export(in, *r, T, tmp, o, summary, &w));
   if (!w.empty()) *warning = warning->empty() ? w : *warning + "; " + w;
@@ -578,7 +575,8 @@ Outcome ConvertOne(const std::string& in, const std::string& out, Kind in_kind, 
   if (in_kind == Kind::kKv && out_kind == Kind::kKv) st = KvToKv(in, tmp, p, &summary, &warning);
   else if (in_kind == Kind::kSafetensors) st = Import(in, tmp, p, &summary);
   else if (in_kind == Kind::kLlama) {
-    ConvertOptions o = LibraryOptions(std::make_shared<std::unique_ptr<Progress>>());
+    ProgressReports bars;
+    ConvertOptions o = LibraryOptions(&bars);
     o.dtype = p.dtype;
     o.keep_raw = p.keep_raw;
     o.chunk_tokens = p.chunk_tokens;
@@ -739,7 +737,8 @@ bool EndsWith(const std::string& s, const char* suffix) { return fs::path(s).ext
 
 // One conversion by kvfile::Convert; prints its line and notes.
 int ConvertByLibrary(const SeedConvertArgs& a, Format to) {
-  ConvertOptions o = LibraryOptions(std::make_shared<std::unique_ptr<Progress>>());
+  ProgressReports bars;
+  ConvertOptions o = LibraryOptions(&bars);
   o.to = to;
   o.force = a.force;
   o.mooncake.group_size = a.group_size;
@@ -748,7 +747,7 @@ int ConvertByLibrary(const SeedConvertArgs& a, Format to) {
   o.coli.indexer_layers = a.indexer_layers;
   ConvertReport rep;
   Status st = Convert(a.in, a.out, o, &rep);
-  o = ConvertOptions();  // erases the progress bar
+  bars.Finish();
   if (!st.ok() && PendingSignal()) st = CheckInterrupt(a.out);  // a signal: OUT stays as it was
   if (!st.ok()) return ReportError(st);
   std::printf("%s -> %s: %s\n", a.in.c_str(), a.out.c_str(), rep.summary.c_str());

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "cli_common.h"
+#include "progress.h"
 #include "kvfile/convert.h"
 #include "kvfile/formats/llama.h"
 #include "kvfile/llama_state.h"
@@ -269,7 +270,9 @@ int RunSave(const ServerArgs& a) {
   ServedModel model;
   if (Status st = GetModel(a, &model); !st.ok()) return ReportError(st);
   ConvertOptions o;
+  ProgressReports bars;
   o.interrupted = [] { return PendingSignal() != 0; };
+  o.progress = bars.Callback();
   if (a.dtype) {
     o.dtype = *a.dtype == "e5m2" ? Dtype::kE5M2 : Dtype::kE4M3;
   } else {
@@ -352,6 +355,7 @@ int RunSave(const ServerArgs& a) {
     if (st.ok()) st = Writer::Create(create->temp_path(), g, id, opt, &w).WithContext(a.file);
   }
   if (st.ok() && keep < s.cells) st = llama::AppendCells(tmp.path(), *f, s, 0, keep, s.cells, o, *w);
+  bars.Finish();
   if (!st.ok() && PendingSignal()) st = CheckInterrupt(tmp.path());
   if (w) {
     Status closed = w->Close();  // drops an unfinished append
@@ -454,13 +458,16 @@ int RunRestore(const ServerArgs& a) {
                                            "): kvfile exports one type for both; not restored"));
   TempSlot tmp(a.slot_dir, "restore");
   ConvertOptions o;
+  ProgressReports bars;
   o.interrupted = [] { return PendingSignal() != 0; };
+  o.progress = bars.Callback();
   o.llama.type = llama::CacheTypeName(kt);
   o.llama.v_trans = srv.v_trans ? 1 : 0;
   llama::Placement at{srv.n_stream, srv.stream, srv.seq_id};
   std::string summary, warning;
   uint64_t tokens = r->token_count();
   Status st = llama::Export(opened, *r, tokens, tmp.path(), o, &summary, &warning, &at);
+  bars.Finish();
   if (!st.ok() && PendingSignal()) st = CheckInterrupt(opened);
   if (!st.ok()) return ReportError(members.Name(st));
   if (Status c = CheckInterrupt(a.file); !c.ok()) return ReportError(c);
