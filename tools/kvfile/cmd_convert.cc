@@ -16,9 +16,8 @@
 #include <thread>
 
 #include "cli_common.h"
-#include "convert_legacy.h"
-#include "convert_seeds.h"
 #include "kvfile/convert.h"
+#include "kvfile/formats/llama.h"
 #include "kvfile/file.h"
 #include "natural_sort.h"
 #include "pack_member.h"
@@ -43,9 +42,9 @@ struct ConvertArgs {
   unsigned jobs = 1;
   std::string format = "v2";
   std::optional<std::string> to;  // directories: "kv" or "safetensors"
-  std::optional<uint32_t> group_size;  // --format mooncake (convert_seeds.h)
-  std::optional<uint32_t> vocab;       // --format coli-v2|coli-v1 (convert_seeds.h)
-  std::optional<std::string> indexer_layers;  // a .coli_kv IN (convert_seeds.h)
+  std::optional<uint32_t> group_size;  // --format mooncake (the Mooncake and colibri drivers)
+  std::optional<uint32_t> vocab;       // --format coli-v2|coli-v1 (the Mooncake and colibri drivers)
+  std::optional<std::string> indexer_layers;  // a .coli_kv IN (the Mooncake and colibri drivers)
   std::optional<uint32_t> head_size;  // llama.cpp import
   std::optional<std::string> model;   // llama.cpp import
   std::optional<uint32_t> v_trans;    // llama.cpp export
@@ -82,12 +81,18 @@ Dtype ParseDtype(const std::string& s) {
   return Dtype::kE4M3;
 }
 
+// The format Convert writes for an output of kind `k` (a .kv unless it says otherwise).
+Format FormatOf(Kind k) {
+  return k == Kind::kSafetensors ? Format::kSafetensors : k == Kind::kLlama ? Format::kLlamaState : Format::kKv;
+}
+
 // ---- One conversion ------------------------------------------------------------------------
 
 struct Outcome {
   Status status;
   std::string line{};   // stdout line on success
   std::string warning{};  // stderr line on success (--salvage), or ""
+  std::vector<std::string> notes{};  // stderr lines on success (kvfile: note: ...)
 };
 
 Status ExistsError(const std::string& out) {
@@ -96,40 +101,20 @@ Status ExistsError(const std::string& out) {
 
 // IN -> OUT through kvfile::Convert, with a progress bar on stderr and the
 // signal handlers' stop request polled between batches.
-Outcome ConvertOne(const std::string& in, const std::string& out, Kind in_kind, Kind out_kind,
-                   const ConvertOptions& options) {
+Outcome ConvertOne(const std::string& in, const std::string& out, Format to, const ConvertOptions& options) {
   ConvertOptions o = options;
-  std::unique_ptr<Progress> bar;
-  std::string bar_label;
-  uint64_t shown = 0;
-  o.progress = [&](const std::string& label, uint64_t done, uint64_t total) {
-    if (!bar || label != bar_label) {
-      bar = std::make_unique<Progress>(label, total);
-      bar_label = label;
-      shown = 0;
-    }
-    bar->Add(done - std::min(done, shown));
-    shown = std::max(shown, done);
-  };
+  ProgressReports bars;
+  o.progress = bars.Callback();
   o.interrupted = [] { return PendingSignal() != 0; };
-  std::string summary;
-  std::vector<std::string> warnings;
-  Status st;
-  if (in_kind == Kind::kLlama || out_kind == Kind::kLlama) {
-    st = LegacyLlamaConvert(in, out, out_kind == Kind::kLlama, o, &summary, &warnings);
-  } else {
-    o.to = out_kind == Kind::kSafetensors ? Format::kSafetensors : Format::kKv;
-    ConvertReport report;
-    st = Convert(in, out, o, &report);
-    summary = report.summary;
-    warnings = report.warnings;
-  }
-  if (bar) bar->Finish();
+  o.to = to;
+  ConvertReport report;
+  Status st = Convert(in, out, o, &report);
+  bars.Finish();
   if (!st.ok() && PendingSignal()) st = CheckInterrupt(out);  // a signal ended it: OUT is as it was
   if (!st.ok()) return {st, ""};
   std::string warning;
-  for (const std::string& w : warnings) warning += (warning.empty() ? "" : "; ") + w;
-  return {st, in + " -> " + out + ": " + summary, warning};
+  for (const std::string& w : report.warnings) warning += (warning.empty() ? "" : "; ") + w;
+  return {st, in + " -> " + out + ": " + report.summary, warning, report.notes};
 }
 
 int Report(const std::vector<Outcome>& outcomes) {
@@ -137,10 +122,9 @@ int Report(const std::vector<Outcome>& outcomes) {
   for (const Outcome& o : outcomes) {
     if (o.status.ok()) {
       std::printf("%s\n", o.line.c_str());
-      if (!o.warning.empty()) {
-        std::fflush(stdout);
-        PrintLine("warning", o.warning);
-      }
+      std::fflush(stdout);
+      for (const std::string& n : o.notes) PrintLine("note", n);
+      if (!o.warning.empty()) PrintLine("warning", o.warning);
       continue;
     }
     int c = ReportError(o.status);
@@ -230,7 +214,7 @@ int ConvertTree(const ConvertArgs& a, const ConvertOptions& options) {
   auto work = [&] {
     for (size_t i; !PendingSignal() && (i = next.fetch_add(1)) < files.size();) {
       try {
-        outcomes[i] = ConvertOne(files[i], outs[i], KindOf(files[i]), to, options);
+        outcomes[i] = ConvertOne(files[i], outs[i], FormatOf(to), options);
       } catch (const std::bad_alloc&) {
         outcomes[i] = {Status::Failed(files[i] + ": out of memory"), "", ""};
       }
@@ -255,6 +239,94 @@ int ConvertTree(const ConvertArgs& a, const ConvertOptions& options) {
   return code;
 }
 
+// ---- Mooncake record directories and colibri sessions (the library's drivers) ---------------
+
+struct SeedConvertArgs {
+  std::string in;
+  std::string out;
+  std::string format;                  // --format (v2 when not given)
+  std::optional<uint32_t> group_size;  // --group-size
+  std::optional<uint32_t> vocab;       // --vocab
+  bool force = false;
+  bool other_flags = false;  // --dtype, --keep-raw, --codes, --chunk-tokens, --salvage or --jobs given
+  std::optional<std::string> indexer_layers;  // --indexer-layers (a .coli_kv IN)
+};
+
+bool EndsWith(const std::string& s, const char* suffix) { return fs::path(s).extension() == suffix; }
+
+// One conversion by kvfile::Convert; prints its line and notes.
+int ConvertByLibrary(const SeedConvertArgs& a, Format to) {
+  ConvertOptions o;
+  o.force = a.force;
+  o.mooncake.group_size = a.group_size;
+  o.coli.vocab = a.vocab;
+  o.coli.v1 = a.format == "coli-v1";
+  o.coli.indexer_layers = a.indexer_layers;
+  return Report({ConvertOne(a.in, a.out, to, o)});
+}
+
+// True when IN or OUT is a Mooncake directory or a .coli_kv file (or the
+// flags ask for one); the conversion is then done and *exit_code set.
+bool ConvertSeedFormat(const SeedConvertArgs& given, int* exit_code) {
+  // A .coli_kv OUT says the format itself, unless --format names another.
+  SeedConvertArgs a = given;
+  if (a.format == "v2" && EndsWith(a.out, ".coli_kv")) a.format = "coli-v2";
+  std::error_code ec;
+  bool in_dir = fs::is_directory(a.in, ec);
+  bool mooncake_out = a.format == "mooncake";
+  bool coli_out = a.format == "coli-v2" || a.format == "coli-v1";
+  Format detected = Format::kKv;
+  bool known = DetectFormat(a.in, false, nullptr, &detected).ok();
+  bool mooncake_in = in_dir && known && detected == Format::kMooncake;
+  bool coli_in = !in_dir && EndsWith(a.in, ".coli_kv");
+  if (!mooncake_out && !coli_out && !mooncake_in && !coli_in) {
+    if (a.group_size) *exit_code = UsageError("--group-size applies to --format mooncake");
+    else if (a.vocab) *exit_code = UsageError("--vocab applies to --format coli-v2 or coli-v1");
+    else if (a.indexer_layers) *exit_code = UsageError("--indexer-layers applies to a .coli_kv IN");
+    else if (EndsWith(a.out, ".coli_kv"))
+      *exit_code =
+          UsageError(a.out + ": a .coli_kv OUT is written by --format coli-v2 or coli-v1, not --format " + a.format);
+    else return false;
+    return true;
+  }
+  SetCurrentPath(a.out);
+  if (a.other_flags) {
+    *exit_code = UsageError("--dtype, --keep-raw, --codes, --chunk-tokens, --salvage and --jobs do not apply to "
+                            "Mooncake or .coli_kv conversions");
+    return true;
+  }
+  if (a.group_size && !mooncake_out) {
+    *exit_code = UsageError("--group-size applies to --format mooncake");
+    return true;
+  }
+  if (a.indexer_layers && !coli_in) {
+    *exit_code = UsageError("--indexer-layers applies to a .coli_kv IN");
+    return true;
+  }
+  if (a.vocab && !coli_out) {
+    *exit_code = UsageError("--vocab applies to --format coli-v2 or coli-v1");
+    return true;
+  }
+  if ((mooncake_out || coli_out) && (mooncake_in || coli_in || in_dir || !EndsWith(a.in, ".kv"))) {
+    *exit_code = UsageError(a.in + ": --format " + a.format + " converts a .kv file");
+    return true;
+  }
+  if ((mooncake_in || coli_in) && !EndsWith(a.out, ".kv")) {
+    *exit_code = UsageError(a.out + ": a " + std::string(mooncake_in ? "Mooncake directory" : ".coli_kv file") +
+                            " is converted to a .kv file (OUT must end in .kv)");
+    return true;
+  }
+  if (a.indexer_layers) {
+    std::vector<uint32_t> layers;
+    if (Status st = ParseLayerList(*a.indexer_layers, &layers); !st.ok()) {
+      *exit_code = UsageError("--indexer-layers: " + st.message());
+      return true;
+    }
+  }
+  *exit_code = ConvertByLibrary(a, mooncake_out ? Format::kMooncake : coli_out ? Format::kColi : Format::kKv);
+  return true;
+}
+
 int RunConvert(const ConvertArgs& a) {
   InstallSignalHandlers();
   SetCurrentPath(a.out);
@@ -265,7 +337,7 @@ int RunConvert(const ConvertArgs& a) {
   if (a.dtype && (*a.dtype == "q8_0" || a.dtype->find('=') != std::string::npos) && !to_llama)
     return UsageError("--dtype " + *a.dtype + " applies to --format llama-seq|llama-session");
   if (to_llama && a.dtype) {
-    if (Status st = CheckLlamaDtype(*a.dtype); !st.ok()) return ReportError(st);
+    if (Status st = llama::CheckExportType(*a.dtype); !st.ok()) return ReportError(st);
   } else if (a.dtype) {
     o.dtype = ParseDtype(*a.dtype);
   }
@@ -300,8 +372,8 @@ int RunConvert(const ConvertArgs& a) {
     Status st = members.Resolve(a.in, &in);
     if (!st.ok()) return ReportError(st);
   }
-  auto convert_one = [&](Kind in_kind, Kind out_kind) {
-    Outcome done = ConvertOne(in, a.out, in_kind, out_kind, o);
+  auto convert_one = [&](Kind out_kind) {
+    Outcome done = ConvertOne(in, a.out, FormatOf(out_kind), o);
     done.status = members.Name(done.status);
     done.line = members.Name(done.line);
     done.warning = members.Name(done.warning);
@@ -317,7 +389,7 @@ int RunConvert(const ConvertArgs& a) {
     Status st = FileSystem::Default()->Open(a.in, OpenMode::kRead, &f);
     if (!st.ok()) return ReportError(st);
   }
-  // Mooncake record directories and colibri .coli_kv sessions (convert_seeds.h).
+  // Mooncake record directories and colibri .coli_kv sessions (ConvertSeedFormat above).
   {
     SeedConvertArgs sa{a.in, a.out, a.format, a.group_size, a.vocab, a.force,
                        a.dtype || !a.keep_raw.empty() || a.codes || a.chunk_tokens || a.salvage || a.jobs != 1,
@@ -341,7 +413,7 @@ int RunConvert(const ConvertArgs& a) {
       return UsageError("--keep-raw, --chunk-tokens and --codes apply to .kv or .safetensors output");
     if (fs::exists(a.out, ec) && fs::equivalent(in, a.out, ec))
       return UsageError(a.out + ": IN and OUT are the same file");
-    return convert_one(in_kind, out_kind);
+    return convert_one(out_kind);
   }
   if (out_kind == Kind::kLlama)
     return UsageError(a.out + ": is a llama.cpp state file; OUT is a .kv or .safetensors file unless --format "
@@ -376,7 +448,7 @@ int RunConvert(const ConvertArgs& a) {
     if (o.dtype && IsQuantized(*o.dtype))
       return UsageError("--dtype " + *a.dtype + ": export decodes to bf16, f16 or f32; use --codes for codes");
   }
-  return convert_one(in_kind, out_kind);
+  return convert_one(out_kind);
 }
 
 }  // namespace
@@ -415,7 +487,7 @@ void RegisterConvert(CLI::App& app, int* exit_code) {
                   "also q8_0, or k=TYPE,v=TYPE (a type for each stream)")
       ->check(CLI::Validator(
           [](std::string& v) {
-            // k=TYPE,v=TYPE is checked with the other llama.cpp export flags (CheckLlamaDtype).
+            // k=TYPE,v=TYPE is checked with the other llama.cpp export flags (llama::CheckExportType).
             for (const char* d : {"e4m3", "e5m2", "nvfp4", "bf16", "f16", "f32", "q8_0"})
               if (v == d) return std::string();
             if (v.find('=') != std::string::npos) return std::string();
