@@ -2,9 +2,11 @@
 /* Tests of kvfile_convert (kvfile/c.h), compiled as C99 with warnings as
  * errors: .kv -> safetensors -> .kv with codes exact, the dtype policy
  * (every_stream, keep_raw), a damaged .kv refused unless salvage, and an
- * existing output without force refused and left byte-identical.
- * Usage: c_api_convert_test DIR (a scratch directory, emptied by the
- * caller). */
+ * existing output without force refused and left byte-identical; and
+ * the foreign formats both ways on the fixtures (a llama.cpp state file
+ * and a colibri session back byte for byte, a Mooncake directory).
+ * Usage: c_api_convert_test DIR FIXTURES (a scratch directory, emptied by
+ * the caller, and tests/fixtures). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,7 +15,7 @@
 #include "kvfile/c.h"
 #include "support/c_check.h"
 
-static char dir[512];
+static char dir[512], fixtures[512];
 
 enum { kTokens = 12, kLayers = 2, kStreams = 2, kPerToken = 2 * 16 };
 
@@ -152,15 +154,64 @@ static void test_existing_output_untouched(void) {
   CHECK(strcmp(kvfile_last_error(), "kvfile_convert: in is NULL") == 0);
 }
 
+static void test_foreign_formats_both_ways(void) {
+  static uint8_t want[1 << 16], got[1 << 16];
+  kvfile_convert_options o;
+  kvfile_convert_result res;
+  long n, m;
+  /* llama.cpp: the state file, imported raw, exported back: llama.cpp's bytes. */
+  memset(&o, 0, sizeof o);
+  o.keep_raw = "k,v";
+  o.llama_head_size = 64;
+  CHECK(kvfile_convert(in_dir(fixtures, "llama/seq-f16-fa1.bin"), in_dir(dir, "slot.kv"), &o, &res) == KVFILE_OK);
+  CHECK(res.from == KVFILE_FORMAT_LLAMA && res.to == KVFILE_FORMAT_KV && res.tokens == 24);
+  memset(&o, 0, sizeof o);
+  o.to = KVFILE_FORMAT_LLAMA;
+  CHECK(kvfile_convert(in_dir(dir, "slot.kv"), in_dir(dir, "slot.bin"), &o, &res) == KVFILE_OK);
+  CHECK(res.to == KVFILE_FORMAT_LLAMA);
+  n = slurp(in_dir(fixtures, "llama/seq-f16-fa1.bin"), want, sizeof want);
+  m = slurp(in_dir(dir, "slot.bin"), got, sizeof got);
+  CHECK(n > 0 && m == n && memcmp(want, got, (size_t)n) == 0);
+  /* colibri: the session (7 uncommitted bytes at its end) and back. */
+  CHECK(kvfile_convert(in_dir(fixtures, "seeds/coli_v2.coli_kv"), in_dir(dir, "coli.kv"), NULL, &res) == KVFILE_OK);
+  CHECK(res.from == KVFILE_FORMAT_COLI && res.tokens == 3);
+  CHECK(kvfile_convert(in_dir(dir, "coli.kv"), in_dir(dir, "back.coli_kv"), NULL, &res) == KVFILE_OK);
+  CHECK(res.to == KVFILE_FORMAT_COLI);
+  n = slurp(in_dir(fixtures, "seeds/coli_v2.coli_kv"), want, sizeof want);
+  m = slurp(in_dir(dir, "back.coli_kv"), got, sizeof got);
+  CHECK(n == 215 && m == 208 && memcmp(want, got, 208) == 0);
+  /* Mooncake: a record directory and back, codes as stored. */
+  memset(&o, 0, sizeof o);
+  o.to = KVFILE_FORMAT_MOONCAKE;
+  CHECK(kvfile_convert(in_dir(dir, "coli.kv"), in_dir(dir, "mc"), &o, &res) == KVFILE_OK);
+  CHECK(res.to == KVFILE_FORMAT_MOONCAKE && res.tokens == 3);
+  CHECK(kvfile_convert(in_dir(dir, "mc"), in_dir(dir, "mc.kv"), NULL, &res) == KVFILE_OK);
+  CHECK(res.from == KVFILE_FORMAT_MOONCAKE && res.to == KVFILE_FORMAT_KV && res.tokens == 3);
+  {
+    kvfile_reader *a = NULL, *b = NULL;
+    static uint8_t ca[3 * 4], cb[3 * 4];
+    static float sa[3], sb[3];
+    CHECK(kvfile_reader_open(in_dir(dir, "coli.kv"), &a) == KVFILE_OK);
+    CHECK(kvfile_reader_open(in_dir(dir, "mc.kv"), &b) == KVFILE_OK);
+    CHECK(kvfile_reader_read_codes(a, 1, 0, 0, 3, ca, sizeof ca, sa, 3) == KVFILE_OK);
+    CHECK(kvfile_reader_read_codes(b, 1, 0, 0, 3, cb, sizeof cb, sb, 3) == KVFILE_OK);
+    CHECK(memcmp(ca, cb, sizeof ca) == 0 && memcmp(sa, sb, sizeof sa) == 0);
+    kvfile_reader_close(a);
+    kvfile_reader_close(b);
+  }
+}
+
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    fprintf(stderr, "usage: c_api_convert_test DIR\n");
+  if (argc != 3) {
+    fprintf(stderr, "usage: c_api_convert_test DIR FIXTURES\n");
     return 2;
   }
   snprintf(dir, sizeof dir, "%s", argv[1]);
+  snprintf(fixtures, sizeof fixtures, "%s", argv[2]);
   test_kv_safetensors_both_ways();
   test_dtype_policy();
   test_salvage();
   test_existing_output_untouched();
+  test_foreign_formats_both_ways();
   return check_summary("c_api_convert_test");
 }
