@@ -168,6 +168,26 @@ TEST_F(CliProgressTest, ImportAndAppendDrawABar) {
   EXPECT_EQ(r.out, P("x.kv") + ": appended 300 tokens from " + P("a.safetensors") + " (1200 in total)\n");
 }
 
+// The drivers of kvfile::Convert report their progress through
+// ConvertOptions::progress: a llama.cpp import, a Mooncake export and its
+// import draw their bars too.
+TEST_F(CliProgressTest, FormatDriversDrawABar) {
+  const std::string slot = std::string(KVFILE_TEST_DATA) + "/fixtures/llama/seq-f16-fa1.bin";
+  CliRun plain = Kvfile("convert " + slot + " " + P("y.kv") + " --head-size 64");
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  std::string result = plain.out;
+  result.replace(result.find(P("y.kv")), P("y.kv").size(), P("x.kv"));
+  ExpectBar(Tty("convert " + slot + " " + P("x.kv") + " --head-size 64"), "convert " + slot, result);
+  plain = Kvfile("convert " + P("a.kv") + " " + P("mc-plain") + " --format mooncake");
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  result = plain.out;
+  result.replace(result.find(P("mc-plain")), P("mc-plain").size(), P("mc"));
+  ExpectBar(Tty("convert " + P("a.kv") + " " + P("mc") + " --format mooncake"), "export " + P("a.kv"), result);
+  ExpectBar(Tty("convert " + P("mc") + " " + P("b.kv")), "import " + P("mc"),
+            P("mc") + " -> " + P("b.kv") +
+                ": 20 Mooncake records (20 with codes and scales as stored, 0 requantized), 300 tokens\n");
+}
+
 TEST_F(CliProgressTest, RepairChecksWithABar) {
   PtyRun r = Tty("repair " + P("a.kv"));
   ExpectBar(r, "repair " + P("a.kv") + ": checking", P("a.kv") + ": healthy, nothing to repair (300 tokens)\n");

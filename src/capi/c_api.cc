@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "kvfile/coli_kv.h"
+#include "kvfile/convert.h"
 #include "kvfile/mooncake.h"
 #include "kvfile/presets.h"
 #include "kvfile/reader.h"
@@ -1067,3 +1068,74 @@ kvfile_status kvfile_pack_verify(kvfile_pack* pack) {
     return Report(pack->impl->Verify(nullptr));
   });
 }
+
+// ---- Converting between formats ----
+
+namespace {
+
+static_assert(KVFILE_FORMAT_KV == static_cast<int>(kvfile::Format::kKv) + 1 &&
+              KVFILE_FORMAT_COLI == static_cast<int>(kvfile::Format::kColi) + 1 &&
+              KVFILE_FORMAT_COLI == kvfile::kFormatCount);
+
+bool IsFormat(kvfile_format f) { return f >= KVFILE_FORMAT_KV && f <= KVFILE_FORMAT_COLI; }
+
+kvfile_status ToConvertOptions(const kvfile_convert_options& c, kvfile::ConvertOptions* o) {
+  if (c.to != KVFILE_FORMAT_AUTO) {
+    if (!IsFormat(c.to))
+      return Fail(KVFILE_INVALID_ARGUMENT, "kvfile_convert: options->to " + std::to_string(static_cast<int>(c.to)) +
+                                               " is no kvfile_format");
+    o->to = static_cast<kvfile::Format>(c.to - 1);
+  }
+  if (c.kv_major != 0) o->kv_major = c.kv_major;
+  if (static_cast<int>(c.dtype) != 0) {
+    if (!IsDtype(c.dtype))
+      return Fail(KVFILE_INVALID_ARGUMENT, "kvfile_convert: options->dtype " +
+                                               std::to_string(static_cast<int>(c.dtype)) + " is no kvfile_dtype");
+    o->dtype = static_cast<Dtype>(c.dtype);
+  }
+  o->every_stream = c.every_stream != 0;
+  for (std::string_view rest = c.keep_raw ? c.keep_raw : ""; !rest.empty();) {
+    size_t comma = rest.find(',');
+    std::string_view name = rest.substr(0, comma);
+    if (!name.empty()) o->keep_raw.insert(std::string(name));
+    rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+  }
+  o->codes = c.codes != 0;
+  if (c.chunk_tokens != 0) o->chunk_tokens = c.chunk_tokens;
+  o->salvage = c.salvage != 0;
+  o->force = c.force != 0;
+  if (c.llama_head_size != 0) o->llama.head_size = c.llama_head_size;
+  if (c.mooncake_group_size != 0) o->mooncake.group_size = c.mooncake_group_size;
+  if (c.coli_vocab != 0) o->coli.vocab = c.coli_vocab;
+  return KVFILE_OK;
+}
+
+}  // namespace
+
+extern "C" {
+
+kvfile_status kvfile_convert(const char* in, const char* out, const kvfile_convert_options* options,
+                             kvfile_convert_result* result) {
+  return Guarded([&] {
+    if (in == nullptr) return NullArgument("kvfile_convert", "in");
+    if (out == nullptr) return NullArgument("kvfile_convert", "out");
+    kvfile::ConvertOptions o;
+    if (options != nullptr)
+      if (kvfile_status st = ToConvertOptions(*options, &o); st != KVFILE_OK) return st;
+    kvfile::ConvertReport report;
+    kvfile_status st = Report(kvfile::Convert(in, out, o, &report));
+    if (st != KVFILE_OK || result == nullptr) return st;
+    *result = {};
+    result->from = static_cast<kvfile_format>(static_cast<int>(report.from) + 1);
+    result->to = static_cast<kvfile_format>(static_cast<int>(report.to) + 1);
+    result->tokens = report.tokens;
+    result->warnings = static_cast<uint32_t>(report.warnings.size());
+    std::string joined;
+    for (const std::string& w : report.warnings) joined += (joined.empty() ? "" : "; ") + w;
+    CopyString(report.summary, result->summary, sizeof result->summary);
+    CopyString(joined, result->warning, sizeof result->warning);
+    return KVFILE_OK;
+  });
+}
+
+}  // extern "C"

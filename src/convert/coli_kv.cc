@@ -81,6 +81,12 @@ std::string ColibriRowProblem(const uint8_t* codes, uint32_t width, float scale)
 
 }  // namespace
 
+bool HasMagic(const uint8_t* first8) {
+  for (const uint8_t* m : {kMagicV1, kMagicV2, kMagicV3})
+    if (std::memcmp(first8, m, 8) == 0) return true;
+  return false;
+}
+
 Status ParseHeader(const uint8_t* b, uint64_t file_size, Header* out) {
   Header h;
   if (std::memcmp(b, kMagicV1, 8) == 0) h.version = 1;
@@ -188,7 +194,7 @@ Status Import(const std::string& in, const std::string& out, const ImportOptions
   uint64_t batch = std::clamp<uint64_t>(kBatchBytes / rec, 1, 65536);
   WriterOptions wo;
   wo.fs = fs;
-  wo.chunk_tokens = static_cast<uint32_t>(std::clamp<uint64_t>((uint64_t{64} << 20) / rec, 1, 256));
+  wo.chunk_tokens = options.chunk_tokens.value_or(FitChunkTokens(g, 256, size));
   std::unique_ptr<Writer> w;
   KVFILE_RETURN_IF_ERROR(Writer::Create(out, g, {ModelIdFor(h.vocab), 0}, wo, &w));
   size_t S = g.streams.size();
@@ -269,6 +275,7 @@ Status Import(const std::string& in, const std::string& out, const ImportOptions
     }
     st = w->Append(b);
     if (!st.ok()) return st.WithContext(in);
+    if (options.on_batch) KVFILE_RETURN_IF_ERROR(options.on_batch(t0 + n, h.records));
   }
   KVFILE_RETURN_IF_ERROR(w->Close());
   result->header = h;
@@ -277,11 +284,19 @@ Status Import(const std::string& in, const std::string& out, const ImportOptions
 }
 
 Status Export(const std::string& in, const std::string& out, const ExportOptions& options, uint64_t* tokens) {
-  FileSystem* fs = options.fs ? options.fs : FileSystem::Default();
   ReaderOptions ro;
-  ro.fs = fs;
+  ro.fs = options.fs;
   std::unique_ptr<Reader> r;
   KVFILE_RETURN_IF_ERROR(Reader::Open(in, ro, &r));
+  KVFILE_RETURN_IF_ERROR(Export(*r, in, r->token_count(), out, options));
+  *tokens = r->token_count();
+  return Status::OK();
+}
+
+Status Export(Reader& reader, const std::string& in, uint64_t T, const std::string& out,
+              const ExportOptions& options) {
+  FileSystem* fs = options.fs ? options.fs : FileSystem::Default();
+  Reader* r = &reader;
   const Geometry& g = r->geometry();
   auto incompatible = [&in](const std::string& why) {
     return Status::InvalidArgument(in + ": not a colibri geometry: " + why);
@@ -306,7 +321,8 @@ Status Export(const std::string& in, const std::string& out, const ExportOptions
   }
   if (options.version != 1 && options.version != 2)
     return Status::InvalidArgument("COLIKV" + std::to_string(options.version) + " is not written; only 1 and 2");
-  uint64_t T = r->token_count();
+  if (T > r->token_count()) return Status::InvalidArgument(in + ": " + std::to_string(T) + " tokens to export of " +
+                                                           std::to_string(r->token_count()));
   if (T > INT32_MAX) return incompatible(std::to_string(T) + " tokens do not fit the i32 record count");
   uint32_t vocab = 0;
   const std::string& model = r->identity().model_id;
@@ -408,10 +424,9 @@ Status Export(const std::string& in, const std::string& out, const ExportOptions
       }
     }
     KVFILE_RETURN_IF_ERROR(f->WriteAt(kHeaderBytes + t0 * rec, buf.data(), buf.size()));
+    if (options.on_batch) KVFILE_RETURN_IF_ERROR(options.on_batch(t0 + n, T));
   }
-  KVFILE_RETURN_IF_ERROR(f->Sync());
-  *tokens = T;
-  return Status::OK();
+  return f->Sync();
 }
 
 }  // namespace kvfile::coli

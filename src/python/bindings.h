@@ -11,6 +11,7 @@ void BindReader(pybind11::module_& m);   // Reader, open_reader()
 void BindWriter(pybind11::module_& m);   // Writer, create(), open_writer()
 void BindVerify(pybind11::module_& m);   // verify()
 void BindFormats(pybind11::module_& m);  // mooncake_encode/decode, coli_import/export
+void BindConvert(pybind11::module_& m);  // convert_file (kvfile::Convert)
 void BindPack(pybind11::module_& m);     // Pack
 void BindFind(pybind11::module_& m);     // find(), index_directory(), walk()
 void BindReplace(pybind11::module_& m);  // _Replace (kvfile.convert's output)

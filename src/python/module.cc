@@ -48,6 +48,7 @@ PYBIND11_MODULE(_kvfile, m) {
   kvfile::python::BindWriter(m);
   kvfile::python::BindVerify(m);
   kvfile::python::BindFormats(m);
+  kvfile::python::BindConvert(m);
   kvfile::python::BindPack(m);
   kvfile::python::BindFind(m);
   kvfile::python::BindReplace(m);

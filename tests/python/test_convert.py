@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # kvfile.walk, kvfile.convert and kvfile.convert_pack on local paths (their
-# s3:// use: test_s3_reach.py, test_s3_fanout.py).
+# s3:// use: test_s3_reach.py, test_s3_fanout.py). kvfile.convert is the
+# library's kvfile::Convert: every format, the dtype policy, salvage.
 import numpy as np
 import pytest
 
@@ -33,7 +34,9 @@ def test_convert_to_nvfp4_keeps_tokens_identity_and_values_within_nvfp4_error(tm
     ids = list(range(300))  # more than one block of 256 tokens
     write(tmp_path / "a.kv", ids, 1)
     out = kvfile.convert(str(tmp_path / "a.kv"), str(tmp_path / "b.kv"), "nvfp4")
-    assert out == {"tokens": 300, "bytes": (tmp_path / "b.kv").stat().st_size}
+    size = (tmp_path / "b.kv").stat().st_size
+    assert out == {"from": "kv", "to": "kv", "tokens": 300, "bytes": size, "warnings": [], "notes": [],
+                   "summary": f"300 tokens; k nvfp4, v nvfp4; 4 tokens per chunk; {size} bytes"}
     with kvfile.open(str(tmp_path / "a.kv")) as a, kvfile.open(str(tmp_path / "b.kv")) as b:
         assert [s["dtype"] for s in b.geometry["streams"]] == ["nvfp4", "nvfp4"]
         assert (b.info()["model"], b.info()["fingerprint"], b.info()["chunk_tokens"]) == ("test/tiny", 7, 4)
@@ -99,3 +102,69 @@ def test_a_discarded_replacement_refuses_further_use(tmp_path):
     for use in (lambda: r.temp_path, lambda: r.existed, r.commit):
         with pytest.raises(ValueError, match="this replacement was discarded"):
             use()
+
+
+def test_convert_kv_to_safetensors_and_back_keeps_tokens_identity_and_codes(tmp_path):
+    ids = list(range(40, 70))
+    write(tmp_path / "a.kv", ids, 3)
+    st = kvfile.convert(tmp_path / "a.kv", tmp_path / "a.safetensors", codes=True)
+    assert (st["from"], st["to"], st["tokens"], st["warnings"]) == ("kv", "safetensors", 30, [])
+    assert st["summary"] == ("30 tokens; tokens I64, k.codes F8_E4M3, k.scales F32, v.codes F8_E4M3, v.scales F32; "
+                             f"{st['bytes']} bytes")
+    assert st["bytes"] == (tmp_path / "a.safetensors").stat().st_size
+    back = kvfile.convert(tmp_path / "a.safetensors", tmp_path / "b.kv")
+    assert (back["from"], back["to"], back["tokens"]) == ("safetensors", "kv", 30)
+    with kvfile.open(str(tmp_path / "a.kv")) as a, kvfile.open(str(tmp_path / "b.kv")) as b:
+        assert (b.info()["model"], b.info()["fingerprint"]) == ("test/tiny", 7)
+        assert np.array_equal(b.tokens, a.tokens)
+        for s in ("k", "v"):  # codes and scales exactly as stored
+            assert all(np.array_equal(x, y) for x, y in zip(a.codes(s), b.codes(s)))
+
+
+def test_convert_dtype_policy_every_stream_or_quantized_only(tmp_path):
+    # A bf16 file: dtype e5m2 quantizes every stream by default (kvfile.convert's
+    # dtype), and leaves raw streams raw with every_stream=False (kvfile convert --dtype).
+    write(tmp_path / "a.kv", list(range(8)), 4, "bf16")
+    kvfile.convert(tmp_path / "a.kv", tmp_path / "all.kv", "e5m2")
+    kvfile.convert(tmp_path / "a.kv", tmp_path / "policy.kv", "e5m2", every_stream=False)
+    kvfile.convert(tmp_path / "a.kv", tmp_path / "kept.kv", "e5m2", keep_raw=["v"])
+    kvfile.convert(tmp_path / "all.kv", tmp_path / "f16.kv", "f16", every_stream=False)
+    dtypes = {}
+    for name in ("all", "policy", "kept", "f16"):
+        with kvfile.open(str(tmp_path / f"{name}.kv")) as r:
+            dtypes[name] = [s["dtype"] for s in r.geometry["streams"]]
+    assert dtypes == {"all": ["e5m2", "e5m2"], "policy": ["bf16", "bf16"], "kept": ["e5m2", "bf16"],
+                      "f16": ["f16", "f16"]}
+    with pytest.raises(kvfile.InvalidArgumentError, match=r"a.kv: --keep-raw: no stream 'x' \(streams: k, v\)"):
+        kvfile.convert(tmp_path / "a.kv", tmp_path / "x.kv", keep_raw=["x"])
+    assert not (tmp_path / "x.kv").exists()
+
+
+def test_convert_refuses_a_damaged_kv_unless_salvage(tmp_path):
+    write(tmp_path / "a.kv", list(range(12)), 5)  # 3 chunks of 4 tokens
+    with kvfile.open(str(tmp_path / "a.kv")) as r:
+        chunk = r.chunks()[2]
+    data = bytearray((tmp_path / "a.kv").read_bytes())
+    data[chunk["offset"] + chunk["bytes"] - 1] ^= 0x10
+    (tmp_path / "a.kv").write_bytes(bytes(data))
+    with pytest.raises(kvfile.CorruptionError, match=r"not converted \(kvfile verify fails on it; --salvage converts "
+                                                      r"the 8 tokens before the damage\)"):
+        kvfile.convert(tmp_path / "a.kv", tmp_path / "b.safetensors")
+    assert not (tmp_path / "b.safetensors").exists()
+    r = kvfile.convert(tmp_path / "a.kv", tmp_path / "b.safetensors", salvage=True)
+    assert r["tokens"] == 8 and len(r["warnings"]) == 1
+    assert r["warnings"][0].startswith(str(tmp_path / "a.kv") + ": --salvage: converted the verified prefix of 8 "
+                                       "tokens; 4 committed tokens were dropped (")
+    back = kvfile.convert(tmp_path / "b.safetensors", tmp_path / "c.kv")
+    assert back["tokens"] == 8
+
+
+def test_convert_to_an_existing_output_without_overwrite_leaves_it_byte_identical(tmp_path):
+    write(tmp_path / "a.kv", list(range(6)), 6)
+    (tmp_path / "o.safetensors").write_bytes(b"precious")
+    with pytest.raises(kvfile.InvalidArgumentError,
+                       match="o.safetensors: file exists; pass overwrite=True to replace it"):
+        kvfile.convert(tmp_path / "a.kv", tmp_path / "o.safetensors")
+    assert (tmp_path / "o.safetensors").read_bytes() == b"precious"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.kv", "o.safetensors"]
+    assert kvfile.convert(tmp_path / "a.kv", tmp_path / "o.safetensors", overwrite=True)["tokens"] == 6

@@ -33,7 +33,9 @@
 #include <vector>
 
 #include "cli_common.h"
-#include "convert_llama.h"
+#include "progress.h"
+#include "kvfile/convert.h"
+#include "kvfile/formats/llama.h"
 #include "kvfile/llama_state.h"
 #include "kvfile/reader.h"
 #include "kvfile/replace.h"
@@ -267,22 +269,25 @@ int RunSave(const ServerArgs& a) {
   if (Status st = SaveSlot(a, tmp, &f, &s); !st.ok()) return ReportError(st);
   ServedModel model;
   if (Status st = GetModel(a, &model); !st.ok()) return ReportError(st);
-  LlamaImport o;
+  ConvertOptions o;
+  ProgressReports bars;
+  o.interrupted = [] { return PendingSignal() != 0; };
+  o.progress = bars.Callback();
   if (a.dtype) {
     o.dtype.emplace();
     if (Status st = ParseDtype(*a.dtype, &*o.dtype); !st.ok()) return UsageError(st.message());
   } else {
     o.keep_raw = {"k", "v"};  // lossless: the cache's own values
   }
-  o.head_size = a.head_size;
+  o.llama.head_size = a.head_size;
   if (!a.head_size) {
     // The head size is the model's: read from the GGUF file the server
     // loaded (its /props model_path), as `convert --model` reads it.
-    if (Status st = ServedModelPath(a, &o.model); !st.ok()) return ReportError(st);
+    if (Status st = ServedModelPath(a, &o.llama.model); !st.ok()) return ReportError(st);
   }
   Geometry g;
   ModelIdentity id;
-  if (Status st = PlanLlamaImport(tmp.path(), s, o, &g, &id); !st.ok()) return ReportError(st);
+  if (Status st = llama::PlanImport(tmp.path(), s, o, &g, &id); !st.ok()) return ReportError(st);
   id.fingerprint = model.fingerprint;
   bool exists = false;
   if (Status st = FileSystem::Default()->Exists(a.file, &exists); !st.ok()) return ReportError(st);
@@ -350,7 +355,9 @@ int RunSave(const ServerArgs& a) {
       st = Status::Busy(a.file + ": created by another process while the save was being prepared");
     if (st.ok()) st = Writer::Create(create->temp_path(), g, id, opt, &w).WithContext(a.file);
   }
-  if (st.ok() && keep < s.cells) st = AppendLlamaCells(tmp.path(), *f, s, 0, keep, s.cells, *w);
+  if (st.ok() && keep < s.cells) st = llama::AppendCells(tmp.path(), *f, s, 0, keep, s.cells, o, *w);
+  bars.Finish();
+  if (!st.ok() && PendingSignal()) st = CheckInterrupt(tmp.path());
   if (w) {
     Status closed = w->Close();  // drops an unfinished append
     if (st.ok()) st = create ? closed.WithContext(a.file) : closed;
@@ -451,13 +458,18 @@ int RunRestore(const ServerArgs& a) {
                                            llama::CacheTypeName(kt) + "/" + llama::CacheTypeName(vt) +
                                            "): kvfile exports one type for both; not restored"));
   TempSlot tmp(a.slot_dir, "restore");
-  LlamaExport o;
-  o.type = llama::CacheTypeName(kt);
-  o.v_trans = srv.v_trans ? 1 : 0;
-  LlamaPlacement at{srv.n_stream, srv.stream, srv.seq_id};
+  ConvertOptions o;
+  ProgressReports bars;
+  o.interrupted = [] { return PendingSignal() != 0; };
+  o.progress = bars.Callback();
+  o.llama.type = llama::CacheTypeName(kt);
+  o.llama.v_trans = srv.v_trans ? 1 : 0;
+  llama::Placement at{srv.n_stream, srv.stream, srv.seq_id};
   std::string summary, warning;
   uint64_t tokens = r->token_count();
-  Status st = ExportLlama(opened, *r, tokens, tmp.path(), o, &summary, &warning, &at);
+  Status st = llama::Export(opened, *r, tokens, tmp.path(), o, &summary, &warning, &at);
+  bars.Finish();
+  if (!st.ok() && PendingSignal()) st = CheckInterrupt(opened);
   if (!st.ok()) return ReportError(members.Name(st));
   if (Status c = CheckInterrupt(a.file); !c.ok()) return ReportError(c);
   nlohmann::json reply;

@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <charconv>
 #include <condition_variable>
 #include <cstdio>
@@ -121,6 +122,22 @@ void Activity::Finish() {
   state_->thread.join();
   if (state_->drawn) std::fprintf(stderr, "\r\033[K");
   state_->drawn = false;
+}
+
+std::function<void(const std::string&, uint64_t, uint64_t)> ProgressReports::Callback() {
+  return [this](const std::string& label, uint64_t done, uint64_t total) {
+    if (!bar_ || label != label_) {
+      bar_ = std::make_unique<Progress>(label, total);
+      label_ = label;
+      shown_ = 0;
+    }
+    bar_->Add(done - std::min(done, shown_));
+    shown_ = std::max(shown_, done);
+  };
+}
+
+void ProgressReports::Finish() {
+  if (bar_) bar_->Finish();
 }
 
 }  // namespace kvfile::cli

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -61,6 +62,21 @@ class Activity {
  private:
   struct State;
   std::unique_ptr<State> state_;
+};
+
+// The bars of a library call that reports its steps as (label, done,
+// total) (kvfile::ConvertOptions::progress): Callback() draws one Progress
+// per label, made at the step's first report; Finish() (or the
+// destructor) erases the last. The callback must not outlive this object.
+class ProgressReports {
+ public:
+  std::function<void(const std::string& label, uint64_t done, uint64_t total)> Callback();
+  void Finish();
+
+ private:
+  std::unique_ptr<Progress> bar_;
+  std::string label_;
+  uint64_t shown_ = 0;
 };
 
 }  // namespace kvfile::cli

@@ -608,6 +608,54 @@ KVFILE_EXPORT kvfile_status kvfile_coli_import_layers(const char* coli_path, con
  * vocabulary: KVFILE_INVALID_ARGUMENT with the reason, nothing written. */
 KVFILE_EXPORT kvfile_status kvfile_coli_export(const char* kv_path, const char* coli_path, uint32_t vocab);
 
+/* ---- Converting between formats (kvfile/convert.h) ------------------------
+ * One call for every format: .kv, safetensors, llama.cpp state files,
+ * Mooncake record directories, colibri sessions; kvfile/convert.h states the
+ * full rules (the transaction, verify-before-convert, the dtype policy). */
+
+typedef enum kvfile_format {
+  KVFILE_FORMAT_AUTO = 0,        /* by the path (options.to: by OUT's name) */
+  KVFILE_FORMAT_KV = 1,
+  KVFILE_FORMAT_SAFETENSORS = 2,
+  KVFILE_FORMAT_LLAMA = 3,       /* a llama.cpp state file */
+  KVFILE_FORMAT_MOONCAKE = 4,    /* a directory of Mooncake FP8 codec records */
+  KVFILE_FORMAT_COLI = 5,        /* a colibri .coli_kv session */
+  KVFILE_FORMAT_RANGE_MIN_ = -0x7FFFFFFF - 1, /* not formats: see "Enum ranges" above */
+  KVFILE_FORMAT_RANGE_MAX_ = 0x7FFFFFFF
+} kvfile_format;
+
+/* Conversion options; an all-zero struct (or NULL) means the defaults. */
+typedef struct kvfile_convert_options {
+  kvfile_format to;          /* OUT's format; AUTO: by its name */
+  uint16_t kv_major;         /* a .kv OUT's format, 1 or 2; 0: 2 */
+  kvfile_dtype dtype;        /* the target-dtype policy (kvfile convert --dtype); 0: none */
+  int every_stream;          /* nonzero: a quantized dtype quantizes raw streams too */
+  const char* keep_raw;      /* streams stored raw, comma separated; NULL or "": none */
+  int codes;                 /* safetensors: codes and scales instead of values */
+  uint32_t chunk_tokens;     /* tokens per chunk of a .kv OUT; 0: the default rule */
+  int salvage;               /* a damaged .kv IN: convert its verified prefix */
+  int force;                 /* replace an existing OUT */
+  uint32_t llama_head_size;  /* a llama.cpp IN: values per KV head (required by that format) */
+  uint32_t mooncake_group_size; /* a Mooncake OUT: elements per scale group; 0: a row */
+  uint32_t coli_vocab;       /* a colibri OUT: the vocabulary size; 0: from the model id */
+} kvfile_convert_options;
+
+typedef struct kvfile_convert_result {
+  kvfile_format from, to;
+  uint64_t tokens;                          /* tokens written */
+  uint32_t warnings;                        /* how many warnings (salvage, rotation, ...) */
+  char summary[KVFILE_MESSAGE_CAPACITY];    /* what was written, one line, cut to fit */
+  char warning[KVFILE_MESSAGE_CAPACITY];    /* the warnings, joined by "; ", cut to fit; "" if none */
+} kvfile_convert_result;
+
+/* Converts IN to OUT as one transaction: OUT is afterwards what it was (or
+ * absent) or the whole result. An existing OUT without options->force:
+ * KVFILE_INVALID_ARGUMENT ("OUT: file exists; use --force to replace it"),
+ * OUT untouched. A .kv IN that verify fails on: KVFILE_CORRUPTION, nothing
+ * written, unless options->salvage. result may be NULL. */
+KVFILE_EXPORT kvfile_status kvfile_convert(const char* in, const char* out, const kvfile_convert_options* options,
+                                           kvfile_convert_result* result);
+
 /* ---- Packs: many sessions in one .kvpack (spec/PACK.md, docs/packs.md) --- */
 
 typedef struct kvfile_pack kvfile_pack; /* opaque */

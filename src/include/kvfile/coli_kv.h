@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -26,6 +27,7 @@
 #include "kvfile/export.h"
 #include "kvfile/file.h"
 #include "kvfile/geometry.h"
+#include "kvfile/reader.h"
 #include "kvfile/status.h"
 
 namespace kvfile::coli {
@@ -46,6 +48,10 @@ struct KVFILE_EXPORT Header {
   uint32_t records = 0;         // committed tokens
   uint64_t record_bytes = 0;    // bytes of one token's record
 };
+
+// Whether 8 bytes are a .coli_kv magic (COLIKV1, COLIKV2, or COLIKV3,
+// which ParseHeader refuses as unsupported).
+KVFILE_EXPORT bool HasMagic(const uint8_t* first8);
 
 // Checks a 40-byte header of a file of `file_size` bytes: a known magic and
 // format tag (kUnsupported for COLIKV3 and for layouts this reader does not
@@ -80,6 +86,12 @@ struct KVFILE_EXPORT ImportOptions {
   // must name exactly h[4] layers below h[0]. Otherwise kInvalidArgument
   // saying what to give. The .kv file records them (its stream's layers).
   std::optional<std::vector<uint32_t>> indexer_layers;
+  // Tokens per chunk of the .kv file; default: 256, fitted to the
+  // session's size by FitChunkTokens (kvfile/writer.h).
+  std::optional<uint32_t> chunk_tokens;
+  // Called after each batch of records with the records done of all; a
+  // status that is not OK stops the import and is returned (an interrupt).
+  std::function<Status(uint64_t done, uint64_t total)> on_batch;
 };
 KVFILE_EXPORT Status Import(const std::string& in, const std::string& out, const ImportOptions& options,
                             ImportResult* result);
@@ -94,6 +106,8 @@ struct KVFILE_EXPORT ExportOptions {
   // resumes).
   int version = 2;
   FileSystem* fs = nullptr;
+  // As ImportOptions::on_batch, for the tokens written.
+  std::function<Status(uint64_t done, uint64_t total)> on_batch;
 };
 
 // Writes the .kv file at `in` as a COLIKV2 (or, by options.version, COLIKV1)
@@ -108,6 +122,10 @@ struct KVFILE_EXPORT ExportOptions {
 // unclamped f32 decode) is kInvalidArgument naming the token, layer and
 // stream; `out` is then partly written and the caller removes it.
 KVFILE_EXPORT Status Export(const std::string& in, const std::string& out, const ExportOptions& options,
-              uint64_t* tokens);
+                            uint64_t* tokens);
+// The same for the first `tokens` tokens of the open file `r` (named
+// `in_name` in errors); `out` is created through options.fs.
+KVFILE_EXPORT Status Export(Reader& r, const std::string& in_name, uint64_t tokens, const std::string& out,
+                            const ExportOptions& options);
 
 }  // namespace kvfile::coli

@@ -10,7 +10,7 @@ A thin layer over the C++ library's binding (the extension kvfile._kvfile):
     kvfile.repair(path, force=..., dry_run=...)   -> dict: what the repair did (or would do)
     kvfile.find(dir_or_pack, tokens)              -> longest-prefix match (dict) or None
     kvfile.walk(dir_or_prefix)                    -> the .kv and .kvpack paths under it
-    kvfile.convert(src, dst, dtype)               -> dst: src with every stream in dtype
+    kvfile.convert(src, dst, dtype, **options)    -> report: src in dst's format (.kv, safetensors, ...)
     kvfile.convert_pack(src, dst, dtype)          -> dst: src checked, every member converted
     Reader.read_all(...) / Reader.codes_all(...)  -> every stream at once (bulk)
 

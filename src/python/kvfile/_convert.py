@@ -1,57 +1,51 @@
 # SPDX-License-Identifier: Apache-2.0
-"""kvfile.convert and kvfile.convert_pack: a .kv file, or every member of a
-pack, rewritten with another dtype, local or s3:// (docs/object-storage.md).
+"""kvfile.convert and kvfile.convert_pack: a file converted between the
+formats kvfile reads and writes (.kv, safetensors, llama.cpp state,
+Mooncake records, colibri sessions), or every member of a pack rewritten
+with another dtype, local or s3:// (docs/object-storage.md).
 
-The rows are decoded to float32 by the Reader and quantized by the Writer,
-as `kvfile convert --dtype` does for a change of dtype: this module only
-moves the blocks. convert_pack is the unit of work of a fan-out: one pack in,
-one pack out, no state shared, so an engine (Dask, docs/object-storage.md)
-maps it over the packs of a prefix.
+kvfile.convert is the library's kvfile::Convert (kvfile/convert.h), the
+conversion `kvfile convert` does: one transaction, a damaged .kv refused
+unless salvage=True. convert_pack is the unit of work of a fan-out: one pack
+in, one pack out, no state shared, so an engine (Dask,
+docs/object-storage.md) maps it over the packs of a prefix.
 """
 
 import os
 import tempfile
 
-from ._kvfile import InvalidArgumentError, Pack, _Replace, create, open_reader, pack
-
-# Tokens decoded and appended at a time: bounds the float32 rows in memory
-# (a block of 256 llama-3.1-8b tokens is 256 MiB of float32).
-_BLOCK_TOKENS = 256
+from ._kvfile import InvalidArgumentError, Pack, convert_file, open_reader, pack
 
 
-def convert(src, dst, dtype, *, chunk_tokens=None, overwrite=False):
-    """Writes the .kv file `src` as the new .kv file `dst` with every stream
-    in `dtype` ("e4m3", "e5m2", "nvfp4", "bf16", ...): same tokens, model,
-    fingerprint and geometry. chunk_tokens defaults to src's. dst is
-    written whole under a temporary name (an s3:// key: staged locally,
-    then uploaded) and replaces what was there (overwrite=True) only when
-    complete; an existing dst without overwrite raises
-    InvalidArgumentError. Returns {tokens, bytes}."""
-    replace = _Replace(dst)
+def convert(src, dst, dtype=None, *, overwrite=False, every_stream=True, **options):
+    """Converts `src` to `dst`, each in the format its content or name says
+    (to="kv"|"safetensors"|"llama"|"mooncake"|"coli" names dst's). `dtype`
+    ("e4m3", "e5m2", "nvfp4", "bf16", "f16", "f32"): every stream of a .kv
+    dst in that dtype (every_stream=False: the policy of `kvfile convert
+    --dtype`, where a quantized dtype leaves raw streams raw); a safetensors
+    dst's values. Other options, as the flags of `kvfile convert`: kv_major
+    (1 or 2), keep_raw (stream names), codes, chunk_tokens, salvage,
+    head_size, model, rotated, unrotate (llama.cpp), group_size (Mooncake),
+    vocab (colibri). dst is written whole under a temporary name (an s3://
+    key: staged locally, then uploaded) and replaces what was there
+    (overwrite=True) only when complete; an existing dst without overwrite
+    raises InvalidArgumentError and stays as it was. Returns the report: a
+    dict of from, to, tokens, summary, warnings, notes, and bytes (a .kv
+    dst's size, else a local file's, else None)."""
     try:
-        if replace.existed and not overwrite:
-            raise InvalidArgumentError(f"{dst}: file exists; pass overwrite=True to replace it")
-        _convert_to(src, replace.temp_path, dtype, chunk_tokens)
-        with open_reader(replace.temp_path) as out:
-            result = {"tokens": len(out), "bytes": out.info()["bytes"]}
-        replace.commit()
-        return result
-    finally:
-        replace.discard()
-
-
-def _convert_to(src, dst, dtype, chunk_tokens):
-    with open_reader(src) as r:
-        info = r.info()
-        geometry = {"layers": info["geometry"]["layers"],
-                    "streams": [dict(s, dtype=dtype) for s in info["geometry"]["streams"]]}
-        n = len(r)
-        ids = r.tokens
-        with create(dst, geometry, model=info["model"], fingerprint=info["fingerprint"],
-                    chunk_tokens=chunk_tokens or info["chunk_tokens"]) as w:
-            for start in range(0, n, _BLOCK_TOKENS):
-                stop = min(n, start + _BLOCK_TOKENS)
-                w.append(ids[start:stop], r.read_all(start=start, stop=stop))
+        report = convert_file(str(src), str(dst), dtype=dtype, every_stream=every_stream,
+                              force=bool(overwrite or options.pop("force", False)), **options)
+    except InvalidArgumentError as e:
+        message = str(e)
+        if message.endswith(": file exists; use --force to replace it"):
+            raise InvalidArgumentError(message.replace("use --force", "pass overwrite=True")) from None
+        raise
+    if report["to"] == "kv":
+        with open_reader(str(dst)) as out:
+            report["bytes"] = out.info()["bytes"]
+    else:
+        report["bytes"] = os.path.getsize(dst) if os.path.isfile(dst) else None
+    return report
 
 
 def convert_pack(src, dst, dtype, *, chunk_tokens=256, scratch=None):

@@ -1,43 +1,43 @@
 // SPDX-License-Identifier: Apache-2.0
-// kvfile convert between a .kv file and a directory of Mooncake FP8 codec
-// records (kvfile/mooncake.h) with a manifest.json: one record per (chunk,
-// layer, fp8 stream). docs/formats.md describes the directory.
+// The Mooncake driver of kvfile::Convert (driver.h): a .kv file <-> a
+// directory of Mooncake FP8 codec records (kvfile/mooncake.h, the record
+// codec) with a manifest.json: one record per (chunk, layer, fp8 stream).
+// docs/formats.md describes the directory.
 //
-// The directory is written under a temporary name next to OUT and renamed
-// into place when complete; an existing OUT (only one this command wrote,
-// with --force) is exchanged with it in one rename (renameat2
-// RENAME_EXCHANGE; where the file system lacks it, renamed aside first) and
-// removed after, and its mode, owner and group carry over. A symlink OUT is
-// followed (the link stays). Temporary directories of killed runs are
-// removed by the next export to the same OUT.
+// The directory output's transaction (BeginDirectoryOutput and
+// CommitDirectoryOutput, which Convert calls around the export): the tree
+// is written under a temporary name next to OUT and put in place when
+// complete; an existing OUT (only one this driver wrote, with force) is
+// exchanged with it in one rename (renameat2 RENAME_EXCHANGE; where the file
+// system lacks it, renamed aside first) and removed after, and its mode,
+// owner and group carry over. A symlink OUT is followed (the link stays).
+// Temporary directories of killed runs are removed by the next export to
+// the same OUT.
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
-#include <cstdio>
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
-#include <set>
 #include <tuple>
 
-#include "kvfile/replace.h"
-#include "cli_common.h"
-#include "convert_llama.h"
-#include "convert_seeds.h"
-#include "input_file.h"
+#include "convert/driver.h"
 #include "kvfile/codec.h"
+#include "kvfile/file.h"
 #include "kvfile/mooncake.h"
 #include "kvfile/reader.h"
+#include "kvfile/replace.h"
 #include "kvfile/safetensors.h"
 #include "kvfile/writer.h"
-#include "signals.h"
 
-namespace kvfile::cli {
+namespace kvfile::convert {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -65,15 +65,6 @@ void RemoveTree(const std::string& dir) {
   std::error_code ec;
   fs::remove_all(dir, ec);
 }
-
-// Removes the temporary directory unless released.
-struct TempDir {
-  std::string path;
-  bool keep = false;
-  ~TempDir() {
-    if (!keep && !path.empty()) RemoveTree(path);
-  }
-};
 
 // `name` is "<base>.kvtmp-<pid>" or "<base>.kvold-<pid>" (<base>: OUT's
 // name or, where that is too long, its TempStem): *old says which.
@@ -136,9 +127,7 @@ bool Rename2(const std::string& from, const std::string& to, unsigned flags) {
   return ::renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), flags) == 0;
 }
 
-}  // namespace
 
-namespace {
 
 // One record entry of manifest.json as read: its fields, each kept only
 // when it has the JSON type the import needs (its range is checked later).
@@ -343,203 +332,6 @@ bool ManifestReader::Close() {
   return true;
 }
 
-}  // namespace
-
-bool IsMooncakeDir(const std::string& dir) {
-  std::error_code ec;
-  fs::path m = fs::path(dir) / kManifest;
-  if (!fs::is_regular_file(m, ec)) return false;
-  std::vector<uint8_t> bytes;
-  if (!ReadWholeFile(m.string(), kMaxManifestBytes, &bytes).ok()) return false;
-  ManifestReader reader;
-  if (!reader.Parse(bytes)) return false;
-  const json& j = reader.top();
-  return j.contains("format") && j["format"] == kManifestFormat;
-}
-
-// ---- .kv -> directory ----------------------------------------------------------------------
-
-namespace {
-
-Status Export(const SeedConvertArgs& a, const std::string& dir, std::string* line, std::string* note) {
-  std::unique_ptr<Reader> r;
-  KVFILE_RETURN_IF_ERROR(Reader::Open(a.in, {}, &r));
-  std::string rotation;  // rows of a llama.cpp import that may be rotated (convert_llama.h)
-  KVFILE_RETURN_IF_ERROR(CheckPlainRows(a.in, *r, &rotation));
-  const Geometry& g = r->geometry();
-  json streams = json::array(), skipped = json::array(), records = json::array();
-  std::vector<uint32_t> fp8;
-  for (uint32_t s = 0; s < g.streams.size(); ++s) {
-    const StreamSpec& spec = g.streams[s];
-    if (IsFp8(spec.dtype)) {
-      fp8.push_back(s);
-      streams.push_back({{"name", spec.name},
-                         {"rows_per_token", spec.rows_per_token},
-                         {"row_width", spec.row_width},
-                         {"dtype", DtypeName(spec.dtype)}});
-    } else {
-      skipped.push_back(spec.name);
-    }
-  }
-  if (fp8.empty()) return Status::InvalidArgument(a.in + ": no fp8 stream: Mooncake records hold e4m3 codes");
-  for (uint32_t s : fp8)
-    if (!g.streams[s].layers.empty())
-      return Status::InvalidArgument(a.in + ": stream '" + g.streams[s].name +
-                                     "' is in some layers only; a Mooncake manifest has every stream in every layer");
-  uint64_t exact = 0, requantized = 0;
-  std::vector<uint8_t> codes, rec;
-  std::vector<float> scales;
-  std::vector<uint16_t> values;
-  const uint64_t fp = r->identity().fingerprint;
-  for (const ChunkInfo& c : r->chunks()) {
-    if (c.live_tokens == 0) continue;
-    uint64_t b = c.first_token, e = b + c.live_tokens;
-    for (uint32_t l = 0; l < g.layers; ++l) {
-      for (uint32_t s : fp8) {
-        KVFILE_RETURN_IF_ERROR(CheckInterrupt(a.out));
-        const StreamSpec& spec = g.streams[s];
-        uint32_t group = a.group_size.value_or(spec.row_width);
-        mooncake::RecordDesc d;
-        d.dtype = mooncake::SourceDtype::kBF16;
-        d.group_size = group;
-        d.shape = {e - b, spec.rows_per_token, spec.row_width};
-        uint64_t rows = (e - b) * spec.rows_per_token, n = rows * spec.row_width;
-        Status st;
-        if (spec.dtype == Dtype::kE4M3 && group == spec.row_width) {
-          // One group per row: the codes and scales move as stored.
-          codes.resize(n);
-          scales.resize(rows);
-          KVFILE_RETURN_IF_ERROR(r->ReadCodes(l, s, b, e, codes.data(), scales.data()));
-          st = mooncake::EncodeCodes(d, scales.data(), codes.data(), &rec);
-          ++exact;
-        } else {
-          values.resize(n);
-          KVFILE_RETURN_IF_ERROR(r->ReadRows(l, s, b, e, Dtype::kBF16, values.data()));
-          st = mooncake::EncodeValues(d, values.data(), &rec);
-          ++requantized;
-        }
-        if (!st.ok()) return st.WithContext(a.in);
-        std::string key = LogicalKey(fp, spec.name, l, b, e);
-        std::string file = mooncake::FileNameForKey(mooncake::RepresentationKey(group, key));
-        KVFILE_RETURN_IF_ERROR(WriteWhole((fs::path(dir) / file).string(), rec.data(), rec.size()));
-        records.push_back({{"key", key}, {"file", file}, {"layer", l}, {"stream", spec.name}, {"begin", b},
-                           {"end", e}, {"group_size", group}});
-      }
-    }
-  }
-  json m = {{"format", kManifestFormat},
-            {"version", kManifestVersion},
-            {"model_id", r->identity().model_id},
-            {"fingerprint", safetensors::FingerprintHex(fp)},
-            {"source_dtype", "bf16"},
-            {"layers", g.layers},
-            {"tokens", r->token_count()},
-            {"streams", streams},
-            {"skipped_raw_streams", skipped},
-            {"token_ids", std::vector<uint32_t>(r->tokens().begin(), r->tokens().end())},
-            {"records", records}};
-  std::string text = m.dump(1, ' ', false, json::error_handler_t::replace) + "\n";
-  KVFILE_RETURN_IF_ERROR(WriteWhole((fs::path(dir) / kManifest).string(), text.data(), text.size()));
-  KVFILE_RETURN_IF_ERROR(FileSystem::Default()->SyncDir(dir));
-  *line = a.in + " -> " + a.out + ": " + std::to_string(records.size()) + " Mooncake records (" +
-          std::to_string(exact) + " with codes and scales as stored, " + std::to_string(requantized) +
-          " requantized), " + std::to_string(r->token_count()) + " tokens";
-  std::string parts;
-  if (requantized > 0)
-    parts = std::to_string(requantized) + " records decoded and requantized (lossy: " +
-            (a.group_size ? "--group-size " + std::to_string(*a.group_size) + " is not the row width, or " : "") +
-            "a stream is not e4m3)";
-  if (!skipped.empty())
-    parts += (parts.empty() ? "" : "; ") + std::string("raw streams not exported (Mooncake records are fp8): ") +
-             skipped.dump();
-  if (!parts.empty()) *note = a.out + ": " + parts;
-  if (!rotation.empty()) *note = note->empty() ? rotation : *note + "; " + rotation;
-  return Status::OK();
-}
-
-}  // namespace
-
-int ExportMooncake(const SeedConvertArgs& a) {
-  if (a.group_size && *a.group_size == 0) return UsageError("--group-size must be at least 1");
-  // A symlink OUT: its final target is what gets replaced, as for files.
-  std::string target;
-  Status st = FileSystem::Default()->ResolveSymlinks(a.out, &target);
-  if (!st.ok()) return ReportError(st);
-  fs::path out = fs::path(target).lexically_normal();
-  if (out.filename().empty()) out = out.parent_path();
-  std::string parent = out.has_parent_path() ? out.parent_path().string() : ".";
-  RemoveStaleTemps(out);
-  std::error_code ec;
-  bool exists = fs::exists(fs::symlink_status(out, ec));
-  PathInfo original;
-  st = FileSystem::Default()->Stat(out.string(), &original);
-  if (!st.ok()) return ReportError(st);
-  if (exists) {
-    if (!a.force) return ReportError(Status::InvalidArgument(a.out + ": exists; use --force to replace it"));
-    if (!fs::is_directory(fs::symlink_status(out, ec)) || !IsMooncakeDir(out.string()))
-      return ReportError(Status::InvalidArgument(
-          a.out + ": exists and is not a Mooncake directory written by kvfile convert; not replaced"));
-  }
-  st = VerifyBeforeConvert(a.in);
-  if (!st.ok()) return ReportError(st);
-  TempDir tmp{TempPathFor(out.string(), ".kvtmp-" + std::to_string(getpid()))};
-  RemoveTree(tmp.path);
-  if (!fs::create_directory(tmp.path, ec)) return ReportError(Status::IOError(tmp.path + ": " + ec.message()));
-  std::string line, note;
-  st = Export(a, tmp.path, &line, &note);
-  if (st.ok() && exists) st = CopyTreeAttributes(out.string(), (out / kManifest).string(), tmp.path);
-  if (PendingSignal()) st = CheckInterrupt(a.out);  // a signal: OUT stays as it was
-  if (!st.ok()) return ReportError(st);
-  if (exists && Rename2(tmp.path, out, RENAME_EXCHANGE)) {
-    // OUT is the new tree; the old one, now under the temporary name, goes
-    // with `tmp`, unless it is not the one checked above.
-    PathInfo swapped;
-    st = FileSystem::Default()->Stat(tmp.path, &swapped);
-    if (!st.ok() || !(swapped.id == original.id)) {
-      tmp.keep = !Rename2(tmp.path, out, RENAME_EXCHANGE);  // else both stay, rather than remove the wrong one
-      return ReportError(st.ok() ? Status::Busy(a.out + ": replaced by another process while the new directory "
-                                                        "was written; not replaced")
-                                 : st);
-    }
-  } else if (exists && errno != EINVAL && errno != ENOSYS) {
-    return ReportError(ErrnoStatus(a.out + ": rename into place", errno));
-  } else {
-    std::string old;
-    if (exists) {
-      old = TempPathFor(out.string(), ".kvold-" + std::to_string(getpid()));
-      RemoveTree(old);
-      fs::rename(out, old, ec);
-      if (ec) return ReportError(Status::IOError(a.out + ": cannot move the old directory aside: " + ec.message()));
-    }
-    // Not over a directory made meanwhile (rename(2) replaces an empty one).
-    bool renamed = Rename2(tmp.path, out, RENAME_NOREPLACE);
-    if (!renamed && (errno == EINVAL || errno == ENOSYS)) {
-      fs::rename(tmp.path, out, ec);
-      renamed = !ec;
-      if (ec) errno = ec.value();
-    }
-    if (!renamed) {
-      int err = errno;
-      std::error_code ec2;
-      if (exists) fs::rename(old, out, ec2);
-      return ReportError(ErrnoStatus(a.out + ": rename into place", err));
-    }
-    tmp.keep = true;
-    if (!old.empty()) RemoveTree(old);
-  }
-  st = FileSystem::Default()->SyncDir(parent);
-  if (!st.ok()) return ReportError(st);
-  std::printf("%s\n", line.c_str());
-  if (!note.empty()) {
-    std::fflush(stdout);
-    PrintLine("note", note);
-  }
-  return kExitOk;
-}
-
-// ---- directory -> .kv ------------------------------------------------------------------------
-
-namespace {
 
 struct RecordRef {
   std::string file;
@@ -580,7 +372,8 @@ class ImportDir {
     struct stat st;
     return ::fstatat(fd_, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0;
   }
-  // As ReadWholeFile (input_file.h), for the file `name` of the directory.
+  // The whole file `name` of the directory, of at most `limit` bytes: not
+  // a regular file, missing or larger is refused before anything is read.
   Status Read(const std::string& name, uint64_t limit, std::vector<uint8_t>* out) const {
     const std::string path = PathOf(name);
     int fd = ::openat(fd_, name.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);  // a FIFO does not block
@@ -628,13 +421,140 @@ class ImportDir {
   struct stat st_ {};
 };
 
-Status ImportFrom(const SeedConvertArgs& a, const ImportDir& dir, const std::string& tmp, std::string* line,
-                  std::string* note);
 
-Status Import(const SeedConvertArgs& a, const std::string& tmp, std::string* line, std::string* note) {
+// Whether `dir` holds a manifest.json of the format this driver writes.
+bool IsMooncakeDir(const std::string& dir) {
+  ImportDir d;
+  std::vector<uint8_t> bytes;
+  if (!d.Open(dir).ok() || !d.Read(kManifest, kMaxManifestBytes, &bytes).ok()) return false;
+  ManifestReader reader;
+  if (!reader.Parse(bytes)) return false;
+  const json& j = reader.top();
+  return j.contains("format") && j["format"] == kManifestFormat;
+}
+
+// ---- .kv -> directory ----------------------------------------------------------------------
+
+// The first `tokens` tokens of `in` (named in_name) -> a new directory `dir`.
+Status ExportKv(Reader& in, const std::string& in_name, uint64_t tokens, const ConvertOptions& o,
+                const std::string& dir, ConvertReport* report) {
+  const std::optional<uint32_t>& group_size = o.mooncake.group_size;
+  if (group_size && *group_size == 0) return Status::InvalidArgument("--group-size must be at least 1");
+  Reader* r = &in;
+  std::string rotation;  // rows of a llama.cpp import that may be rotated (llama_driver.cc)
+  KVFILE_RETURN_IF_ERROR(CheckPlainRows(in_name, *r, &rotation));
+  const Geometry& g = r->geometry();
+  json streams = json::array(), skipped = json::array(), records = json::array();
+  std::vector<uint32_t> fp8;
+  for (uint32_t s = 0; s < g.streams.size(); ++s) {
+    const StreamSpec& spec = g.streams[s];
+    if (IsFp8(spec.dtype)) {
+      fp8.push_back(s);
+      streams.push_back({{"name", spec.name},
+                         {"rows_per_token", spec.rows_per_token},
+                         {"row_width", spec.row_width},
+                         {"dtype", DtypeName(spec.dtype)}});
+    } else {
+      skipped.push_back(spec.name);
+    }
+  }
+  if (fp8.empty()) return Status::InvalidArgument(in_name + ": no fp8 stream: Mooncake records hold e4m3 codes");
+  for (uint32_t s : fp8)
+    if (!g.streams[s].layers.empty())
+      return Status::InvalidArgument(in_name + ": stream '" + g.streams[s].name +
+                                     "' is in some layers only; a Mooncake manifest has every stream in every layer");
+  uint64_t exact = 0, requantized = 0;
+  std::vector<uint8_t> codes, rec;
+  std::vector<float> scales;
+  std::vector<uint16_t> values;
+  std::error_code ec;
+  if (!fs::create_directory(dir, ec)) return Status::IOError(dir + ": " + ec.message());
+  const uint64_t fp = r->identity().fingerprint;
+  const std::string label = "export " + in_name;
+  for (const ChunkInfo& c : r->chunks()) {
+    // Each chunk's live tokens below `tokens` (a salvaged prefix may end inside one).
+    if (c.live_tokens == 0 || c.first_token >= tokens) continue;
+    uint64_t b = c.first_token, e = std::min(b + c.live_tokens, tokens);
+    for (uint32_t l = 0; l < g.layers; ++l) {
+      for (uint32_t s : fp8) {
+        KVFILE_RETURN_IF_ERROR(CheckInterrupted(o, report->out_name));
+        const StreamSpec& spec = g.streams[s];
+        uint32_t group = group_size.value_or(spec.row_width);
+        mooncake::RecordDesc d;
+        d.dtype = mooncake::SourceDtype::kBF16;
+        d.group_size = group;
+        d.shape = {e - b, spec.rows_per_token, spec.row_width};
+        uint64_t rows = (e - b) * spec.rows_per_token, n = rows * spec.row_width;
+        Status st;
+        if (spec.dtype == Dtype::kE4M3 && group == spec.row_width) {
+          // One group per row: the codes and scales move as stored.
+          codes.resize(n);
+          scales.resize(rows);
+          KVFILE_RETURN_IF_ERROR(r->ReadCodes(l, s, b, e, codes.data(), scales.data()));
+          st = mooncake::EncodeCodes(d, scales.data(), codes.data(), &rec);
+          ++exact;
+        } else {
+          values.resize(n);
+          KVFILE_RETURN_IF_ERROR(r->ReadRows(l, s, b, e, Dtype::kBF16, values.data()));
+          st = mooncake::EncodeValues(d, values.data(), &rec);
+          ++requantized;
+        }
+        if (!st.ok()) return st.WithContext(in_name);
+        std::string key = LogicalKey(fp, spec.name, l, b, e);
+        std::string file = mooncake::FileNameForKey(mooncake::RepresentationKey(group, key));
+        KVFILE_RETURN_IF_ERROR(WriteWhole((fs::path(dir) / file).string(), rec.data(), rec.size()));
+        records.push_back({{"key", key}, {"file", file}, {"layer", l}, {"stream", spec.name}, {"begin", b},
+                           {"end", e}, {"group_size", group}});
+      }
+    }
+    Progress(o, label, e, tokens);
+  }
+  json m = {{"format", kManifestFormat},
+            {"version", kManifestVersion},
+            {"model_id", r->identity().model_id},
+            {"fingerprint", safetensors::FingerprintHex(fp)},
+            {"source_dtype", "bf16"},
+            {"layers", g.layers},
+            {"tokens", tokens},
+            {"streams", streams},
+            {"skipped_raw_streams", skipped},
+            {"token_ids", std::vector<uint32_t>(r->tokens().begin(), r->tokens().begin() + tokens)},
+            {"records", records}};
+  std::string text = m.dump(1, ' ', false, json::error_handler_t::replace) + "\n";
+  KVFILE_RETURN_IF_ERROR(WriteWhole((fs::path(dir) / kManifest).string(), text.data(), text.size()));
+  KVFILE_RETURN_IF_ERROR(FileSystem::Default()->SyncDir(dir));
+  report->tokens = tokens;
+  report->summary = std::to_string(records.size()) + " Mooncake records (" + std::to_string(exact) +
+                    " with codes and scales as stored, " + std::to_string(requantized) + " requantized), " +
+                    std::to_string(tokens) + " tokens";
+  std::string parts;
+  if (requantized > 0)
+    parts = std::to_string(requantized) + " records decoded and requantized (lossy: " +
+            (group_size ? "--group-size " + std::to_string(*group_size) + " is not the row width, or " : "") +
+            "a stream is not e4m3)";
+  if (!skipped.empty())
+    parts += (parts.empty() ? "" : "; ") + std::string("raw streams not exported (Mooncake records are fp8): ") +
+             skipped.dump();
+  std::string note = parts.empty() ? "" : report->out_name + ": " + parts;
+  if (!rotation.empty()) note = note.empty() ? rotation : note + "; " + rotation;
+  if (!note.empty()) report->notes.push_back(std::move(note));
+  return Status::OK();
+}
+
+
+// ---- directory -> .kv ------------------------------------------------------------------------
+
+Status ImportFrom(const std::string& in, const ConvertOptions& o, const ImportDir& dir, const std::string& kv_path,
+                  ConvertReport* report);
+
+// IN (a record directory) -> a new .kv at kv_path.
+Status ImportKv(const std::string& in, const ConvertOptions& o, const std::string& kv_path, ConvertReport* report) {
+  if (o.dtype || !o.keep_raw.empty() || o.kv_major != 2)
+    return Status::InvalidArgument(in + ": a Mooncake directory is imported as its e4m3 codes into a format 2 .kv "
+                                   "file: a dtype, raw streams or format 1 do not apply");
   ImportDir dir;
-  KVFILE_RETURN_IF_ERROR(dir.Open(a.in));
-  Status st = ImportFrom(a, dir, tmp, line, note);
+  KVFILE_RETURN_IF_ERROR(dir.Open(in));
+  Status st = ImportFrom(in, o, dir, kv_path, report);
   // A failure that another process's change of the directory explains is
   // reported as that change, and so is a success that read a directory the
   // path no longer names.
@@ -642,8 +562,8 @@ Status Import(const SeedConvertArgs& a, const std::string& tmp, std::string* lin
   return changed.ok() ? st : changed;
 }
 
-Status ImportFrom(const SeedConvertArgs& a, const ImportDir& dir, const std::string& tmp, std::string* line,
-                  std::string* note) {
+Status ImportFrom(const std::string& in, const ConvertOptions& o, const ImportDir& dir, const std::string& kv_path,
+                  ConvertReport* report) {
   std::string mpath = dir.PathOf(kManifest);
   auto bad = [&mpath](const std::string& why) { return Status::Corruption(mpath + ": " + why); };
   ManifestReader reader;
@@ -723,13 +643,12 @@ Status ImportFrom(const SeedConvertArgs& a, const ImportDir& dir, const std::str
     next = range.second;
   }
   if (next != T) return bad("the records end at token " + std::to_string(next) + " of " + std::to_string(T));
-  uint64_t per_token = 0;
-  for (const StreamSpec& s : g.streams) per_token += (s.ElementsPerToken() + s.rows_per_token * 4) * g.layers;
   WriterOptions wo;
   wo.threads = 0;  // quantize on every core (the bytes do not depend on it)
-  wo.chunk_tokens = static_cast<uint32_t>(std::clamp<uint64_t>((uint64_t{64} << 20) / std::max<uint64_t>(per_token, 1), 1, 256));
+  wo.chunk_tokens = ChunkTokens(o, g, 256, in);
   std::unique_ptr<Writer> w;
-  KVFILE_RETURN_IF_ERROR(Writer::Create(tmp, g, id, wo, &w));
+  KVFILE_RETURN_IF_ERROR(Writer::Create(kv_path, g, id, wo, &w));
+  const std::string label = "import " + in;
   size_t S = g.streams.size();
   uint64_t exact = 0, requantized = 0;
   std::vector<std::vector<uint8_t>> files(g.layers * S);
@@ -740,7 +659,7 @@ Status ImportFrom(const SeedConvertArgs& a, const ImportDir& dir, const std::str
     AppendBatch batch;
     batch.tokens = std::span<const uint32_t>(ids).subspan(range.first, n);
     for (const auto& [ls, ref] : recs) {
-      KVFILE_RETURN_IF_ERROR(CheckInterrupt(a.in));
+      KVFILE_RETURN_IF_ERROR(CheckInterrupted(o, in));
       const StreamSpec& spec = g.streams[ls.second];
       size_t i = ls.first * S + ls.second;
       std::string path = dir.PathOf(ref.file);
@@ -783,38 +702,132 @@ Status ImportFrom(const SeedConvertArgs& a, const ImportDir& dir, const std::str
     }
     // blocks must be in (layer, stream) order: the map iterates that way.
     st = w->Append(batch);
-    if (!st.ok()) return st.WithContext(a.in);
+    if (!st.ok()) return st.WithContext(in);
+    Progress(o, label, range.second, T);
   }
   KVFILE_RETURN_IF_ERROR(w->Close());
-  *line = a.in + " -> " + a.out + ": " + std::to_string(exact + requantized) + " Mooncake records (" +
-          std::to_string(exact) + " with codes and scales as stored, " + std::to_string(requantized) +
-          " requantized), " + std::to_string(T) + " tokens";
+  report->tokens = T;
+  report->summary = std::to_string(exact + requantized) + " Mooncake records (" + std::to_string(exact) +
+                    " with codes and scales as stored, " + std::to_string(requantized) + " requantized), " +
+                    std::to_string(T) + " tokens";
   if (requantized > 0)
-    *note = a.in + ": " + std::to_string(requantized) +
-            " records decoded and requantized with kvfile's row rule (lossy: groups are not rows, or a scale is "
-            "below FLT_MIN)";
+    report->notes.push_back(in + ": " + std::to_string(requantized) +
+                            " records decoded and requantized with kvfile's row rule (lossy: groups are not rows, or "
+                            "a scale is below FLT_MIN)");
   return Status::OK();
+}
+
+
+// A directory whose manifest.json says this format, or one whose
+// manifest.json is not a regular file (a FIFO): the import refuses that
+// with one line, rather than the directory being taken for something else.
+bool Sniff(std::span<const uint8_t>, const std::string& path, bool dir) {
+  if (!dir) return false;
+  std::error_code ec;
+  fs::path m = fs::path(path) / kManifest;
+  return IsMooncakeDir(path) || (fs::exists(fs::symlink_status(m, ec)) && !fs::is_regular_file(m, ec));
+}
+
+// What BeginDirectoryOutput found, for CommitDirectoryOutput: by temporary
+// directory (a Convert runs Begin, the export, then Commit in one thread;
+// several may run at once).
+struct PendingOutput {
+  std::string target;  // OUT with symlinks followed
+  bool exists = false;
+  PathInfo original;   // what OUT was at Begin
+};
+std::mutex pending_mu;
+std::map<std::string, PendingOutput>& Pending() {
+  static std::map<std::string, PendingOutput> pending;
+  return pending;
 }
 
 }  // namespace
 
-int ImportMooncake(const SeedConvertArgs& a) {
-  std::unique_ptr<PendingReplace> replace;
-  Status st = PendingReplace::Begin(a.out, nullptr, &replace);
-  if (!st.ok()) return ReportError(st);
-  if (replace->original().exists && !a.force)
-    return ReportError(Status::InvalidArgument(a.out + ": file exists; use --force to replace it"));
-  std::string line, note;
-  st = Import(a, replace->temp_path(), &line, &note);
-  if (PendingSignal()) st = CheckInterrupt(a.out);  // a signal: OUT stays as it was
-  if (st.ok()) st = replace->Commit();
-  if (!st.ok()) return ReportError(st);
-  std::printf("%s\n", line.c_str());
-  if (!note.empty()) {
-    std::fflush(stdout);
-    PrintLine("note", note);
+// The directory formats are Mooncake's only: `d` is its driver.
+Status BeginDirectoryOutput(const Driver&, const std::string& out_name, bool force, std::string* tmp_dir) {
+  // A symlink OUT: its final target is what gets replaced, as for files.
+  std::string target;
+  KVFILE_RETURN_IF_ERROR(FileSystem::Default()->ResolveSymlinks(out_name, &target));
+  fs::path out = fs::path(target).lexically_normal();
+  if (out.filename().empty()) out = out.parent_path();
+  RemoveStaleTemps(out);
+  std::error_code ec;
+  PendingOutput p;
+  p.target = out.string();
+  p.exists = fs::exists(fs::symlink_status(out, ec));
+  KVFILE_RETURN_IF_ERROR(FileSystem::Default()->Stat(p.target, &p.original));
+  if (p.exists) {
+    if (!force) return Status::InvalidArgument(out_name + ": exists; use --force to replace it");
+    if (!fs::is_directory(fs::symlink_status(out, ec)) || !IsMooncakeDir(p.target))
+      return Status::InvalidArgument(out_name +
+                                     ": exists and is not a Mooncake directory written by kvfile convert; not replaced");
   }
-  return kExitOk;
+  *tmp_dir = TempPathFor(p.target, ".kvtmp-" + std::to_string(getpid()));
+  RemoveTree(*tmp_dir);
+  std::lock_guard<std::mutex> lock(pending_mu);
+  Pending()[*tmp_dir] = std::move(p);
+  return Status::OK();
 }
 
-}  // namespace kvfile::cli
+Status CommitDirectoryOutput(const Driver&, const std::string& tmp_dir, const std::string& out_name) {
+  PendingOutput p;
+  {
+    std::lock_guard<std::mutex> lock(pending_mu);
+    auto it = Pending().find(tmp_dir);
+    if (it == Pending().end())
+      return Status::InvalidArgument(tmp_dir + ": no BeginDirectoryOutput for this directory");
+    p = std::move(it->second);
+    Pending().erase(it);
+  }
+  const fs::path out = p.target;
+  const std::string parent = out.has_parent_path() ? out.parent_path().string() : ".";
+  std::error_code ec;
+  if (p.exists) KVFILE_RETURN_IF_ERROR(CopyTreeAttributes(p.target, (out / kManifest).string(), tmp_dir));
+  if (p.exists && Rename2(tmp_dir, p.target, RENAME_EXCHANGE)) {
+    // OUT is the new tree; the old one, now under the temporary name, is
+    // removed, unless it is not the one Begin checked.
+    PathInfo swapped;
+    Status st = FileSystem::Default()->Stat(tmp_dir, &swapped);
+    if (!st.ok() || !(swapped.id == p.original.id)) {
+      // Swapped back; else both stay, rather than remove the wrong one: the
+      // other tree leaves the temporary name, which the caller removes.
+      if (!Rename2(tmp_dir, p.target, RENAME_EXCHANGE))
+        fs::rename(tmp_dir, TempPathFor(p.target, ".kvkept-" + std::to_string(getpid())), ec);
+      return st.ok() ? Status::Busy(out_name + ": replaced by another process while the new directory was "
+                                               "written; not replaced")
+                     : st;
+    }
+    RemoveTree(tmp_dir);
+  } else if (p.exists && errno != EINVAL && errno != ENOSYS) {
+    return ErrnoStatus(out_name + ": rename into place", errno);
+  } else {
+    std::string old;
+    if (p.exists) {
+      old = TempPathFor(p.target, ".kvold-" + std::to_string(getpid()));
+      RemoveTree(old);
+      fs::rename(out, old, ec);
+      if (ec) return Status::IOError(out_name + ": cannot move the old directory aside: " + ec.message());
+    }
+    // Not over a directory made meanwhile (rename(2) replaces an empty one).
+    bool renamed = Rename2(tmp_dir, p.target, RENAME_NOREPLACE);
+    if (!renamed && (errno == EINVAL || errno == ENOSYS)) {
+      fs::rename(tmp_dir, out, ec);
+      renamed = !ec;
+      if (ec) errno = ec.value();
+    }
+    if (!renamed) {
+      int err = errno;
+      std::error_code ec2;
+      if (p.exists) fs::rename(old, out, ec2);
+      return ErrnoStatus(out_name + ": rename into place", err);
+    }
+    if (!old.empty()) RemoveTree(old);
+  }
+  return FileSystem::Default()->SyncDir(parent);
+}
+
+// Found by its manifest (a directory has no suffix to go by).
+extern const Driver kMooncakeDriver = {Format::kMooncake, true, nullptr, Sniff, ImportKv, ExportKv};
+
+}  // namespace kvfile::convert

@@ -1,0 +1,217 @@
+// SPDX-License-Identifier: Apache-2.0
+/* Tests of kvfile_convert (kvfile/c.h), compiled as C99 with warnings as
+ * errors: .kv -> safetensors -> .kv with codes exact, the dtype policy
+ * (every_stream, keep_raw), a damaged .kv refused unless salvage, and an
+ * existing output without force refused and left byte-identical; and
+ * the foreign formats both ways on the fixtures (a llama.cpp state file
+ * and a colibri session back byte for byte, a Mooncake directory).
+ * Usage: c_api_convert_test DIR FIXTURES (a scratch directory, emptied by
+ * the caller, and tests/fixtures). */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvfile/c.h"
+#include "support/c_check.h"
+
+static char dir[512], fixtures[512];
+
+enum { kTokens = 12, kLayers = 2, kStreams = 2, kPerToken = 2 * 16 };
+
+/* A tiny file (2 layers, k and v of 2 x 16) of 12 tokens in 3 chunks of 4,
+ * every stream in `dtype`. */
+static void write_tiny(const char* path, kvfile_dtype dtype) {
+  static float rows[kTokens * kPerToken];
+  kvfile_geometry g;
+  kvfile_writer_options o;
+  kvfile_writer* w = NULL;
+  kvfile_rows blocks[kLayers * kStreams];
+  uint32_t ids[kTokens];
+  int i;
+  for (i = 0; i < kTokens * kPerToken; ++i) rows[i] = (float)((i * 37) % 19) / 7.0f - 1.0f;
+  for (i = 0; i < kTokens; ++i) ids[i] = (uint32_t)(100 + i);
+  CHECK(kvfile_preset("tiny", KVFILE_E4M3, &g) == KVFILE_OK);
+  g.streams[0].dtype = dtype;
+  g.streams[1].dtype = dtype;
+  memset(&o, 0, sizeof o);
+  o.chunk_tokens = 4;
+  CHECK(kvfile_writer_create(path, &g, "test/tiny", 7, &o, &w) == KVFILE_OK);
+  for (i = 0; i < kLayers * kStreams; ++i) {
+    blocks[i].dtype = KVFILE_F32;
+    blocks[i].data = rows;
+    blocks[i].scales = NULL;
+  }
+  CHECK(kvfile_writer_append(w, ids, kTokens, blocks, kLayers * kStreams) == KVFILE_OK);
+  CHECK(kvfile_writer_close(w) == KVFILE_OK);
+}
+
+static kvfile_dtype stream_dtype(const char* path, uint32_t stream) {
+  kvfile_reader* r = NULL;
+  kvfile_info info;
+  kvfile_dtype d = (kvfile_dtype)0;
+  if (kvfile_reader_open(path, &r) != KVFILE_OK) return d;
+  if (kvfile_reader_info(r, &info) == KVFILE_OK) d = info.geometry.streams[stream].dtype;
+  kvfile_reader_close(r);
+  return d;
+}
+
+static void test_kv_safetensors_both_ways(void) {
+  kvfile_convert_options o;
+  kvfile_convert_result res;
+  static uint8_t a_codes[kTokens * kPerToken], b_codes[kTokens * kPerToken];
+  static float a_scales[kTokens * 2], b_scales[kTokens * 2];
+  kvfile_reader *a = NULL, *b = NULL;
+  write_tiny(in_dir(dir, "a.kv"), KVFILE_E4M3);
+  memset(&o, 0, sizeof o);
+  o.codes = 1;
+  CHECK(kvfile_convert(in_dir(dir, "a.kv"), in_dir(dir, "a.safetensors"), &o, &res) == KVFILE_OK);
+  CHECK(res.from == KVFILE_FORMAT_KV && res.to == KVFILE_FORMAT_SAFETENSORS && res.tokens == kTokens);
+  CHECK(res.warnings == 0 && strcmp(res.warning, "") == 0);
+  {
+    const char* want = "12 tokens; tokens I64, k.codes F8_E4M3, k.scales F32, v.codes F8_E4M3, v.scales F32; ";
+    CHECK(strncmp(res.summary, want, strlen(want)) == 0);
+  }
+  /* Back, with options NULL: codes imported as stored. */
+  CHECK(kvfile_convert(in_dir(dir, "a.safetensors"), in_dir(dir, "b.kv"), NULL, &res) == KVFILE_OK);
+  CHECK(res.from == KVFILE_FORMAT_SAFETENSORS && res.to == KVFILE_FORMAT_KV && res.tokens == kTokens);
+  CHECK(kvfile_reader_open(in_dir(dir, "a.kv"), &a) == KVFILE_OK);
+  CHECK(kvfile_reader_open(in_dir(dir, "b.kv"), &b) == KVFILE_OK);
+  CHECK(kvfile_reader_read_codes(a, 1, 1, 0, kTokens, a_codes, sizeof a_codes, a_scales, kTokens * 2) == KVFILE_OK);
+  CHECK(kvfile_reader_read_codes(b, 1, 1, 0, kTokens, b_codes, sizeof b_codes, b_scales, kTokens * 2) == KVFILE_OK);
+  CHECK(memcmp(a_codes, b_codes, sizeof a_codes) == 0 && memcmp(a_scales, b_scales, sizeof a_scales) == 0);
+  kvfile_reader_close(a);
+  kvfile_reader_close(b);
+}
+
+static void test_dtype_policy(void) {
+  kvfile_convert_options o;
+  write_tiny(in_dir(dir, "raw.kv"), KVFILE_BF16);
+  memset(&o, 0, sizeof o);
+  o.dtype = KVFILE_E5M2; /* kvfile convert --dtype e5m2: raw streams stay raw */
+  CHECK(kvfile_convert(in_dir(dir, "raw.kv"), in_dir(dir, "policy.kv"), &o, NULL) == KVFILE_OK);
+  CHECK(stream_dtype(in_dir(dir, "policy.kv"), 0) == KVFILE_BF16);
+  o.every_stream = 1;
+  o.keep_raw = "v";
+  CHECK(kvfile_convert(in_dir(dir, "raw.kv"), in_dir(dir, "every.kv"), &o, NULL) == KVFILE_OK);
+  CHECK(stream_dtype(in_dir(dir, "every.kv"), 0) == KVFILE_E5M2);
+  CHECK(stream_dtype(in_dir(dir, "every.kv"), 1) == KVFILE_BF16);
+  o.keep_raw = "x";
+  CHECK(kvfile_convert(in_dir(dir, "raw.kv"), in_dir(dir, "x.kv"), &o, NULL) == KVFILE_INVALID_ARGUMENT);
+  CHECK_CONTAINS(kvfile_last_error(), "raw.kv: --keep-raw: no stream 'x' (streams: k, v)");
+  CHECK(slurp(in_dir(dir, "x.kv"), NULL, 0) == -1);
+  o.keep_raw = NULL;
+  o.dtype = (kvfile_dtype)9;
+  CHECK(kvfile_convert(in_dir(dir, "raw.kv"), in_dir(dir, "x.kv"), &o, NULL) == KVFILE_INVALID_ARGUMENT);
+  CHECK(strcmp(kvfile_last_error(), "kvfile_convert: options->dtype 9 is no kvfile_dtype") == 0);
+}
+
+static void test_salvage(void) {
+  static uint8_t data[1 << 16];
+  kvfile_convert_options o;
+  kvfile_convert_result res;
+  kvfile_reader* r = NULL;
+  kvfile_info info;
+  long n;
+  FILE* f;
+  write_tiny(in_dir(dir, "d.kv"), KVFILE_E4M3);
+  n = slurp(in_dir(dir, "d.kv"), data, sizeof data);
+  CHECK(n > 0);
+  /* The last payload byte of the last chunk (chunk 2: tokens 8..11). */
+  CHECK(kvfile_reader_open(in_dir(dir, "d.kv"), &r) == KVFILE_OK);
+  CHECK(kvfile_reader_info(r, &info) == KVFILE_OK && info.chunks == 3);
+  kvfile_reader_close(r);
+  data[n - 200] ^= 0x10;
+  f = fopen(in_dir(dir, "d.kv"), "wb");
+  fwrite(data, 1, (size_t)n, f);
+  fclose(f);
+  memset(&o, 0, sizeof o);
+  CHECK(kvfile_convert(in_dir(dir, "d.kv"), in_dir(dir, "d.safetensors"), &o, &res) == KVFILE_CORRUPTION);
+  CHECK_CONTAINS(kvfile_last_error(), "; not converted (kvfile verify fails on it; --salvage converts the 8 tokens "
+                                      "before the damage)");
+  CHECK(slurp(in_dir(dir, "d.safetensors"), NULL, 0) == -1);
+  o.salvage = 1;
+  CHECK(kvfile_convert(in_dir(dir, "d.kv"), in_dir(dir, "d.safetensors"), &o, &res) == KVFILE_OK);
+  CHECK(res.tokens == 8 && res.warnings == 1);
+  CHECK_CONTAINS(res.warning, "d.kv: --salvage: converted the verified prefix of 8 tokens; 4 committed tokens were "
+                              "dropped (");
+}
+
+static void test_existing_output_untouched(void) {
+  static uint8_t got[64];
+  kvfile_convert_options o;
+  FILE* f = fopen(in_dir(dir, "o.safetensors"), "wb");
+  fputs("precious", f);
+  fclose(f);
+  memset(&o, 0, sizeof o);
+  CHECK(kvfile_convert(in_dir(dir, "a.kv"), in_dir(dir, "o.safetensors"), &o, NULL) == KVFILE_INVALID_ARGUMENT);
+  CHECK_CONTAINS(kvfile_last_error(), "o.safetensors: file exists; use --force to replace it");
+  CHECK(slurp(in_dir(dir, "o.safetensors"), got, sizeof got) == 8 && memcmp(got, "precious", 8) == 0);
+  o.force = 1;
+  CHECK(kvfile_convert(in_dir(dir, "a.kv"), in_dir(dir, "o.safetensors"), &o, NULL) == KVFILE_OK);
+  CHECK(slurp(in_dir(dir, "o.safetensors"), got, sizeof got) == -1 || memcmp(got, "precious", 8) != 0);
+  CHECK(kvfile_convert(NULL, "x", NULL, NULL) == KVFILE_INVALID_ARGUMENT);
+  CHECK(strcmp(kvfile_last_error(), "kvfile_convert: in is NULL") == 0);
+}
+
+static void test_foreign_formats_both_ways(void) {
+  static uint8_t want[1 << 16], got[1 << 16];
+  kvfile_convert_options o;
+  kvfile_convert_result res;
+  long n, m;
+  /* llama.cpp: the state file, imported raw, exported back: llama.cpp's bytes. */
+  memset(&o, 0, sizeof o);
+  o.keep_raw = "k,v";
+  o.llama_head_size = 64;
+  CHECK(kvfile_convert(in_dir(fixtures, "llama/seq-f16-fa1.bin"), in_dir(dir, "slot.kv"), &o, &res) == KVFILE_OK);
+  CHECK(res.from == KVFILE_FORMAT_LLAMA && res.to == KVFILE_FORMAT_KV && res.tokens == 24);
+  memset(&o, 0, sizeof o);
+  o.to = KVFILE_FORMAT_LLAMA;
+  CHECK(kvfile_convert(in_dir(dir, "slot.kv"), in_dir(dir, "slot.bin"), &o, &res) == KVFILE_OK);
+  CHECK(res.to == KVFILE_FORMAT_LLAMA);
+  n = slurp(in_dir(fixtures, "llama/seq-f16-fa1.bin"), want, sizeof want);
+  m = slurp(in_dir(dir, "slot.bin"), got, sizeof got);
+  CHECK(n > 0 && m == n && memcmp(want, got, (size_t)n) == 0);
+  /* colibri: the session (7 uncommitted bytes at its end) and back. */
+  CHECK(kvfile_convert(in_dir(fixtures, "seeds/coli_v2.coli_kv"), in_dir(dir, "coli.kv"), NULL, &res) == KVFILE_OK);
+  CHECK(res.from == KVFILE_FORMAT_COLI && res.tokens == 3);
+  CHECK(kvfile_convert(in_dir(dir, "coli.kv"), in_dir(dir, "back.coli_kv"), NULL, &res) == KVFILE_OK);
+  CHECK(res.to == KVFILE_FORMAT_COLI);
+  n = slurp(in_dir(fixtures, "seeds/coli_v2.coli_kv"), want, sizeof want);
+  m = slurp(in_dir(dir, "back.coli_kv"), got, sizeof got);
+  CHECK(n == 215 && m == 208 && memcmp(want, got, 208) == 0);
+  /* Mooncake: a record directory and back, codes as stored. */
+  memset(&o, 0, sizeof o);
+  o.to = KVFILE_FORMAT_MOONCAKE;
+  CHECK(kvfile_convert(in_dir(dir, "coli.kv"), in_dir(dir, "mc"), &o, &res) == KVFILE_OK);
+  CHECK(res.to == KVFILE_FORMAT_MOONCAKE && res.tokens == 3);
+  CHECK(kvfile_convert(in_dir(dir, "mc"), in_dir(dir, "mc.kv"), NULL, &res) == KVFILE_OK);
+  CHECK(res.from == KVFILE_FORMAT_MOONCAKE && res.to == KVFILE_FORMAT_KV && res.tokens == 3);
+  {
+    kvfile_reader *a = NULL, *b = NULL;
+    static uint8_t ca[3 * 4], cb[3 * 4];
+    static float sa[3], sb[3];
+    CHECK(kvfile_reader_open(in_dir(dir, "coli.kv"), &a) == KVFILE_OK);
+    CHECK(kvfile_reader_open(in_dir(dir, "mc.kv"), &b) == KVFILE_OK);
+    CHECK(kvfile_reader_read_codes(a, 1, 0, 0, 3, ca, sizeof ca, sa, 3) == KVFILE_OK);
+    CHECK(kvfile_reader_read_codes(b, 1, 0, 0, 3, cb, sizeof cb, sb, 3) == KVFILE_OK);
+    CHECK(memcmp(ca, cb, sizeof ca) == 0 && memcmp(sa, sb, sizeof sa) == 0);
+    kvfile_reader_close(a);
+    kvfile_reader_close(b);
+  }
+}
+
+int main(int argc, char** argv) {
+  if (argc != 3) {
+    fprintf(stderr, "usage: c_api_convert_test DIR FIXTURES\n");
+    return 2;
+  }
+  snprintf(dir, sizeof dir, "%s", argv[1]);
+  snprintf(fixtures, sizeof fixtures, "%s", argv[2]);
+  test_kv_safetensors_both_ways();
+  test_dtype_policy();
+  test_salvage();
+  test_existing_output_untouched();
+  test_foreign_formats_both_ways();
+  return check_summary("c_api_convert_test");
+}
