@@ -292,8 +292,16 @@ Status Convert(const std::string& in, const std::string& out, const ConvertOptio
   FileSystem* fs = o.fs ? o.fs : FileSystem::Default();
   Format from, to;
   KVFILE_RETURN_IF_ERROR(DetectFormat(in, false, fs, &from));
-  if (o.to) to = *o.to;
-  else KVFILE_RETURN_IF_ERROR(DetectFormat(out, true, fs, &to));
+  if (o.to) {
+    to = *o.to;
+  } else if (Status st = DetectFormat(out, true, fs, &to); !st.ok()) {
+    // An existing OUT is refused as such first (without force), whatever
+    // it holds: the caller learns that it exists, not what its name lacks.
+    bool exists = false;
+    if (!o.force && fs->Exists(out, &exists).ok() && exists)
+      return Status::InvalidArgument(out + ": file exists; use --force to replace it");
+    return st;
+  }
   r->from = from;
   r->to = to;
   KVFILE_RETURN_IF_ERROR(CheckOptions(in, out, from, to, o));

@@ -336,8 +336,8 @@ class PyReader {
         std::string names;
         for (size_t k = 0; k < info.part_count; ++k)
           names += std::string(k ? ", " : "") + (kvfile::safetensors::PartSuffix(info.parts[k]) + 1);
-        throw py::type_error(what + " must be (" + names + ") or kvfile.Codes: the stream is " +
-                             DtypeName(spec.dtype));
+        throw py::type_error(what + " must be (" + names + ")" + (blocks ? "" : " or kvfile.Codes") +
+                             ": the stream is " + DtypeName(spec.dtype));
       }
       for (size_t k = 0; k < info.part_count; ++k) outs[k] = fields[static_cast<size_t>(info.parts[k])];
     }

@@ -54,8 +54,8 @@ def test_mooncake_directory_both_ways_keeps_codes(tmp_path):
         for layer in range(2):
             for stream in ("latent", "rope"):
                 ca, cb = a.codes(stream, layer=layer), b.codes(stream, layer=layer)
-                assert ca[0].tobytes() == cb[0].tobytes()  # the codes
-                assert ca[1].tobytes() == cb[1].tobytes()  # the scales
+                assert ca.codes.tobytes() == cb.codes.tobytes()
+                assert ca.scales.tobytes() == cb.scales.tobytes()
 
 
 def test_mooncake_damage_is_one_line_and_nothing_written(tmp_path):
