@@ -75,20 +75,20 @@ for linkage in shared static; do
   libdir_of[$linkage]=$(dirname "$(dirname "$pc_file")")
 done
 # A fully static program cannot link libcurl's own dependencies (Debian
-# ships nghttp2, ssh2, ldap, ... as shared libraries only): where the archive
-# has object storage, the fully static programs link a second archive, built
-# without it (-DKVFILE_WITH_S3=OFF, docs/api.md).
-prefix_of[fullstatic]=${prefix_of[static]}
-if grep -q libcurl "${libdir_of[static]}/pkgconfig/kvfile.pc"; then
-  prefix_of[fullstatic]=$scratch/prefix-static-nos3
-  { cmake -S "$KVFILE_ROOT" -B "$build_dir-static" -DKVFILE_WITH_S3=OFF &&
-    cmake --build "$build_dir-static" -j "$(nproc)" &&
-    cmake --install "$build_dir-static" --prefix "${prefix_of[fullstatic]}"; } >"$scratch/install-static-nos3.log" 2>&1 ||
-    { cat "$scratch/install-static-nos3.log" >&2; exit 1; }
-  if grep -q libcurl "$(find "${prefix_of[fullstatic]}" -name kvfile.pc)"; then
-    echo "install_test: -DKVFILE_WITH_S3=OFF still asks for libcurl" >&2
-    exit 1
-  fi
+# ships nghttp2, ssh2, ldap, ... as shared libraries only): the fully static
+# programs link a second archive, built without object storage
+# (-DKVFILE_WITH_S3=OFF, docs/api.md). The same archive is the build
+# without the foreign formats (-DKVFILE_WITH_FORMATS=OFF): no zlib, no
+# nlohmann-json (checked below). Reconfiguring BUILD_DIR-static compiles
+# only the few files the two options change.
+prefix_of[fullstatic]=$scratch/prefix-static-minimal
+{ cmake -S "$KVFILE_ROOT" -B "$build_dir-static" -DKVFILE_WITH_S3=OFF -DKVFILE_WITH_FORMATS=OFF &&
+  cmake --build "$build_dir-static" -j "$(nproc)" &&
+  cmake --install "$build_dir-static" --prefix "${prefix_of[fullstatic]}"; } >"$scratch/install-static-minimal.log" 2>&1 ||
+  { cat "$scratch/install-static-minimal.log" >&2; exit 1; }
+if grep -Eq 'libcurl|zlib' "$(find "${prefix_of[fullstatic]}" -name kvfile.pc)"; then
+  echo "install_test: -DKVFILE_WITH_S3=OFF -DKVFILE_WITH_FORMATS=OFF still asks for libcurl or zlib" >&2
+  exit 1
 fi
 pc_file=$(find "${prefix_of[fullstatic]}" -name kvfile.pc)
 libdir_of[fullstatic]=$(dirname "$(dirname "$pc_file")")
@@ -102,16 +102,18 @@ if [ -e "${libdir_of[static]}/libkvfile.so" ] || [ ! -e "${libdir_of[static]}/li
 fi
 
 echo "== the installed libraries: no test hooks; every public header compiles on its own"
-libraries=("$libdir/libkvfile.so" "${libdir_of[static]}/libkvfile.a")
-[ "${prefix_of[fullstatic]}" = "${prefix_of[static]}" ] || libraries+=("${libdir_of[fullstatic]}/libkvfile.a")
+libraries=("$libdir/libkvfile.so" "${libdir_of[static]}/libkvfile.a" "${libdir_of[fullstatic]}/libkvfile.a")
 "$KVFILE_ROOT/tests/test_hooks_absent_test.sh" "${libraries[@]}"
 # writer.h takes RowBlock and AppendBatch from row_block.h: each installed
 # header must bring what it uses.
 [ -f "$prefix/include/kvfile/row_block.h" ] || { echo "install_test: kvfile/row_block.h not installed" >&2; exit 1; }
-for header in "$prefix"/include/kvfile/*.h; do
-  printf '#include "kvfile/%s"\n' "$(basename "$header")" |
+[ -f "$prefix/include/kvfile/formats/safetensors.h" ] ||
+  { echo "install_test: kvfile/formats/safetensors.h not installed" >&2; exit 1; }
+for header in "$prefix"/include/kvfile/*.h "$prefix"/include/kvfile/formats/*.h; do
+  name=${header#"$prefix/include/"}
+  printf '#include "%s"\n' "$name" |
     c++ -std=c++20 -Wall -Wextra -Werror -fsyntax-only -I"$prefix/include" -x c++ - ||
-    { echo "install_test: kvfile/$(basename "$header") does not compile on its own" >&2; exit 1; }
+    { echo "install_test: $name does not compile on its own" >&2; exit 1; }
 done
 
 # Runs both example programs of one way (their directory $1) and checks the
@@ -162,6 +164,37 @@ c++ -static -std=c++20 -Wall -Wextra -Werror -O2 "$consumer_src/example.cc" -o "
 cc -static -std=c99 -Wall -Wextra -Werror -pedantic -O2 "$consumer_src/example.c" -o "$scratch/pc-static/example_c" \
   $(pkg-config --static --cflags --libs kvfile) -lm
 run_examples "$scratch/pc-static" static
+
+# The archive without the foreign formats (docs/design.md, "Packaging"):
+# nothing of zlib or nlohmann-json in it, no kvfile/formats/ headers, and a
+# program linked against it (libc and the rest dynamically) needs no libz;
+# its converters answer KVFILE_UNSUPPORTED and leave no output.
+echo "== -DKVFILE_WITH_FORMATS=OFF: no zlib, no nlohmann-json; the converters refuse"
+minimal_lib=${libdir_of[fullstatic]}/libkvfile.a
+if nm "$minimal_lib" 2>/dev/null | grep -Eq ' U (crc32|crc32_z)$' || nm -C "$minimal_lib" 2>/dev/null | grep -q nlohmann ||
+   [ -e "${prefix_of[fullstatic]}/include/kvfile/formats" ]; then
+  echo "install_test: $minimal_lib: zlib or nlohmann-json, or kvfile/formats/ installed, without the formats" >&2
+  exit 1
+fi
+nm "${libdir_of[static]}/libkvfile.a" 2>/dev/null | grep -Eq ' U crc32$' ||
+  { echo "install_test: the default archive does not use zlib's crc32: the check above proves nothing" >&2; exit 1; }
+mkdir -p "$scratch/no-formats"
+cc -std=c99 -Wall -Wextra -Werror -pedantic "$consumer_src/no_formats.c" -o "$scratch/no-formats/no_formats" \
+  $(pkg-config --cflags --libs kvfile) -lm
+if ldd "$scratch/no-formats/no_formats" | grep -q 'libz\.'; then
+  echo "install_test: a program linked without the formats needs libz:" >&2
+  ldd "$scratch/no-formats/no_formats" >&2
+  exit 1
+fi
+out=$scratch/no-formats/out
+got=$("$scratch/no-formats/no_formats" "$scratch/pc-static/example_c.kv" "$out.safetensors" "$out.coli_kv")
+want="unsupported: $out.safetensors: this build does not write safetensors files
+unsupported: kvfile_coli_export: built without KVFILE_WITH_FORMATS"
+if [ "$got" != "$want" ] || [ -e "$out.safetensors" ] || [ -e "$out.coli_kv" ]; then
+  printf 'install_test: without the formats, got:\n%s\nwant:\n%s\n' "$got" "$want" >&2
+  ls "$scratch/no-formats" >&2
+  exit 1
+fi
 
 # docs/api.md's own lines: find_package(kvfile) in a project of one program
 # (engine.cc: example.cc) against the default (static) install, then each

@@ -25,7 +25,7 @@
 #include "format/endian.h"
 #include "format/header.h"
 #include "kvfile/reader.h"
-#include "kvfile/safetensors.h"
+#include "kvfile/formats/safetensors.h"
 #include "kvfile/verify.h"
 #include "support/alloc_tracker.h"
 #include "support/fault_fs.h"

@@ -27,7 +27,7 @@
 #include "kvfile/codec.h"
 #include "kvfile/presets.h"
 #include "kvfile/reader.h"
-#include "kvfile/safetensors.h"
+#include "kvfile/formats/safetensors.h"
 #include "synth_data.h"
 
 namespace {

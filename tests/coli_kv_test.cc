@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// colibri .coli_kv sessions (kvfile/coli_kv.h): the fixtures of
+// colibri .coli_kv sessions (kvfile/formats/coli_kv.h): the fixtures of
 // tests/fixtures/seeds/ (written from the layout by make_fixtures.py, whose
 // formulas are repeated here) imported with their exact codes, scales and
 // rows, exported back byte for byte, every truncation and every bit flip of
@@ -16,7 +16,7 @@
 #include <iterator>
 
 #include "kvfile/codec.h"
-#include "kvfile/coli_kv.h"
+#include "kvfile/formats/coli_kv.h"
 #include "kvfile/reader.h"
 #include "kvfile/writer.h"
 #include "support/fault_fs.h"

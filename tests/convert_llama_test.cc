@@ -11,7 +11,7 @@
 
 #include "kvfile/convert.h"
 #include "kvfile/formats/llama.h"
-#include "kvfile/llama_state.h"
+#include "kvfile/formats/llama_state.h"
 #include "kvfile/reader.h"
 #include "kvfile/writer.h"
 #include "support/file_util.h"

@@ -13,7 +13,7 @@
 
 #include "convert/driver.h"
 #include "kvfile/convert.h"
-#include "kvfile/mooncake.h"
+#include "kvfile/formats/mooncake.h"
 #include "kvfile/reader.h"
 #include "kvfile/writer.h"
 #include "support/file_util.h"

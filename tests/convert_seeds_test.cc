@@ -11,7 +11,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "kvfile/mooncake.h"
+#include "kvfile/formats/mooncake.h"
 #include "kvfile/reader.h"
 #include "kvfile/writer.h"
 #include "support/cli_run.h"

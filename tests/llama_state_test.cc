@@ -4,7 +4,7 @@
 // layout of docs/llama.md), every truncation and every bit flip of small
 // ones; and of `kvfile convert` on the fixtures llama.cpp wrote
 // (tests/fixtures/llama/, made by tools/llama_roundtrip/make_fixtures.sh).
-#include "kvfile/llama_state.h"
+#include "kvfile/formats/llama_state.h"
 
 #include <unistd.h>
 

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Mooncake FP8 codec record v1 (kvfile/mooncake.h): the golden record of
+// Mooncake FP8 codec record v1 (kvfile/formats/mooncake.h): the golden record of
 // Mooncake's tests both ways (tests/fixtures/seeds/, written from the wire
 // format by make_fixtures.py), every validation rule, every truncation and
 // every bit flip, the group rule across rows without a scale floor, and the
@@ -14,7 +14,7 @@
 #include <iterator>
 
 #include "kvfile/codec.h"
-#include "kvfile/mooncake.h"
+#include "kvfile/formats/mooncake.h"
 
 namespace kvfile::mooncake {
 namespace {

@@ -1,11 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
-// Tests of safetensors::PlanAppend (kvfile/safetensors_append.h): the
+// Tests of safetensors::PlanAppend (kvfile/formats/safetensors_append.h): the
 // geometries and the stream order of an append of safetensors tensors to a
 // new file and to an existing one (v2 and v1), each stream's dtype rule,
 // keep_raw, and the refusals (an nvfp4 stream into a v1 file, a geometry
 // Validate refuses).
 
-#include "kvfile/safetensors_append.h"
+#include "kvfile/formats/safetensors_append.h"
 
 #include <gtest/gtest.h>
 

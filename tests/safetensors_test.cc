@@ -20,7 +20,7 @@
 #include <string>
 #include <utility>
 
-#include "kvfile/safetensors.h"
+#include "kvfile/formats/safetensors.h"
 #include "support/alloc_tracker.h"
 #include "support/scratch_dir.h"
 

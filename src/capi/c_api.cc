@@ -10,6 +10,7 @@
 // thread's last-error string.
 #include "kvfile/c.h"
 #include "kvfile/pack.h"
+#include "capi/c_api_internal.h"
 
 #include <algorithm>
 #include <cstddef>
@@ -24,9 +25,7 @@
 #include <thread>
 #include <vector>
 
-#include "kvfile/coli_kv.h"
 #include "kvfile/convert.h"
-#include "kvfile/mooncake.h"
 #include "kvfile/presets.h"
 #include "kvfile/reader.h"
 #include "kvfile/repair.h"
@@ -51,31 +50,18 @@ struct kvfile_pack {
   std::unique_ptr<kvfile::PackReader> impl;
 };
 
+namespace kvfile::capi {
+
 namespace {
-
-// The C codes that mirror Status::Code must keep the same values.
-constexpr bool Mirrors(kvfile_status c, Status::Code cc) { return static_cast<int>(c) == static_cast<int>(cc); }
-static_assert(Mirrors(KVFILE_OK, Status::Code::kOk));
-static_assert(Mirrors(KVFILE_CORRUPTION, Status::Code::kCorruption));
-static_assert(Mirrors(KVFILE_MISMATCH, Status::Code::kMismatch));
-static_assert(Mirrors(KVFILE_NON_FINITE, Status::Code::kNonFinite));
-static_assert(Mirrors(KVFILE_INVALID_ARGUMENT, Status::Code::kInvalidArgument));
-static_assert(Mirrors(KVFILE_NOT_FOUND, Status::Code::kNotFound));
-static_assert(Mirrors(KVFILE_IO_ERROR, Status::Code::kIOError));
-static_assert(Mirrors(KVFILE_UNSUPPORTED, Status::Code::kUnsupported));
-static_assert(Mirrors(KVFILE_BUSY, Status::Code::kBusy));
-static_assert(Mirrors(KVFILE_FAILED, Status::Code::kFailed));
-// And the dtypes the values written to disk.
-static_assert(KVFILE_E4M3 == static_cast<int>(Dtype::kE4M3) && KVFILE_E5M2 == static_cast<int>(Dtype::kE5M2) &&
-              KVFILE_BF16 == static_cast<int>(Dtype::kBF16) && KVFILE_F16 == static_cast<int>(Dtype::kF16) &&
-              KVFILE_F32 == static_cast<int>(Dtype::kF32) && KVFILE_NVFP4 == static_cast<int>(Dtype::kNvfp4));
-
 thread_local std::string last_error;
+}  // namespace
+
+const char* LastError() noexcept { return last_error.c_str(); }
 
 // Records `message` (the two parts joined) as this thread's last error and
 // returns `code`. Never throws: if even the message cannot be stored, the
 // code still reaches the caller, with an empty message.
-kvfile_status Fail(kvfile_status code, std::string_view message, std::string_view detail = {}) noexcept {
+kvfile_status Fail(kvfile_status code, std::string_view message, std::string_view detail) noexcept {
   try {
     last_error.assign(message);
     last_error.append(detail);
@@ -108,18 +94,35 @@ kvfile_status RefuseExisting(kvfile::FileSystem* fs, const char* path) {
   return KVFILE_OK;
 }
 
-template <typename Body>
-kvfile_status Guarded(Body&& body) noexcept {
-  try {
-    return body();
-  } catch (const std::bad_alloc&) {
-    return Fail(KVFILE_OUT_OF_MEMORY, "out of memory");
-  } catch (const std::exception& e) {
-    return Fail(KVFILE_INTERNAL, "internal error: ", e.what());
-  } catch (...) {
-    return Fail(KVFILE_INTERNAL, "internal error: unknown exception");
-  }
+// KVFILE_BUFFER_TOO_SMALL unless `have` >= `need` (`what` names the buffer).
+kvfile_status CheckCapacity(std::string_view what, uint64_t need, uint64_t have) {
+  if (have >= need) return KVFILE_OK;
+  return Fail(KVFILE_BUFFER_TOO_SMALL, std::string(what) + " holds " + std::to_string(have) + ", the result needs " +
+                                           std::to_string(need));
 }
+
+}  // namespace kvfile::capi
+
+using namespace kvfile::capi;
+
+namespace {
+
+// The C codes that mirror Status::Code must keep the same values.
+constexpr bool Mirrors(kvfile_status c, Status::Code cc) { return static_cast<int>(c) == static_cast<int>(cc); }
+static_assert(Mirrors(KVFILE_OK, Status::Code::kOk));
+static_assert(Mirrors(KVFILE_CORRUPTION, Status::Code::kCorruption));
+static_assert(Mirrors(KVFILE_MISMATCH, Status::Code::kMismatch));
+static_assert(Mirrors(KVFILE_NON_FINITE, Status::Code::kNonFinite));
+static_assert(Mirrors(KVFILE_INVALID_ARGUMENT, Status::Code::kInvalidArgument));
+static_assert(Mirrors(KVFILE_NOT_FOUND, Status::Code::kNotFound));
+static_assert(Mirrors(KVFILE_IO_ERROR, Status::Code::kIOError));
+static_assert(Mirrors(KVFILE_UNSUPPORTED, Status::Code::kUnsupported));
+static_assert(Mirrors(KVFILE_BUSY, Status::Code::kBusy));
+static_assert(Mirrors(KVFILE_FAILED, Status::Code::kFailed));
+// And the dtypes the values written to disk.
+static_assert(KVFILE_E4M3 == static_cast<int>(Dtype::kE4M3) && KVFILE_E5M2 == static_cast<int>(Dtype::kE5M2) &&
+              KVFILE_BF16 == static_cast<int>(Dtype::kBF16) && KVFILE_F16 == static_cast<int>(Dtype::kF16) &&
+              KVFILE_F32 == static_cast<int>(Dtype::kF32) && KVFILE_NVFP4 == static_cast<int>(Dtype::kNvfp4));
 
 // Copies s into dst[0, capacity) with a terminating NUL, cut to fit.
 void CopyString(std::string_view s, char* dst, size_t capacity) {
@@ -182,13 +185,6 @@ bool IsSyncMode(const kvfile_writer_options* o) {
 }
 
 kvfile_status InvalidSyncMode() { return Fail(KVFILE_INVALID_ARGUMENT, "writer options: invalid sync mode"); }
-
-// KVFILE_BUFFER_TOO_SMALL unless `have` >= `need` (`what` names the buffer).
-kvfile_status CheckCapacity(std::string_view what, uint64_t need, uint64_t have) {
-  if (have >= need) return KVFILE_OK;
-  return Fail(KVFILE_BUFFER_TOO_SMALL, std::string(what) + " holds " + std::to_string(have) + ", the result needs " +
-                                           std::to_string(need));
-}
 
 // Elements per token of (stream) for a read of tokens [begin, end), or 0
 // when the request is out of range (the C++ reader then reports it with
@@ -383,7 +379,7 @@ kvfile_status CopyStreamLayers(const char* function, const Geometry& g, uint32_t
 
 extern "C" {
 
-const char* kvfile_last_error(void) { return last_error.c_str(); }
+const char* kvfile_last_error(void) { return LastError(); }
 
 const char* kvfile_status_name(kvfile_status status) {
   switch (status) {
@@ -841,119 +837,6 @@ kvfile_status kvfile_index_directory(const char* dir) {
   return Guarded([&] {
     if (dir == nullptr) return NullArgument("kvfile_index_directory", "dir");
     return Report(kvfile::IndexDirectory(dir, nullptr, nullptr));
-  });
-}
-
-}  // extern "C"
-
-// ---- The seeds' formats ----
-
-namespace {
-
-kvfile_status ToDesc(std::string_view function, const kvfile_mooncake_desc* in, kvfile::mooncake::RecordDesc* out) {
-  if (in == nullptr) return NullArgument(function, "desc");
-  if (in->rank > 8) return Fail(KVFILE_INVALID_ARGUMENT, std::string(function), ": rank above 8");
-  out->dtype = static_cast<kvfile::mooncake::SourceDtype>(in->source_dtype);
-  out->group_size = in->group_size;
-  out->shape.assign(in->shape, in->shape + in->rank);
-  return KVFILE_OK;
-}
-
-}  // namespace
-
-extern "C" {
-
-kvfile_status kvfile_mooncake_record_size(const kvfile_mooncake_desc* desc, size_t* bytes) {
-  return Guarded([&] {
-    if (bytes == nullptr) return NullArgument("kvfile_mooncake_record_size", "bytes");
-    kvfile::mooncake::RecordDesc d;
-    if (kvfile_status st = ToDesc("kvfile_mooncake_record_size", desc, &d); st != KVFILE_OK) return st;
-    uint64_t n = 0, size = 0;
-    if (kvfile_status st = Report(kvfile::mooncake::RecordSize(d, &n, &size)); st != KVFILE_OK) return st;
-    if (size > SIZE_MAX) return Fail(KVFILE_INVALID_ARGUMENT, "kvfile_mooncake_record_size: the record exceeds SIZE_MAX");
-    *bytes = static_cast<size_t>(size);
-    return KVFILE_OK;
-  });
-}
-
-kvfile_status kvfile_mooncake_encode(const kvfile_mooncake_desc* desc, const uint16_t* values, uint8_t* out,
-                                     size_t capacity, size_t* size) {
-  return Guarded([&] {
-    if (size == nullptr) return NullArgument("kvfile_mooncake_encode", "size");
-    kvfile::mooncake::RecordDesc d;
-    if (kvfile_status st = ToDesc("kvfile_mooncake_encode", desc, &d); st != KVFILE_OK) return st;
-    uint64_t n = 0, bytes = 0;
-    if (kvfile_status st = Report(kvfile::mooncake::RecordSize(d, &n, &bytes)); st != KVFILE_OK) return st;
-    if (kvfile_status st = CheckCapacity("kvfile_mooncake_encode: capacity", bytes, capacity); st != KVFILE_OK)
-      return st;
-    if (values == nullptr) return NullArgument("kvfile_mooncake_encode", "values");
-    if (out == nullptr) return NullArgument("kvfile_mooncake_encode", "out");
-    std::vector<uint8_t> rec;
-    if (kvfile_status st = Report(kvfile::mooncake::EncodeValues(d, values, &rec)); st != KVFILE_OK) return st;
-    std::memcpy(out, rec.data(), rec.size());
-    *size = rec.size();
-    return KVFILE_OK;
-  });
-}
-
-kvfile_status kvfile_mooncake_decode(const uint8_t* record, size_t record_bytes, kvfile_mooncake_desc* desc,
-                                     uint16_t* dst, size_t dst_count) {
-  return Guarded([&] {
-    if (desc == nullptr) return NullArgument("kvfile_mooncake_decode", "desc");
-    if (record == nullptr && record_bytes > 0) return NullArgument("kvfile_mooncake_decode", "record");
-    kvfile::mooncake::RecordView v;
-    if (kvfile_status st = Report(kvfile::mooncake::ParseRecord({record, record_bytes}, &v)); st != KVFILE_OK)
-      return st;
-    if (dst != nullptr || dst_count != 0) {
-      if (kvfile_status st = CheckCapacity("kvfile_mooncake_decode: dst_count", v.elements, dst_count);
-          st != KVFILE_OK)
-        return st;
-      if (dst == nullptr) return NullArgument("kvfile_mooncake_decode", "dst");
-      kvfile::mooncake::DecodeValues(v, dst);
-    }
-    *desc = kvfile_mooncake_desc{};
-    desc->source_dtype = static_cast<uint8_t>(v.desc.dtype);
-    desc->rank = static_cast<uint8_t>(v.desc.shape.size());
-    desc->group_size = v.desc.group_size;
-    std::copy(v.desc.shape.begin(), v.desc.shape.end(), desc->shape);
-    return KVFILE_OK;
-  });
-}
-
-kvfile_status kvfile_coli_import(const char* coli_path, const char* kv_path) {
-  return kvfile_coli_import_layers(coli_path, kv_path, nullptr, 0);
-}
-
-kvfile_status kvfile_coli_import_layers(const char* coli_path, const char* kv_path, const uint32_t* indexer_layers,
-                                        size_t count) {
-  return Guarded([&] {
-    if (coli_path == nullptr) return NullArgument("kvfile_coli_import", "coli_path");
-    if (kv_path == nullptr) return NullArgument("kvfile_coli_import", "kv_path");
-    if (indexer_layers == nullptr && count > 0) return NullArgument("kvfile_coli_import_layers", "indexer_layers");
-    kvfile::FileSystem* fs = kvfile::FileSystem::Default();
-    if (kvfile_status st = RefuseExisting(fs, kv_path); st != KVFILE_OK) return st;
-    kvfile::coli::ImportOptions o;
-    o.fs = fs;
-    if (indexer_layers != nullptr) o.indexer_layers = std::vector<uint32_t>(indexer_layers, indexer_layers + count);
-    kvfile::coli::ImportResult res;
-    Status st = kvfile::coli::Import(coli_path, kv_path, o, &res);
-    if (!st.ok()) (void)fs->Remove(kv_path);
-    return Report(st);
-  });
-}
-
-kvfile_status kvfile_coli_export(const char* kv_path, const char* coli_path, uint32_t vocab) {
-  return Guarded([&] {
-    if (kv_path == nullptr) return NullArgument("kvfile_coli_export", "kv_path");
-    if (coli_path == nullptr) return NullArgument("kvfile_coli_export", "coli_path");
-    kvfile::FileSystem* fs = kvfile::FileSystem::Default();
-    if (kvfile_status st = RefuseExisting(fs, coli_path); st != KVFILE_OK) return st;
-    kvfile::coli::ExportOptions o;
-    if (vocab != 0) o.vocab = vocab;
-    uint64_t tokens = 0;
-    Status st = kvfile::coli::Export(kv_path, coli_path, o, &tokens);
-    if (!st.ok()) (void)fs->Remove(coli_path);  // created by Export, if it got that far
-    return Report(st);
   });
 }
 

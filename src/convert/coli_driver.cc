@@ -1,13 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 // The colibri driver of kvfile::Convert (driver.h): .coli_kv sessions
 // (COLIKV1, COLIKV2) -> .kv and .kv -> COLIKV2 (or COLIKV1 with
-// o.coli.v1). The layout and the record checks are in kvfile/coli_kv.h
+// o.coli.v1). The layout and the record checks are in kvfile/formats/coli_kv.h
 // (coli_kv.cc); this file maps the options and says what was done.
 #include <memory>
 #include <vector>
 
 #include "convert/driver.h"
-#include "kvfile/coli_kv.h"
+#include "kvfile/formats/coli_kv.h"
 
 namespace kvfile::convert {
 
@@ -68,13 +68,8 @@ Status ExportKv(Reader& in, const std::string& in_name, uint64_t tokens, const C
   return Status::OK();
 }
 
-// COLIKV1, COLIKV2 and COLIKV3 (refused by the import with its own line).
-bool Sniff(std::span<const uint8_t> head, const std::string&, bool dir) {
-  return !dir && head.size() >= 8 && coli::HasMagic(head.data());
-}
-
 }  // namespace
 
-extern const Driver kColiDriver = {Format::kColi, false, ".coli_kv", Sniff, ImportKv, ExportKv};
+extern const Driver kColiDriver = {Format::kColi, false, ".coli_kv", SniffColi, ImportKv, ExportKv};
 
 }  // namespace kvfile::convert

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// colibri .coli_kv sessions <-> .kv files (kvfile/coli_kv.h). The wire
+// colibri .coli_kv sessions <-> .kv files (kvfile/formats/coli_kv.h). The wire
 // constants of the .coli_kv layout live here only.
-#include "kvfile/coli_kv.h"
+#include "kvfile/formats/coli_kv.h"
 
 #include <algorithm>
 #include <bit>
@@ -14,6 +14,7 @@
 
 #include "kvfile/codec.h"
 #include "format/endian.h"
+#include "convert/magic.h"
 #include "kvfile/reader.h"
 #include "kvfile/writer.h"
 
@@ -21,9 +22,6 @@ namespace kvfile::coli {
 
 namespace {
 
-constexpr uint8_t kMagicV1[8] = {'C', 'O', 'L', 'I', 'K', 'V', '1', 0};
-constexpr uint8_t kMagicV2[8] = {'C', 'O', 'L', 'I', 'K', 'V', '2', 0};
-constexpr uint8_t kMagicV3[8] = {'C', 'O', 'L', 'I', 'K', 'V', '3', 0};
 constexpr int kWords = 8;           // i32 header words after the magic
 constexpr int kWordRecords = 6;     // h[6]: record count
 constexpr int kWordTag = 7;         // h[7]: format tag
@@ -80,12 +78,6 @@ std::string ColibriRowProblem(const uint8_t* codes, uint32_t width, float scale)
 }
 
 }  // namespace
-
-bool HasMagic(const uint8_t* first8) {
-  for (const uint8_t* m : {kMagicV1, kMagicV2, kMagicV3})
-    if (std::memcmp(first8, m, 8) == 0) return true;
-  return false;
-}
 
 Status ParseHeader(const uint8_t* b, uint64_t file_size, Header* out) {
   Header h;

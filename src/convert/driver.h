@@ -50,6 +50,12 @@ extern const Driver kLlamaDriver;
 extern const Driver kMooncakeDriver;
 extern const Driver kColiDriver;
 
+// The formats found by their first bytes (sniff.cc, in every build; a
+// Mooncake directory is found by its manifest, in its driver).
+bool SniffSafetensors(std::span<const uint8_t> head, const std::string& path, bool dir);
+bool SniffLlama(std::span<const uint8_t> head, const std::string& path, bool dir);
+bool SniffColi(std::span<const uint8_t> head, const std::string& path, bool dir);
+
 // Refuses (rotated) or warns about (rotation unknown) exporting the k and v
 // rows of a .kv imported from a llama.cpp quantized cache to a consumer that
 // takes them for plain keys and values (the safetensors export). Defined

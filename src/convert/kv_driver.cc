@@ -10,7 +10,7 @@
 #include "convert/driver.h"
 #include "format/kv_format.h"
 #include "kvfile/reader.h"
-#include "kvfile/safetensors.h"
+#include "kvfile/formats/safetensors.h"
 #include "kvfile/writer.h"
 
 namespace kvfile::convert {
@@ -115,3 +115,14 @@ Status Transcode(Reader& r, const std::string& in, uint64_t total, const Convert
 const Driver kKvDriver = {Format::kKv, false, ".kv", SniffKv, nullptr, Transcode};
 
 }  // namespace kvfile::convert
+
+namespace kvfile::safetensors {
+
+// Declared with the safetensors format (kvfile/formats/safetensors.h), kept
+// here in the core: the .kv driver sizes its batches by it in every build.
+uint64_t BlockTokens(uint64_t bytes_per_token, uint64_t budget) {
+  if (bytes_per_token == 0) return 65536;
+  return std::clamp<uint64_t>(budget / bytes_per_token, 1, 65536);
+}
+
+}  // namespace kvfile::safetensors

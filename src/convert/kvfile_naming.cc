@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The kvfile naming convention over safetensors (kvfile/safetensors.h,
+// The kvfile naming convention over safetensors (kvfile/formats/safetensors.h,
 // "The kvfile convention"; names in kvfile_naming.h): reading a file that
 // follows it (DescribeKv and the reads after it) and planning one that
 // follows it (PlanExport). The file format itself is safetensors.cc.
@@ -47,11 +47,6 @@ Dtype KvStream::source_dtype() const {
   if (block_scales) return Dtype::kNvfp4;
   const TensorInfo* t = codes ? codes : values;
   return KvDtypeOf(t->dtype).value_or(Dtype::kBF16);
-}
-
-uint64_t BlockTokens(uint64_t bytes_per_token, uint64_t budget) {
-  if (bytes_per_token == 0) return 65536;
-  return std::clamp<uint64_t>(budget / bytes_per_token, 1, 65536);
 }
 
 std::string FingerprintHex(uint64_t v) {

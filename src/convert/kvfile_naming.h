@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The kvfile naming convention over safetensors (kvfile/safetensors.h, "The
+// The kvfile naming convention over safetensors (kvfile/formats/safetensors.h, "The
 // kvfile convention"): the names it gives tensors and metadata, in one
 // place for both directions. DescribeKv reads a file by them (import);
 // PlanExport lays one out by them (the safetensors driver's export).
@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "kvfile/geometry.h"
-#include "kvfile/safetensors.h"
+#include "kvfile/formats/safetensors.h"
 #include "kvfile/status.h"
 
 namespace kvfile::safetensors::naming {

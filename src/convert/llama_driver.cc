@@ -3,7 +3,7 @@
 // sequence state, 'ggsn' session; found by their magic) -> .kv and .kv
 // (streams k and v) -> state files, and the pieces of kvfile/formats/llama.h.
 // The file layout and the provenance kept in the .kv model id are in
-// kvfile/llama_state.h (llama_state.cc).
+// kvfile/formats/llama_state.h (llama_state.cc).
 #include "kvfile/formats/llama.h"
 
 #include <algorithm>
@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "convert/driver.h"
-#include "kvfile/safetensors.h"
+#include "kvfile/formats/safetensors.h"
 #include "kvfile/writer.h"
 
 namespace kvfile::llama {
@@ -430,10 +430,6 @@ Status ExportKv(Reader& in, const std::string& in_name, uint64_t tokens, const C
   return Status::OK();
 }
 
-bool Sniff(std::span<const uint8_t> head, const std::string&, bool dir) {
-  return !dir && head.size() >= 4 && HasStateMagic(head.data());
-}
-
 }  // namespace
 
 }  // namespace kvfile::llama
@@ -446,7 +442,7 @@ Status CheckPlainRows(const std::string& in, const Reader& r, std::string* warni
 
 // A state file has no suffix of its own (llama.cpp writes whatever name it
 // is given): found by its magic, written by an explicit Format.
-extern const Driver kLlamaDriver = {Format::kLlamaState, false, nullptr, llama::Sniff, llama::Import,
+extern const Driver kLlamaDriver = {Format::kLlamaState, false, nullptr, SniffLlama, llama::Import,
                                     llama::ExportKv};
 
 }  // namespace kvfile::convert

@@ -2,7 +2,7 @@
 // llama.cpp state files: parser, row codecs, provenance and writer (see
 // llama_state.h). Facts about the layout were read from llama.cpp v0.5.0
 // (src/llama-context.cpp, src/llama-kv-cache.cpp); no code of it is used.
-#include "kvfile/llama_state.h"
+#include "kvfile/formats/llama_state.h"
 
 #include <algorithm>
 #include <cmath>
@@ -14,6 +14,7 @@
 
 #include "kvfile/codec.h"
 #include "format/endian.h"
+#include "convert/magic.h"
 
 namespace kvfile::llama {
 
@@ -25,8 +26,6 @@ using codec::F32ToF16;
 namespace {
 
 // Wire constants.
-constexpr uint32_t kMagicSequence = 0x67677371;  // 'ggsq'
-constexpr uint32_t kMagicSession = 0x6767736e;   // 'ggsn'
 constexpr uint32_t kSequenceVersion = 3;
 constexpr uint32_t kSessionVersion = 10;
 constexpr uint64_t kQ8Block = 32;       // values per q8_0 block
@@ -210,11 +209,6 @@ void EncodeRow(CacheType t, const float* src, uint64_t width, uint8_t* out) {
       }
       return;
   }
-}
-
-bool HasStateMagic(const uint8_t* first4) {
-  uint32_t m = format::LoadU32(first4);
-  return m == kMagicSequence || m == kMagicSession;
 }
 
 namespace {

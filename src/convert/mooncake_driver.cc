@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // The Mooncake driver of kvfile::Convert (driver.h): a .kv file <-> a
-// directory of Mooncake FP8 codec records (kvfile/mooncake.h, the record
+// directory of Mooncake FP8 codec records (kvfile/formats/mooncake.h, the record
 // codec) with a manifest.json: one record per (chunk, layer, fp8 stream).
 // docs/formats.md describes the directory.
 //
@@ -31,10 +31,10 @@
 #include "convert/driver.h"
 #include "kvfile/codec.h"
 #include "kvfile/file.h"
-#include "kvfile/mooncake.h"
+#include "kvfile/formats/mooncake.h"
 #include "kvfile/reader.h"
 #include "kvfile/replace.h"
-#include "kvfile/safetensors.h"
+#include "kvfile/formats/safetensors.h"
 #include "kvfile/writer.h"
 
 namespace kvfile::convert {

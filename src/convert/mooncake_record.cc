@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Mooncake FP8 codec record v1: encoder, checked parser, decoder
-// (kvfile/mooncake.h). The wire constants of the record live here only.
-#include "kvfile/mooncake.h"
+// (kvfile/formats/mooncake.h). The wire constants of the record live here only.
+#include "kvfile/formats/mooncake.h"
 
 #include <zlib.h>
 

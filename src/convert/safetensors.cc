@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The safetensors reader and writer: the file format (the kvfile convention on
 // top of it is kvfile_naming.cc; see safetensors.h).
-#include "kvfile/safetensors.h"
+#include "kvfile/formats/safetensors.h"
 
 #include <nlohmann/json.hpp>
 

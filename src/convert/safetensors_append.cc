@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // PlanAppend: the geometries and stream order of an append of safetensors
-// tensors to a .kv file (kvfile/safetensors_append.h).
-#include "kvfile/safetensors_append.h"
+// tensors to a .kv file (kvfile/formats/safetensors_append.h).
+#include "kvfile/formats/safetensors_append.h"
 
 #include <algorithm>
 

@@ -12,7 +12,7 @@
 #include "convert/kvfile_naming.h"
 #include "io/page_buffer.h"
 #include "kvfile/reader.h"
-#include "kvfile/safetensors.h"
+#include "kvfile/formats/safetensors.h"
 #include "kvfile/writer.h"
 
 namespace kvfile::convert {
@@ -31,14 +31,6 @@ uint64_t FileSize(const std::string& path) {
   std::error_code ec;
   uint64_t n = std::filesystem::file_size(path, ec);
   return ec ? 0 : n;
-}
-
-// The format's header: an 8-byte little-endian length, then a JSON object.
-bool SniffSafetensors(std::span<const uint8_t> head, const std::string&, bool dir) {
-  if (dir || head.size() < 9) return false;
-  uint64_t n = 0;
-  for (int i = 7; i >= 0; --i) n = n << 8 | head[static_cast<size_t>(i)];
-  return n >= 2 && n <= safetensors::kMaxHeaderBytes && head[8] == '{';
 }
 
 // ---- import ----

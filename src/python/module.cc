@@ -9,7 +9,7 @@
 #include "errors.h"
 #include "kvfile/dtype.h"
 #include "kvfile/presets.h"
-#include "kvfile/safetensors.h"
+#include "kvfile/formats/safetensors.h"
 
 namespace {
 

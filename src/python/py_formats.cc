@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The seeds' formats for Python: Mooncake FP8 codec records
 // (mooncake_encode, mooncake_decode) and colibri .coli_kv sessions
-// (coli_import, coli_export), over kvfile/mooncake.h and kvfile/coli_kv.h.
+// (coli_import, coli_export), over kvfile/formats/mooncake.h and kvfile/formats/coli_kv.h.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -14,9 +14,9 @@
 #include "arrays.h"
 #include "bindings.h"
 #include "errors.h"
-#include "kvfile/coli_kv.h"
+#include "kvfile/formats/coli_kv.h"
 #include "kvfile/file.h"
-#include "kvfile/mooncake.h"
+#include "kvfile/formats/mooncake.h"
 
 namespace py = pybind11;
 

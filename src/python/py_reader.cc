@@ -27,7 +27,7 @@
 #include "kvfile/codec.h"
 #include "kvfile/dtype.h"
 #include "kvfile/reader.h"
-#include "kvfile/safetensors.h"
+#include "kvfile/formats/safetensors.h"
 
 namespace py = pybind11;
 

@@ -6,7 +6,7 @@
 #include <algorithm>
 
 #include "fuzz/fuzz_support.h"
-#include "kvfile/llama_state.h"
+#include "kvfile/formats/llama_state.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace kvfile;

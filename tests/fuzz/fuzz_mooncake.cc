@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "fuzz/fuzz_support.h"
-#include "kvfile/mooncake.h"
+#include "kvfile/formats/mooncake.h"
 
 namespace {
 

@@ -7,7 +7,7 @@
 #include <algorithm>
 
 #include "fuzz/fuzz_support.h"
-#include "kvfile/safetensors.h"
+#include "kvfile/formats/safetensors.h"
 #include "kvfile/writer.h"
 #include "support/testing_hooks.h"
 

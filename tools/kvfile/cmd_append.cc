@@ -12,8 +12,8 @@
 #include <cstdio>
 #include <optional>
 
-#include "kvfile/safetensors.h"
-#include "kvfile/safetensors_append.h"
+#include "kvfile/formats/safetensors.h"
+#include "kvfile/formats/safetensors_append.h"
 #include "kvfile/replace.h"
 #include "cli_common.h"
 #include "pack_member.h"

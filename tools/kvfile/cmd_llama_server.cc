@@ -36,7 +36,7 @@
 #include "progress.h"
 #include "kvfile/convert.h"
 #include "kvfile/formats/llama.h"
-#include "kvfile/llama_state.h"
+#include "kvfile/formats/llama_state.h"
 #include "kvfile/reader.h"
 #include "kvfile/replace.h"
 #include "kvfile/writer.h"

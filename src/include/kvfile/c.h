@@ -554,7 +554,7 @@ KVFILE_EXPORT kvfile_status kvfile_index_directory(const char* dir);
 
 /* ---- The seeds' formats ---------------------------------------------------
  * Mooncake FP8 codec records (version 1) and colibri .coli_kv sessions;
- * kvfile/mooncake.h and kvfile/coli_kv.h state the full rules, and
+ * kvfile/formats/mooncake.h and kvfile/formats/coli_kv.h state the full rules, and
  * docs/formats.md how they map to .kv files. */
 
 /* A Mooncake record's descriptor: source_dtype 1 (fp16) or 2 (bf16), rank

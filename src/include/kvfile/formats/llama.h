@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
+// Experimental tier (kvfile/formats/): may change between minor releases; docs/api.md, "Header tiers".
 // llama.cpp state files (sequence state 'ggsq', session 'ggsn') to and from
 // .kv files: what kvfile::Convert's llama.cpp driver does, in the pieces
 // that `kvfile llama-server` uses (save: an import appended to an existing
 // file; restore: an export placed in the server's slot). The file layout and the provenance
-// kept in the .kv model id are in kvfile/llama_state.h.
+// kept in the .kv model id are in kvfile/formats/llama_state.h.
 //
 // Formats tier: this header may change between minor releases; the stable
 // entry point is kvfile/convert.h.
@@ -16,7 +17,7 @@
 #include "kvfile/export.h"
 #include "kvfile/file.h"
 #include "kvfile/geometry.h"
-#include "kvfile/llama_state.h"
+#include "kvfile/formats/llama_state.h"
 #include "kvfile/reader.h"
 #include "kvfile/status.h"
 #include "kvfile/writer.h"

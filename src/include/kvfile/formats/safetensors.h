@@ -1,4 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
+// Experimental tier (kvfile/formats/): may change between minor releases; docs/api.md, "Header tiers".
 // Reading and writing the safetensors format, and the convention kvfile
 // uses to exchange sessions with tensor libraries.
 //

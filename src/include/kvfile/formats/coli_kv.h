@@ -1,4 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
+// Experimental tier (kvfile/formats/): may change between minor releases; docs/api.md, "Header tiers".
 // colibri's .coli_kv session files, in and out.
 //
 // The layout (colibri c/kv_persist.h; docs/formats.md names the fork and

@@ -1,4 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
+// Experimental tier (kvfile/formats/): may change between minor releases; docs/api.md, "Header tiers".
 // llama.cpp state files (llama_state_seq_save_file: magic 'ggsq'; and
 // llama_state_save_file: magic 'ggsn'): a checked parser of their layout, row
 // decoding and encoding for the cache types kvfile handles (f32, f16, bf16,

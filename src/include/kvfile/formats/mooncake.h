@@ -1,4 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
+// Experimental tier (kvfile/formats/): may change between minor releases; docs/api.md, "Header tiers".
 // Mooncake Store's FP8 codec record, version 1 (RFC kvcache-ai/Mooncake#4346,
 // wire format in that repository's mooncake-store/src/codec/README.md):
 // single records, encoded and decoded byte for byte as that format says.

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
+// Experimental tier (kvfile/formats/): may change between minor releases; docs/api.md, "Header tiers".
 // How the tensors of a safetensors file in the kvfile convention
-// (kvfile/safetensors.h) are appended to a .kv file, new or existing: the
+// (kvfile/formats/safetensors.h) are appended to a .kv file, new or existing: the
 // geometry each side has and which input stream feeds which stream of the
 // file. `kvfile append` asks this before it opens anything for writing.
 #pragma once
@@ -12,7 +13,7 @@
 
 #include "kvfile/export.h"
 #include "kvfile/geometry.h"
-#include "kvfile/safetensors.h"
+#include "kvfile/formats/safetensors.h"
 #include "kvfile/status.h"
 
 namespace kvfile::safetensors {
