@@ -175,6 +175,9 @@ class ManifestReader final : public nlohmann::json_sax<json> {
     }
     return !not_object_;
   }
+  // Reads only the top-level fields (format, version, streams, ...): the
+  // token ids and the records are skipped unread, as for a sniff.
+  void TopFieldsOnly() { top_only_ = true; }
   json& top() { return top_; }
   ArrayState token_ids_state() const { return tokens_state_; }
   uint64_t token_ids_seen() const { return tokens_seen_; }
@@ -204,6 +207,7 @@ class ManifestReader final : public nlohmann::json_sax<json> {
   bool not_object_ = false;
   int depth_ = 0;  // open objects and arrays
   Mode mode_ = Mode::kNone;
+  bool top_only_ = false;
   std::string top_key_, inner_key_;
   std::vector<json*> build_;  // containers of a kept value being built
   size_t kept_values_ = 0;
@@ -290,7 +294,9 @@ bool ManifestReader::Open(bool object) {
     }
   } else if (d == 1) {
     mode_ = Mode::kSkipped;
-    if (top_key_ == "token_ids") {
+    if (top_only_ && (top_key_ == "token_ids" || top_key_ == "records")) {
+      // skipped unread (TopFieldsOnly)
+    } else if (top_key_ == "token_ids") {
       tokens_state_ = object ? ArrayState::kOther : ArrayState::kArray;
       tokens_.clear();
       tokens_seen_ = 0;
@@ -428,6 +434,7 @@ bool IsMooncakeDir(const std::string& dir) {
   std::vector<uint8_t> bytes;
   if (!d.Open(dir).ok() || !d.Read(kManifest, kMaxManifestBytes, &bytes).ok()) return false;
   ManifestReader reader;
+  reader.TopFieldsOnly();  // the import reads the rest
   if (!reader.Parse(bytes)) return false;
   const json& j = reader.top();
   return j.contains("format") && j["format"] == kManifestFormat;
