@@ -85,39 +85,35 @@ constexpr int kMaxRetries = 1000;
 
 bool Retryable(int err) { return err == EINTR || err == EAGAIN; }
 
-// One pwrite/pread/fdatasync as the filter (if any) lets it run: the
-// system call's return value and errno, faked or real. A faked short count
-// is a real transfer of fewer bytes.
-ssize_t PwriteOnce(SyscallFilter* filter, int fd, const void* p, size_t n, uint64_t offset) {
+// What the filter (if any) makes of one call of `n` bytes: false for a
+// faked failure (errno set to it), else true with *n the bytes to transfer
+// (a faked short count is a real transfer of fewer bytes).
+bool Filter(SyscallFilter* filter, IoCall::Op call, size_t* n) {
   ssize_t fake = 0;
-  if (filter != nullptr && filter->Intercept(IoCall::kWrite, n, &fake)) {
-    if (fake < 0) {
-      errno = static_cast<int>(-fake);
-      return -1;
-    }
-    n = static_cast<size_t>(fake);
+  if (filter == nullptr || !filter->Intercept(call, *n, &fake)) return true;
+  if (fake < 0) {
+    errno = static_cast<int>(-fake);
+    return false;
   }
+  *n = static_cast<size_t>(fake);
+  return true;
+}
+
+// One pwrite/pread/fdatasync as the filter lets it run: the system call's
+// return value and errno, faked or real.
+ssize_t PwriteOnce(SyscallFilter* filter, int fd, const void* p, size_t n, uint64_t offset) {
+  if (!Filter(filter, IoCall::kWrite, &n)) return -1;
   return ::pwrite(fd, p, n, static_cast<off_t>(offset));
 }
 
 ssize_t PreadOnce(SyscallFilter* filter, int fd, void* p, size_t n, uint64_t offset) {
-  ssize_t fake = 0;
-  if (filter != nullptr && filter->Intercept(IoCall::kRead, n, &fake)) {
-    if (fake < 0) {
-      errno = static_cast<int>(-fake);
-      return -1;
-    }
-    n = static_cast<size_t>(fake);
-  }
+  if (!Filter(filter, IoCall::kRead, &n)) return -1;
   return ::pread(fd, p, n, static_cast<off_t>(offset));
 }
 
 int FdatasyncOnce(SyscallFilter* filter, int fd) {
-  ssize_t fake = 0;
-  if (filter != nullptr && filter->Intercept(IoCall::kSync, 0, &fake) && fake < 0) {
-    errno = static_cast<int>(-fake);
-    return -1;
-  }
+  size_t none = 0;  // a sync moves no bytes: only a faked failure counts
+  if (!Filter(filter, IoCall::kSync, &none)) return -1;
   return ::fdatasync(fd);
 }
 
