@@ -328,7 +328,7 @@ def test_layer_0_is_read_first_in_slices_that_end_on_chunk_boundaries():
 @cuda
 @pytest.mark.parametrize("kind", ["e4m3", "nvfp4", "bf16"])
 @pytest.mark.parametrize("staging", [None, 4096])
-@pytest.mark.parametrize("slices", [1, 4])
+@pytest.mark.parametrize("slices", [1, 2, 4])
 def test_load_into_reads_layer_0_in_slices_and_the_rest_in_parts(tmp_path, monkeypatch, kind, staging, slices):
     """Layer 0 alone, whole or in token slices, of a many-chunk file from a
     start inside a chunk, then the other layers in parts (one layer a part

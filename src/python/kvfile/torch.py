@@ -52,13 +52,12 @@ _QUANTIZED = frozenset(name for name, d in _DTYPES.items() if d["quantization"] 
 STAGING_BYTES = 256 << 20
 _ALIGN = 256
 # load_into reads layer 0 first and alone, in this many token slices (whole
-# chunks), each copied and decoded on the GPU while the next is read. On the
-# H200 hosts of docs/gpu.md every further slice put layer 0 1.3 to 2.7 ms
-# later when each slice's read call started the reader's threads anew and
-# was made only once the part before was queued: one slice was the fastest
-# measured. The reader now keeps its threads and the next part is read
-# ahead; tools/bench/gpu_layer0.sh measures 1 to 8 slices.
-FIRST_LAYER_SLICES = 1
+# chunks), each copied and decoded on the GPU while the next is read. With
+# the reader keeping its threads and the next part read ahead, two slices
+# put layer 0 in place soonest on an H200 host (tools/bench/gpu_layer0.sh,
+# docs/gpu.md): one slice waits for the whole layer's read before its copy,
+# four or more add a read call and a queued part each.
+FIRST_LAYER_SLICES = 2
 # A CUDA load reads each part after the first in a thread while the part
 # before it is queued (copy, decode, scatter), instead of after; False reads
 # them in turn on the loading thread.
@@ -404,12 +403,12 @@ def _load_cuda(torch, reader, device, dtype, dtype_name, start, stop, threads, s
                     for at, np_dtype, part_shape in pieces:
                         nbytes = int(np.prod(part_shape)) * np.dtype(np_dtype).itemsize
                         t.append(g[at:at + nbytes].view(_TORCH_OF[np.dtype(np_dtype).name](torch)).view(part_shape))
-                    if _DTYPES[kind]["quantization"] == "token":
-                        values = codec.dequantize_nvfp4(torch, t[0], t[1], t[2], dtype, tables["e4m3"]).view(shape)
-                    elif kind is not None:
-                        values = dequantize(t[0], t[1], kind, dtype, tables[kind])
-                    else:
+                    if kind is None:  # a raw stream: its values as they are
                         values = t[0].view(dtype)
+                    elif _DTYPES[kind]["quantization"] == "token":
+                        values = codec.dequantize_nvfp4(torch, t[0], t[1], t[2], dtype, tables["e4m3"]).view(shape)
+                    else:
+                        values = dequantize(t[0], t[1], kind, dtype, tables[kind])
                     sink(name, first, last, lo - start, hi - start, values)
                 if part_done is not None and hi == stop:
                     part_done(first, last, copy_stream)
