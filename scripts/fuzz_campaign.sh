@@ -6,7 +6,8 @@
 # core count), each starting from the seed corpus tests/fuzz/corpus/<target>/.
 # Afterwards the inputs that add coverage are merged into that corpus
 # (libFuzzer's -merge=1, which keeps only inputs with new features) and
-# copied to OUT/<target>/added/ as well, and the script prints per target
+# copied to OUT/<target>/added/ (and packed in OUT/<target>/added.tar.xz)
+# as well, and the script prints per target
 # the executions done, the coverage of the merged corpus (cov: edges,
 # ft: features, from one pass of the target over it) and every crash,
 # hang, leak or allocation above the limit (the input is in OUT/<target>/).
@@ -117,6 +118,9 @@ for t in "${TARGETS[@]}"; do
   fi
   ls "$seeds" | sort | comm -13 "$dir/before.txt" - | while read -r f; do cp "$seeds/$f" "$dir/added/"; done
   added=$(ls "$dir/added" | wc -l)
+  # The same inputs as one file, for a machine whose output folder brings
+  # back only so many files.
+  tar -cJf "$dir/added.tar.xz" -C "$dir" added
   rm -rf "$dir/corpus"  # the campaign's whole corpus: what it adds is in added/
   # Coverage of the merged corpus: one pass of the target over it.
   "$BIN/fuzz_$t" "${FLAGS[@]}" -runs=0 "$seeds" >"$dir/coverage.log" 2>&1 || true
