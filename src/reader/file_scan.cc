@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <utility>
 
 #include "codec/row_check.h"
@@ -354,9 +355,11 @@ Status ExplainReadFailure(File& file, const ScanResult& scan, uint64_t read_end,
   uint64_t size = 0;
   if (!file.Size(&size).ok()) return error;
   if (size < read_end) return changed;
-  std::vector<uint8_t> fixed(kDataOffset);
+  // Not zeroed: ReadAt fills it, and this runs once per damaged section read.
+  const auto fixed = std::make_unique_for_overwrite<uint8_t[]>(kDataOffset);
   CommitSlots now;
-  if (file.ReadAt(0, fixed.data(), fixed.size()).ok() && ReadCommitSlots(fixed, scan.header.salt, &now) &&
+  if (file.ReadAt(0, fixed.get(), kDataOffset).ok() &&
+      ReadCommitSlots({fixed.get(), kDataOffset}, scan.header.salt, &now) &&
       now.newest.epoch != scan.commit.epoch)
     return changed;
   return error;
