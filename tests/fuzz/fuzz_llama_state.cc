@@ -32,6 +32,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   w.layers = s.layers;
   w.k_width = s.k_width;
   w.v_width = s.v_width;
+  if (s.cache_layers.size() > 1) w.cache_layers = s.cache_layers;  // an iSWA file's two caches
   if (!ll::CheckWriteSpec(w).ok()) fuzz::Fail("the layout of an accepted file cannot be written");
   if (ll::StateFileSize(w, s.cells) != size) fuzz::Fail("the accepted layout does not fill the file");
   std::unique_ptr<File> out;
@@ -55,7 +56,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!st.ok()) fuzz::Fail("the rewritten file does not parse: " + st.ToString());
   if (t.kind != s.kind || t.tokens != s.tokens || t.cells != s.cells || t.layers != s.layers ||
       t.k_width != s.k_width || t.v_width != s.v_width || t.v_trans != s.v_trans || t.stream != s.stream ||
-      t.n_stream != s.n_stream || t.seq_id != s.seq_id || t.first_pos != s.first_pos || t.arch != s.arch)
+      t.n_stream != s.n_stream || t.seq_id != s.seq_id || t.first_pos != s.first_pos || t.arch != s.arch ||
+      t.cache_layers != s.cache_layers)
     fuzz::Fail("the rewritten file parses to another layout");
   return 0;
 }
