@@ -4,7 +4,8 @@
  * (every_stream, keep_raw), a damaged .kv refused unless salvage, and an
  * existing output without force refused and left byte-identical; and
  * the foreign formats both ways on the fixtures (a llama.cpp state file
- * and a colibri session back byte for byte, a Mooncake directory).
+ * and a colibri session back byte for byte, a Mooncake directory), and
+ * the variants: a llama.cpp session, COLIKV1, a .kv of format 1.
  * Usage: c_api_convert_test DIR FIXTURES (a scratch directory, emptied by
  * the caller, and tests/fixtures). */
 #include <stdint.h>
@@ -204,6 +205,82 @@ static void test_foreign_formats_both_ways(void) {
   }
 }
 
+/* The rest of the formats both ways: a llama.cpp session file (V transposed,
+ * as imported) byte for byte, a colibri COLIKV1 export (the fixture of the
+ * v2 session's rows in v1's layout), and a .kv of format 1 and back (bf16)
+ * with every value as it was; the C-only choice fields refuse a value out of
+ * their enum. */
+static void test_remaining_variants_both_ways(void) {
+  static uint8_t want[1 << 16], got[1 << 16];
+  static float a_rows[kTokens * kPerToken], b_rows[kTokens * kPerToken];
+  kvfile_convert_options o;
+  kvfile_convert_result res;
+  kvfile_reader *a = NULL, *b = NULL;
+  kvfile_info info;
+  long n, m;
+  uint32_t layer, stream;
+  memset(&o, 0, sizeof o);
+  o.keep_raw = "k,v";
+  o.llama_head_size = 64;
+  CHECK(kvfile_convert(in_dir(fixtures, "llama/session-f16-fa0.bin"), in_dir(dir, "sess.kv"), &o, &res) ==
+        KVFILE_OK);
+  CHECK(res.from == KVFILE_FORMAT_LLAMA && res.tokens == 24);
+  CHECK_CONTAINS(res.summary, "session of f16/f16 cache (V transposed)");
+  memset(&o, 0, sizeof o);
+  o.to = KVFILE_FORMAT_LLAMA;
+  o.llama_session = 1;
+  o.llama_type = "f16";
+  CHECK(kvfile_convert(in_dir(dir, "sess.kv"), in_dir(dir, "sess.bin"), &o, &res) == KVFILE_OK);
+  CHECK(strcmp(res.summary, "24 tokens; 2 layers; llama.cpp session, f16 cache (V transposed); 25045 bytes") == 0);
+  n = slurp(in_dir(fixtures, "llama/session-f16-fa0.bin"), want, sizeof want);
+  m = slurp(in_dir(dir, "sess.bin"), got, sizeof got);
+  CHECK(n == 25045 && m == n && memcmp(want, got, (size_t)n) == 0);
+  /* The same cache as a sequence state with V not transposed: another file. */
+  o.llama_session = 0;
+  o.llama_v_trans = KVFILE_CHOICE_NO;
+  o.force = 1;
+  CHECK(kvfile_convert(in_dir(dir, "sess.kv"), in_dir(dir, "sess.bin"), &o, &res) == KVFILE_OK);
+  CHECK(strcmp(res.summary, "24 tokens; 2 layers; llama.cpp sequence state, f16 cache; 25036 bytes") == 0);
+  o.llama_v_trans = (kvfile_choice)7;
+  CHECK(kvfile_convert(in_dir(dir, "sess.kv"), in_dir(dir, "sess.bin"), &o, &res) == KVFILE_INVALID_ARGUMENT);
+  CHECK(strcmp(kvfile_last_error(), "kvfile_convert: options->llama_v_trans 7 is no kvfile_choice") == 0);
+  CHECK(slurp(in_dir(dir, "sess.bin"), got, sizeof got) == 25036);
+  /* colibri version 1. */
+  CHECK(kvfile_convert(in_dir(fixtures, "seeds/coli_v2.coli_kv"), in_dir(dir, "c2.kv"), NULL, &res) == KVFILE_OK);
+  memset(&o, 0, sizeof o);
+  o.coli_v1 = 1;
+  CHECK(kvfile_convert(in_dir(dir, "c2.kv"), in_dir(dir, "c1.coli_kv"), &o, &res) == KVFILE_OK);
+  CHECK(res.to == KVFILE_FORMAT_COLI && strcmp(res.summary, "COLIKV1, 3 tokens") == 0);
+  n = slurp(in_dir(fixtures, "seeds/coli_v2_as_v1.coli_kv"), want, sizeof want);
+  m = slurp(in_dir(dir, "c1.coli_kv"), got, sizeof got);
+  CHECK(n > 0 && m == n && memcmp(want, got, (size_t)n) == 0);
+  /* .kv format 1 (raw rows) and back to format 2. */
+  /* raw.kv: the bf16 file of test_dtype_policy. */
+  memset(&o, 0, sizeof o);
+  o.kv_major = 1;
+  CHECK(kvfile_convert(in_dir(dir, "raw.kv"), in_dir(dir, "fmt1.kv"), &o, &res) == KVFILE_OK);
+  CHECK(kvfile_reader_open(in_dir(dir, "fmt1.kv"), &b) == KVFILE_OK);
+  CHECK(kvfile_reader_info(b, &info) == KVFILE_OK && info.major_version == 1 && info.tokens == kTokens);
+  kvfile_reader_close(b);
+  /* Format 2's default for a format 1 file is the upgrade's, e4m3; bf16 keeps every value. */
+  CHECK(kvfile_convert(in_dir(dir, "fmt1.kv"), in_dir(dir, "fmt1q.kv"), NULL, &res) == KVFILE_OK);
+  CHECK(stream_dtype(in_dir(dir, "fmt1q.kv"), 0) == KVFILE_E4M3);
+  memset(&o, 0, sizeof o);
+  o.dtype = KVFILE_BF16;
+  CHECK(kvfile_convert(in_dir(dir, "fmt1.kv"), in_dir(dir, "fmt1back.kv"), &o, &res) == KVFILE_OK);
+  CHECK(kvfile_reader_open(in_dir(dir, "raw.kv"), &a) == KVFILE_OK);
+  CHECK(kvfile_reader_open(in_dir(dir, "fmt1back.kv"), &b) == KVFILE_OK);
+  CHECK(kvfile_reader_info(b, &info) == KVFILE_OK && info.major_version == 2 && info.tokens == kTokens);
+  for (layer = 0; layer < kLayers; ++layer)
+    for (stream = 0; stream < kStreams; ++stream) {
+      CHECK(kvfile_reader_read_rows(a, layer, stream, 0, kTokens, KVFILE_F32, a_rows, sizeof a_rows) == KVFILE_OK);
+      CHECK(kvfile_reader_read_rows(b, layer, stream, 0, kTokens, KVFILE_F32, b_rows, sizeof b_rows) == KVFILE_OK);
+      CHECK(memcmp(a_rows, b_rows, sizeof a_rows) == 0);
+    }
+  kvfile_reader_close(a);
+  kvfile_reader_close(b);
+}
+
 int main(int argc, char** argv) {
   if (argc != 3) {
     fprintf(stderr, "usage: c_api_convert_test DIR FIXTURES\n");
@@ -216,5 +293,6 @@ int main(int argc, char** argv) {
   test_salvage();
   test_existing_output_untouched();
   test_foreign_formats_both_ways();
+  test_remaining_variants_both_ways();
   return check_summary("c_api_convert_test");
 }

@@ -962,6 +962,16 @@ static_assert(KVFILE_FORMAT_KV == static_cast<int>(kvfile::Format::kKv) + 1 &&
 
 bool IsFormat(kvfile_format f) { return f >= KVFILE_FORMAT_KV && f <= KVFILE_FORMAT_COLI; }
 
+kvfile_status ToChoice(kvfile_choice c, const char* field, std::optional<bool>* out) {
+  switch (c) {
+    case KVFILE_CHOICE_DEFAULT: out->reset(); return KVFILE_OK;
+    case KVFILE_CHOICE_YES: *out = true; return KVFILE_OK;
+    case KVFILE_CHOICE_NO: *out = false; return KVFILE_OK;
+  }
+  return Fail(KVFILE_INVALID_ARGUMENT, std::string("kvfile_convert: options->") + field + " " +
+                                           std::to_string(static_cast<int>(c)) + " is no kvfile_choice");
+}
+
 kvfile_status ToConvertOptions(const kvfile_convert_options& c, kvfile::ConvertOptions* o) {
   if (c.to != KVFILE_FORMAT_AUTO) {
     if (!IsFormat(c.to))
@@ -990,6 +1000,19 @@ kvfile_status ToConvertOptions(const kvfile_convert_options& c, kvfile::ConvertO
   if (c.llama_head_size != 0) o->llama.head_size = c.llama_head_size;
   if (c.mooncake_group_size != 0) o->mooncake.group_size = c.mooncake_group_size;
   if (c.coli_vocab != 0) o->coli.vocab = c.coli_vocab;
+  o->coli.v1 = c.coli_v1 != 0;
+  if (c.coli_indexer_layers != nullptr) o->coli.indexer_layers = c.coli_indexer_layers;
+  std::optional<bool> rotated, v_trans;
+  if (kvfile_status st = ToChoice(c.llama_rotated, "llama_rotated", &rotated); st != KVFILE_OK) return st;
+  if (kvfile_status st = ToChoice(c.llama_v_trans, "llama_v_trans", &v_trans); st != KVFILE_OK) return st;
+  if (c.llama_model != nullptr) o->llama.model = c.llama_model;
+  o->llama.rotated = rotated;
+  o->llama.unrotate = c.llama_unrotate != 0;
+  o->llama.session = c.llama_session != 0;
+  if (c.llama_type != nullptr) o->llama.type = c.llama_type;
+  if (v_trans) o->llama.v_trans = *v_trans ? 1 : 0;
+  if (c.llama_arch != nullptr) o->llama.arch = c.llama_arch;
+  if (c.llama_n_stream != 0) o->llama.n_stream = c.llama_n_stream;
   return KVFILE_OK;
 }
 

@@ -25,7 +25,9 @@ py::dict ConvertFile(const std::string& in, const std::string& out, const std::o
                      const std::vector<std::string>& keep_raw, bool codes, std::optional<uint32_t> chunk_tokens,
                      bool salvage, bool force, std::optional<uint32_t> head_size, std::optional<std::string> model,
                      std::optional<bool> rotated, bool unrotate, std::optional<uint32_t> group_size,
-                     std::optional<uint32_t> vocab) {
+                     std::optional<uint32_t> vocab, bool session, std::optional<std::string> cache_type,
+                     std::optional<bool> v_trans, std::optional<std::string> arch, std::optional<uint32_t> n_stream,
+                     bool coli_v1, std::optional<std::string> indexer_layers) {
   ConvertOptions o;
   if (to) {
     Format f;
@@ -45,7 +47,14 @@ py::dict ConvertFile(const std::string& in, const std::string& out, const std::o
   o.llama.rotated = rotated;
   o.llama.unrotate = unrotate;
   o.mooncake.group_size = group_size;
+  o.llama.session = session;
+  o.llama.type = std::move(cache_type);
+  if (v_trans) o.llama.v_trans = *v_trans ? 1 : 0;
+  o.llama.arch = std::move(arch);
+  o.llama.n_stream = n_stream;
   o.coli.vocab = vocab;
+  o.coli.v1 = coli_v1;
+  o.coli.indexer_layers = std::move(indexer_layers);
   // Ctrl-C stops the conversion at its next batch (OUT stays as it was).
   o.interrupted = [] {
     py::gil_scoped_acquire gil;
@@ -78,6 +87,9 @@ void BindConvert(py::module_& m) {
         py::arg("chunk_tokens") = py::none(), py::arg("salvage") = false, py::arg("force") = false,
         py::arg("head_size") = py::none(), py::arg("model") = py::none(), py::arg("rotated") = py::none(),
         py::arg("unrotate") = false, py::arg("group_size") = py::none(), py::arg("vocab") = py::none(),
+        py::arg("session") = false, py::arg("cache_type") = py::none(), py::arg("v_trans") = py::none(),
+        py::arg("arch") = py::none(), py::arg("n_stream") = py::none(), py::arg("coli_v1") = false,
+        py::arg("indexer_layers") = py::none(),
         "kvfile::Convert: src -> dst in any of the formats (kvfile.convert wraps it). Returns a dict: from, to, "
         "tokens, summary, warnings, notes.");
 }

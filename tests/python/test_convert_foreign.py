@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # kvfile.convert (the library's kvfile::Convert) with the foreign formats,
 # both ways: llama.cpp state files, Mooncake record directories and colibri
-# sessions, on the fixtures the C++ tests use (tests/fixtures/llama,
+# sessions (and the variants: a llama.cpp session, COLIKV1, a .kv of
+# format 1), on the fixtures the C++ tests use (tests/fixtures/llama,
 # tests/fixtures/seeds), byte for byte where the format allows.
 import json
 from pathlib import Path
@@ -95,3 +96,64 @@ def test_colibri_cut_inside_its_records_is_refused(tmp_path):
     assert str(e.value) == (f"{cut}: the file ends inside record 1 of 3 (56 bytes each): "
                             "the committed records are not all there")
     assert not (tmp_path / "a.kv").exists()
+
+
+def test_llama_session_both_ways_is_llamas_file(tmp_path):
+    src = LLAMA / "session-f16-fa0.bin"
+    kv = tmp_path / "s.kv"
+    report = kvfile.convert(str(src), str(kv), keep_raw=["k", "v"], head_size=64)
+    assert report["summary"] == ("24 tokens; 2 layers; session of f16/f16 cache (V transposed); "
+                                 "k 2 x 64 f16, v 2 x 64 f16; 40960 bytes")
+    back = tmp_path / "s.bin"
+    report = kvfile.convert(str(kv), str(back), to="llama", session=True, cache_type="f16")
+    assert report["summary"] == "24 tokens; 2 layers; llama.cpp session, f16 cache (V transposed); 25045 bytes"
+    assert back.read_bytes() == src.read_bytes()
+    # The same cache as a sequence state without the transposed V, then back
+    # as a session: llama.cpp's session again.
+    seq = tmp_path / "s.seq"
+    report = kvfile.convert(str(kv), str(seq), to="llama", v_trans=False, n_stream=1)
+    assert report["summary"] == "24 tokens; 2 layers; llama.cpp sequence state, f16 cache; 25036 bytes"
+    kv2 = tmp_path / "s2.kv"
+    kvfile.convert(str(seq), str(kv2), keep_raw=["k", "v"], head_size=64)
+    again = tmp_path / "again.bin"
+    kvfile.convert(str(kv2), str(again), to="llama", session=True, v_trans=True, arch="llama")
+    assert again.read_bytes() == src.read_bytes()
+
+
+def test_colibri_v1_export_and_partial_indexer_both_ways(tmp_path):
+    kv = tmp_path / "a.kv"
+    kvfile.convert(str(SEEDS / "coli_v2.coli_kv"), str(kv))
+    v1 = tmp_path / "a.coli_kv"
+    report = kvfile.convert(str(kv), str(v1), coli_v1=True)
+    assert report["summary"] == "COLIKV1, 3 tokens"
+    assert v1.read_bytes() == (SEEDS / "coli_v2_as_v1.coli_kv").read_bytes()
+    glm = SEEDS / "coli_glm_partial.coli_kv"
+    with pytest.raises(kvfile.InvalidArgumentError, match="the indexer is in 21 of 78 layers"):
+        kvfile.convert(str(glm), str(tmp_path / "g.kv"))
+    assert not (tmp_path / "g.kv").exists()
+    layers = ",".join(str(i) for i in range(0, 77, 4)) + ",77"
+    kvfile.convert(str(glm), str(tmp_path / "g.kv"), indexer_layers=layers)
+    kvfile.convert(str(tmp_path / "g.kv"), str(tmp_path / "g.coli_kv"))
+    assert (tmp_path / "g.coli_kv").read_bytes() == glm.read_bytes()
+
+
+def test_kv_format_1_both_ways_keeps_every_value(tmp_path):
+    coli = tmp_path / "coli.kv"
+    kvfile.convert(str(SEEDS / "coli_v2.coli_kv"), str(coli))
+    a = tmp_path / "a.kv"
+    kvfile.convert(str(coli), str(a), "bf16")  # every stream raw: what format 1 holds
+    v1 = tmp_path / "v1.kv"
+    kvfile.convert(str(a), str(v1), kv_major=1)
+    back = tmp_path / "back.kv"
+    kvfile.convert(str(v1), str(back))  # format 2's default for a format 1 file: the upgrade's e4m3
+    with kvfile.open(str(back)) as z:
+        assert z.info()["geometry"]["streams"][0]["dtype"] == "e4m3"
+    kvfile.convert(str(v1), str(back), "bf16", overwrite=True)
+    with kvfile.open(str(a)) as x, kvfile.open(str(v1)) as y, kvfile.open(str(back)) as z:
+        assert y.info()["major_version"] == 1 and z.info()["major_version"] == 2
+        assert list(x.tokens) == list(y.tokens) == list(z.tokens)
+        for layer in range(2):
+            for stream in ("latent", "rope", "indexer"):
+                want = x.read(stream, layer=layer).tobytes()
+                assert y.read(stream, layer=layer).tobytes() == want
+                assert z.read(stream, layer=layer).tobytes() == want

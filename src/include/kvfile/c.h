@@ -625,6 +625,9 @@ typedef enum kvfile_format {
 } kvfile_format;
 
 /* Conversion options; an all-zero struct (or NULL) means the defaults. */
+/* A yes/no option whose zero is the default. */
+typedef enum kvfile_choice { KVFILE_CHOICE_DEFAULT = 0, KVFILE_CHOICE_YES = 1, KVFILE_CHOICE_NO = 2 } kvfile_choice;
+
 typedef struct kvfile_convert_options {
   kvfile_format to;          /* OUT's format; AUTO: by its name */
   uint16_t kv_major;         /* a .kv OUT's format, 1 or 2; 0: 2 */
@@ -638,6 +641,19 @@ typedef struct kvfile_convert_options {
   uint32_t llama_head_size;  /* a llama.cpp IN: values per KV head (required by that format) */
   uint32_t mooncake_group_size; /* a Mooncake OUT: elements per scale group; 0: a row */
   uint32_t coli_vocab;       /* a colibri OUT: the vocabulary size; 0: from the model id */
+  int coli_v1;               /* a colibri OUT: COLIKV1 instead of COLIKV2 (kvfile convert --format coli-v1) */
+  const char* coli_indexer_layers; /* a .coli_kv IN whose indexer is in some layers only: which, ascending
+                                      ("0..20" or "0,4,8"); NULL: every layer */
+  /* llama.cpp state files, as the flags of kvfile convert (docs/formats.md). */
+  const char* llama_model;   /* an IN: the model's GGUF file, whose metadata gives the head size */
+  kvfile_choice llama_rotated; /* an IN: rows stored Hadamard-rotated; an OUT: the restoring context rotates;
+                                  DEFAULT: as llama.cpp does for the cache type */
+  int llama_unrotate;        /* an IN: store a rotated quantized cache's rows un-rotated */
+  int llama_session;         /* an OUT: a session file ('ggsn', --format llama-session), not a sequence state */
+  const char* llama_type;    /* an OUT: the cache type, "f16", "q8_0", ..., or "K,V"; NULL: as imported */
+  kvfile_choice llama_v_trans; /* an OUT: V stored transposed (no flash attention); DEFAULT: as imported, else no */
+  const char* llama_arch;    /* a session OUT: the model architecture; NULL: as imported */
+  uint32_t llama_n_stream;   /* an OUT: cache streams in the file (llama-server -np N); 0: as imported, else 1 */
 } kvfile_convert_options;
 
 typedef struct kvfile_convert_result {

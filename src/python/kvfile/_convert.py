@@ -24,10 +24,14 @@ def convert(src, dst, dtype=None, *, overwrite=False, every_stream=True, **optio
     dst in that dtype (every_stream=False: the policy of `kvfile convert
     --dtype`, where a quantized dtype leaves raw streams raw); a safetensors
     dst's values. Other options, as the flags of `kvfile convert`: kv_major
-    (1 or 2), keep_raw (stream names), codes, chunk_tokens, salvage,
-    head_size, model, rotated, unrotate (llama.cpp), group_size (Mooncake),
-    vocab (colibri). dst is written whole under a temporary name (an s3://
-    key: staged locally, then uploaded) and replaces what was there
+    (1 or 2), keep_raw (stream names), codes, chunk_tokens, salvage; for a
+    llama.cpp src head_size, model, rotated, unrotate, for a llama.cpp dst
+    session (a session file, not a sequence state), cache_type ("f16",
+    "q8_0", ... or "K,V"; --dtype of the command), v_trans, arch, n_stream,
+    rotated; group_size (Mooncake); vocab, coli_v1 (a COLIKV1 dst),
+    indexer_layers (a colibri src, "0..20" or "0,4,8"). dst is written
+    whole under a temporary name (an s3:// key: staged locally, then
+    uploaded) and replaces what was there
     (overwrite=True) only when complete; an existing dst without overwrite
     raises InvalidArgumentError and stays as it was. Returns the report: a
     dict of from, to, tokens, summary, warnings, notes, and bytes (a .kv
