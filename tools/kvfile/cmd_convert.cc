@@ -7,18 +7,17 @@
 // library writes it under a temporary name and renames it into place). IN
 // is opened read-only. An existing OUT is replaced only with --force.
 #include <algorithm>
-#include <atomic>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
 #include <optional>
 #include <set>
-#include <thread>
 
 #include "cli_common.h"
 #include "kvfile/convert.h"
 #include "kvfile/formats/llama.h"
 #include "kvfile/file.h"
+#include "kvfile/parallel.h"
 #include "natural_sort.h"
 #include "pack_member.h"
 #include "progress.h"
@@ -205,24 +204,20 @@ int ConvertTree(const ConvertArgs& a, const ConvertOptions& options) {
     }
   }
   std::vector<Outcome> outcomes(files.size());
-  std::atomic<size_t> next{0};
   // After a signal no further file is started; the ones in flight stop at
   // their next batch, and the signal is reported once, after the others.
-  auto work = [&] {
-    for (size_t i; !PendingSignal() && (i = next.fetch_add(1)) < files.size();) {
-      try {
-        outcomes[i] = ConvertOne(files[i], outs[i], FormatOf(to), options);
-      } catch (const std::bad_alloc&) {
-        outcomes[i] = {Status::Failed(files[i] + ": out of memory"), "", ""};
-      }
-      if (PendingSignal() && !outcomes[i].status.ok()) outcomes[i] = {};  // reported below, once
-    }
-  };
   unsigned jobs = std::max(1u, std::min<unsigned>(a.jobs, static_cast<unsigned>(files.size())));
-  std::vector<std::thread> pool;
-  for (unsigned j = 1; j < jobs; ++j) pool.emplace_back(work);
-  work();
-  for (auto& t : pool) t.join();
+  ParallelFor(
+      0, files.size(), jobs,
+      [&](unsigned, size_t i) {
+        try {
+          outcomes[i] = ConvertOne(files[i], outs[i], FormatOf(to), options);
+        } catch (const std::bad_alloc&) {
+          outcomes[i] = {Status::Failed(files[i] + ": out of memory"), "", ""};
+        }
+        if (PendingSignal() && !outcomes[i].status.ok()) outcomes[i] = {};  // reported below, once
+      },
+      [] { return PendingSignal(); });
   std::vector<Outcome> done;
   for (const Outcome& o : outcomes)
     if (!o.status.ok() || !o.line.empty()) done.push_back(o);
