@@ -457,26 +457,44 @@ Status PlanExport(const std::string& in, const Geometry& g, const ModelIdentity&
     // A stream's tensors hold the layers it is in (its layer set, in the metadata).
     const uint64_t nl = g.StreamLayers(s);
     std::vector<uint64_t> shape = {nl, T, spec.rows_per_token, spec.row_width};
-    if (codes && IsNvfp4(spec.dtype)) {
-      // Per token: packed codes (U8), E4M3 block scales, one F32 row scale.
-      const uint64_t n = spec.ElementsPerToken();
-      x.tensors.push_back({spec.name + std::string(kCodesSuffix), DType::kU8, {nl, T, n / 2}, 0, 0, 0});
-      x.items.push_back({s, Part::kCodes, spec.dtype});
-      x.tensors.push_back({spec.name + std::string(kBlockScalesSuffix), DType::kF8E4M3, {nl, T, n / 16}, 0, 0, 0});
-      x.items.push_back({s, Part::kBlockScales, spec.dtype});
-      x.tensors.push_back({spec.name + std::string(kScalesSuffix), DType::kF32, {nl, T}, 0, 0, 0});
-      x.items.push_back({s, Part::kScales, spec.dtype});
-      // Its rows x width travel in the metadata.
-      x.metadata[ShapeKey(spec.name)] = std::to_string(spec.rows_per_token) + "x" + std::to_string(spec.row_width);
-    } else if (codes && IsFp8(spec.dtype)) {
-      x.tensors.push_back({spec.name + std::string(kCodesSuffix), DTypeOf(spec.dtype), shape, 0, 0, 0});
-      x.items.push_back({s, Part::kCodes, spec.dtype});
-      x.tensors.push_back({spec.name + std::string(kScalesSuffix), DType::kF32, {nl, T, spec.rows_per_token}, 0, 0, 0});
-      x.items.push_back({s, Part::kScales, Dtype::kF32});
+    if (codes && IsQuantized(spec.dtype)) {
+      // One tensor per stored part of the dtype (kDtypeTable), in its order:
+      // codes whole bytes shaped as the values, or packed (under 8 bits)
+      // per token; block scales E4M3 per token; row scales F32 per codec row.
+      const DtypeInfo& info = *FindDtype(spec.dtype);
+      const CodecRows cr = CodecRowsOf(spec.dtype, spec.rows_per_token, spec.row_width);
+      for (uint8_t i = 0; i < info.part_count; ++i) {
+        const DtypePart p = info.parts[i];
+        const std::string name = spec.name + PartSuffix(p);
+        const uint64_t per_token = PartBytes(spec.dtype, p, cr.per_token, cr.width);
+        switch (p) {
+          case DtypePart::kCodes:
+            if (info.element_bits >= 8)
+              x.tensors.push_back({name, DTypeOf(spec.dtype), shape, 0, 0, 0});
+            else
+              x.tensors.push_back({name, DType::kU8, {nl, T, per_token}, 0, 0, 0});
+            x.items.push_back({s, p, spec.dtype});
+            break;
+          case DtypePart::kBlockScales:
+            x.tensors.push_back({name, DType::kF8E4M3, {nl, T, per_token}, 0, 0, 0});
+            x.items.push_back({s, p, spec.dtype});
+            break;
+          case DtypePart::kRowScales:
+            if (info.quantization == Quantization::kPerToken)
+              x.tensors.push_back({name, DType::kF32, {nl, T}, 0, 0, 0});
+            else
+              x.tensors.push_back({name, DType::kF32, {nl, T, cr.per_token}, 0, 0, 0});
+            x.items.push_back({s, p, spec.dtype});
+            break;
+        }
+      }
+      // Packed codes do not show rows x width: it travels in the metadata.
+      if (info.element_bits < 8)
+        x.metadata[ShapeKey(spec.name)] = std::to_string(spec.rows_per_token) + "x" + std::to_string(spec.row_width);
     } else {
       Dtype d = codes ? spec.dtype : values;
       x.tensors.push_back({spec.name, DTypeOf(d), shape, 0, 0, 0});
-      x.items.push_back({s, Part::kValues, d});
+      x.items.push_back({s, std::nullopt, d});
     }
   }
   x.metadata[std::string(kModelKey)] = id.model_id;

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -33,12 +34,12 @@ inline std::string LayersKey(const std::string& stream) { return "kvfile.layers.
 // ending in a part's suffix (an import would read it as that part).
 bool IsReserved(const std::string& stream);
 
-// What one tensor of an export holds.
-enum class Part { kValues, kCodes, kBlockScales, kScales };
+// What one tensor of an export holds: a stream's values, or one stored
+// part of its quantized dtype (kDtypeTable's parts).
 struct ExportTensor {
   uint32_t stream = 0;
-  Part part = Part::kValues;
-  Dtype dtype = Dtype::kBF16;  // the kvfile dtype of the elements (values or codes)
+  std::optional<DtypePart> part;  // none: values
+  Dtype dtype = Dtype::kBF16;     // the values' dtype, or the stream's stored dtype
 };
 
 // The layout of an export of `tokens` tokens of a .kv of geometry `g`:

@@ -25,7 +25,6 @@ using safetensors::KvTensors;
 using safetensors::SafetensorsFile;
 using safetensors::SafetensorsWriter;
 using safetensors::TensorInfo;
-using safetensors::naming::Part;
 
 uint64_t FileSize(const std::string& path) {
   std::error_code ec;
@@ -166,7 +165,7 @@ Status WriteParts(Reader& r, const std::string& in, uint64_t T, const std::vecto
   for (size_t k = 0; k < items.size(); ++k) {
     const safetensors::naming::ExportTensor& it = items[k];
     const StreamSpec& spec = g.streams[it.stream];
-    uint64_t elem = it.part == Part::kScales ? 0 : ElementSize(it.dtype);
+    uint64_t elem = it.part ? 0 : ElementSize(it.dtype);
     uint64_t per_token = spec.ElementsPerToken() * std::max<uint64_t>(elem, 1) + spec.rows_per_token * 4;
     uint64_t block = safetensors::BlockTokens(per_token, uint64_t{64} << 20);
     for (uint32_t l = 0; l < g.layers; ++l) {
@@ -179,30 +178,29 @@ Status WriteParts(Reader& r, const std::string& in, uint64_t T, const std::vecto
         uint64_t first_row = (tl * T + t0) * spec.rows_per_token;
         done += n;
         Progress(o, label, done, total);
-        if (IsNvfp4(spec.dtype) && it.part != Part::kValues) {
-          const uint64_t width = spec.ElementsPerToken(), first_token = tl * T + t0;
-          data.resize(n * (width / 2 + width / 16));
-          uint8_t* blocks = data.data() + n * width / 2;
-          scales.resize(n);
-          KVFILE_RETURN_IF_ERROR(r.ReadCodes(l, it.stream, t0, t0 + n, data.data(), blocks, scales.data()));
-          if (it.part == Part::kCodes)
-            KVFILE_RETURN_IF_ERROR(w.Write(k + 1, first_token * width / 2, data.data(), n * width / 2));
-          else if (it.part == Part::kBlockScales)
-            KVFILE_RETURN_IF_ERROR(w.Write(k + 1, first_token * width / 16, blocks, n * width / 16));
-          else
-            KVFILE_RETURN_IF_ERROR(w.Write(k + 1, first_token * 4, scales.data(), n * 4));
-        } else if (it.part == Part::kValues) {
+        if (it.part) {
+          // A part of the stored dtype (kDtypeTable): all of them are read
+          // together, the item's part is written at its offset in the tensor.
+          const Dtype d = spec.dtype;
+          const CodecRows cr = CodecRowsOf(d, spec.rows_per_token, spec.row_width);
+          const uint64_t crows = n * cr.per_token, first = (tl * T + t0) * cr.per_token;
+          const uint64_t code_bytes = PartBytes(d, DtypePart::kCodes, crows, cr.width);
+          data.resize(code_bytes + PartBytes(d, DtypePart::kBlockScales, crows, cr.width));
+          scales.resize(crows);
+          uint8_t* blocks = data.data() + code_bytes;
+          KVFILE_RETURN_IF_ERROR(PartBytes(d, DtypePart::kBlockScales, 1, cr.width) != 0
+                                     ? r.ReadCodes(l, it.stream, t0, t0 + n, data.data(), blocks, scales.data())
+                                     : r.ReadCodes(l, it.stream, t0, t0 + n, data.data(), scales.data()));
+          const DtypePart p = *it.part;
+          const void* src = p == DtypePart::kCodes ? static_cast<const void*>(data.data())
+                            : p == DtypePart::kBlockScales ? static_cast<const void*>(blocks)
+                                                           : static_cast<const void*>(scales.data());
+          KVFILE_RETURN_IF_ERROR(
+              w.Write(k + 1, PartBytes(d, p, first, cr.width), src, PartBytes(d, p, crows, cr.width)));
+        } else {
           data.resize(rows * spec.row_width * elem);
           KVFILE_RETURN_IF_ERROR(r.ReadRows(l, it.stream, t0, t0 + n, it.dtype, data.data()));
           KVFILE_RETURN_IF_ERROR(w.Write(k + 1, first_row * spec.row_width * elem, data.data(), data.size()));
-        } else {
-          data.resize(rows * spec.row_width);
-          scales.resize(rows);
-          KVFILE_RETURN_IF_ERROR(r.ReadCodes(l, it.stream, t0, t0 + n, data.data(), scales.data()));
-          if (it.part == Part::kCodes)
-            KVFILE_RETURN_IF_ERROR(w.Write(k + 1, first_row * spec.row_width, data.data(), data.size()));
-          else
-            KVFILE_RETURN_IF_ERROR(w.Write(k + 1, first_row * 4, scales.data(), rows * 4));
         }
       }
     }

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // kvfile append: append the tokens of a safetensors file (the kvfile
-// convention, see src/safetensors.h) to a .kv file, creating it with the
+// convention of kvfile/formats/safetensors.h, docs/formats.md) to a .kv file, creating it with the
 // input's geometry if it does not exist.
 //
 // Everything is checked before the first byte is appended: the input's
