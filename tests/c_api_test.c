@@ -455,6 +455,19 @@ static void test_verify_and_damage(void) {
   kvfile_codes_target ct = {1, 1, codes, sizeof codes, scales, kTokens * kRows};
   CHECK_STATUS(kvfile_reader_read_codes_many(r, 0, kTokens, &ct, 1, 0), KVFILE_CORRUPTION);
   CHECK(codes[0] == 0 && scales[0] == 0.0f);
+  /* The parts read fails as a whole too: the f32 target of an intact
+   * stream, read in a pass before the codes, is zero-filled as well. */
+  {
+    kvfile_parts_target pt[2] = {{0, 0, {KVFILE_F32, other, sizeof other, NULL, 0, NULL, 0}},
+                                 {1, 1, {KVFILE_E4M3, codes, sizeof codes, scales, kTokens * kRows, NULL, 0}}};
+    other[5] = 7.0f;
+    codes[0] = 9;
+    CHECK_STATUS(kvfile_reader_read_parts_many(r, 0, kTokens, pt, 2, 2), KVFILE_CORRUPTION);
+    CHECK_CONTAINS(kvfile_last_error(), "layer 1 stream 'v'");
+    CHECK(other[5] == 0.0f && codes[0] == 0 && scales[0] == 0.0f);
+    CHECK_STATUS(kvfile_reader_read_parts_many(r, 4, kTokens, pt, 2, 2), KVFILE_OK);
+    CHECK(scales[0] > 0.0f);
+  }
   /* Tokens past the damaged chunk read fine. */
   CHECK_STATUS(kvfile_reader_read_codes_many(r, 4, kTokens, &ct, 1, 0), KVFILE_OK);
   CHECK(scales[0] > 0.0f);
@@ -793,6 +806,59 @@ static void test_parts_every_dtype(void) {
   CHECK(memcmp(again.data, stored[5].data, nv.data_bytes) == 0 &&
         memcmp(again.block_scales, stored[5].block_scales, nv.block_scales_bytes) == 0 &&
         memcmp(again.scales, stored[5].scales, nv.scale_count * 4) == 0);
+  /* The bulk read: every stream as its stored parts and as f32 rows, twelve
+   * targets of six dtypes in one call, on 2 threads: the same bytes. */
+  {
+    static part_buffers many[kPartStreams];
+    static float rows[kPartStreams][kPartElems], want[kPartElems];
+    kvfile_parts_target pt[2 * kPartStreams];
+    memset(many, 0xCD, sizeof many);
+    for (uint32_t s = 0; s < kPartStreams; ++s) {
+      pt[s].layer = 0;
+      pt[s].stream = s;
+      pt[s].parts = parts_in(kPartDtypes[s], &many[s]);
+      pt[kPartStreams + s].layer = 0;
+      pt[kPartStreams + s].stream = s;
+      pt[kPartStreams + s].parts = (kvfile_parts){KVFILE_F32, rows[s], sizeof rows[s], NULL, 0, NULL, 0};
+    }
+    CHECK_STATUS(kvfile_reader_read_parts_many(r, 0, kTokens, pt, 2 * kPartStreams, 2), KVFILE_OK);
+    for (uint32_t s = 0; s < kPartStreams; ++s) {
+      const kvfile_parts p = pt[s].parts;
+      CHECK(memcmp(many[s].data, stored[s].data, p.data_bytes) == 0);
+      CHECK(p.scale_count == 0 || memcmp(many[s].scales, stored[s].scales, p.scale_count * 4) == 0);
+      CHECK(p.block_scales_bytes == 0 ||
+            memcmp(many[s].block_scales, stored[s].block_scales, p.block_scales_bytes) == 0);
+      CHECK_STATUS(kvfile_reader_read_rows(r, 0, s, 0, kTokens, KVFILE_F32, want, sizeof want), KVFILE_OK);
+      CHECK(memcmp(rows[s], want, sizeof want) == 0);
+    }
+    /* Refused before anything is read: a dtype not the stream's, a missing
+     * part, a short part, a value that is no dtype. */
+    memset(many, 0xCD, sizeof many);
+    pt[0].parts.dtype = KVFILE_NVFP4;
+    CHECK_STATUS(kvfile_reader_read_parts_many(r, 0, kTokens, pt, 2 * kPartStreams, 0), KVFILE_INVALID_ARGUMENT);
+    CHECK(strcmp(kvfile_last_error(),
+                 "kvfile_reader_read_parts_many: targets[0].parts.dtype: stream 'e4' is e4m3, not nvfp4") == 0);
+    pt[0].parts = parts_in(KVFILE_E4M3, &many[0]);
+    pt[5].parts.block_scales = NULL;
+    CHECK_STATUS(kvfile_reader_read_parts_many(r, 0, kTokens, pt, 2 * kPartStreams, 0), KVFILE_INVALID_ARGUMENT);
+    CHECK(strcmp(kvfile_last_error(), "kvfile_reader_read_parts_many: targets[5].parts.block_scales is NULL") == 0);
+    pt[5].parts = parts_in(KVFILE_NVFP4, &many[5]);
+    pt[1].parts.scale_count -= 1;
+    CHECK_STATUS(kvfile_reader_read_parts_many(r, 0, kTokens, pt, 2 * kPartStreams, 0), KVFILE_BUFFER_TOO_SMALL);
+    CHECK_CONTAINS(kvfile_last_error(), "targets[1].parts.scale_count holds 19, the result needs 20");
+    pt[1].parts = parts_in(KVFILE_E5M2, &many[1]);
+    pt[7].parts.dtype = (kvfile_dtype)9;
+    CHECK_STATUS(kvfile_reader_read_parts_many(r, 0, kTokens, pt, 2 * kPartStreams, 0), KVFILE_INVALID_ARGUMENT);
+    CHECK(strcmp(kvfile_last_error(), "kvfile_reader_read_parts_many: targets[7].parts.dtype 9 is invalid") == 0);
+    pt[7].parts.dtype = KVFILE_F32;
+    pt[3].layer = 1;
+    CHECK_STATUS(kvfile_reader_read_parts_many(r, 0, kTokens, pt, 2 * kPartStreams, 0), KVFILE_INVALID_ARGUMENT);
+    CHECK(strcmp(kvfile_last_error(), "kvfile_reader_read_parts_many: targets[3]: layer 1 out of range (1 layers)") == 0);
+    pt[3].layer = 0;
+    CHECK_STATUS(kvfile_reader_read_parts_many(r, 0, kTokens + 1, pt, 2 * kPartStreams, 0), KVFILE_INVALID_ARGUMENT);
+    CHECK_CONTAINS(kvfile_last_error(), "token range [0, 11) outside [0, 10)");
+    CHECK(many[0].data[0] == 0xCD && many[5].block_scales[0] == 0xCD);
+  }
   /* Refused, the buffers untouched: each part one short, an fp8 dtype not
    * the stream's, a value that is no dtype. */
   memset(&again, 0xA5, sizeof again);

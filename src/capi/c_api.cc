@@ -703,6 +703,81 @@ kvfile_status kvfile_reader_read_codes_many(kvfile_reader* reader, uint64_t begi
   });
 }
 
+kvfile_status kvfile_reader_read_parts_many(kvfile_reader* reader, uint64_t begin, uint64_t end,
+                                            const kvfile_parts_target* targets, size_t target_count,
+                                            unsigned threads) {
+  return Guarded([&] {
+    constexpr const char* kFunction = "kvfile_reader_read_parts_many";
+    if (reader == nullptr) return NullArgument(kFunction, "reader");
+    if (targets == nullptr && target_count > 0) return NullArgument(kFunction, "targets");
+    kvfile::Reader& r = *reader->impl;
+    // Checked whole first: dtypes, ranges, sizes and pointers.
+    for (size_t i = 0; i < target_count; ++i) {
+      const kvfile_parts_target& t = targets[i];
+      const std::string what = "targets[" + std::to_string(i) + "].parts.";
+      if (!IsDtype(t.parts.dtype))
+        return Fail(KVFILE_INVALID_ARGUMENT, std::string(kFunction) + ": " + what + "dtype " +
+                                                 std::to_string(static_cast<int>(t.parts.dtype)) + " is invalid");
+      const Dtype dtype = static_cast<Dtype>(t.parts.dtype);
+      const Geometry& g = r.geometry();
+      const std::string where = std::string(kFunction) + ": targets[" + std::to_string(i) + "]: ";
+      if (t.layer >= g.layers)
+        return Fail(KVFILE_INVALID_ARGUMENT, where + "layer " + std::to_string(t.layer) + " out of range (" +
+                                                 std::to_string(g.layers) + " layers)");
+      if (t.stream >= g.streams.size())
+        return Fail(KVFILE_INVALID_ARGUMENT, where + "stream " + std::to_string(t.stream) + " out of range (" +
+                                                 std::to_string(g.streams.size()) + " streams)");
+      if (!g.InLayer(t.layer, t.stream))
+        return Fail(KVFILE_INVALID_ARGUMENT, where + "stream '" + g.streams[t.stream].name + "' is not in layer " +
+                                                 std::to_string(t.layer));
+      if (RowsInRead(r, t.layer, t.stream, begin, end) == 0) continue;  // an empty or invalid range: the reader's
+      const kvfile::StreamSpec& spec = g.streams[t.stream];
+      if (kvfile::IsQuantized(dtype) && (r.major_version() > 1 ? dtype != spec.dtype : !kvfile::IsFp8(dtype)))
+        return Fail(KVFILE_INVALID_ARGUMENT,
+                    std::string(kFunction) + ": " + what + "dtype: stream '" + spec.name + "' is " +
+                        (r.major_version() > 1 ? kvfile::DtypeName(spec.dtype)
+                                               : "raw rows in a format 1 file, quantized as e4m3 or e5m2 only") +
+                        ", not " + kvfile::DtypeName(dtype));
+      if (kvfile_status st = CheckParts(kFunction, what, t.parts, dtype, spec, end - begin, kPartsNames, true);
+          st != KVFILE_OK)
+        return st;
+    }
+    // One pass per dtype (a v1 file's rows are quantized as the targets' fp8
+    // dtype; a raw dtype decodes to itself).
+    kvfile::Status st;
+    for (uint8_t v = 1; v <= kvfile::kDtypeCount && st.ok(); ++v) {
+      const Dtype dtype = static_cast<Dtype>(v);
+      std::vector<kvfile::RowsTarget> rows;
+      std::vector<kvfile::CodesTarget> codes;
+      for (size_t i = 0; i < target_count; ++i) {
+        const kvfile_parts_target& t = targets[i];
+        if (static_cast<Dtype>(t.parts.dtype) != dtype) continue;
+        if (kvfile::IsQuantized(dtype))
+          codes.push_back({t.layer, t.stream, static_cast<uint8_t*>(t.parts.data), t.parts.scales, t.parts.block_scales});
+        else
+          rows.push_back({t.layer, t.stream, t.parts.data});
+      }
+      if (!rows.empty()) st = r.ReadMany(rows, begin, end, dtype, ReadThreads(threads));
+      if (!codes.empty() && st.ok()) st = r.ReadManyCodes(codes, begin, end, ReadThreads(threads), dtype);
+    }
+    if (!st.ok()) {  // the contract: no target keeps data of a pass that succeeded
+      for (size_t i = 0; i < target_count; ++i) {
+        const kvfile_parts_target& t = targets[i];
+        if (RowsInRead(r, t.layer, t.stream, begin, end) == 0) continue;
+        const Dtype dtype = static_cast<Dtype>(t.parts.dtype);
+        const kvfile::DtypeInfo& info = *kvfile::FindDtype(dtype);
+        const kvfile::StreamSpec& spec = r.geometry().streams[t.stream];
+        const kvfile::CodecRows cr = kvfile::CodecRowsOf(dtype, spec.rows_per_token, spec.row_width);
+        for (size_t k = 0; k < info.part_count; ++k) {
+          const CPart c = PartOf(t.parts, info.parts[k], kPartsNames);
+          std::memset(c.data, 0, kvfile::PartBytes(dtype, info.parts[k], (end - begin) * cr.per_token, cr.width));
+        }
+      }
+    }
+    return Report(st);
+  });
+}
+
 kvfile_status kvfile_reader_info(const kvfile_reader* reader, kvfile_info* out) {
   return Guarded([&] {
     if (reader == nullptr) return NullArgument("kvfile_reader_info", "reader");

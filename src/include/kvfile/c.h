@@ -418,13 +418,34 @@ typedef struct kvfile_codes_target {
   size_t scale_count;
 } kvfile_codes_target;
 
-/* Bulk read of fp8 codes and scales: kvfile_reader_read_codes for every
- * target, with the threads and the failure contract of
- * kvfile_reader_read_many (a raw stream of a v2 file: KVFILE_INVALID_ARGUMENT;
- * a v1 file's rows are quantized as e4m3). */
+/* Deprecated (kvfile_reader_read_parts_many replaces it). Bulk read of fp8
+ * codes and scales: kvfile_reader_read_codes for every target, with the
+ * threads and the failure contract of kvfile_reader_read_many (a raw stream
+ * of a v2 file: KVFILE_INVALID_ARGUMENT; a v1 file's rows are quantized as
+ * e4m3). */
 KVFILE_EXPORT kvfile_status kvfile_reader_read_codes_many(kvfile_reader* reader, uint64_t begin, uint64_t end,
                                             const kvfile_codes_target* targets, size_t target_count,
-                                            unsigned threads);
+                                            unsigned threads) KVFILE_DEPRECATED("kvfile_reader_read_parts_many");
+
+/* One destination of kvfile_reader_read_parts_many: tokens [begin, end) of
+ * (layer, stream) as `parts` (its dtype and buffers, laid out as for
+ * kvfile_reader_read_parts). */
+typedef struct kvfile_parts_target {
+  uint32_t layer;
+  uint32_t stream;
+  kvfile_parts parts;
+} kvfile_parts_target;
+
+/* Bulk read of any dtype's parts: kvfile_reader_read_parts for every target
+ * (a quantized dtype: the stream's own codes, or a v1 file's rows quantized
+ * as that fp8 dtype; a raw dtype: the rows decoded to it), with the threads
+ * and the failure contract of kvfile_reader_read_many: every target is
+ * checked before anything is read, and on a failure every part of every
+ * target is zero-filled. Targets of one dtype are read in one pass over the
+ * file, so a call whose targets share a dtype reads the file once. */
+KVFILE_EXPORT kvfile_status kvfile_reader_read_parts_many(kvfile_reader* reader, uint64_t begin, uint64_t end,
+                                                          const kvfile_parts_target* targets, size_t target_count,
+                                                          unsigned threads);
 
 /* What kvfile_reader_info reports. */
 typedef struct kvfile_info {
