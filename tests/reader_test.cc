@@ -382,6 +382,15 @@ TEST_F(ReadManyTest, CodesEqualReadCodesOverEveryRangeAndThreadCount) {
       ASSERT_OK(r->ReadManyCodes(got.targets, b, end, threads));
       ASSERT_TRUE(got.codes == want.codes && got.scales == want.scales) << "threads " << threads;
     }
+    // ReadParts of an fp8 stream: its codes and row scales, the block
+    // scales' pointer ignored.
+    CodeDestinations parts(q_.g, pairs, end - b);
+    uint8_t untouched = kFill;
+    for (size_t i = 0; i < pairs.size(); ++i)
+      ASSERT_OK(r->ReadParts(pairs[i].first, pairs[i].second, b, end,
+                             {parts.codes[i].data(), &untouched, reinterpret_cast<float*>(parts.scales[i].data())}));
+    EXPECT_TRUE(parts.codes == want.codes && parts.scales == want.scales);
+    EXPECT_EQ(untouched, kFill);
   }
   // A raw stream has no codes: refused before anything is read.
   CodeDestinations got(q_.g, {{0, 0}, {1, 2}}, 37);
@@ -609,6 +618,13 @@ TEST_F(Nvfp4FileTest, ReadCodesAndDecodedReadsEqualTheCodec) {
         ASSERT_OK(r->ReadMany(std::span<const RowsTarget>(&t, 1), b, e, out, 2));
         EXPECT_EQ(many, want) << DtypeName(out);
       }
+      // ReadParts, the dtype-blind read of the stored parts: the same bytes.
+      Bytes pc(n * kW / 2, kFill), pb(n * kW / 16, kFill);
+      std::vector<float> ps(n, -1.0f);
+      ASSERT_OK(r->ReadParts(layer, 0, b, e, {pc.data(), pb.data(), ps.data()}));
+      EXPECT_EQ(pc, Bytes(codes.begin(), codes.end() - 1));
+      EXPECT_EQ(pb, Bytes(blocks.begin(), blocks.end() - 1));
+      EXPECT_EQ(std::memcmp(ps.data(), scales.data(), n * 4), 0);
       Bytes mc(n * kW / 2, kFill), mb(n * kW / 16, kFill);
       std::vector<float> ms(n, -1.0f);
       CodesTarget ct{layer, 0, mc.data(), ms.data(), mb.data()};
@@ -635,6 +651,10 @@ TEST_F(Nvfp4FileTest, WrongReadsAreRefusedAndLeaveBuffersAlone) {
   EXPECT_TRUE(HasCode(r->ReadCodes(0, 1, 0, kN, codes.data(), blocks.data(), scales.data()), Code::kInvalidArgument,
                       {"stream 'v' is stored raw (bf16)"}));
   EXPECT_TRUE(HasCode(r->ReadCodes(0, 0, 0, kN, codes.data(), nullptr, scales.data()), Code::kInvalidArgument));
+  EXPECT_TRUE(HasCode(r->ReadParts(0, 0, 0, kN, {codes.data(), nullptr, scales.data()}), Code::kInvalidArgument,
+                      {"ReadCodes without a destination"}));
+  EXPECT_TRUE(HasCode(r->ReadParts(0, 1, 0, kN, {codes.data(), blocks.data(), scales.data()}), Code::kInvalidArgument,
+                      {"stream 'v' is stored raw (bf16)"}));
   EXPECT_TRUE(HasCode(r->ReadRows(0, 0, 0, kN, Dtype::kNvfp4, codes.data()), Code::kInvalidArgument,
                       {"decoded reads produce bf16, f16 or f32"}));
   CodesTarget no_blocks{0, 0, codes.data(), scales.data(), nullptr};

@@ -75,19 +75,17 @@ Status Transcode(Reader& r, const std::string& in, uint64_t total, const Convert
         size_t i = l * S + s;
         uint64_t rows = n * si.rows_per_token;
         uint64_t elems = rows * si.row_width;
-        if (IsNvfp4(si.dtype) && si.dtype == to) {
-          // nvfp4 to nvfp4: codes, block scales (after them) and row scales copied exactly.
-          data[i].resize(elems / 2 + elems / 16);
-          scales[i].resize(n);
-          KVFILE_RETURN_IF_ERROR(
-              r.ReadCodes(l, s, t0, t0 + n, data[i].data(), data[i].data() + elems / 2, scales[i].data()));
-          batch.blocks.push_back({to, data[i].data(), scales[i].data(), data[i].data() + elems / 2});
-        } else if (IsFp8(si.dtype) && si.dtype == to) {
-          // Same fp8 dtype: the codes and scales are copied exactly.
-          data[i].resize(elems);
-          scales[i].resize(rows);
-          KVFILE_RETURN_IF_ERROR(r.ReadCodes(l, s, t0, t0 + n, data[i].data(), scales[i].data()));
-          batch.blocks.push_back({to, data[i].data(), scales[i].data()});
+        if (IsQuantized(si.dtype) && si.dtype == to) {
+          // The same quantized dtype: its stored parts (kDtypeTable) copied exactly.
+          const CodecRows cr = CodecRowsOf(to, si.rows_per_token, si.row_width);
+          const uint64_t crows = n * cr.per_token;
+          const uint64_t code_bytes = PartBytes(to, DtypePart::kCodes, crows, cr.width);
+          const uint64_t block_bytes = PartBytes(to, DtypePart::kBlockScales, crows, cr.width);
+          data[i].resize(code_bytes + block_bytes);
+          scales[i].resize(crows);
+          uint8_t* blocks = block_bytes ? data[i].data() + code_bytes : nullptr;
+          KVFILE_RETURN_IF_ERROR(r.ReadParts(l, s, t0, t0 + n, {data[i].data(), blocks, scales[i].data()}));
+          batch.blocks.push_back({to, data[i].data(), scales[i].data(), blocks});
         } else {
           // Decoded (fp8 and nvfp4 targets: to f32, then quantized by the writer).
           Dtype read_as = IsQuantized(to) ? Dtype::kF32 : to;

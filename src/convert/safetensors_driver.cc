@@ -188,9 +188,7 @@ Status WriteParts(Reader& r, const std::string& in, uint64_t T, const std::vecto
           data.resize(code_bytes + PartBytes(d, DtypePart::kBlockScales, crows, cr.width));
           scales.resize(crows);
           uint8_t* blocks = data.data() + code_bytes;
-          KVFILE_RETURN_IF_ERROR(PartBytes(d, DtypePart::kBlockScales, 1, cr.width) != 0
-                                     ? r.ReadCodes(l, it.stream, t0, t0 + n, data.data(), blocks, scales.data())
-                                     : r.ReadCodes(l, it.stream, t0, t0 + n, data.data(), scales.data()));
+          KVFILE_RETURN_IF_ERROR(r.ReadParts(l, it.stream, t0, t0 + n, {data.data(), blocks, scales.data()}));
           const DtypePart p = *it.part;
           const void* src = p == DtypePart::kCodes ? static_cast<const void*>(data.data())
                             : p == DtypePart::kBlockScales ? static_cast<const void*>(blocks)

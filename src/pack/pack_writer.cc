@@ -225,8 +225,7 @@ Status PackWriter::Impl::FillSections(Reader& r, const PackModel& m, const std::
         uint8_t* codes = payload.data() + p.data_offset;
         uint8_t* block_scales = payload.data() + p.block_scales_offset;  // nvfp4: one byte each, any alignment
         if (from == spec.dtype) {
-          KVFILE_RETURN_IF_ERROR(IsNvfp4(spec.dtype) ? r.ReadCodes(l, s, begin, end, codes, block_scales, scales)
-                                                     : r.ReadCodes(l, s, begin, end, codes, scales));
+          KVFILE_RETURN_IF_ERROR(r.ReadParts(l, s, begin, end, {codes, block_scales, scales}));
         } else {
           // Requantized: decoded to f32, then quantized as a writer quantizes
           // f32 rows (nvfp4: one row of rows x width per token).

@@ -482,8 +482,16 @@ Status Reader::ReadCodes(uint32_t layer, uint32_t stream, uint64_t begin, uint64
   return impl_->ReadCodes(layer, stream, begin, end, codes, block_scales, row_scales, Dtype::kNvfp4);
 }
 
-// Both ReadCodes: block_scales non-null (with v1_quantize_as kNvfp4) for
-// the nvfp4 one.
+Status Reader::ReadParts(uint32_t layer, uint32_t stream, uint64_t begin, uint64_t end, const Parts& out) {
+  const Geometry& g = impl_->g();
+  const DtypeInfo* info = stream < g.streams.size() ? FindDtype(g.streams[stream].dtype) : nullptr;
+  const bool blocks = info != nullptr && info->block_elements != 0 && major_version() > 1;
+  return impl_->ReadCodes(layer, stream, begin, end, out.codes, blocks ? out.block_scales : nullptr, out.scales,
+                          blocks ? Dtype::kNvfp4 : Dtype::kE4M3);
+}
+
+// Both ReadCodes and ReadParts: block_scales non-null (with v1_quantize_as
+// kNvfp4) for a dtype with block scales.
 Status Reader::Impl::ReadCodes(uint32_t layer, uint32_t stream, uint64_t begin, uint64_t end, uint8_t* codes,
                                uint8_t* block_scales, float* scales, Dtype v1_quantize_as) {
   Impl& r = *this;

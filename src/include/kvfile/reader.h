@@ -136,6 +136,17 @@ class KVFILE_EXPORT Reader {
   // [end-begin][rows*width/2], [end-begin][rows*width/16] and [end-begin].
   Status ReadCodes(uint32_t layer, uint32_t stream, uint64_t begin, uint64_t end, uint8_t* codes,
                    uint8_t* block_scales, float* row_scales);
+  // The stored parts of a quantized stream, whatever its dtype: each part
+  // its dtype has (kDtypeTable: codes, block scales, row scales), laid out
+  // as the ReadCodes of that dtype lays it out (PartBytes(dtype, part,
+  // (end-begin) * CodecRowsOf(...).per_token, width) bytes); block_scales is
+  // ignored for a dtype without them. A v1 file's rows: as e4m3.
+  struct Parts {
+    uint8_t* codes = nullptr;
+    uint8_t* block_scales = nullptr;
+    float* scales = nullptr;
+  };
+  Status ReadParts(uint32_t layer, uint32_t stream, uint64_t begin, uint64_t end, const Parts& out);
  private:
   friend struct hooks::ReaderAccess;  // the library's tests (tests/support/testing_hooks.h)
   friend struct internal::ReaderAccess;
