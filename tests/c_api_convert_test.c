@@ -241,7 +241,7 @@ static void test_remaining_variants_both_ways(void) {
   o.force = 1;
   CHECK(kvfile_convert(in_dir(dir, "sess.kv"), in_dir(dir, "sess.bin"), &o, &res) == KVFILE_OK);
   CHECK(strcmp(res.summary, "24 tokens; 2 layers; llama.cpp sequence state, f16 cache; 25036 bytes") == 0);
-  o.llama_v_trans = (kvfile_choice)7;
+  o.llama_v_trans = 7;
   CHECK(kvfile_convert(in_dir(dir, "sess.kv"), in_dir(dir, "sess.bin"), &o, &res) == KVFILE_INVALID_ARGUMENT);
   CHECK(strcmp(kvfile_last_error(), "kvfile_convert: options->llama_v_trans 7 is no kvfile_choice") == 0);
   CHECK(slurp(in_dir(dir, "sess.bin"), got, sizeof got) == 25036);

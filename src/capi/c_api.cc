@@ -1037,14 +1037,16 @@ static_assert(KVFILE_FORMAT_KV == static_cast<int>(kvfile::Format::kKv) + 1 &&
 
 bool IsFormat(kvfile_format f) { return f >= KVFILE_FORMAT_KV && f <= KVFILE_FORMAT_COLI; }
 
-kvfile_status ToChoice(kvfile_choice c, const char* field, std::optional<bool>* out) {
-  switch (c) {
-    case KVFILE_CHOICE_DEFAULT: out->reset(); return KVFILE_OK;
-    case KVFILE_CHOICE_YES: *out = true; return KVFILE_OK;
-    case KVFILE_CHOICE_NO: *out = false; return KVFILE_OK;
+kvfile_status ToChoice(int c, const char* field, std::optional<bool>* out) {
+  if (c == KVFILE_CHOICE_DEFAULT) {
+    out->reset();
+  } else if (c == KVFILE_CHOICE_YES || c == KVFILE_CHOICE_NO) {
+    *out = c == KVFILE_CHOICE_YES;
+  } else {
+    return Fail(KVFILE_INVALID_ARGUMENT,
+                std::string("kvfile_convert: options->") + field + " " + std::to_string(c) + " is no kvfile_choice");
   }
-  return Fail(KVFILE_INVALID_ARGUMENT, std::string("kvfile_convert: options->") + field + " " +
-                                           std::to_string(static_cast<int>(c)) + " is no kvfile_choice");
+  return KVFILE_OK;
 }
 
 kvfile_status ToConvertOptions(const kvfile_convert_options& c, kvfile::ConvertOptions* o) {

@@ -646,7 +646,7 @@ typedef enum kvfile_format {
 } kvfile_format;
 
 /* Conversion options; an all-zero struct (or NULL) means the defaults. */
-/* A yes/no option whose zero is the default. */
+/* A yes/no option whose zero is the default (an int field holds it). */
 typedef enum kvfile_choice { KVFILE_CHOICE_DEFAULT = 0, KVFILE_CHOICE_YES = 1, KVFILE_CHOICE_NO = 2 } kvfile_choice;
 
 typedef struct kvfile_convert_options {
@@ -667,12 +667,13 @@ typedef struct kvfile_convert_options {
                                       ("0..20" or "0,4,8"); NULL: every layer */
   /* llama.cpp state files, as the flags of kvfile convert (docs/formats.md). */
   const char* llama_model;   /* an IN: the model's GGUF file, whose metadata gives the head size */
-  kvfile_choice llama_rotated; /* an IN: rows stored Hadamard-rotated; an OUT: the restoring context rotates;
-                                  DEFAULT: as llama.cpp does for the cache type */
+  int llama_rotated;         /* a kvfile_choice; an IN: rows stored Hadamard-rotated; an OUT: the restoring
+                                context rotates; DEFAULT: as llama.cpp does for the cache type */
   int llama_unrotate;        /* an IN: store a rotated quantized cache's rows un-rotated */
   int llama_session;         /* an OUT: a session file ('ggsn', --format llama-session), not a sequence state */
   const char* llama_type;    /* an OUT: the cache type, "f16", "q8_0", ..., or "K,V"; NULL: as imported */
-  kvfile_choice llama_v_trans; /* an OUT: V stored transposed (no flash attention); DEFAULT: as imported, else no */
+  int llama_v_trans;         /* a kvfile_choice; an OUT: V stored transposed (no flash attention); DEFAULT: as
+                                imported, else no */
   const char* llama_arch;    /* a session OUT: the model architecture; NULL: as imported */
   uint32_t llama_n_stream;   /* an OUT: cache streams in the file (llama-server -np N); 0: as imported, else 1 */
 } kvfile_convert_options;
