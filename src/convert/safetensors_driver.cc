@@ -155,15 +155,18 @@ Status WriteValues(Reader& r, const std::string& in, uint64_t T, Dtype dtype, co
   return finish_pending();
 }
 
-// Each tensor of `items` in turn (codes, scales, or values as stored).
+// Each tensor of `items` in turn (values, or the parts of a stream as
+// stored). A quantized stream's parts are consecutive items (PlanExport):
+// they are read together once per block and each written to its tensor.
 Status WriteParts(Reader& r, const std::string& in, uint64_t T, const std::vector<safetensors::naming::ExportTensor>& items,
                   const ConvertOptions& o, SafetensorsWriter& w, const std::string& label, uint64_t total) {
   const Geometry& g = r.geometry();
   std::vector<uint8_t> data;
   std::vector<float> scales;
   uint64_t done = 0;
-  for (size_t k = 0; k < items.size(); ++k) {
+  for (size_t k = 0, next = 0; k < items.size(); k = next) {
     const safetensors::naming::ExportTensor& it = items[k];
+    for (next = k + 1; it.part && next < items.size() && items[next].part && items[next].stream == it.stream;) ++next;
     const StreamSpec& spec = g.streams[it.stream];
     uint64_t elem = it.part ? 0 : ElementSize(it.dtype);
     uint64_t per_token = spec.ElementsPerToken() * std::max<uint64_t>(elem, 1) + spec.rows_per_token * 4;
@@ -174,31 +177,31 @@ Status WriteParts(Reader& r, const std::string& in, uint64_t T, const std::vecto
       for (uint64_t t0 = 0; t0 < T; t0 += block) {
         KVFILE_RETURN_IF_ERROR(CheckInterrupted(o, in));
         uint64_t n = std::min(block, T - t0);
-        uint64_t rows = n * spec.rows_per_token;
-        uint64_t first_row = (tl * T + t0) * spec.rows_per_token;
-        done += n;
+        done += n * (next - k);
         Progress(o, label, done, total);
-        if (it.part) {
-          // A part of the stored dtype (kDtypeTable): all of them are read
-          // together, the item's part is written at its offset in the tensor.
-          const Dtype d = spec.dtype;
-          const CodecRows cr = CodecRowsOf(d, spec.rows_per_token, spec.row_width);
-          const uint64_t crows = n * cr.per_token, first = (tl * T + t0) * cr.per_token;
-          const uint64_t code_bytes = PartBytes(d, DtypePart::kCodes, crows, cr.width);
-          data.resize(code_bytes + PartBytes(d, DtypePart::kBlockScales, crows, cr.width));
-          scales.resize(crows);
-          uint8_t* blocks = data.data() + code_bytes;
-          KVFILE_RETURN_IF_ERROR(r.ReadParts(l, it.stream, t0, t0 + n, {data.data(), blocks, scales.data()}));
-          const DtypePart p = *it.part;
-          const void* src = p == DtypePart::kCodes ? static_cast<const void*>(data.data())
+        if (!it.part) {
+          const uint64_t bytes = n * spec.ElementsPerToken() * elem;
+          data.resize(bytes);
+          KVFILE_RETURN_IF_ERROR(r.ReadRows(l, it.stream, t0, t0 + n, it.dtype, data.data()));
+          KVFILE_RETURN_IF_ERROR(w.Write(k + 1, (tl * T + t0) * spec.ElementsPerToken() * elem, data.data(), bytes));
+          continue;
+        }
+        // The stored dtype's parts (kDtypeTable), each at its offset in its tensor.
+        const Dtype d = spec.dtype;
+        const CodecRows cr = CodecRowsOf(d, spec.rows_per_token, spec.row_width);
+        const uint64_t crows = n * cr.per_token, first = (tl * T + t0) * cr.per_token;
+        const uint64_t code_bytes = PartBytes(d, DtypePart::kCodes, crows, cr.width);
+        data.resize(code_bytes + PartBytes(d, DtypePart::kBlockScales, crows, cr.width));
+        scales.resize(crows);
+        uint8_t* blocks = data.data() + code_bytes;
+        KVFILE_RETURN_IF_ERROR(r.ReadParts(l, it.stream, t0, t0 + n, {data.data(), blocks, scales.data()}));
+        for (size_t j = k; j < next; ++j) {
+          const DtypePart p = *items[j].part;
+          const void* src = p == DtypePart::kCodes         ? static_cast<const void*>(data.data())
                             : p == DtypePart::kBlockScales ? static_cast<const void*>(blocks)
                                                            : static_cast<const void*>(scales.data());
           KVFILE_RETURN_IF_ERROR(
-              w.Write(k + 1, PartBytes(d, p, first, cr.width), src, PartBytes(d, p, crows, cr.width)));
-        } else {
-          data.resize(rows * spec.row_width * elem);
-          KVFILE_RETURN_IF_ERROR(r.ReadRows(l, it.stream, t0, t0 + n, it.dtype, data.data()));
-          KVFILE_RETURN_IF_ERROR(w.Write(k + 1, first_row * spec.row_width * elem, data.data(), data.size()));
+              w.Write(j + 1, PartBytes(d, p, first, cr.width), src, PartBytes(d, p, crows, cr.width)));
         }
       }
     }
