@@ -603,7 +603,7 @@ def test_torch_submodules_are_attributes_without_importing_torch(tmp_path):
         "assert 'torch' not in sys.modules and 'kvfile.torch' not in sys.modules\n"
         "print(kvfile.torch.__name__, callable(kvfile.torch.load))\n"
         "print(kvfile.transformers.__name__, callable(kvfile.transformers.load_cache))\n"
-        "print('torch' in sys.modules, 'transformers' in sys.modules, 'torch' in dir(kvfile))\n"
+        "print('torch' in sys.modules, 'transformers' in sys.modules, 'torch' in dir(kvfile), 'os' in dir(kvfile))\n"
         "try:\n"
         "    kvfile.no_such_name\n"
         "except AttributeError as e:\n"
@@ -615,7 +615,7 @@ def test_torch_submodules_are_attributes_without_importing_torch(tmp_path):
     assert (out.returncode, out.stderr) == (0, "")
     assert out.stdout == ("kvfile.torch True\n"
                           "kvfile.transformers True\n"
-                          "False False True\n"
+                          "False False True False\n"
                           "module 'kvfile' has no attribute 'no_such_name'\n")
 
 

@@ -1,17 +1,22 @@
 # SPDX-License-Identifier: Apache-2.0
 # The Python package as its users meet it: the type stubs of the extension
 # (kvfile/_kvfile.pyi and py.typed, beside the module) name every function
-# and class it has, with its parameters; kvfile.Codes, the one result type
-# of Reader.codes and codes_all for every quantized dtype; pyproject.toml's
-# license and metadata; and a missing build requirement named in one line
-# by setup.py.
+# and class it has, with its parameters; the pure-Python modules annotate
+# every public function and method, and their annotations resolve;
+# kvfile.Codes, the one result type of Reader.codes and codes_all for every
+# quantized dtype; pyproject.toml's license and metadata; and a missing build
+# requirement named in one line by setup.py.
 import ast
+import importlib
+import inspect
 import os
 import re
 import signal
 import subprocess
 import sys
+import textwrap
 import tomllib
+import typing
 from pathlib import Path
 
 import numpy as np
@@ -83,6 +88,133 @@ def test_type_stubs_name_every_function_and_class_with_its_parameters():
         own = {n for n in vars(obj) if not n.startswith("_")} if name not in ("Codes",) else set()
         if not issubclass(obj, BaseException):
             assert sorted(own - set(methods)) == [], name
+
+
+# The pure-Python modules (py.typed covers them too), each with the fewest
+# public functions and methods its walk must find: a walk that finds fewer
+# (a rename of the module, a broken filter) would prove nothing.
+PURE_MODULES = {"kvfile": 1, "kvfile._convert": 2, "kvfile.llama_server": 2, "kvfile._torch_codec": 5,
+                "kvfile.torch": 8, "kvfile.transformers": 4}
+# Those whose annotations name only what the module imports when it runs:
+# typing.get_type_hints resolves them as it finds them. kvfile.torch,
+# kvfile._torch_codec and kvfile.transformers name torch (and transformers)
+# types, imported under `if TYPE_CHECKING:` only (importing them must not
+# import torch), so theirs resolve in the module's namespace plus what that
+# block imports.
+RUNTIME_RESOLVED = {"kvfile", "kvfile._convert", "kvfile.llama_server"}
+
+
+def defined_here(module):
+    """{name: object} of the functions and classes the module's source
+    defines (not those it imports: the extension names its exceptions'
+    module "kvfile", so __module__ alone would take them in)."""
+    tree = ast.parse(inspect.getsource(module))
+    names = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
+    return {n: getattr(module, n) for n in sorted(set(names))
+            if getattr(getattr(module, n), "__module__", None) == module.__name__}
+
+
+def public_functions(module):
+    """[(name, function)]: the module's public functions and the public
+    methods (and __init__) of its public classes, those defined in the module
+    (the names it re-exports are checked where they are defined), with the
+    overloads of each (typing.get_overloads)."""
+    found = []
+    for name, obj in defined_here(module).items():
+        if name.startswith("_"):
+            continue
+        if inspect.isfunction(obj):
+            found.append((name, obj))
+        elif inspect.isclass(obj):
+            for attr, member in sorted(vars(obj).items()):
+                member = member.fget if isinstance(member, property) else getattr(member, "__func__", member)
+                if inspect.isfunction(member) and (not attr.startswith("_") or attr == "__init__"):
+                    found.append((f"{name}.{attr}", member))
+    return [(name, f) for name, fn in found for f in [fn] + list(typing.get_overloads(fn))]
+
+
+def unannotated(fn):
+    """The parameters of fn without an annotation (self, cls, *args and
+    **kwargs aside), and "return" when it has no return annotation."""
+    sig = inspect.signature(fn)
+    missing = [p.name for p in sig.parameters.values()
+               if p.name not in ("self", "cls") and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+               and p.annotation is p.empty]
+    return missing + (["return"] if sig.return_annotation is sig.empty else [])
+
+
+def self_attributes(cls):
+    """The names a class's methods assign as self.name."""
+    names = set()
+    for node in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(cls)))):
+        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+        for target in targets:
+            for t in target.elts if isinstance(target, ast.Tuple) else [target]:
+                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
+                    names.add(t.attr)
+    return names
+
+
+@pytest.mark.parametrize("name", sorted(PURE_MODULES))
+def test_pure_python_modules_annotate_every_public_function(name):
+    """Every parameter and the return of every public function and method
+    is annotated, and every public attribute a public class's methods set is
+    declared in the class. (kvfile.torch and kvfile.transformers import
+    without torch: they import it when a function is called.)"""
+    module = importlib.import_module(name)
+    functions = public_functions(module)
+    assert len({n for n, _ in functions}) >= PURE_MODULES[name], [n for n, _ in functions]
+    assert {n: unannotated(f) for n, f in functions if unannotated(f)} == {}
+    for cls_name, cls in defined_here(module).items():
+        if inspect.isclass(cls) and not cls_name.startswith("_"):
+            public = {a for a in self_attributes(cls) if not a.startswith("_")}
+            assert sorted(public - set(inspect.get_annotations(cls))) == [], cls_name
+
+
+def type_checking_namespace(module):
+    """The module's namespace plus what its `if TYPE_CHECKING:` blocks
+    import, each import run here. A `from M import names` whose M is not
+    installed (transformers, on a machine without it) binds each name to a
+    class of its own: its annotations still resolve, every name they use
+    bound by the module or its block; a plain `import M` of a missing module
+    skips the test."""
+    ns = dict(vars(module))
+    for node in ast.parse(inspect.getsource(module)).body:
+        if not (isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")):
+            continue
+        for stmt in node.body:
+            try:
+                exec(compile(ast.Module([stmt], []), module.__file__, "exec"), ns)  # noqa: S102
+            except ImportError as e:
+                if not isinstance(stmt, ast.ImportFrom) or stmt.level:
+                    pytest.skip(f"{module.__name__}: {ast.unparse(stmt)}: {e}")
+                ns.update({a.asname or a.name: type(a.name, (), {}) for a in stmt.names})
+    return ns
+
+
+@pytest.mark.parametrize("name", sorted(PURE_MODULES))
+def test_pure_python_annotations_resolve(name):
+    """typing.get_type_hints evaluates every annotation of the module (its
+    variables, every function and method, public or not, their overloads,
+    its classes' attributes): a typo or a name nothing imports fails. The
+    modules of RUNTIME_RESOLVED resolve with no help (as a user's
+    get_type_hints sees them); the others in type_checking_namespace."""
+    module = importlib.import_module(name)
+    ns = type_checking_namespace(module)
+    globalns = None if name in RUNTIME_RESOLVED else ns
+    typing.get_type_hints(module, globalns)
+    checked = 0
+    for obj in defined_here(module).values():
+        members = [obj]
+        if inspect.isclass(obj):
+            typing.get_type_hints(obj, globalns)
+            members = [getattr(m, "__func__", m) for m in vars(obj).values()]
+        for fn in members:
+            if inspect.isfunction(fn):
+                for f in [fn] + list(typing.get_overloads(fn)):
+                    typing.get_type_hints(f, globalns)
+                checked += 1
+    assert checked >= PURE_MODULES[name]
 
 
 GEOMETRY = {"layers": 2, "streams": [

@@ -31,6 +31,13 @@ message; bad arguments raise TypeError or ValueError. See docs/api.md,
 section "Python".
 """
 
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Literal, overload
+
 from ._kvfile import (  # noqa: F401  (re-exported)
     BusyError,
     Codes,
@@ -66,7 +73,18 @@ from ._kvfile import (  # noqa: F401  (re-exported)
 )
 from ._convert import convert, convert_pack  # noqa: F401  (re-exported)
 
-def open(path, mode="r", **options):  # noqa: A001  (the module's entry point, like io.open)
+if TYPE_CHECKING:  # the lazy submodules below, as type checkers should see them
+    from . import llama_server as llama_server, torch as torch, transformers as transformers  # noqa: F401
+
+
+# open: the module's entry point, like io.open (noqa: A001). The overloads
+# give type checkers the mode's result: a Reader for "r", a Writer for "a".
+@overload
+def open(path: str | os.PathLike[str], mode: Literal["r"] = "r") -> Reader: ...  # noqa: A001
+@overload
+def open(path: str | os.PathLike[str], mode: Literal["a"], *, sync: str = ..., upgrade_dtype: str = ...,  # noqa: A001
+         keep_raw: Sequence[str] = ...) -> Writer: ...
+def open(path: str | os.PathLike[str], mode: str = "r", **options: Any) -> Reader | Writer:  # noqa: A001
     """Opens a .kv file: mode "r" returns a Reader, mode "a" a Writer that
     appends to it (keyword options as open_writer: sync, upgrade_dtype,
     keep_raw)."""
@@ -83,10 +101,10 @@ def open(path, mode="r", **options):  # noqa: A001  (the module's entry point, l
 # stays free of them (and of torch), and `kvfile.torch.load(...)` still works
 # without an `import kvfile.torch` first. Importing a submodule binds it on
 # the package, so this runs once for each.
-_LAZY_SUBMODULES = ("torch", "transformers", "llama_server")
+_LAZY_SUBMODULES: tuple[str, ...] = ("torch", "transformers", "llama_server")
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> ModuleType:
     if name in _LAZY_SUBMODULES:
         import importlib  # noqa: PLC0415
 
@@ -94,5 +112,11 @@ def __getattr__(name):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def __dir__():
-    return sorted(set(globals()) | set(_LAZY_SUBMODULES))
+# Imported for the annotations above (typing.get_type_hints resolves them
+# in this module), not part of the API: dir(kvfile) leaves them out.
+_ANNOTATION_NAMES: frozenset[str] = frozenset(
+    {"annotations", "os", "Sequence", "ModuleType", "TYPE_CHECKING", "Any", "Literal", "overload"})
+
+
+def __dir__() -> list[str]:
+    return sorted((set(globals()) - _ANNOTATION_NAMES) | set(_LAZY_SUBMODULES))

@@ -11,13 +11,17 @@ in, one pack out, no state shared, so an engine (Dask,
 docs/object-storage.md) maps it over the packs of a prefix.
 """
 
+from __future__ import annotations
+
 import os
 import tempfile
+from typing import Any
 
 from ._kvfile import InvalidArgumentError, Pack, convert_file, open_reader, pack
 
 
-def convert(src, dst, dtype=None, *, overwrite=False, every_stream=True, **options):
+def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], dtype: str | None = None, *,
+            overwrite: bool = False, every_stream: bool = True, **options: Any) -> dict[str, Any]:
     """Converts `src` to `dst`, each in the format its content or name says
     (to="kv"|"safetensors"|"llama"|"mooncake"|"coli" names dst's). `dtype`
     ("e4m3", "e5m2", "nvfp4", "bf16", "f16", "f32"): every stream of a .kv
@@ -52,7 +56,8 @@ def convert(src, dst, dtype=None, *, overwrite=False, every_stream=True, **optio
     return report
 
 
-def convert_pack(src, dst, dtype, *, chunk_tokens=256, scratch=None):
+def convert_pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], dtype: str, *, chunk_tokens: int = 256,
+                 scratch: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     """Checks the pack `src` whole (Pack.verify: every member, every
     chunk), then writes every member converted to `dtype` into the new pack
     `dst` (an s3:// key is uploaded when the pack is complete). The members
@@ -62,7 +67,7 @@ def convert_pack(src, dst, dtype, *, chunk_tokens=256, scratch=None):
     p = Pack(src)
     report = p.verify()
     with tempfile.TemporaryDirectory(prefix="kvfile-convert-", dir=scratch) as tmp:
-        members = {}
+        members: dict[str, str] = {}
         for i, m in enumerate(p.members()):
             plain = os.path.join(tmp, "%d.kv" % i)
             p.materialize(m["name"], plain)

@@ -15,28 +15,36 @@ Rows holding NaN or Inf are not encoded here: the caller hands them to the
 library, whose refusal names the row.
 """
 
+from __future__ import annotations
+
+from types import ModuleType
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from . import _kvfile
 
-FLT_MIN = 2.0 ** -126
-FLT_MAX = float(np.finfo(np.float32).max)
+if TYPE_CHECKING:  # torch is the caller's, passed in: never imported here
+    import torch
+
+FLT_MIN: float = 2.0 ** -126
+FLT_MAX: float = float(np.finfo(np.float32).max)
 # kind -> (mantissa bits, bias, largest code, largest value)
-_FP8 = {"e4m3": (3, 7, 0x7E, 448.0), "e5m2": (2, 15, 0x7B, 57344.0)}
-_E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
-_NVFP4_DIVISOR = 2688.0  # 6 * 448 (spec/CODEC.md 14.3)
-_BLOCK = 16
+_FP8: dict[str, tuple[int, int, int, float]] = {"e4m3": (3, 7, 0x7E, 448.0), "e5m2": (2, 15, 0x7B, 57344.0)}
+_E2M1: list[float] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+_NVFP4_DIVISOR: float = 2688.0  # 6 * 448 (spec/CODEC.md 14.3)
+_BLOCK: int = 16
 
 
-def _const(torch, value, device):
+def _const(torch: ModuleType, value: float, device: torch.device) -> torch.Tensor:
     return torch.full((1,), value, dtype=torch.float32, device=device)
 
 
-def _f32_bits(value):
+def _f32_bits(value: float) -> int:
     return int(np.float32(value).view(np.int32))
 
 
-def encode_fp8_values(torch, q, kind):
+def encode_fp8_values(torch: ModuleType, q: torch.Tensor, kind: str) -> torch.Tensor:
     """ENC_k (spec/CODEC.md 3, by the branch-free form of 11.1) of finite
     float32 tensor q: uint8 codes of q's shape."""
     m, bias, max_code, _ = _FP8[kind]
@@ -54,18 +62,18 @@ def encode_fp8_values(torch, q, kind):
     return (code | sign).to(torch.uint8)
 
 
-def _row_scale(torch, amax, divisor):
+def _row_scale(torch: ModuleType, amax: torch.Tensor, divisor: float) -> torch.Tensor:
     """amax / divisor (one f32 division), at least FLT_MIN; 1.0 where amax is 0."""
     scale = torch.clamp(amax / _const(torch, divisor, amax.device), min=FLT_MIN)
     return scale.masked_fill_(amax == 0, 1.0)
 
 
-def all_finite(torch, t):
+def all_finite(torch: ModuleType, t: torch.Tensor) -> bool:
     """True when no element of t is NaN or Inf (one device sync)."""
     return bool(torch.isfinite(t).all())
 
 
-def quantize_fp8(torch, x, kind):
+def quantize_fp8(torch: ModuleType, x: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows x (float tensor [..., width], finite) -> (codes uint8 [..., width],
     scales float32 [...]) as spec/CODEC.md 6 (QuantizeRows)."""
     x = x.to(torch.float32)
@@ -73,7 +81,8 @@ def quantize_fp8(torch, x, kind):
     return encode_fp8_values(torch, x / scales.unsqueeze(-1), kind), scales
 
 
-def quantize_nvfp4(torch, x, table=None):
+def quantize_nvfp4(torch: ModuleType, x: torch.Tensor,
+                   table: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Rows x (float tensor [..., n], n a multiple of 16, finite) -> (codes
     uint8 [..., n/2], block_scales uint8 [..., n/16], scales float32 [...])
     as spec/CODEC.md 14.3. table: the e4m3 decode table on x's device."""
@@ -98,10 +107,10 @@ def quantize_nvfp4(torch, x, table=None):
     return packed.contiguous(), block_scales, scales
 
 
-_tables = {}  # (kind, device) -> decode table, made once
+_tables: dict[tuple[str, str], torch.Tensor] = {}  # (kind, device) -> decode table, made once
 
 
-def decode_table(torch, kind, device):
+def decode_table(torch: ModuleType, kind: str, device: torch.device | str) -> torch.Tensor:
     """The float32 decode table of an fp8 kind (256 entries) on device (kept)."""
     key = (kind, str(device))
     if key not in _tables:
@@ -109,7 +118,7 @@ def decode_table(torch, kind, device):
     return _tables[key]
 
 
-def finite_max(torch, dtype):
+def finite_max(torch: ModuleType, dtype: torch.dtype) -> float:
     """The largest finite value of an output dtype (exact in float32)."""
     if dtype == torch.bfloat16:
         return float(np.frombuffer(np.uint32(0x7F7F0000).tobytes(), np.float32)[0])
@@ -118,7 +127,8 @@ def finite_max(torch, dtype):
     return FLT_MAX
 
 
-def dequantize_nvfp4(torch, codes, block_scales, scales, dtype, table=None):
+def dequantize_nvfp4(torch: ModuleType, codes: torch.Tensor, block_scales: torch.Tensor, scales: torch.Tensor,
+                     dtype: torch.dtype, table: torch.Tensor | None = None) -> torch.Tensor:
     """nvfp4 rows (codes uint8 [..., n/2], block_scales uint8 [..., n/16],
     scales float32 [...]) -> dtype [..., n] on the codes' device, bit-exactly
     as spec/CODEC.md 14.4: D = DEC_e4m3(B) * S, then DEC4(code) * D, a zero

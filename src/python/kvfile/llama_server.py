@@ -17,6 +17,8 @@ kvfile.Error (the server, the environment, the arguments: exit 2 or a
 signal).
 """
 
+from __future__ import annotations
+
 import os
 import shutil
 import subprocess
@@ -24,14 +26,15 @@ import subprocess
 from ._kvfile import Error, MismatchError
 
 
-def _command():
+def _command() -> str:
     cli = os.environ.get("KVFILE_CLI") or shutil.which("kvfile")
     if not cli:
         raise Error("kvfile llama-server: the kvfile command is not found (set KVFILE_CLI or put it on PATH)")
     return cli
 
 
-def _run(verb, url, slot, path, slot_dir, extra, timeout):
+def _run(verb: str, url: str, slot: int, path: str | os.PathLike[str], slot_dir: str | os.PathLike[str],
+         extra: list[str], timeout: float) -> str:
     args = [_command(), "--quiet", "llama-server", verb, str(url), str(int(slot)), os.fspath(path),
             "--slot-dir", os.fspath(slot_dir), "--timeout", str(int(timeout))] + extra
     p = subprocess.run(args, capture_output=True, text=True, check=False)
@@ -42,7 +45,8 @@ def _run(verb, url, slot, path, slot_dir, extra, timeout):
     return p.stdout.strip()
 
 
-def save(url, slot, path, slot_dir, dtype=None, head_size=None, timeout=600):
+def save(url: str, slot: int, path: str | os.PathLike[str], slot_dir: str | os.PathLike[str], dtype: str | None = None,
+         head_size: int | None = None, timeout: float = 600) -> str:
     """Saves slot `slot` of the llama-server at `url` into the .kv file
     `path` (created, or appended with the tokens past what it shares with
     the slot). `slot_dir` is the server's --slot-save-path as seen here.
@@ -54,7 +58,8 @@ def save(url, slot, path, slot_dir, dtype=None, head_size=None, timeout=600):
     return _run("save", url, slot, path, slot_dir, extra, timeout)
 
 
-def restore(url, slot, path, slot_dir, timeout=600):
+def restore(url: str, slot: int, path: str | os.PathLike[str], slot_dir: str | os.PathLike[str],
+            timeout: float = 600) -> str:
     """Restores the .kv file (or "PACK:MEMBER") `path` into slot `slot` of
     the llama-server at `url`, in the cache types the server uses."""
     return _run("restore", url, slot, path, slot_dir, [], timeout)

@@ -30,50 +30,62 @@ that the refusal is the library's, naming the row. CPU tensors go to the
 library as rows (it quantizes them on every core).
 """
 
+from __future__ import annotations
+
 import contextlib
+import os
 import threading
 import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import numpy as np
 
 from . import _kvfile
 from . import _torch_codec as codec
 
+if TYPE_CHECKING:  # torch is imported by the functions, when called (_torch())
+    import numpy.typing as npt
+    import torch
+
 # The stored dtypes (the library's table, spec/FORMAT.md 2.1): by name, and
 # those stored as codes and scales.
-_DTYPES = {d["name"]: d for d in _kvfile.dtype_table()}
-_QUANTIZED = frozenset(name for name, d in _DTYPES.items() if d["quantization"] != "none")
+_DTYPES: dict[str, dict[str, Any]] = {d["name"]: d for d in _kvfile.dtype_table()}
+_QUANTIZED: frozenset[str] = frozenset(name for name, d in _DTYPES.items() if d["quantization"] != "none")
 
 # Bytes of pinned staging per part; two parts are in flight (double
 # buffering). A layer larger than this makes a part of its own. Measured on
 # an H200 host (docs/gpu.md): for a 32k-token llama-3.1-8b session (69 MB a
 # layer) three layers a part load faster than one or two, and the two
 # buffers stay under 512 MiB.
-STAGING_BYTES = 256 << 20
-_ALIGN = 256
+STAGING_BYTES: int = 256 << 20
+_ALIGN: int = 256
 # load_into reads layer 0 first and alone, in this many token slices (whole
 # chunks), each copied and decoded on the GPU while the next is read. With
 # the reader keeping its threads and the next part read ahead, two slices
 # put layer 0 in place soonest on an H200 host (tools/bench/gpu_layer0.sh,
 # docs/gpu.md): one slice waits for the whole layer's read before its copy,
 # four or more add a read call and a queued part each.
-FIRST_LAYER_SLICES = 2
+FIRST_LAYER_SLICES: int = 2
 # A CUDA load reads each part after the first in a thread while the part
 # before it is queued (copy, decode, scatter), instead of after; False reads
 # them in turn on the loading thread.
-READ_AHEAD = True
+READ_AHEAD: bool = True
 
 _staging_lock = threading.Lock()
-_staging = {}  # device index -> [_Pinned] * 3 (two for loads, one for saves), reused
-_device_locks = {}  # device index -> lock: one CUDA load at a time uses a device's staging
+# device index -> [_Pinned] * 3 (two for loads, one for saves), reused
+_staging: dict[int | None, list[_Pinned | None]] = {}
+# device index -> lock: one CUDA load at a time uses a device's staging
+_device_locks: dict[int | None, threading.Lock] = {}
 
 
-def _torch():
+def _torch() -> ModuleType:
     import torch  # noqa: PLC0415  (lazy on purpose: the package never requires torch)
     return torch
 
 
-def _np_dtype_name(torch, dtype):
+def _np_dtype_name(torch: ModuleType, dtype: torch.dtype) -> str:
     """The name read_all takes for a torch output dtype."""
     names = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
     if dtype not in names:
@@ -81,14 +93,15 @@ def _np_dtype_name(torch, dtype):
     return names[dtype]
 
 
-def _numpy_view(torch, t):
+def _numpy_view(torch: ModuleType, t: torch.Tensor) -> npt.NDArray[Any]:
     """A numpy array sharing the memory of CPU tensor t (bf16 as int16 bits)."""
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy()
     return t.numpy()
 
 
-def dequantize(codes, scales, kind, dtype, table=None):
+def dequantize(codes: torch.Tensor, scales: torch.Tensor, kind: str, dtype: torch.dtype,
+               table: torch.Tensor | None = None) -> torch.Tensor:
     """Decodes fp8 codes (uint8 tensor [..., rows, width]) with their scales
     (float32 [..., rows]) into `dtype` on the codes' device, bit-exactly as
     the library's CPU decode: float32 table[code] * scale, clamped to the
@@ -104,7 +117,9 @@ def dequantize(codes, scales, kind, dtype, table=None):
     return values.to(dtype)
 
 
-def load(path, device="cuda", dtype=None, start=0, stop=None, threads=0, staging_bytes=None, stats=None):
+def load(path: str | os.PathLike[str], device: torch.device | str | int = "cuda", dtype: torch.dtype | None = None,
+         start: int = 0, stop: int | None = None, threads: int = 0, staging_bytes: int | None = None,
+         stats: dict[str, Any] | None = None) -> dict[str, Any]:
     """Reads tokens [start, stop) of every stream of a .kv file into tensors on
     `device`: {"tokens": int64 [tokens], name: [layers, tokens, rows, width]}
     in `dtype` (default torch.bfloat16). A stream in some layers only (a layer
@@ -145,7 +160,7 @@ def load(path, device="cuda", dtype=None, start=0, stop=None, threads=0, staging
     return result
 
 
-def _warn_if_rotated(reader, path):
+def _warn_if_rotated(reader: _kvfile.Reader, path: str | os.PathLike[str]) -> None:
     """A file imported from a llama.cpp quantized cache may hold
     Hadamard-rotated K and V rows (spec/FORMAT.md section 13, docs/llama.md,
     "The Hadamard trap"); the tensors load returns are taken for plain keys
@@ -164,11 +179,12 @@ def _warn_if_rotated(reader, path):
                       RuntimeWarning, stacklevel=3)
 
 
-def _shape(spec, layers, tokens):
+def _shape(spec: Mapping[str, Any], layers: int, tokens: int) -> tuple[int, int, int, int]:
     return (layers, tokens, spec["rows_per_token"], spec["row_width"])
 
 
-def _load_cpu(torch, reader, dtype, dtype_name, start, stop, threads):
+def _load_cpu(torch: ModuleType, reader: _kvfile.Reader, dtype: torch.dtype, dtype_name: str, start: int, stop: int,
+              threads: int) -> dict[str, torch.Tensor]:
     geometry = reader.geometry
     out = {s["name"]: torch.empty(_shape(s, len(s.get("layers", ())) or geometry["layers"], stop - start),
                                   dtype=dtype)
@@ -181,7 +197,11 @@ def _load_cpu(torch, reader, dtype, dtype_name, start, stop, threads):
 class _Layout:
     """Where each stream's part of `layers` layers lies in a staging buffer."""
 
-    def __init__(self, streams, quantized, layers, tokens, out_size):
+    entries: list[tuple[str, str | None, tuple[int, int, int, int], int, int | None, int | None]]
+    bytes: int
+
+    def __init__(self, streams: Sequence[Mapping[str, Any]], quantized: Mapping[str, str], layers: int, tokens: int,
+                 out_size: int) -> None:
         # (name, quantized kind or None, shape, codes or rows offset, scales
         # offset or None, nvfp4 block scales offset or None)
         self.entries = []
@@ -194,7 +214,7 @@ class _Layout:
                 self.entries.append((s["name"], None, shape, offset, None, None))
                 offset = _round_up(offset + elements * out_size)
                 continue
-            at = {}
+            at: dict[str, int] = {}
             for part, (np_dtype, part_shape) in _part_shapes(kind, shape).items():
                 at[part] = offset
                 offset = _round_up(offset + int(np.prod(part_shape)) * np.dtype(np_dtype).itemsize)
@@ -202,7 +222,7 @@ class _Layout:
         self.bytes = offset
 
 
-def _part_shapes(kind, shape):
+def _part_shapes(kind: str, shape: tuple[int, ...]) -> dict[str, tuple[type[np.generic], tuple[int, ...]]]:
     """The arrays of a quantized stream's parts, in the dtype table's order,
     for values of `shape` [layers, tokens, rows, width]: {part: (numpy
     dtype, shape)}; a per-token dtype (nvfp4) has one row of rows * width
@@ -215,7 +235,7 @@ def _part_shapes(kind, shape):
     return {part: sizes[part] for part in d["parts"]}
 
 
-def _round_up(n):
+def _round_up(n: int) -> int:
     return (n + _ALIGN - 1) // _ALIGN * _ALIGN
 
 
@@ -225,7 +245,11 @@ class _Pinned:
     doubling the host memory of a 3-layer part), or, where registering is not
     available, torch's pinned memory."""
 
-    def __init__(self, torch, nbytes):
+    tensor: torch.Tensor
+    registered: bool
+    _cudart: Any
+
+    def __init__(self, torch: ModuleType, nbytes: int) -> None:
         self.tensor = torch.empty(nbytes, dtype=torch.uint8)
         self.registered = False
         try:
@@ -237,12 +261,12 @@ class _Pinned:
         if not self.registered:
             self.tensor = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
 
-    def __del__(self):
+    def __del__(self) -> None:
         if self.registered:
             self._cudart.cudaHostUnregister(self.tensor.data_ptr())
 
 
-def _pinned(torch, device, slot, nbytes):
+def _pinned(torch: ModuleType, device: torch.device, slot: int, nbytes: int) -> _Pinned:
     """Pinned staging buffer `slot` (0 and 1: loads, 2: saves) of at least
     nbytes, kept for later calls."""
     with _staging_lock:
@@ -253,13 +277,14 @@ def _pinned(torch, device, slot, nbytes):
         return bufs[slot]
 
 
-def release_staging():
+def release_staging() -> None:
     """Frees the pinned staging buffers load keeps between calls."""
     with _staging_lock:
         _staging.clear()
 
 
-def _parts(layers, part_layers, start, stop, chunk_tokens, first_slices):
+def _parts(layers: int, part_layers: int, start: int, stop: int, chunk_tokens: int,
+           first_slices: int) -> list[tuple[int, int, int, int]]:
     """The parts of a CUDA load, in order: (first layer, last layer, first
     token, stop token). first_slices > 0: layer 0 first, alone, in about
     first_slices token slices that end on the file's chunk boundaries
@@ -267,7 +292,7 @@ def _parts(layers, part_layers, start, stop, chunk_tokens, first_slices):
     while the next is read; then the other layers in parts of part_layers
     layers, every token each. first_slices 0: parts of part_layers layers
     from layer 0."""
-    parts = []
+    parts: list[tuple[int, int, int, int]] = []
     first = 0
     if first_slices > 0:
         chunk_tokens = max(1, chunk_tokens)
@@ -282,8 +307,11 @@ def _parts(layers, part_layers, start, stop, chunk_tokens, first_slices):
     return parts
 
 
-def _load_cuda(torch, reader, device, dtype, dtype_name, start, stop, threads, staging_bytes, stats,
-               sink=None, part_done=None, first_slices=0, prepare=None):
+def _load_cuda(torch: ModuleType, reader: _kvfile.Reader, device: torch.device, dtype: torch.dtype, dtype_name: str,
+               start: int, stop: int, threads: int, staging_bytes: int, stats: dict[str, Any] | None,
+               sink: Callable[[str, int, int, int, int, torch.Tensor], None] | None = None,
+               part_done: Callable[[int, int, torch.cuda.Stream], None] | None = None, first_slices: int = 0,
+               prepare: Callable[[], None] | None = None) -> dict[str, torch.Tensor] | None:
     """load's CUDA path. sink(name, first, last, lo, hi, values) takes each
     part's decoded [last - first, hi - lo, rows, width] tensor of layers
     [first, last) and tokens [start + lo, start + hi) (on the copy stream)
@@ -318,7 +346,7 @@ def _load_cuda(torch, reader, device, dtype, dtype_name, start, stop, threads, s
     raw_names = [s["name"] for s in streams if s["name"] not in quantized]
     raw = np.float32 if out_size == 4 else (np.float16 if dtype == torch.float16 else np.int16)
 
-    def read(first, last, lo, hi, slot):
+    def read(first: int, last: int, lo: int, hi: int, slot: int) -> tuple[dict[str, Any], int]:
         """Reads a part into host[slot]: {name: (kind, shape, parts, arrays)}, bytes used."""
         n, count = last - first, hi - lo
         key = (n, count)
@@ -348,7 +376,7 @@ def _load_cuda(torch, reader, device, dtype, dtype_name, start, stop, threads, s
 
     done = [None, None]  # event: the slot's pinned buffer has been copied out
 
-    def fetch(part):
+    def fetch(part: int) -> tuple[dict[str, Any], int]:
         """Reads part `part` into its slot once the slot's last copy is done."""
         slot = part % 2
         if done[slot] is not None:
@@ -368,7 +396,7 @@ def _load_cuda(torch, reader, device, dtype, dtype_name, start, stop, threads, s
         if sink is None:
             out = {s["name"]: torch.empty(_shape(s, layers, tokens), dtype=dtype, device=device) for s in streams}
 
-            def sink(name, first, last, lo, hi, values):
+            def sink(name: str, first: int, last: int, lo: int, hi: int, values: Any) -> None:
                 out[name][first:last, lo:hi] = values
         if prepare is not None:
             prepare()
@@ -428,10 +456,13 @@ class _Background:
     """fn() running in a thread: result() waits and returns its value or
     raises its exception; wait() only waits."""
 
-    def __init__(self, fn):
+    _out: dict[str, Any]
+    _thread: threading.Thread
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
         self._out = {}
 
-        def body():
+        def body() -> None:
             try:
                 self._out["value"] = fn()
             except BaseException as e:  # noqa: BLE001 - raised by result()
@@ -439,10 +470,10 @@ class _Background:
         self._thread = threading.Thread(target=body, daemon=True)
         self._thread.start()
 
-    def wait(self):
+    def wait(self) -> None:
         self._thread.join()
 
-    def result(self):
+    def result(self) -> Any:
         self._thread.join()
         if "error" in self._out:
             raise self._out["error"]
@@ -450,11 +481,13 @@ class _Background:
 
 
 # numpy dtype name -> torch dtype of the same bytes
-_TORCH_OF = {"uint8": lambda torch: torch.uint8, "float32": lambda torch: torch.float32,
-             "float16": lambda torch: torch.float16, "int16": lambda torch: torch.int16}
+_TORCH_OF: dict[str, Callable[[ModuleType], torch.dtype]] = {
+    "uint8": lambda torch: torch.uint8, "float32": lambda torch: torch.float32,
+    "float16": lambda torch: torch.float16, "int16": lambda torch: torch.int16}
 
 
-def _host_rows(torch, t, layers_tokens_check, name):
+def _host_rows(torch: ModuleType, t: torch.Tensor, layers_tokens_check: Callable[[str, int, int], None],
+               name: str) -> npt.NDArray[Any]:
     """A contiguous CPU numpy array of tensor t for Writer.append (bf16 as uint16 bits)."""
     if t.dim() != 4:
         raise ValueError(f"stream '{name}': expected a tensor [layers, tokens, rows, width], got shape {tuple(t.shape)}")
@@ -467,18 +500,20 @@ def _host_rows(torch, t, layers_tokens_check, name):
     return t.contiguous().numpy()
 
 
-def _token_ids(tokens):
+def _token_ids(tokens: Sequence[int] | npt.NDArray[np.integer] | torch.Tensor) -> npt.NDArray[Any]:
     return tokens.detach().to("cpu").numpy() if hasattr(tokens, "detach") else np.asarray(tokens)
 
 
-def _encoded(torch, writer, tensors, count, check):
+def _encoded(torch: ModuleType, writer: _kvfile.Writer, tensors: Mapping[str, torch.Tensor], count: int,
+             check: Callable[[str, int, int], None],
+             ) -> dict[str, npt.NDArray[Any] | tuple[npt.NDArray[Any], ...]] | None:
     """The streams of an append encoded with kvfile._torch_codec on the
     tensors' device and copied to the host (through pinned staging from a
     GPU): {name: (codes, scales) | (codes, block_scales, scales) | rows}, or
     None when a quantized stream holds a NaN or Inf (the library's refusal,
     naming the row, is then the one raised)."""
     kinds = {s["name"]: s["dtype"] for s in writer.geometry["streams"]}
-    parts = {}  # name -> [device tensors]
+    parts: dict[str, list[Any]] = {}  # name -> [device tensors]
     for name, t in tensors.items():
         if t.dim() != 4:
             raise ValueError(f"stream '{name}': expected a tensor [layers, tokens, rows, width], "
@@ -503,7 +538,7 @@ def _encoded(torch, writer, tensors, count, check):
         host = {name: [p.cpu().numpy() for p in ps] for name, ps in parts.items()}
     else:
         host = _to_pinned(torch, device, parts)
-    out = {}
+    out: dict[str, npt.NDArray[Any] | tuple[npt.NDArray[Any], ...]] = {}
     for name, arrays in host.items():
         if len(arrays) == 1:
             out[name] = arrays[0].view(np.uint16) if arrays[0].dtype == np.int16 else arrays[0]
@@ -512,12 +547,14 @@ def _encoded(torch, writer, tensors, count, check):
     return out
 
 
-def _to_pinned(torch, device, parts):
+def _to_pinned(torch: ModuleType, device: torch.device,
+               parts: Mapping[str, Sequence[torch.Tensor]]) -> dict[str, list[npt.NDArray[Any]]]:
     """Copies device tensors into one pinned staging buffer (slot 2 of the
     device's staging), waits, and returns numpy views of the copies."""
     if device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    offsets, total = {}, 0
+    offsets: dict[str, list[int]] = {}
+    total = 0
     for name, ps in parts.items():
         offsets[name] = []
         for p in ps:
@@ -536,7 +573,9 @@ def _to_pinned(torch, device, parts):
             for name, ps in parts.items()}
 
 
-def _append(torch, writer, tensors, tokens, encoder="auto"):
+def _append(torch: ModuleType, writer: _kvfile.Writer, tensors: Mapping[str, torch.Tensor],
+            tokens: Sequence[int] | npt.NDArray[np.integer] | torch.Tensor,
+            encoder: Literal["auto", "torch", "library"] = "auto") -> None:
     """Appends through `writer`. encoder: "torch" (encode with torch on the
     tensors' device), "library" (rows to the library), "auto" (torch for
     CUDA tensors)."""
@@ -545,14 +584,14 @@ def _append(torch, writer, tensors, tokens, encoder="auto"):
     ids = _token_ids(tokens)
     count = len(ids)
 
-    def check(name, layers, n):
+    def check(name: str, layers: int, n: int) -> None:
         if n != count:
             raise ValueError(f"stream '{name}': {n} tokens, but {count} token ids")
 
     on_device = all(getattr(t, "is_cuda", False) for t in tensors.values())
     if encoder == "torch" or (encoder == "auto" and on_device):
         device = next(iter(tensors.values())).device
-        lock = contextlib.nullcontext()
+        lock: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
         if device.type == "cuda":  # the device's save staging is in use until append returns
             index = device.index if device.index is not None else torch.cuda.current_device()
             with _staging_lock:
@@ -565,8 +604,10 @@ def _append(torch, writer, tensors, tokens, encoder="auto"):
     writer.append(ids, {name: _host_rows(torch, t, check, name) for name, t in tensors.items()})
 
 
-def save(path, tensors, tokens, model="", fingerprint=0, dtype="e4m3", chunk_tokens=256, overwrite=False,
-         encoder="auto"):
+def save(path: str | os.PathLike[str], tensors: Mapping[str, torch.Tensor],
+         tokens: Sequence[int] | npt.NDArray[np.integer] | torch.Tensor,
+         model: str = "", fingerprint: int = 0, dtype: str | dict[str, str] = "e4m3", chunk_tokens: int = 256,
+         overwrite: bool = False, encoder: Literal["auto", "torch", "library"] = "auto") -> None:
     """Writes a new .kv file from {stream: tensor [layers, tokens, rows, width]} (any
     device, float dtypes) and the token ids, durably (synced when it returns).
     dtype: the storage dtype of every stream ("e4m3", "e5m2", "nvfp4", "bf16",
@@ -589,7 +630,9 @@ def save(path, tensors, tokens, model="", fingerprint=0, dtype="e4m3", chunk_tok
         _append(torch, writer, tensors, tokens, encoder)
 
 
-def append(path, tensors, tokens, encoder="auto"):
+def append(path: str | os.PathLike[str], tensors: Mapping[str, torch.Tensor],
+           tokens: Sequence[int] | npt.NDArray[np.integer] | torch.Tensor,
+           encoder: Literal["auto", "torch", "library"] = "auto") -> None:
     """Appends tokens and their rows ({stream: tensor [layers, tokens, rows, width]})
     to an existing .kv file, durably. encoder: as for save."""
     torch = _torch()
@@ -597,7 +640,8 @@ def append(path, tensors, tokens, encoder="auto"):
         _append(torch, writer, tensors, tokens, encoder)
 
 
-def check_identity(path, model=None, fingerprint=None, describe=None):
+def check_identity(path: str | os.PathLike[str], model: str | None = None, fingerprint: int | None = None,
+                   describe: Callable[[str, str], str] | None = None) -> None:
     """Raises kvfile.MismatchError when the file's model id or
     fingerprint is not `model` / `fingerprint` (None: not checked).
     describe(file_model, model) -> text naming what differs (default: both ids)."""
@@ -620,7 +664,11 @@ def check_identity(path, model=None, fingerprint=None, describe=None):
     raise _kvfile.MismatchError(f"{path}: written for another model: {what}")
 
 
-def append_turn(path, tensors, tokens, model=None, fingerprint=None, encoder="auto", describe=None):
+def append_turn(path: str | os.PathLike[str],
+                tensors: Mapping[str, torch.Tensor] | Callable[[int], Mapping[str, torch.Tensor]],
+                tokens: Sequence[int] | npt.NDArray[np.integer] | torch.Tensor, model: str | None = None,
+                fingerprint: int | None = None, encoder: Literal["auto", "torch", "library"] = "auto",
+                describe: Callable[[str, str], str] | None = None) -> dict[str, int]:
     """Brings the .kv file at `path` up to a session of `tokens` (every token
     id so far) whose rows are `tensors` ({stream: [layers, tokens, rows,
     width]}, any device; only the rows beyond the file's are read), or a
@@ -649,10 +697,10 @@ def append_turn(path, tensors, tokens, model=None, fingerprint=None, encoder="au
     return {"kept": kept, "dropped": had - kept, "appended": len(ids) - kept}
 
 
-_LAYOUTS = ("vllm", "nhd", "hnd")
+_LAYOUTS: tuple[str, ...] = ("vllm", "nhd", "hnd")
 
 
-def _open(path):
+def _open(path: str | os.PathLike[str] | _kvfile.Reader) -> contextlib.AbstractContextManager[_kvfile.Reader]:
     """A context giving a reader of `path`: opened here and closed on exit,
     or, where path is a kvfile.Reader, that reader, left open."""
     if isinstance(path, _kvfile.Reader):
@@ -660,7 +708,10 @@ def _open(path):
     return _kvfile.open_reader(str(path))
 
 
-def _slot_indices(torch, layout, destination, device, tokens, block_ids, slot_mapping):
+def _slot_indices(torch: ModuleType, layout: str, destination: Sequence[torch.Tensor], device: torch.device,
+                  tokens: int, block_ids: Sequence[int] | npt.NDArray[np.integer] | torch.Tensor | None,
+                  slot_mapping: Sequence[int] | npt.NDArray[np.integer] | torch.Tensor | None,
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """(block index, offset in block) int64 tensors [tokens] on device."""
     first = destination[0]
     if layout == "vllm":
@@ -692,12 +743,17 @@ class LayerLoad:
     wait_for_layer_load); result() waits for the whole load and returns
     its events."""
 
-    def __init__(self, layers, run):
+    events: list[torch.cuda.Event | None]
+    _queued: list[threading.Event]
+    _error: BaseException | None
+    _thread: threading.Thread
+
+    def __init__(self, layers: int, run: Callable[[Callable[[int, torch.cuda.Event | None], None]], None]) -> None:
         self._queued = [threading.Event() for _ in range(layers)]
         self.events = [None] * layers
         self._error = None
 
-        def body():
+        def body() -> None:
             try:
                 run(self._ready)
             except BaseException as e:  # noqa: BLE001 - handed to the waiting caller
@@ -708,25 +764,48 @@ class LayerLoad:
         self._thread = threading.Thread(target=body, daemon=True)
         self._thread.start()
 
-    def _ready(self, layer, event):
+    def _ready(self, layer: int, event: torch.cuda.Event | None) -> None:
         self.events[layer] = event
         self._queued[layer].set()
 
-    def wait_for_layer(self, layer):
+    def wait_for_layer(self, layer: int) -> None:
         self._queued[layer].wait()
         if self._error is not None:
             raise self._error
         _torch().cuda.current_stream().wait_event(self.events[layer])
 
-    def result(self):
+    def result(self) -> list[torch.cuda.Event | None]:
         self._thread.join()
         if self._error is not None:
             raise self._error
         return self.events
 
 
-def load_into(path, destination, block_ids=None, slot_mapping=None, layout="vllm", heads=None,
-              streams=("k", "v"), start=0, on_layer=None, background=False, threads=0, staging_bytes=None):
+# load_into's result: the layers' events, or with background=True a LayerLoad.
+@overload
+def load_into(path: str | os.PathLike[str] | _kvfile.Reader, destination: Iterable[torch.Tensor],
+              block_ids: Sequence[int] | npt.NDArray[np.integer] | torch.Tensor | None = None,
+              slot_mapping: Sequence[int] | npt.NDArray[np.integer] | torch.Tensor | None = None,
+              layout: Literal["vllm", "nhd", "hnd"] = "vllm", heads: tuple[int, int] | None = None,
+              streams: Sequence[str] = ("k", "v"), start: int = 0,
+              on_layer: Callable[[int, torch.cuda.Event | None], object] | None = None,
+              background: Literal[False] = False, threads: int = 0,
+              staging_bytes: int | None = None) -> list[torch.cuda.Event | None]: ...
+@overload
+def load_into(path: str | os.PathLike[str] | _kvfile.Reader, destination: Iterable[torch.Tensor],
+              block_ids: Sequence[int] | npt.NDArray[np.integer] | torch.Tensor | None = None,
+              slot_mapping: Sequence[int] | npt.NDArray[np.integer] | torch.Tensor | None = None,
+              layout: Literal["vllm", "nhd", "hnd"] = "vllm", heads: tuple[int, int] | None = None,
+              streams: Sequence[str] = ("k", "v"), start: int = 0,
+              on_layer: Callable[[int, torch.cuda.Event | None], object] | None = None, *, background: Literal[True],
+              threads: int = 0, staging_bytes: int | None = None) -> LayerLoad: ...
+def load_into(path: str | os.PathLike[str] | _kvfile.Reader, destination: Iterable[torch.Tensor],
+              block_ids: Sequence[int] | npt.NDArray[np.integer] | torch.Tensor | None = None,
+              slot_mapping: Sequence[int] | npt.NDArray[np.integer] | torch.Tensor | None = None,
+              layout: Literal["vllm", "nhd", "hnd"] = "vllm", heads: tuple[int, int] | None = None,
+              streams: Sequence[str] = ("k", "v"), start: int = 0,
+              on_layer: Callable[[int, torch.cuda.Event | None], object] | None = None, background: bool = False,
+              threads: int = 0, staging_bytes: int | None = None) -> list[torch.cuda.Event | None] | LayerLoad:
     """Reads tokens [start, ...) of a .kv file straight into a paged KV cache,
     layer by layer. path: the file's path, or a reader kvfile.open(path)
     returned, which load_into uses and leaves open (for the caller to close).
@@ -764,7 +843,9 @@ def load_into(path, destination, block_ids=None, slot_mapping=None, layout="vllm
     dtype = destination[0].dtype
     _np_dtype_name(torch, dtype)
 
-    def run(ready):
+    # Below, `torch` is the module _torch() returned, a local: the nested
+    # annotations say Any where they would name its types.
+    def run(ready: Callable[[int, Any], None]) -> None:
         with _open(path) as reader:
             _warn_if_rotated(reader, reader.path)
             geometry = reader.geometry
@@ -779,13 +860,13 @@ def load_into(path, destination, block_ids=None, slot_mapping=None, layout="vllm
             tokens = stop - start
             lo, hi = (0, specs[streams[0]]["rows_per_token"]) if heads is None else heads
             which = {name: i for i, name in enumerate(streams)}
-            slots = {}
+            slots: dict[str, Any] = {}
 
-            def prepare():
+            def prepare() -> None:
                 slots["blk"], slots["off"] = _slot_indices(torch, layout, destination, device, tokens, block_ids,
                                                            slot_mapping)
 
-            def sink(name, first, last, t0, t1, values):
+            def sink(name: str, first: int, last: int, t0: int, t1: int, values: Any) -> None:
                 if name not in which:
                     return
                 values = values[:, :, lo:hi]
@@ -803,7 +884,7 @@ def load_into(path, destination, block_ids=None, slot_mapping=None, layout="vllm
             if device.type == "cuda":
                 dev = device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
 
-                def part_done(first, last, stream):
+                def part_done(first: int, last: int, stream: Any) -> None:
                     for layer in range(first, last):
                         event = torch.cuda.Event(enable_timing=True)
                         event.record(stream)
@@ -829,6 +910,6 @@ def load_into(path, destination, block_ids=None, slot_mapping=None, layout="vllm
 
     if background:  # one readiness per destination layer (run checks the count against the file's)
         return LayerLoad(len(destination), run)
-    events = []
+    events: list[Any] = []
     run(lambda layer, event: events.append(event))
     return events

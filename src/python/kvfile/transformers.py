@@ -20,36 +20,47 @@ and append_cache refuse a file of another model with kvfile.MismatchError
 naming the fields that differ. Imports torch and transformers when called.
 """
 
+from __future__ import annotations
+
 import hashlib
+import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from . import torch as kvtorch
 
+if TYPE_CHECKING:  # imported by the functions that need them, when called
+    import numpy as np
+    import numpy.typing as npt
+    import torch
+    from transformers import Cache, DynamicCache, PretrainedConfig
+
 # The fields of the model id, in order (spec/FORMAT.md section 14).
-FINGERPRINT_FIELDS = ("arch", "layers", "heads", "kv_heads", "head_dim", "hidden", "rope", "theta", "scaling",
-                      "window", "dtype", "weights", "rev", "name")
-_PREFIX = "hf:"
-_MODEL_ID_BYTES = 255
+FINGERPRINT_FIELDS: tuple[str, ...] = ("arch", "layers", "heads", "kv_heads", "head_dim", "hidden", "rope", "theta",
+                                       "scaling", "window", "dtype", "weights", "rev", "name")
+_PREFIX: str = "hf:"
+_MODEL_ID_BYTES: int = 255
 
 
-def _get(config, name, default=None):
+def _get(config: Any, name: str, default: Any = None) -> Any:
     if isinstance(config, dict):
         return config.get(name, default)
     return getattr(config, name, default)
 
 
-def _number(value):
+def _number(value: int | float) -> str:
     """repr of a number, without a trailing ".0"."""
     text = repr(value)
     return text[:-2] if isinstance(value, float) and text.endswith(".0") else text
 
 
-def _key(name):
+def _key(name: str) -> str:
     """A RoPE parameter's name in the model id: the initials of its words when it has several."""
     words = name.split("_")
     return "".join(w[0] for w in words if w) if len(words) > 1 else name
 
 
-def _text(value):
+def _text(value: object) -> str:
     """A field's value as model-id text: no spaces, '-' for none; a dict as
     key:value pairs sorted by name, joined by ','."""
     if value is None:
@@ -63,7 +74,7 @@ def _text(value):
     return str(value).replace(" ", "_").replace("torch.", "")
 
 
-def _fields(config):
+def _fields(config: Any) -> dict[str, str]:
     """The fingerprint's fields of a config, {field: text}."""
     rope = _get(config, "rope_parameters") or _get(config, "rope_scaling") or {}
     rope = dict(rope) if isinstance(rope, dict) else {}
@@ -95,7 +106,7 @@ def _fields(config):
     return {k: _text(v) for k, v in fields.items()}
 
 
-def _weights_digest(model):
+def _weights_digest(model: torch.nn.Module) -> str:
     """sha256 over every parameter's name, shape, dtype and bytes, in order; 16 hex digits."""
     import torch  # noqa: PLC0415
 
@@ -107,7 +118,12 @@ def _weights_digest(model):
     return h.hexdigest()[:16]
 
 
-def model_identity(model, weights=False):
+# `model` (model_identity, save_cache, append_cache, load_cache): a
+# transformers model (PreTrainedModel), its config (PretrainedConfig), a dict
+# of the config's fields or any object with the config's attributes, read by
+# name (and for save_cache, append_cache and load_cache a model id string, or
+# None): typed Any.
+def model_identity(model: Any, weights: bool = False) -> tuple[str, int]:
     """(model_id, fingerprint) of a transformers model or config (spec/FORMAT.md
     section 14): model_id = "hf:" then "field=value" for FINGERPRINT_FIELDS,
     one space apart, the revision cut to 12 characters and the whole to 255
@@ -124,13 +140,13 @@ def model_identity(model, weights=False):
     return model_id.encode()[:_MODEL_ID_BYTES].decode(errors="ignore"), fingerprint
 
 
-def _parse(model_id):
+def _parse(model_id: str) -> dict[str, str] | None:
     if not model_id.startswith(_PREFIX):
         return None
     return dict(f.split("=", 1) for f in model_id[len(_PREFIX):].split(" ") if "=" in f)
 
 
-def describe_difference(file_model, model):
+def describe_difference(file_model: str, model: str) -> str:
     """The fields two model ids differ in, as text: "theta: 500000 in the
     file, 10000 in the model; ..."."""
     a, b = _parse(file_model), _parse(model)
@@ -143,7 +159,7 @@ def describe_difference(file_model, model):
     return "; ".join(diffs) if diffs else "the fingerprint differs (a field beyond the model id's 255 bytes)"
 
 
-def _identity_args(model, weights):
+def _identity_args(model: Any, weights: bool) -> tuple[str | None, int | None]:
     if model is None:
         return None, None
     if isinstance(model, str):
@@ -151,7 +167,7 @@ def _identity_args(model, weights):
     return model_identity(model, weights)
 
 
-def _layer_tensors(cache):
+def _layer_tensors(cache: Cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """[(keys, values)] per layer: transformers 5.x cache.layers, else 4.x key_cache/value_cache."""
     layers = getattr(cache, "layers", None)
     if layers is not None:
@@ -159,7 +175,7 @@ def _layer_tensors(cache):
     return list(zip(cache.key_cache, cache.value_cache))
 
 
-def _streams(cache, start=0):
+def _streams(cache: Cache, start: int = 0) -> dict[str, torch.Tensor]:
     """{"k", "v": [layers, tokens - start, heads, dim]} of a batch-1 cache, from token `start`."""
     import torch  # noqa: PLC0415
 
@@ -174,7 +190,9 @@ def _streams(cache, start=0):
     return {"k": keys, "v": values}
 
 
-def save_cache(cache, path, tokens, model=None, fingerprint=0, dtype="bf16", overwrite=False, weights=False):
+def save_cache(cache: Cache, path: str | os.PathLike[str],
+               tokens: Sequence[int] | npt.NDArray[np.integer] | torch.Tensor, model: Any = None,
+               fingerprint: int = 0, dtype: str = "bf16", overwrite: bool = False, weights: bool = False) -> None:
     """Writes a DynamicCache (batch 1) and its token ids to a new .kv file.
     model: a transformers model or config (the identity is derived from it,
     model_identity), or a model id string with `fingerprint`."""
@@ -183,7 +201,9 @@ def save_cache(cache, path, tokens, model=None, fingerprint=0, dtype="bf16", ove
                  dtype=dtype, overwrite=overwrite)
 
 
-def append_cache(cache, path, tokens, model=None, dtype="bf16", weights=False):
+def append_cache(cache: Cache, path: str | os.PathLike[str],
+                 tokens: Sequence[int] | npt.NDArray[np.integer] | torch.Tensor, model: Any = None,
+                 dtype: str = "bf16", weights: bool = False) -> dict[str, int]:
     """Brings the .kv file at `path` up to the session `tokens` (every token
     id so far) held in `cache`: the tokens beyond the file's common prefix
     with `tokens` are appended (after a rewind to that prefix, with a
@@ -191,8 +211,6 @@ def append_cache(cache, path, tokens, model=None, dtype="bf16", weights=False):
     tokens. A missing file is created (dtype, model as save_cache). model:
     the file must have been written for it (kvfile.MismatchError naming the
     fields that differ). Returns kvfile.torch.append_turn's dict."""
-    import os  # noqa: PLC0415
-
     model_id, fp = _identity_args(model, weights)
     if not os.path.exists(path):
         save_cache(cache, path, tokens, model=model, dtype=dtype, weights=weights)
@@ -202,7 +220,9 @@ def append_cache(cache, path, tokens, model=None, dtype="bf16", weights=False):
                                describe=describe_difference)
 
 
-def load_cache(path, device="cuda", dtype=None, config=None, model=None, weights=False):
+def load_cache(path: str | os.PathLike[str], device: torch.device | str | int = "cuda",
+               dtype: torch.dtype | None = None, config: PretrainedConfig | None = None, model: Any = None,
+               weights: bool = False) -> tuple[DynamicCache, torch.Tensor]:
     """Reads a .kv file written by save_cache into a new DynamicCache on `device`.
     Returns (cache, tokens): tokens an int64 tensor [tokens] on that device.
     config: the model's config, passed to DynamicCache when given. model: a
