@@ -5,7 +5,8 @@
  * existing output without force refused and left byte-identical; and
  * the foreign formats both ways on the fixtures (a llama.cpp state file
  * and a colibri session back byte for byte, a Mooncake directory), and
- * the variants: a llama.cpp session, COLIKV1, a .kv of format 1.
+ * the variants: a llama.cpp session, COLIKV1, a .kv of format 1; and
+ * kvfile_append_safetensors.
  * Usage: c_api_convert_test DIR FIXTURES (a scratch directory, emptied by
  * the caller, and tests/fixtures). */
 #include <stdint.h>
@@ -281,6 +282,79 @@ static void test_remaining_variants_both_ways(void) {
   kvfile_reader_close(b);
 }
 
+static int test_info(const char* path, kvfile_info* info) {
+  kvfile_reader* r = NULL;
+  int ok;
+  if (kvfile_reader_open(path, &r) != KVFILE_OK) return 0;
+  ok = kvfile_reader_info(r, info) == KVFILE_OK;
+  kvfile_reader_close(r);
+  return ok;
+}
+
+/* kvfile_append_safetensors: a new file, then the same tokens again; a
+ * model mismatch refused with the file as it was; the options (dtype,
+ * keep_raw, model) for a new file; bad options and NULLs refused. */
+static void test_append_safetensors(void) {
+  kvfile_append_options o;
+  kvfile_append_result res;
+  kvfile_info info;
+  static uint8_t before[1 << 16], after[1 << 16];
+  long n;
+  write_tiny(in_dir(dir, "ap-src.kv"), KVFILE_E4M3);
+  CHECK(kvfile_convert(in_dir(dir, "ap-src.kv"), in_dir(dir, "ap.safetensors"), NULL, NULL) == KVFILE_OK);
+  CHECK(kvfile_append_safetensors(in_dir(dir, "ap.kv"), in_dir(dir, "ap.safetensors"), NULL, &res) == KVFILE_OK);
+  CHECK(res.created == 1 && res.upgraded == 0 && res.tokens_before == 0 && res.tokens_appended == kTokens);
+  CHECK(strcmp(res.note, "") == 0);
+  CHECK(kvfile_append_safetensors(in_dir(dir, "ap.kv"), in_dir(dir, "ap.safetensors"), NULL, &res) == KVFILE_OK);
+  CHECK(res.created == 0 && res.tokens_before == kTokens && res.tokens_appended == kTokens);
+  CHECK(test_info(in_dir(dir, "ap.kv"), &info) && info.tokens == 2 * kTokens);
+  CHECK(strcmp(info.model_id, "test/tiny") == 0 && info.geometry.streams[0].dtype == KVFILE_E4M3);
+  {
+    kvfile_reader* r = NULL;
+    uint32_t ids[2 * kTokens];
+    size_t got = 0;
+    int i;
+    CHECK(kvfile_reader_open(in_dir(dir, "ap.kv"), &r) == KVFILE_OK);
+    CHECK(kvfile_reader_tokens(r, ids, 2 * kTokens, &got) == KVFILE_OK && got == 2 * kTokens);
+    for (i = 0; i < 2 * kTokens; ++i) CHECK(ids[i] == (uint32_t)(100 + i % kTokens));
+    kvfile_reader_close(r);
+  }
+
+  /* Another model: refused before anything is written. */
+  n = slurp(in_dir(dir, "ap.kv"), before, sizeof before);
+  CHECK(n > 0 && (size_t)n < sizeof before);
+  memset(&o, 0, sizeof o);
+  o.model = "someone/else";
+  CHECK(kvfile_append_safetensors(in_dir(dir, "ap.kv"), in_dir(dir, "ap.safetensors"), &o, &res) == KVFILE_MISMATCH);
+  CHECK_CONTAINS(kvfile_last_error(), "ap.kv: model id: file has 'test/tiny', expected 'someone/else'");
+  CHECK(slurp(in_dir(dir, "ap.kv"), after, sizeof after) == n && memcmp(before, after, (size_t)n) == 0);
+
+  /* A new file's dtypes, raw streams and model from the options. */
+  o.dtype = KVFILE_E5M2;
+  o.keep_raw = "v";
+  o.chunk_tokens = 5;
+  o.sync = KVFILE_SYNC_CHUNK;
+  CHECK(kvfile_append_safetensors(in_dir(dir, "ap2.kv"), in_dir(dir, "ap.safetensors"), &o, &res) == KVFILE_OK);
+  CHECK(test_info(in_dir(dir, "ap2.kv"), &info) && info.tokens == kTokens && info.nominal_chunk_tokens == 5);
+  CHECK(strcmp(info.model_id, "someone/else") == 0);
+  CHECK(info.geometry.streams[0].dtype == KVFILE_E5M2 && info.geometry.streams[1].dtype == KVFILE_BF16);
+
+  /* Options that are no value of their type, and NULLs. */
+  memset(&o, 0, sizeof o);
+  o.dtype = 99;
+  CHECK(kvfile_append_safetensors(in_dir(dir, "ap3.kv"), in_dir(dir, "ap.safetensors"), &o, &res) ==
+        KVFILE_INVALID_ARGUMENT);
+  CHECK(strcmp(kvfile_last_error(), "kvfile_append_safetensors: options->dtype 99 is no kvfile_dtype") == 0);
+  o.dtype = 0;
+  o.sync = 7;
+  CHECK(kvfile_append_safetensors(in_dir(dir, "ap3.kv"), in_dir(dir, "ap.safetensors"), &o, &res) ==
+        KVFILE_INVALID_ARGUMENT);
+  CHECK(strcmp(kvfile_last_error(), "kvfile_append_safetensors: options->sync 7 is no kvfile_sync_mode") == 0);
+  CHECK(slurp(in_dir(dir, "ap3.kv"), after, sizeof after) == -1);
+  CHECK(kvfile_append_safetensors(NULL, "x", NULL, NULL) == KVFILE_INVALID_ARGUMENT);
+  CHECK(strcmp(kvfile_last_error(), "kvfile_append_safetensors: file is NULL") == 0);
+}
+
 int main(int argc, char** argv) {
   if (argc != 3) {
     fprintf(stderr, "usage: c_api_convert_test DIR FIXTURES\n");
@@ -294,5 +368,6 @@ int main(int argc, char** argv) {
   test_existing_output_untouched();
   test_foreign_formats_both_ways();
   test_remaining_variants_both_ways();
+  test_append_safetensors();
   return check_summary("c_api_convert_test");
 }

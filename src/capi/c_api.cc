@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "kvfile/append.h"
 #include "kvfile/convert.h"
 #include "kvfile/presets.h"
 #include "kvfile/reader.h"
@@ -1035,6 +1036,18 @@ static_assert(KVFILE_FORMAT_KV == static_cast<int>(kvfile::Format::kKv) + 1 &&
               KVFILE_FORMAT_COLI == static_cast<int>(kvfile::Format::kColi) + 1 &&
               KVFILE_FORMAT_COLI == kvfile::kFormatCount);
 
+// The names of a comma-separated list (NULL or "": none; empty names skipped).
+std::vector<std::string> CommaList(const char* list) {
+  std::vector<std::string> names;
+  for (std::string_view rest = list ? list : ""; !rest.empty();) {
+    size_t comma = rest.find(',');
+    std::string_view name = rest.substr(0, comma);
+    if (!name.empty()) names.emplace_back(name);
+    rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+  }
+  return names;
+}
+
 bool IsFormat(kvfile_format f) { return f >= KVFILE_FORMAT_KV && f <= KVFILE_FORMAT_COLI; }
 
 kvfile_status ToChoice(int c, const char* field, std::optional<bool>* out) {
@@ -1064,12 +1077,7 @@ kvfile_status ToConvertOptions(const kvfile_convert_options& c, kvfile::ConvertO
     o->dtype = static_cast<Dtype>(c.dtype);
   }
   o->every_stream = c.every_stream != 0;
-  for (std::string_view rest = c.keep_raw ? c.keep_raw : ""; !rest.empty();) {
-    size_t comma = rest.find(',');
-    std::string_view name = rest.substr(0, comma);
-    if (!name.empty()) o->keep_raw.insert(std::string(name));
-    rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
-  }
+  for (std::string& name : CommaList(c.keep_raw)) o->keep_raw.insert(std::move(name));
   o->codes = c.codes != 0;
   if (c.chunk_tokens != 0) o->chunk_tokens = c.chunk_tokens;
   o->salvage = c.salvage != 0;
@@ -1117,6 +1125,64 @@ kvfile_status kvfile_convert(const char* in, const char* out, const kvfile_conve
     for (const std::string& w : report.warnings) joined += (joined.empty() ? "" : "; ") + w;
     CopyString(report.summary, result->summary, sizeof result->summary);
     CopyString(joined, result->warning, sizeof result->warning);
+    return KVFILE_OK;
+  });
+}
+
+}  // extern "C"
+
+// ---- Appending a safetensors file ----
+
+namespace {
+
+static_assert(KVFILE_SYNC_CLOSE == 0, "an all-zero kvfile_append_options syncs at close, the default");
+
+kvfile_status ToAppendOptions(const kvfile_append_options& c, kvfile::AppendOptions* o) {
+  auto dtype = [](int d, const char* field, std::optional<Dtype>* out) {
+    if (d == 0) return KVFILE_OK;
+    if (!IsDtype(static_cast<kvfile_dtype>(d)))
+      return Fail(KVFILE_INVALID_ARGUMENT, std::string("kvfile_append_safetensors: options->") + field + " " +
+                                               std::to_string(d) + " is no kvfile_dtype");
+    *out = static_cast<Dtype>(d);
+    return KVFILE_OK;
+  };
+  if (c.model != nullptr) o->model = c.model;
+  if (kvfile_status st = dtype(c.dtype, "dtype", &o->dtype); st != KVFILE_OK) return st;
+  if (kvfile_status st = dtype(c.upgrade_dtype, "upgrade_dtype", &o->upgrade_dtype); st != KVFILE_OK) return st;
+  o->keep_raw = CommaList(c.keep_raw);
+  if (c.chunk_tokens != 0) o->chunk_tokens = c.chunk_tokens;
+  switch (c.sync) {
+    case KVFILE_SYNC_CLOSE: o->sync = kvfile::SyncMode::kClose; break;
+    case KVFILE_SYNC_CHUNK: o->sync = kvfile::SyncMode::kChunk; break;
+    case KVFILE_SYNC_NONE: o->sync = kvfile::SyncMode::kNone; break;
+    default:
+      return Fail(KVFILE_INVALID_ARGUMENT,
+                  "kvfile_append_safetensors: options->sync " + std::to_string(c.sync) + " is no kvfile_sync_mode");
+  }
+  return KVFILE_OK;
+}
+
+}  // namespace
+
+extern "C" {
+
+kvfile_status kvfile_append_safetensors(const char* file, const char* input, const kvfile_append_options* options,
+                                        kvfile_append_result* result) {
+  return Guarded([&] {
+    if (file == nullptr) return NullArgument("kvfile_append_safetensors", "file");
+    if (input == nullptr) return NullArgument("kvfile_append_safetensors", "input");
+    if (result != nullptr) *result = {};
+    kvfile::AppendOptions o;
+    if (options != nullptr)
+      if (kvfile_status st = ToAppendOptions(*options, &o); st != KVFILE_OK) return st;
+    kvfile::AppendReport report;
+    kvfile_status st = Report(kvfile::AppendSafetensors(file, input, o, &report));
+    if (st != KVFILE_OK || result == nullptr) return st;
+    result->created = report.created;
+    result->upgraded = report.upgraded_from_v1;
+    result->tokens_before = report.tokens_before;
+    result->tokens_appended = report.input_tokens;
+    if (!report.notes.empty()) CopyString(report.notes.front(), result->note, sizeof result->note);
     return KVFILE_OK;
   });
 }

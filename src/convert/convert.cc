@@ -127,7 +127,12 @@ Dtype TargetDtype(const std::string& stream, Dtype have, const ConvertOptions& o
 }
 
 Status CheckKeepRaw(const ConvertOptions& o, const std::vector<std::string>& names, const std::string& path) {
-  for (const std::string& k : o.keep_raw)
+  return CheckKeepRaw(std::vector<std::string>(o.keep_raw.begin(), o.keep_raw.end()), names, path);
+}
+
+Status CheckKeepRaw(const std::vector<std::string>& keep_raw, const std::vector<std::string>& names,
+                    const std::string& path) {
+  for (const std::string& k : keep_raw)
     if (std::find(names.begin(), names.end(), k) == names.end()) {
       std::string all;
       for (const std::string& n : names) all += (all.empty() ? "" : ", ") + n;

@@ -89,6 +89,9 @@ Dtype TargetDtype(const std::string& stream, Dtype have, const ConvertOptions& o
 // kInvalidArgument "PATH: --keep-raw: no stream 'x' (streams: ...)" when
 // o.keep_raw names a stream not in `names`.
 Status CheckKeepRaw(const ConvertOptions& o, const std::vector<std::string>& names, const std::string& path);
+// The same for a list of stream names (AppendSafetensors' keep_raw).
+Status CheckKeepRaw(const std::vector<std::string>& keep_raw, const std::vector<std::string>& names,
+                    const std::string& path);
 
 // The one chunk-size rule of a .kv output: o.chunk_tokens, else `wanted`
 // (the input's chunk size, or 256) fitted by FitChunkTokens to the input's

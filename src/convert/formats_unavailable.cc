@@ -7,6 +7,7 @@
 // directory is found by parsing its manifest, which needs the format's
 // code: without it no directory is taken for one.
 #include "convert/driver.h"
+#include "kvfile/append.h"
 
 namespace kvfile::convert {
 
@@ -15,6 +16,19 @@ extern const Driver kSafetensorsDriver = {Format::kSafetensors, false, ".safeten
 extern const Driver kLlamaDriver = {Format::kLlamaState, false, nullptr, SniffLlama, nullptr, nullptr};
 extern const Driver kMooncakeDriver = {Format::kMooncake, true, nullptr, nullptr, nullptr, nullptr};
 extern const Driver kColiDriver = {Format::kColi, false, ".coli_kv", SniffColi, nullptr, nullptr};
+
+}  // namespace kvfile::convert
+
+namespace kvfile {
+
+Status AppendSafetensors(const std::string&, const std::string& input, const AppendOptions&, AppendReport* report) {
+  if (report) *report = AppendReport{};
+  return Status::Unsupported(input + ": this build does not read safetensors files");
+}
+
+}  // namespace kvfile
+
+namespace kvfile::convert {
 
 // Convert reaches these only for a format whose export exists: none here.
 Status BeginDirectoryOutput(const Driver&, const std::string& out, bool, std::string*) {

@@ -92,6 +92,13 @@ Dtype DtypeByName(const std::string& name) {
   return d;
 }
 
+SyncMode SyncModeByName(const std::string& name) {
+  if (name == "none") return SyncMode::kNone;
+  if (name == "chunk") return SyncMode::kChunk;
+  if (name == "close") return SyncMode::kClose;
+  throw py::value_error("sync must be \"none\", \"chunk\" or \"close\", not \"" + name + "\"");
+}
+
 py::array TokenIdArray(py::handle tokens) {
   py::module_ np = py::module_::import("numpy");
   py::array a = np.attr("asarray")(tokens);

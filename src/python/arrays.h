@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kvfile/geometry.h"
+#include "kvfile/writer.h"
 
 namespace kvfile::python {
 
@@ -40,6 +41,8 @@ pybind11::dtype NumpyDtype(Dtype dtype);
 
 // A kvfile Dtype by its name ("e4m3", "bf16", ...); ValueError otherwise.
 Dtype DtypeByName(const std::string& name);
+// A sync mode by its name ("none", "chunk", "close"); ValueError otherwise.
+SyncMode SyncModeByName(const std::string& name);
 
 // Token ids from any 1-D sequence of integers in [0, 2^32): TokenIdArray
 // checks them (TypeError, ValueError) without copying a numpy array;

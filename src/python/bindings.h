@@ -16,5 +16,6 @@ void BindPack(pybind11::module_& m);     // Pack
 void BindFind(pybind11::module_& m);     // find(), index_directory(), walk()
 void BindReplace(pybind11::module_& m);  // _Replace (kvfile.convert's output)
 void BindRepair(pybind11::module_& m);   // repair()
+void BindAppend(pybind11::module_& m);   // append_safetensors() (kvfile::AppendSafetensors)
 
 }  // namespace kvfile::python

@@ -53,6 +53,7 @@ PYBIND11_MODULE(_kvfile, m) {
   kvfile::python::BindFind(m);
   kvfile::python::BindReplace(m);
   kvfile::python::BindRepair(m);
+  kvfile::python::BindAppend(m);
   m.def("presets", [] { return pybind11::cast(kvfile::PresetNames()); },
         "The names of the preset geometries create() accepts.");
   m.def("dtype_table", &DtypeTable,

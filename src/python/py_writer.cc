@@ -38,13 +38,6 @@ namespace kvfile::python {
 
 namespace {
 
-SyncMode SyncModeByName(const std::string& name) {
-  if (name == "none") return SyncMode::kNone;
-  if (name == "chunk") return SyncMode::kChunk;
-  if (name == "close") return SyncMode::kClose;
-  throw py::value_error("sync must be \"none\", \"chunk\" or \"close\", not \"" + name + "\"");
-}
-
 // The expected shape of a stream's array, as text for messages.
 // A stream's leading axis: its layers (all, or its layer set's).
 uint32_t LayersOf(const Geometry& g, const StreamSpec& s) {

@@ -168,3 +168,32 @@ def test_convert_to_an_existing_output_without_overwrite_leaves_it_byte_identica
     assert (tmp_path / "o.safetensors").read_bytes() == b"precious"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.kv", "o.safetensors"]
     assert kvfile.convert(tmp_path / "a.kv", tmp_path / "o.safetensors", overwrite=True)["tokens"] == 6
+
+
+def test_append_safetensors_creates_extends_and_refuses_a_mismatch_untouched(tmp_path):
+    """kvfile.append_safetensors is `kvfile append` (kvfile::AppendSafetensors)."""
+    block = write(tmp_path / "src.kv", list(range(100, 110)), 3, "bf16")
+    kvfile.convert(str(tmp_path / "src.kv"), str(tmp_path / "turn.safetensors"))
+    f, turn = str(tmp_path / "s.kv"), str(tmp_path / "turn.safetensors")
+    assert kvfile.append_safetensors(f, turn) == {"created": True, "upgraded": False, "tokens_before": 0,
+                                                  "tokens_appended": 10, "tokens": 10, "notes": []}
+    assert kvfile.append_safetensors(f, turn)["tokens"] == 20
+    with kvfile.open(f) as r:
+        assert list(r.tokens) == list(range(100, 110)) * 2
+        assert [s["dtype"] for s in r.geometry["streams"]] == ["e4m3", "e4m3"]
+        k = r.read_all()["k"]
+        # e4m3: 3 mantissa bits, a scale per row: within 1/16 of each row's largest value.
+        row_max = np.abs(block["k"]).max(axis=-1, keepdims=True)
+        assert np.all(np.abs(k[:, 10:] - block["k"]) <= row_max / 16 + 1e-6)
+    before = (tmp_path / "s.kv").read_bytes()
+    with pytest.raises(kvfile.MismatchError, match="model id: file has 'test/tiny', expected 'other/m'"):
+        kvfile.append_safetensors(f, turn, model="other/m")
+    assert (tmp_path / "s.kv").read_bytes() == before
+    with pytest.raises(ValueError, match='sync must be "none", "chunk" or "close"'):
+        kvfile.append_safetensors(f, turn, sync="sometimes")
+    new = str(tmp_path / "n.kv")
+    out = kvfile.append_safetensors(new, turn, dtype="nvfp4", keep_raw=["v"], chunk_tokens=3, model="m/x")
+    assert out["created"] and out["tokens"] == 10
+    with kvfile.open(new) as r:
+        assert [s["dtype"] for s in r.geometry["streams"]] == ["nvfp4", "bf16"]
+        assert (r.info()["model"], r.info()["chunk_tokens"]) == ("m/x", 3)

@@ -63,6 +63,10 @@ class UpgradeProgress {
  public:
   UpgradeProgress(std::string label, const std::string& path);
   FileSystem* fs() { return &fs_; }
+  // The bar itself, for a ReadProgressFileSystem of the caller's
+  // (ReadProgressFileSystem::set_progress) when the upgrade is one stage of
+  // a library call that reads through one FileSystem (append).
+  Progress* progress() { return &progress_; }
   void Finish() { progress_.Finish(); }
 
  private:

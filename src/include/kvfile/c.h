@@ -694,6 +694,41 @@ typedef struct kvfile_convert_result {
 KVFILE_EXPORT kvfile_status kvfile_convert(const char* in, const char* out, const kvfile_convert_options* options,
                                            kvfile_convert_result* result);
 
+/* ---- Appending a safetensors file (kvfile append; kvfile/append.h) ------- */
+
+/* Append options; an all-zero struct (or NULL) means the defaults. The
+ * dtype fields are ints holding a kvfile_dtype (0: the default), sync an
+ * int holding a kvfile_sync_mode. */
+typedef struct kvfile_append_options {
+  const char* model;     /* a new FILE's model id, and the one an existing FILE must have; NULL: INPUT's */
+  int dtype;             /* E4M3, E5M2 or NVFP4 for the quantized streams; 0: codes keep theirs, values take an
+                            existing stream's dtype, else e4m3 */
+  int upgrade_dtype;     /* E4M3 or E5M2: what a v1 FILE's upgrade quantizes to; 0: dtype if fp8, else e4m3 */
+  const char* keep_raw;  /* streams kept raw by a v1 FILE's upgrade, or stored bf16 in a new FILE; comma
+                            separated; NULL or "": none */
+  uint32_t chunk_tokens; /* tokens per chunk of a new FILE; 0: 256 fitted to INPUT's size */
+  int sync;              /* KVFILE_SYNC_CLOSE (0, default), KVFILE_SYNC_CHUNK or KVFILE_SYNC_NONE */
+} kvfile_append_options;
+
+typedef struct kvfile_append_result {
+  int created;                    /* FILE did not exist: created with INPUT's geometry */
+  int upgraded;                   /* FILE was format 1: upgraded to 2 first */
+  uint64_t tokens_before;         /* FILE's tokens before */
+  uint64_t tokens_appended;       /* INPUT's tokens, all appended */
+  char note[KVFILE_MESSAGE_CAPACITY]; /* INPUT names no model: what it was appended to; "" otherwise */
+} kvfile_append_result;
+
+/* Appends the tokens of a safetensors file in the kvfile convention
+ * (docs/formats.md) to FILE, creating it with INPUT's geometry if it does
+ * not exist, as one transaction: everything is checked before the first
+ * byte is written (a model or geometry mismatch: KVFILE_MISMATCH; a value
+ * that is not finite: KVFILE_NON_FINITE), and a failure leaves FILE with
+ * none of INPUT's tokens, or (an I/O error in the commit itself) all of
+ * them, never part. result may be NULL. */
+KVFILE_EXPORT kvfile_status kvfile_append_safetensors(const char* file, const char* input,
+                                                      const kvfile_append_options* options,
+                                                      kvfile_append_result* result);
+
 /* ---- Packs: many sessions in one .kvpack (spec/PACK.md, docs/packs.md) --- */
 
 typedef struct kvfile_pack kvfile_pack; /* opaque */

@@ -12,6 +12,7 @@ A thin layer over the C++ library's binding (the extension kvfile._kvfile):
     kvfile.walk(dir_or_prefix)                    -> the .kv and .kvpack paths under it
     kvfile.convert(src, dst, dtype, **options)    -> report: src in dst's format (.kv, safetensors, ...)
     kvfile.convert_pack(src, dst, dtype)          -> dst: src checked, every member converted
+    kvfile.append_safetensors(file, input, ...)   -> dict: input's tokens appended, as `kvfile append`
     Reader.read_all(...) / Reader.codes_all(...)  -> every stream at once (bulk)
 
 kvfile.torch (torch tensors, CUDA loads), kvfile.transformers (a
@@ -54,6 +55,7 @@ from ._kvfile import (  # noqa: F401  (re-exported)
     UnsupportedError,
     Writer,
     __version__,
+    append_safetensors,
     coli_export,
     coli_import,
     create,
