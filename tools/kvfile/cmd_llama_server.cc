@@ -18,6 +18,12 @@
 // cache that is quantized on one side only (llama.cpp Hadamard-rotates the
 // rows of quantized caches), other layer counts or widths. The server's
 // cache is learnt by saving the slot into a probe file first.
+//
+// The file's side is the library's (kvfile/formats/llama.h): save's
+// create, append or divergent replace is llama::SaveState, restore's checks
+// llama::CheckRestorable and CheckRestoreInto, its export llama::Export.
+// This file holds the server's HTTP calls, the temporary slot files, the
+// flags, progress and words.
 #include <signal.h>
 #include <unistd.h>
 
@@ -38,8 +44,6 @@
 #include "kvfile/formats/llama.h"
 #include "kvfile/formats/llama_state.h"
 #include "kvfile/reader.h"
-#include "kvfile/replace.h"
-#include "kvfile/writer.h"
 #include "pack_member.h"
 #include "signals.h"
 
@@ -239,25 +243,6 @@ Status SaveSlot(const ServerArgs& a, const TempSlot& t, std::unique_ptr<File>* f
   return Status::OK();
 }
 
-// Copies the bytes of `from` into the new file `to` (a PendingReplace's
-// temporary file), 8 MiB at a time, stopping at a signal.
-Status CopyFileBytes(const std::string& from, const std::string& to) {
-  std::unique_ptr<File> in, out;
-  KVFILE_RETURN_IF_ERROR(FileSystem::Default()->Open(from, OpenMode::kRead, &in));
-  KVFILE_RETURN_IF_ERROR(FileSystem::Default()->Open(to, OpenMode::kCreateExclusive, &out).WithContext(from));
-  uint64_t size = 0;
-  KVFILE_RETURN_IF_ERROR(in->Size(&size));
-  std::vector<char> buf(static_cast<size_t>(std::min<uint64_t>(size, uint64_t{8} << 20)));
-  for (uint64_t at = 0; at < size;) {
-    KVFILE_RETURN_IF_ERROR(CheckInterrupt(from));
-    size_t n = static_cast<size_t>(std::min<uint64_t>(buf.size(), size - at));
-    KVFILE_RETURN_IF_ERROR(in->ReadAt(at, buf.data(), n));
-    KVFILE_RETURN_IF_ERROR(out->WriteAt(at, buf.data(), n).WithContext(from));
-    at += n;
-  }
-  return out->Sync().WithContext(from);
-}
-
 int RunSave(const ServerArgs& a) {
   InstallSignalHandlers();
   SetCurrentPath(a.file);
@@ -285,96 +270,17 @@ int RunSave(const ServerArgs& a) {
     // loaded (its /props model_path), as `convert --model` reads it.
     if (Status st = ServedModelPath(a, &o.llama.model); !st.ok()) return ReportError(st);
   }
-  Geometry g;
-  ModelIdentity id;
-  if (Status st = llama::PlanImport(tmp.path(), s, o, &g, &id); !st.ok()) return ReportError(st);
-  id.fingerprint = model.fingerprint;
-  bool exists = false;
-  if (Status st = FileSystem::Default()->Exists(a.file, &exists); !st.ok()) return ReportError(st);
-  uint64_t keep = 0, before = 0, size_before = 0;
-  std::vector<uint32_t> old_tokens;  // FILE's, to find it unchanged before a divergent save's rename
-  if (exists) {
-    std::unique_ptr<Reader> r;
-    Status st = Reader::Open(a.file, {}, &r);
-    if (!st.ok()) return ReportError(st);
-    // Where the cells sat (the slot's cache stream, sequence and first
-    // position) is the server's placement, not the model's: a file saved
-    // from one slot may be restored into another (restore places it) and
-    // saved again from there. The file keeps its own.
-    ModelIdentity want = id;
-    std::optional<llama::Provenance> fp = llama::ParseModelId(r->identity().model_id);
-    std::optional<llama::Provenance> ep = llama::ParseModelId(id.model_id);
-    if (fp && ep) {
-      ep->n_stream = fp->n_stream;
-      ep->stream = fp->stream;
-      ep->seq_id = fp->seq_id;
-      ep->first_pos = fp->first_pos;
-      want.model_id = llama::FormatModelId(*ep);
-    }
-    st = CheckExpected(r->identity(), r->geometry(), want, g);
-    if (!st.ok())
-      return ReportError(Status::Mismatch(a.file + ": " + st.message() + " (slot " + std::to_string(a.slot) + " of " +
-                                          ServerUrl(a) + ", model " + model.name + ")"));
-    before = r->token_count();
-    auto old = r->tokens();
-    old_tokens.assign(old.begin(), old.end());
-    while (keep < before && keep < s.cells && old[keep] == s.tokens[keep]) ++keep;
-    std::error_code ec;
-    size_before = std::filesystem::file_size(a.file, ec);
-  }
-  WriterOptions opt;
-  opt.threads = 0;
-  std::unique_ptr<PendingReplace> create;
-  std::unique_ptr<Writer> w;
-  Status st = CheckInterrupt(a.file);
-  if (st.ok() && exists) {
-    st = Writer::Open(a.file, opt, &w);
-    if (st.ok() && w->token_count() != before)
-      st = Status::Mismatch(a.file + ": the file changed while the save was being prepared");
-    if (st.ok() && keep < before) {
-      // A divergence replaces FILE whole, so that a save that fails or is
-      // interrupted leaves it as it was: its bytes are copied (under its
-      // writer lock) to a temporary file, which is rewound to the common
-      // prefix and appended to, then renamed over FILE once FILE is found
-      // unchanged since (below). It costs the session's bytes once; an
-      // append costs only the turn's.
-      st = PendingReplace::Begin(a.file, nullptr, &create);
-      if (st.ok()) st = CopyFileBytes(a.file, create->temp_path());
-      Status closed = w->Close();
-      w.reset();
-      if (st.ok()) st = closed;
-      if (st.ok()) st = Writer::Open(create->temp_path(), opt, &w).WithContext(a.file);
-      if (st.ok() && w->token_count() != before)
-        st = Status::Mismatch(a.file + ": the file changed while the save was being prepared");
-      if (st.ok()) st = w->Rewind(keep).WithContext(a.file);
-    }
-  } else if (st.ok()) {
-    opt.chunk_tokens = BoundedChunkTokens(g, 256, tmp.path());
-    st = PendingReplace::Begin(a.file, nullptr, &create);
-    if (st.ok() && create->original().exists)
-      st = Status::Busy(a.file + ": created by another process while the save was being prepared");
-    if (st.ok()) st = Writer::Create(create->temp_path(), g, id, opt, &w).WithContext(a.file);
-  }
-  if (st.ok() && keep < s.cells) st = llama::AppendCells(tmp.path(), *f, s, 0, keep, s.cells, o, *w);
+  llama::SaveStateOptions so;
+  so.convert = o;
+  so.fingerprint = model.fingerprint;
+  so.source = "slot " + std::to_string(a.slot) + " of " + ServerUrl(a) + ", model " + model.name;
+  so.check_stop = [](const std::string& path) { return CheckInterrupt(path); };
+  llama::SaveStateReport rep;
+  Status st = llama::SaveState(a.file, tmp.path(), *f, s, so, &rep);
   bars.Finish();
-  if (!st.ok() && PendingSignal()) st = CheckInterrupt(tmp.path());
-  if (w) {
-    Status closed = w->Close();  // drops an unfinished append
-    if (st.ok()) st = create ? closed.WithContext(a.file) : closed;
-  }
-  if (st.ok() && create && exists) {
-    // FILE's writer lock was let go for the rename (Commit takes it again):
-    // a writer that appended or rewound meanwhile is not overwritten.
-    std::unique_ptr<Reader> now;
-    st = Reader::Open(a.file, {}, &now);
-    if (st.ok() && !std::equal(now->tokens().begin(), now->tokens().end(), old_tokens.begin(), old_tokens.end()))
-      st = Status::Busy(a.file + ": changed by another writer while the save was being written; not replaced");
-  }
-  if (st.ok() && create) st = create->Commit();
   if (!st.ok()) return ReportError(st);
-  std::error_code ec;
-  uint64_t size_after = std::filesystem::file_size(a.file, ec);
-  std::string what = !exists ? "created with " + std::to_string(s.cells) + " tokens"
+  const uint64_t keep = rep.kept, before = rep.before;
+  std::string what = rep.created ? "created with " + std::to_string(s.cells) + " tokens"
                      : keep < before ? "rewound to the " + std::to_string(keep) +
                                            " tokens it shares with the slot, appended " +
                                            std::to_string(s.cells - keep)
@@ -382,7 +288,7 @@ int RunSave(const ServerArgs& a) {
                                        : "appended " + std::to_string(s.cells - keep) + " tokens";
   std::printf("%s: %s from slot %u of %s (%llu tokens in total; file %+lld bytes)\n", a.file.c_str(), what.c_str(),
               a.slot, ServerUrl(a).c_str(), static_cast<unsigned long long>(s.cells),
-              static_cast<long long>(size_after) - static_cast<long long>(size_before));
+              static_cast<long long>(rep.size_after) - static_cast<long long>(rep.size_before));
   return kExitOk;
 }
 
@@ -423,12 +329,7 @@ int RunRestore(const ServerArgs& a) {
   if (Status st = members.Resolve(a.file, &opened); !st.ok()) return ReportError(st);
   std::unique_ptr<Reader> r;
   if (Status st = Reader::Open(opened, {}, &r); !st.ok()) return ReportError(members.Name(st));
-  std::optional<llama::Provenance> prov = llama::ParseModelId(r->identity().model_id);
-  if (!prov || r->identity().fingerprint == 0)
-    return ReportError(Status::Mismatch(a.file + ": not saved by kvfile llama-server save (model '" +
-                                        r->identity().model_id + "', fingerprint " +
-                                        Hex16(r->identity().fingerprint) + ")"));
-  if (r->token_count() == 0) return ReportError(Status::InvalidArgument(a.file + ": no tokens to restore"));
+  if (Status st = llama::CheckRestorable(a.file, *r); !st.ok()) return ReportError(st);
   ServedModel model;
   if (Status st = GetModel(a, &model); !st.ok()) return ReportError(st);
   if (model.fingerprint != r->identity().fingerprint)
@@ -437,26 +338,8 @@ int RunRestore(const ServerArgs& a) {
                                         "; the file's " + Hex16(r->identity().fingerprint) + "); not restored"));
   llama::StateLayout srv;
   if (Status st = ProbeServer(a, r->tokens()[0], &srv); !st.ok()) return ReportError(st);
-  const Geometry& g = r->geometry();
-  std::optional<uint32_t> ks = g.FindStream("k"), vs = g.FindStream("v");
-  if (!ks || !vs || srv.layers != g.layers || srv.k_width != g.streams[*ks].ElementsPerToken() ||
-      srv.v_width != g.streams[*vs].ElementsPerToken())
-    return ReportError(Status::Mismatch(
-        a.file + ": the server's cache has " + std::to_string(srv.layers) + " layers of " +
-        std::to_string(srv.k_width) + " K and " + std::to_string(srv.v_width) + " V values per token; the file " +
-        std::to_string(g.layers) + " layers of another shape; not restored"));
-  llama::CacheType kt = srv.k[0].type, vt = srv.v[0].type;
-  if (llama::IsQuantized(kt) != llama::IsQuantized(prov->k_type) ||
-      llama::IsQuantized(vt) != llama::IsQuantized(prov->v_type))
-    return ReportError(Status::Mismatch(
-        a.file + ": saved from a " + llama::CacheTypeName(prov->k_type) + "/" + llama::CacheTypeName(prov->v_type) +
-        " cache, the server's is " + llama::CacheTypeName(kt) + "/" + llama::CacheTypeName(vt) +
-        ": llama.cpp Hadamard-rotates the rows of quantized caches only, the server would misread them; "
-        "not restored"));
-  if (kt != vt)
-    return ReportError(Status::Unsupported(a.file + ": the server's K and V caches differ in type (" +
-                                           llama::CacheTypeName(kt) + "/" + llama::CacheTypeName(vt) +
-                                           "): kvfile exports one type for both; not restored"));
+  if (Status st = llama::CheckRestoreInto(a.file, *r, srv); !st.ok()) return ReportError(st);
+  const llama::CacheType kt = srv.k[0].type;
   TempSlot tmp(a.slot_dir, "restore");
   ConvertOptions o;
   ProgressReports bars;

@@ -78,4 +78,49 @@ KVFILE_EXPORT Status Export(const std::string& in, Reader& r, uint64_t tokens, c
                             const ConvertOptions& o, std::string* summary, std::string* warning,
                             const Placement* at = nullptr);
 
+// ---- A .kv file kept in line with llama.cpp state files (kvfile llama-server) ----
+
+struct SaveStateOptions {
+  // The import's options: dtype or keep_raw, llama.head_size or
+  // llama.model, rotation; progress, and interrupted (polled between
+  // batches).
+  ConvertOptions convert;
+  uint64_t fingerprint = 0;  // the model fingerprint FILE records (a server: its model's)
+  std::string source;        // where the state came from, for a mismatch's message ("slot 0 of URL, model M")
+  // Asked before FILE is opened for writing, between the pieces of a
+  // divergent save's copy, and (`path` the state file) after a failed
+  // append; a non-OK status stops the save with it, FILE as it was.
+  std::function<Status(const std::string& path)> check_stop;
+};
+
+struct SaveStateReport {
+  bool created = false;        // FILE did not exist
+  uint64_t before = 0;         // FILE's tokens before
+  uint64_t kept = 0;           // of them, the prefix shared with the state, kept
+  uint64_t cells = 0;          // the state's tokens: FILE's after
+  uint64_t size_before = 0, size_after = 0;  // FILE's bytes
+};
+
+// Brings FILE in line with the parsed state file `s` (read from `f`, named
+// `in`): creates it with the state's cells (PlanImport's geometry, the one
+// chunk-size rule), or appends the cells past the longest common prefix of
+// FILE's tokens and the state's (one durable append). A divergence
+// replaces FILE whole: its bytes are copied under its writer lock, the copy
+// rewound to that prefix and appended to, then renamed over FILE once FILE
+// is found unchanged since (else kBusy, not replaced). Where the cells sat
+// (stream, sequence, first position) is the file's own and is not compared.
+// Another model or geometry is kMismatch ("FILE: ... (SOURCE)"). A refusal,
+// failure or stop leaves FILE as it was.
+KVFILE_EXPORT Status SaveState(const std::string& file, const std::string& in, File& f, const StateLayout& s,
+                               const SaveStateOptions& o, SaveStateReport* report);
+
+// A restore of `r` (named `name`) into a server's slot: CheckRestorable
+// before the server is asked anything (kMismatch: a file that kvfile
+// llama-server save did not write; kInvalidArgument: no tokens);
+// CheckRestoreInto against the server's cache as a probe save of it shows
+// (kMismatch: another shape, or a cache quantized on one side only, which
+// llama.cpp Hadamard-rotates; kUnsupported: K and V caches of two types).
+KVFILE_EXPORT Status CheckRestorable(const std::string& name, const Reader& r);
+KVFILE_EXPORT Status CheckRestoreInto(const std::string& name, const Reader& r, const StateLayout& server);
+
 }  // namespace kvfile::llama
