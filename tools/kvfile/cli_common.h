@@ -44,14 +44,6 @@ const std::string& CurrentPath();
 // saying so (exit 2), never wrapped around.
 CLI::Validator Count(uint64_t min, uint64_t max);
 
-// Tokens per chunk of a file created from `input` (convert, append) when
-// --chunk-tokens is not given: kvfile::FitChunkTokens with the size of the
-// file `input` (`wanted`, halved until one chunk of `g` fits
-// in max(64 MiB, the input's size)). The new file's two staging buffers then
-// stay within a bound tied to the input (FORMAT.md section 7.1): a hostile
-// or odd header may declare a huge geometry over a handful of tokens, or none.
-uint32_t BoundedChunkTokens(const Geometry& g, uint32_t wanted, const std::string& input);
-
 // One line for a file cut inside its committed region (TailInfo::
 // committed_data_missing): what is gone and what to do; info and dump
 // print it.

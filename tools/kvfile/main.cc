@@ -4,7 +4,6 @@
 #include <charconv>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <iostream>
 #include <new>
 #include <string_view>
@@ -79,12 +78,6 @@ CLI::Validator Count(uint64_t min, uint64_t max) {
     return "";
   };
   return CLI::Validator(check, "INT in [" + std::to_string(min) + ", " + std::to_string(max) + "]");
-}
-
-uint32_t BoundedChunkTokens(const Geometry& g, uint32_t wanted, const std::string& input) {
-  std::error_code ec;
-  uint64_t input_bytes = std::filesystem::file_size(input, ec);
-  return FitChunkTokens(g, wanted, ec ? 0 : input_bytes);
 }
 
 std::string MissingCommittedData(const TailInfo& tail) {
