@@ -708,6 +708,72 @@ TEST_F(CliVerbsTest, ConvertUsageErrors) {
   EXPECT_NE(help.out.find("--format v1 writes the older raw layout"), std::string::npos);
 }
 
+// The refusals of a flag or a format out of place that ConvertUsageErrors,
+// convert_seeds_test and llama_state_test leave out: one usage line each
+// (exit 2), nothing written.
+TEST_F(CliVerbsTest, ConvertFlagsAndFormatsOutOfPlace) {
+  const std::string data = KVFILE_TEST_DATA "/fixtures/";
+  for (const char* d : {"tree", "st", "dir"}) fs::create_directories(P(d));
+  Synth("a.kv", "--preset tiny --tokens 4");
+  Synth("tree/b.kv", "--preset tiny --tokens 4");
+  fs::copy_file(data + "llama/seq-f16-fa1.bin", P("seq.bin"));
+  fs::copy_file(data + "seeds/coli_v2.coli_kv", P("c.coli_kv"));
+  ASSERT_EQ(Kvfile("convert " + P("c.coli_kv") + " " + P("c.kv")).exit_code, 0);
+  ASSERT_EQ(Kvfile("convert " + P("c.kv") + " " + P("mc") + " --format mooncake").exit_code, 0);
+  ASSERT_EQ(Kvfile("convert " + P("a.kv") + " " + P("st/a.safetensors")).exit_code, 0);
+  auto names = [&] {
+    std::vector<std::string> all;
+    for (const auto& e : fs::recursive_directory_iterator(dir_)) all.push_back(e.path().string());
+    std::sort(all.begin(), all.end());
+    return all;
+  };
+  const std::vector<std::string> before = names();
+  auto usage = [&](const std::string& args, const std::string& err) {
+    CliRun r = Kvfile("convert " + args);
+    EXPECT_EQ(r.exit_code, 2) << args;
+    EXPECT_EQ(r.err, "kvfile: error: " + err + "\n") << args;
+    EXPECT_EQ(r.out, "") << args;
+  };
+  // Mooncake directories and .coli_kv sessions.
+  usage(P("a.kv") + " " + P("m2") + " --format mooncake --chunk-tokens 4",
+        "--dtype, --keep-raw, --codes, --chunk-tokens, --salvage and --jobs do not apply to Mooncake or .coli_kv "
+        "conversions");
+  usage(P("st/a.safetensors") + " " + P("m2") + " --format mooncake",
+        P("st/a.safetensors") + ": --format mooncake converts a .kv file");
+  usage(P("mc") + " " + P("x.coli_kv"), P("mc") + ": --format coli-v2 converts a .kv file");
+  usage(P("c.coli_kv") + " " + P("x.safetensors"),
+        P("x.safetensors") + ": a .coli_kv file is converted to a .kv file (OUT must end in .kv)");
+  usage(P("mc") + " " + P("x.safetensors"),
+        P("x.safetensors") + ": a Mooncake directory is converted to a .kv file (OUT must end in .kv)");
+  // A directory IN.
+  usage(P("tree") + " " + P("t2") + " --format llama-seq",
+        P("tree") + ": --format llama-seq converts one .kv file, not a directory");
+  usage(P("tree") + " " + P("a.kv"), P("a.kv") + ": IN is a directory, so OUT must be one too");
+  usage(P("tree") + " " + P("tree/sub"), P("tree/sub") + ": OUT must not be IN or inside it");
+  usage(P("st") + " " + P("t2.safetensors"), P("st") + ": no .kv files in this directory to export");
+  usage(P("tree") + " " + P("t2") + " --codes", "--codes applies to .safetensors input or output, not to .kv -> .kv");
+  usage(P("tree") + " " + P("t2.safetensors") + " --codes --dtype bf16",
+        "--codes exports fp8 streams as stored and raw streams as stored; drop --dtype");
+  // A file IN.
+  usage(P("a.kv") + " " + P("x.kv") + " --to kv",
+        "--to applies to a directory IN (a file's OUT suffix says the format)");
+  usage(P("a.kv") + " " + P("dir"), P("dir") + ": is a directory (IN is a file)");
+  usage(P("a.kv") + " " + P("seq.bin") + " --force",
+        P("seq.bin") + ": is a llama.cpp state file; OUT is a .kv or .safetensors file unless --format "
+                       "llama-seq|llama-session");
+  usage(P("a.kv") + " " + P("x.safetensors") + " --codes --dtype bf16",
+        "--codes exports fp8 streams as stored and raw streams as stored; drop --dtype");
+  // llama.cpp state files.
+  usage(P("st/a.safetensors") + " " + P("x.bin") + " --format llama-seq",
+        P("st/a.safetensors") + ": --format llama-seq writes a llama.cpp file from a .kv IN");
+  usage(P("a.kv") + " " + P("x.bin") + " --format llama-session --chunk-tokens 4",
+        "--keep-raw, --chunk-tokens and --codes apply to .kv or .safetensors output");
+  usage(P("seq.bin") + " " + P("x.safetensors") + " --head-size 64",
+        P("x.safetensors") + ": a llama.cpp state file is imported into a .kv OUT");
+  usage(P("seq.bin") + " " + P("x.kv") + " --head-size 64 --codes", "--codes applies to .safetensors input or output");
+  EXPECT_EQ(names(), before);
+}
+
 // v2 -> v1 decodes to raw rows; v1 -> v2 quantizes exactly as the codec (and
 // the upgrade) does; info, verify and convert leave a v1 input untouched;
 // append upgrades a v1 file on the way.

@@ -3,6 +3,12 @@
 // around kvfile::Convert (kvfile/convert.h), which does the conversion
 // itself: .kv -> .kv, .safetensors <-> .kv, and the foreign formats.
 //
+// Which flag applies to which conversion is one table (kRules), checked in
+// order at each step RunConvert takes as it finds out what IN and OUT are;
+// Options() maps the flags to ConvertOptions. Convert refuses the same
+// combinations of its options in its own words: the table comes first so
+// that a refusal names the flags.
+//
 // OUT is either its old self (or absent) or the whole conversion (the
 // library writes it under a temporary name and renames it into place). IN
 // is opened read-only. An existing OUT is replaced only with --force.
@@ -53,7 +59,9 @@ struct ConvertArgs {
   std::optional<uint32_t> n_stream;    // llama.cpp export
 };
 
-enum class Kind { kKv, kSafetensors, kDirectory, kLlama, kOther };
+// kMooncake and kColi: a Mooncake record directory, a colibri session; only
+// the step that looks for those (kLocal below) says so, KindOf does not.
+enum class Kind { kKv, kSafetensors, kDirectory, kLlama, kMooncake, kColi, kOther };
 
 // What a path holds, as kvfile::DetectFormat says (an input by its content
 // first, then its name: a llama.cpp state file named slot.kv is one; an
@@ -79,7 +87,204 @@ Dtype ParseDtype(const std::string& s) {
 
 // The format Convert writes for an output of kind `k` (a .kv unless it says otherwise).
 Format FormatOf(Kind k) {
-  return k == Kind::kSafetensors ? Format::kSafetensors : k == Kind::kLlama ? Format::kLlamaState : Format::kKv;
+  switch (k) {
+    case Kind::kSafetensors: return Format::kSafetensors;
+    case Kind::kLlama: return Format::kLlamaState;
+    case Kind::kMooncake: return Format::kMooncake;
+    case Kind::kColi: return Format::kColi;
+    default: return Format::kKv;
+  }
+}
+
+bool EndsWith(const std::string& s, const char* suffix) { return fs::path(s).extension() == suffix; }
+
+// ---- Which flag applies to which conversion --------------------------------------------------
+
+// How far RunConvert has looked at IN and OUT when the rules are checked
+// (each rule names the steps that check it).
+enum Step : unsigned {
+  kFlags = 1,      // the flags alone, before IN is looked at
+  kLocal = 2,      // a local IN: whether IN or OUT is a Mooncake directory or a .coli_kv session (--format for OUT)
+  kDirectory = 4,  // IN is a directory (no Mooncake one), before it is walked
+  kTree = 8,       // ... walked: what each file becomes (out) and whether any is a .kv file
+  kExport = 16,    // IN is a file, OUT a llama.cpp file (--format llama-seq|llama-session)
+  kFile = 32,      // IN is a file, OUT another
+};
+
+// The conversion as far as the step has found it out.
+struct Plan {
+  Step step = kFlags;
+  std::string format;     // --format; for a .coli_kv OUT without one (kLocal on): coli-v2
+  bool to_llama = false;  // --format llama-seq|llama-session
+  Kind in = Kind::kOther, out = Kind::kOther;  // kLocal: by a Mooncake manifest, else by name; after: KindOf
+  bool out_object = false;  // OUT is s3://
+  bool same_file = false;   // kExport, kFile: IN and OUT are one file
+  bool kv_inputs = false;   // kTree: a .kv file among the inputs
+  bool no_inputs = false;   // kTree: nothing to convert
+  bool Foreign() const {
+    return in == Kind::kMooncake || in == Kind::kColi || out == Kind::kMooncake || out == Kind::kColi;
+  }
+};
+
+// One refusal: at the steps `steps`, when the flags `given` are given (no
+// `given`: whatever they are, a rule on IN and OUT) and the conversion is
+// not one they apply to, `text` (or `words`, naming a path or a value).
+struct Rule {
+  unsigned steps;
+  bool (*given)(const ConvertArgs&);
+  bool (*applies)(const Plan&);
+  const char* text;
+  std::string (*words)(const ConvertArgs&, const Plan&) = nullptr;
+};
+
+bool Quantized(const ConvertArgs& a) { return a.dtype && IsQuantized(ParseDtype(*a.dtype)); }
+bool ToKv(const Plan& p) { return p.out == Kind::kKv; }
+
+constexpr const char* kCodesWords = "--codes applies to .safetensors input or output";
+constexpr const char* kVocabWords = "--vocab applies to --format coli-v2 or coli-v1";
+
+// In the order they are checked: of two flags out of place, the first row's
+// is named.
+const Rule kRules[] = {
+    // -- The flags alone.
+    {kFlags, [](auto& a) { return a.dtype && (*a.dtype == "q8_0" || a.dtype->find('=') != std::string::npos); },
+     [](auto& p) { return p.to_llama; }, nullptr,
+     [](auto& a, auto&) { return "--dtype " + *a.dtype + " applies to --format llama-seq|llama-session"; }},
+    {kFlags, [](auto& a) { return a.v_trans || a.arch || a.n_stream; }, [](auto& p) { return p.to_llama; },
+     "--v-trans, --arch and --n-stream apply to --format llama-seq|llama-session"},
+    {kFlags, [](auto& a) { return a.unrotate; }, [](auto& p) { return !p.to_llama; },
+     "--unrotate applies to a llama.cpp state IN (an export rotates or un-rotates rows as the context's cache type "
+     "needs, see --rotated)"},
+    {kFlags, Quantized, [](auto& p) { return p.format != "v1"; },
+     "--format v1 stores raw rows: --dtype must be bf16, f16 or f32"},
+    {kFlags, [](auto& a) { return !a.keep_raw.empty(); }, [](auto& p) { return p.format != "v1"; },
+     "--keep-raw applies to v2 output (v1 is all raw)"},
+    // -- Mooncake directories and .coli_kv sessions, and their flags elsewhere.
+    {kLocal,
+     [](auto& a) { return a.dtype || !a.keep_raw.empty() || a.codes || a.chunk_tokens || a.salvage || a.jobs != 1; },
+     [](auto& p) { return !p.Foreign(); },
+     "--dtype, --keep-raw, --codes, --chunk-tokens, --salvage and --jobs do not apply to Mooncake or .coli_kv "
+     "conversions"},
+    {kLocal, [](auto& a) { return a.group_size.has_value(); }, [](auto& p) { return p.out == Kind::kMooncake; },
+     "--group-size applies to --format mooncake"},
+    // --vocab twice: named before --indexer-layers where no Mooncake or
+    // colibri conversion is asked for, after it in one.
+    {kLocal, [](auto& a) { return a.vocab.has_value(); }, [](auto& p) { return p.Foreign(); }, kVocabWords},
+    {kLocal, [](auto& a) { return a.indexer_layers.has_value(); }, [](auto& p) { return p.in == Kind::kColi; },
+     "--indexer-layers applies to a .coli_kv IN"},
+    {kLocal, [](auto& a) { return a.vocab.has_value(); }, [](auto& p) { return p.out == Kind::kColi; }, kVocabWords},
+    {kLocal, [](auto& a) { return EndsWith(a.out, ".coli_kv"); }, [](auto& p) { return p.Foreign(); }, nullptr,
+     [](auto& a, auto& p) {
+       return a.out + ": a .coli_kv OUT is written by --format coli-v2 or coli-v1, not --format " + p.format;
+     }},
+    {kLocal, nullptr, [](auto& p) { return (p.out != Kind::kMooncake && p.out != Kind::kColi) || p.in == Kind::kKv; },
+     nullptr, [](auto& a, auto& p) { return a.in + ": --format " + p.format + " converts a .kv file"; }},
+    {kLocal, nullptr, [](auto& p) { return (p.in != Kind::kMooncake && p.in != Kind::kColi) || ToKv(p); }, nullptr,
+     [](auto& a, auto& p) {
+       return a.out + ": a " + (p.in == Kind::kMooncake ? "Mooncake directory" : ".coli_kv file") +
+              " is converted to a .kv file (OUT must end in .kv)";
+     }},
+    // -- A directory IN.
+    {kDirectory, [](auto& a) { return a.format.starts_with("llama-"); },
+     [](auto& p) { return p.in != Kind::kDirectory; }, nullptr,
+     [](auto& a, auto&) { return a.in + ": --format " + a.format + " converts one .kv file, not a directory"; }},
+    {kDirectory, nullptr, [](auto& p) { return !p.out_object; }, nullptr, [](auto& a, auto&) {
+       return a.out + ": a directory is converted into a local directory; an object store takes one file per convert";
+     }},
+    {kTree, nullptr, [](auto& p) { return !p.no_inputs; }, nullptr, [](auto& a, auto& p) {
+       return a.in + (ToKv(p) ? ": no .kv or .safetensors files in this directory"
+                              : ": no .kv files in this directory to export");
+     }},
+    // -- A file IN.
+    {kExport | kFile, [](auto& a) { return a.to.has_value(); }, [](auto& p) { return p.in == Kind::kDirectory; },
+     "--to applies to a directory IN (a file's OUT suffix says the format)"},
+    {kExport, nullptr, [](auto& p) { return p.in == Kind::kKv; }, nullptr,
+     [](auto& a, auto&) { return a.in + ": --format " + a.format + " writes a llama.cpp file from a .kv IN"; }},
+    {kExport, [](auto& a) { return !a.keep_raw.empty() || a.chunk_tokens || a.codes; },
+     [](auto& p) { return p.out != Kind::kLlama; },
+     "--keep-raw, --chunk-tokens and --codes apply to .kv or .safetensors output"},
+    {kFile, nullptr, [](auto& p) { return p.out != Kind::kLlama; }, nullptr, [](auto& a, auto&) {
+       return a.out + ": is a llama.cpp state file; OUT is a .kv or .safetensors file unless --format "
+                      "llama-seq|llama-session";
+     }},
+    {kFile, nullptr, [](auto& p) { return p.in != Kind::kLlama || ToKv(p); }, nullptr,
+     [](auto& a, auto&) { return a.out + ": a llama.cpp state file is imported into a .kv OUT"; }},
+    {kFile, [](auto& a) { return a.codes; }, [](auto& p) { return p.in != Kind::kLlama; }, kCodesWords},
+    {kFile, [](auto& a) { return a.head_size || a.model || a.unrotate; }, [](auto& p) { return p.in == Kind::kLlama; },
+     "--head-size, --model and --unrotate apply to a llama.cpp state IN"},
+    {kExport | kFile, [](auto& a) { return a.rotated.has_value(); },
+     [](auto& p) { return p.in == Kind::kLlama || p.to_llama; },
+     "--rotated applies to a llama.cpp state IN or --format llama-seq|llama-session"},
+    {kFile, nullptr, [](auto& p) { return p.in != Kind::kOther; }, nullptr,
+     [](auto& a, auto&) { return a.in + ": cannot tell the format: the name must end in .kv or .safetensors"; }},
+    {kFile, nullptr, [](auto& p) { return p.out != Kind::kDirectory; }, nullptr,
+     [](auto& a, auto&) { return a.out + ": is a directory (IN is a file)"; }},
+    {kFile, nullptr, [](auto& p) { return p.out != Kind::kOther; }, nullptr, [](auto& a, auto&) {
+       return a.out + ": cannot tell the format: the name must end in .kv, .safetensors or .coli_kv, or give --format "
+                      "llama-seq|llama-session|mooncake|coli-v2";
+     }},
+    {kFile, nullptr, [](auto& p) { return p.in != Kind::kSafetensors || p.out != Kind::kSafetensors; },
+     "convert reads or writes a .kv file; both IN and OUT are .safetensors"},
+    {kExport | kFile, nullptr, [](auto& p) { return !p.same_file; }, nullptr,
+     [](auto& a, auto&) { return a.out + ": IN and OUT are the same file"; }},
+    {kFile, [](auto& a) { return a.codes; }, [](auto& p) { return p.in != Kind::kKv || !ToKv(p); }, kCodesWords},
+    // -- What a file or a tree becomes.
+    {kFile | kTree, [](auto& a) { return !a.keep_raw.empty(); }, ToKv, "--keep-raw applies to .kv output"},
+    {kFile | kTree, [](auto& a) { return a.chunk_tokens.has_value(); }, ToKv, "--chunk-tokens applies to .kv output"},
+    {kFile | kTree, [](auto& a) { return a.codes && a.dtype; }, ToKv,
+     "--codes exports fp8 streams as stored and raw streams as stored; drop --dtype"},
+    {kFile | kTree, Quantized, ToKv, nullptr, [](auto& a, auto&) {
+       return "--dtype " + *a.dtype + ": export decodes to bf16, f16 or f32; use --codes for codes";
+     }},
+    {kTree, [](auto& a) { return a.codes; }, [](auto& p) { return !ToKv(p) || !p.kv_inputs; },
+     "--codes applies to .safetensors input or output, not to .kv -> .kv"},
+};
+
+// The usage error (exit 2) of the first rule of p.step that the flags
+// break; 0 when none does.
+int Refuse(const ConvertArgs& a, const Plan& p) {
+  for (const Rule& r : kRules)
+    if ((r.steps & p.step) && (!r.given || r.given(a)) && !r.applies(p))
+      return UsageError(r.words ? r.words(a, p) : r.text);
+  return 0;
+}
+
+// What the flags ask of kvfile::Convert for the conversion `p`. A format's
+// options go only to a conversion that reads or writes that format: the
+// rules have refused what is given for another, and the few flags that no
+// rule refuses and that the conversion does not read were never passed on
+// (--head-size and --model on an export; the llama.cpp flags on a Mooncake
+// or colibri conversion, and --format v1 on an import of one, which writes
+// format 2).
+ConvertOptions Options(const ConvertArgs& a, const Plan& p) {
+  ConvertOptions o;
+  o.kv_major = a.format == "v1" && !p.Foreign() ? 1 : 2;
+  if (a.dtype && p.out != Kind::kLlama) o.dtype = ParseDtype(*a.dtype);
+  o.keep_raw.insert(a.keep_raw.begin(), a.keep_raw.end());
+  o.codes = a.codes;
+  o.chunk_tokens = a.chunk_tokens;
+  o.salvage = a.salvage;
+  o.force = a.force;
+  if (p.in == Kind::kLlama) {
+    o.llama.head_size = a.head_size;
+    o.llama.model = a.model;
+    o.llama.unrotate = a.unrotate;
+  }
+  if (a.rotated && (p.in == Kind::kLlama || p.out == Kind::kLlama)) o.llama.rotated = *a.rotated == "yes";
+  if (p.out == Kind::kLlama) {
+    o.llama.session = a.format == "llama-session";
+    o.llama.type = a.dtype;
+    o.llama.v_trans = a.v_trans;
+    o.llama.arch = a.arch;
+    o.llama.n_stream = a.n_stream;
+  }
+  if (p.out == Kind::kMooncake) o.mooncake.group_size = a.group_size;
+  if (p.out == Kind::kColi) {
+    o.coli.vocab = a.vocab;
+    o.coli.v1 = p.format == "coli-v1";
+  }
+  if (p.in == Kind::kColi) o.coli.indexer_layers = a.indexer_layers;
+  return o;
 }
 
 // ---- One conversion ------------------------------------------------------------------------
@@ -131,7 +336,7 @@ int Report(const std::vector<Outcome>& outcomes) {
 
 // ---- Directories ----------------------------------------------------------------------------
 
-int ConvertTree(const ConvertArgs& a, const ConvertOptions& options) {
+int ConvertTree(const ConvertArgs& a, Plan p) {
   std::error_code ec;
   fs::path in_root = fs::path(a.in);
   fs::path out_root = fs::path(a.out);
@@ -155,26 +360,17 @@ int ConvertTree(const ConvertArgs& a, const ConvertOptions& options) {
     if (!w.error.ok()) return ReportError(w.error);
     (w.path.ends_with(".kv") ? kv_files : st_files).push_back(std::move(w.path));
   }
-  Kind to = Kind::kKv;
-  if (a.to) to = *a.to == "safetensors" ? Kind::kSafetensors : Kind::kKv;
-  else if (out_root.extension() == ".safetensors") to = Kind::kSafetensors;
+  p.out = Kind::kKv;
+  if (a.to) p.out = *a.to == "safetensors" ? Kind::kSafetensors : Kind::kKv;
+  else if (out_root.extension() == ".safetensors") p.out = Kind::kSafetensors;
   std::vector<std::string> files = kv_files;
-  if (to == Kind::kKv) files.insert(files.end(), st_files.begin(), st_files.end());
-  if (files.empty())
-    return UsageError(a.in + (to == Kind::kKv ? ": no .kv or .safetensors files in this directory"
-                                              : ": no .kv files in this directory to export"));
-  if (to == Kind::kSafetensors) {
-    if (!a.keep_raw.empty()) return UsageError("--keep-raw applies to .kv output");
-    if (a.chunk_tokens) return UsageError("--chunk-tokens applies to .kv output");
-    if (a.codes && a.dtype)
-      return UsageError("--codes exports fp8 streams as stored and raw streams as stored; drop --dtype");
-    if (options.dtype && IsQuantized(*options.dtype))
-      return UsageError("--dtype " + *a.dtype + ": export decodes to bf16, f16 or f32; use --codes for codes");
-  } else if (a.codes && !kv_files.empty()) {
-    return UsageError("--codes applies to .safetensors input or output, not to .kv -> .kv");
-  }
+  if (p.out == Kind::kKv) files.insert(files.end(), st_files.begin(), st_files.end());
+  p.step = kTree;
+  p.kv_inputs = !kv_files.empty();
+  p.no_inputs = files.empty();
+  if (int code = Refuse(a, p)) return code;
   NaturalSort(&files);
-  const std::string out_ext = to == Kind::kKv ? ".kv" : ".safetensors";
+  const std::string out_ext = p.out == Kind::kKv ? ".kv" : ".safetensors";
   std::vector<std::string> outs;
   std::set<std::string> seen;
   for (const std::string& f : files) {
@@ -211,7 +407,11 @@ int ConvertTree(const ConvertArgs& a, const ConvertOptions& options) {
       0, files.size(), jobs,
       [&](unsigned, size_t i) {
         try {
-          outcomes[i] = ConvertOne(files[i], outs[i], FormatOf(to), options);
+          // Each file by what it holds: a llama.cpp state named *.kv takes
+          // the llama.cpp import flags, the others do not.
+          Plan file = p;
+          file.in = KindOf(files[i]);
+          outcomes[i] = ConvertOne(files[i], outs[i], FormatOf(p.out), Options(a, file));
         } catch (const std::bad_alloc&) {
           outcomes[i] = {Status::Failed(files[i] + ": out of memory"), "", ""};
         }
@@ -231,130 +431,19 @@ int ConvertTree(const ConvertArgs& a, const ConvertOptions& options) {
   return code;
 }
 
-// ---- Mooncake record directories and colibri sessions (the library's drivers) ---------------
-
-struct SeedConvertArgs {
-  std::string in;
-  std::string out;
-  std::string format;                  // --format (v2 when not given)
-  std::optional<uint32_t> group_size;  // --group-size
-  std::optional<uint32_t> vocab;       // --vocab
-  bool force = false;
-  bool other_flags = false;  // --dtype, --keep-raw, --codes, --chunk-tokens, --salvage or --jobs given
-  std::optional<std::string> indexer_layers;  // --indexer-layers (a .coli_kv IN)
-};
-
-bool EndsWith(const std::string& s, const char* suffix) { return fs::path(s).extension() == suffix; }
-
-// One conversion by kvfile::Convert; prints its line and notes.
-int ConvertByLibrary(const SeedConvertArgs& a, Format to) {
-  ConvertOptions o;
-  o.force = a.force;
-  o.mooncake.group_size = a.group_size;
-  o.coli.vocab = a.vocab;
-  o.coli.v1 = a.format == "coli-v1";
-  o.coli.indexer_layers = a.indexer_layers;
-  return Report({ConvertOne(a.in, a.out, to, o)});
-}
-
-// True when IN or OUT is a Mooncake directory or a .coli_kv file (or the
-// flags ask for one); the conversion is then done and *exit_code set.
-bool ConvertSeedFormat(const SeedConvertArgs& given, int* exit_code) {
-  // A .coli_kv OUT says the format itself, unless --format names another.
-  SeedConvertArgs a = given;
-  if (a.format == "v2" && EndsWith(a.out, ".coli_kv")) a.format = "coli-v2";
-  std::error_code ec;
-  bool in_dir = fs::is_directory(a.in, ec);
-  bool mooncake_out = a.format == "mooncake";
-  bool coli_out = a.format == "coli-v2" || a.format == "coli-v1";
-  Format detected = Format::kKv;
-  bool known = DetectFormat(a.in, false, nullptr, &detected).ok();
-  bool mooncake_in = in_dir && known && detected == Format::kMooncake;
-  bool coli_in = !in_dir && EndsWith(a.in, ".coli_kv");
-  if (!mooncake_out && !coli_out && !mooncake_in && !coli_in) {
-    if (a.group_size) *exit_code = UsageError("--group-size applies to --format mooncake");
-    else if (a.vocab) *exit_code = UsageError("--vocab applies to --format coli-v2 or coli-v1");
-    else if (a.indexer_layers) *exit_code = UsageError("--indexer-layers applies to a .coli_kv IN");
-    else if (EndsWith(a.out, ".coli_kv"))
-      *exit_code =
-          UsageError(a.out + ": a .coli_kv OUT is written by --format coli-v2 or coli-v1, not --format " + a.format);
-    else return false;
-    return true;
-  }
-  SetCurrentPath(a.out);
-  if (a.other_flags) {
-    *exit_code = UsageError("--dtype, --keep-raw, --codes, --chunk-tokens, --salvage and --jobs do not apply to "
-                            "Mooncake or .coli_kv conversions");
-    return true;
-  }
-  if (a.group_size && !mooncake_out) {
-    *exit_code = UsageError("--group-size applies to --format mooncake");
-    return true;
-  }
-  if (a.indexer_layers && !coli_in) {
-    *exit_code = UsageError("--indexer-layers applies to a .coli_kv IN");
-    return true;
-  }
-  if (a.vocab && !coli_out) {
-    *exit_code = UsageError("--vocab applies to --format coli-v2 or coli-v1");
-    return true;
-  }
-  if ((mooncake_out || coli_out) && (mooncake_in || coli_in || in_dir || !EndsWith(a.in, ".kv"))) {
-    *exit_code = UsageError(a.in + ": --format " + a.format + " converts a .kv file");
-    return true;
-  }
-  if ((mooncake_in || coli_in) && !EndsWith(a.out, ".kv")) {
-    *exit_code = UsageError(a.out + ": a " + std::string(mooncake_in ? "Mooncake directory" : ".coli_kv file") +
-                            " is converted to a .kv file (OUT must end in .kv)");
-    return true;
-  }
-  if (a.indexer_layers) {
-    std::vector<uint32_t> layers;
-    if (Status st = ParseLayerList(*a.indexer_layers, &layers); !st.ok()) {
-      *exit_code = UsageError("--indexer-layers: " + st.message());
-      return true;
-    }
-  }
-  *exit_code = ConvertByLibrary(a, mooncake_out ? Format::kMooncake : coli_out ? Format::kColi : Format::kKv);
-  return true;
-}
+// ---- The command ------------------------------------------------------------------------------
 
 int RunConvert(const ConvertArgs& a) {
   InstallSignalHandlers();
   SetCurrentPath(a.out);
   if (Status st = RefusePackMemberTarget(a.out); !st.ok()) return ReportError(st);
-  ConvertOptions o;  // what the flags ask for
-  o.kv_major = a.format == "v1" ? 1 : 2;
-  bool to_llama = a.format.starts_with("llama-");
-  if (a.dtype && (*a.dtype == "q8_0" || a.dtype->find('=') != std::string::npos) && !to_llama)
-    return UsageError("--dtype " + *a.dtype + " applies to --format llama-seq|llama-session");
-  if (to_llama && a.dtype) {
+  Plan p;
+  p.format = a.format;
+  p.to_llama = a.format.starts_with("llama-");
+  p.out_object = a.out.starts_with("s3://");
+  if (p.to_llama && a.dtype)
     if (Status st = llama::CheckExportType(*a.dtype); !st.ok()) return ReportError(st);
-  } else if (a.dtype) {
-    o.dtype = ParseDtype(*a.dtype);
-  }
-  o.llama.head_size = a.head_size;
-  o.llama.model = a.model;
-  if (a.rotated) o.llama.rotated = *a.rotated == "yes";
-  o.llama.unrotate = a.unrotate;
-  o.llama.session = a.format == "llama-session";
-  o.llama.type = a.dtype;
-  o.llama.v_trans = a.v_trans;
-  o.llama.arch = a.arch;
-  o.llama.n_stream = a.n_stream;
-  if (!to_llama && (a.v_trans || a.arch || a.n_stream))
-    return UsageError("--v-trans, --arch and --n-stream apply to --format llama-seq|llama-session");
-  if (to_llama && a.unrotate)
-    return UsageError("--unrotate applies to a llama.cpp state IN (an export rotates or un-rotates rows as the "
-                      "context's cache type needs, see --rotated)");
-  if (o.kv_major == 1 && o.dtype && IsQuantized(*o.dtype))
-    return UsageError("--format v1 stores raw rows: --dtype must be bf16, f16 or f32");
-  if (o.kv_major == 1 && !a.keep_raw.empty()) return UsageError("--keep-raw applies to v2 output (v1 is all raw)");
-  o.keep_raw.insert(a.keep_raw.begin(), a.keep_raw.end());
-  o.codes = a.codes;
-  o.chunk_tokens = a.chunk_tokens;
-  o.salvage = a.salvage;
-  o.force = a.force;
+  if (int code = Refuse(a, p)) return code;
   std::error_code ec;
   // PACK:MEMBER: a .kv IN, materialised (and checked) first (pack_member.h).
   PackMemberInputs members;
@@ -364,8 +453,8 @@ int RunConvert(const ConvertArgs& a) {
     Status st = members.Resolve(a.in, &in);
     if (!st.ok()) return ReportError(st);
   }
-  auto convert_one = [&](Kind out_kind) {
-    Outcome done = ConvertOne(in, a.out, FormatOf(out_kind), o);
+  auto convert_one = [&] {
+    Outcome done = ConvertOne(in, a.out, FormatOf(p.out), Options(a, p));
     done.status = members.Name(done.status);
     done.line = members.Name(done.line);
     done.warning = members.Name(done.warning);
@@ -381,66 +470,44 @@ int RunConvert(const ConvertArgs& a) {
     Status st = FileSystem::Default()->Open(a.in, OpenMode::kRead, &f);
     if (!st.ok()) return ReportError(st);
   }
-  // Mooncake record directories and colibri .coli_kv sessions (ConvertSeedFormat above).
-  {
-    SeedConvertArgs sa{a.in, a.out, a.format, a.group_size, a.vocab, a.force,
-                       a.dtype || !a.keep_raw.empty() || a.codes || a.chunk_tokens || a.salvage || a.jobs != 1,
-                       a.indexer_layers};
-    int code = 0;
-    if (local_in && ConvertSeedFormat(sa, &code)) return code;
+  if (local_in) {
+    // Mooncake record directories and colibri .coli_kv sessions: IN by its
+    // manifest or name, OUT by --format (a .coli_kv OUT says coli-v2 unless
+    // --format names another); the other kinds by name only, as yet.
+    if (a.format == "v2" && EndsWith(a.out, ".coli_kv")) p.format = "coli-v2";
+    const bool in_dir = fs::is_directory(a.in, ec);
+    Format detected = Format::kKv;
+    const bool known = DetectFormat(a.in, false, nullptr, &detected).ok();
+    p.in = in_dir && known && detected == Format::kMooncake ? Kind::kMooncake
+           : !in_dir && EndsWith(a.in, ".coli_kv")          ? Kind::kColi
+           : in_dir                                         ? Kind::kDirectory
+           : EndsWith(a.in, ".kv")                          ? Kind::kKv
+                                                            : Kind::kOther;
+    p.out = p.format == "mooncake"                        ? Kind::kMooncake
+            : p.format == "coli-v2" || p.format == "coli-v1" ? Kind::kColi
+            : EndsWith(a.out, ".kv")                         ? Kind::kKv
+                                                             : Kind::kOther;
+    p.step = kLocal;
+    if (int code = Refuse(a, p)) return code;
+    if (p.Foreign()) {
+      std::vector<uint32_t> layers;  // --indexer-layers' syntax, before IN is read
+      if (a.indexer_layers)
+        if (Status st = ParseLayerList(*a.indexer_layers, &layers); !st.ok())
+          return UsageError("--indexer-layers: " + st.message());
+      return convert_one();
+    }
   }
-  Kind in_kind = from_pack ? Kind::kKv : KindOf(a.in);
-  if (in_kind == Kind::kDirectory) {
-    if (to_llama) return UsageError(a.in + ": --format " + a.format + " converts one .kv file, not a directory");
-    if (a.out.starts_with("s3://"))
-      return UsageError(a.out + ": a directory is converted into a local directory; an object store takes one file per convert");
-    return ConvertTree(a, o);
+  p.in = from_pack ? Kind::kKv : KindOf(a.in);
+  if (p.in == Kind::kDirectory) {
+    p.step = kDirectory;
+    if (int code = Refuse(a, p)) return code;
+    return ConvertTree(a, p);
   }
-  if (a.to) return UsageError("--to applies to a directory IN (a file's OUT suffix says the format)");
-  Kind out_kind = to_llama ? Kind::kLlama : KindOf(a.out, false);
-  if (to_llama) {
-    if (in_kind != Kind::kKv)
-      return UsageError(a.in + ": --format " + a.format + " writes a llama.cpp file from a .kv IN");
-    if (!a.keep_raw.empty() || a.chunk_tokens || a.codes)
-      return UsageError("--keep-raw, --chunk-tokens and --codes apply to .kv or .safetensors output");
-    if (fs::exists(a.out, ec) && fs::equivalent(in, a.out, ec))
-      return UsageError(a.out + ": IN and OUT are the same file");
-    return convert_one(out_kind);
-  }
-  if (out_kind == Kind::kLlama)
-    return UsageError(a.out + ": is a llama.cpp state file; OUT is a .kv or .safetensors file unless --format "
-                      "llama-seq|llama-session");
-  if (in_kind == Kind::kLlama) {
-    if (out_kind != Kind::kKv) return UsageError(a.out + ": a llama.cpp state file is imported into a .kv OUT");
-    if (a.codes) return UsageError("--codes applies to .safetensors input or output");
-  } else if (a.head_size || a.model || a.unrotate) {
-    return UsageError("--head-size, --model and --unrotate apply to a llama.cpp state IN");
-  } else if (a.rotated) {
-    return UsageError("--rotated applies to a llama.cpp state IN or --format llama-seq|llama-session");
-  }
-  auto kind_error = [](const std::string& path) {
-    return UsageError(path + ": cannot tell the format: the name must end in .kv or .safetensors");
-  };
-  if (in_kind == Kind::kOther) return kind_error(a.in);
-  if (out_kind == Kind::kDirectory) return UsageError(a.out + ": is a directory (IN is a file)");
-  if (out_kind == Kind::kOther)
-    return UsageError(a.out + ": cannot tell the format: the name must end in .kv, .safetensors or .coli_kv, or "
-                      "give --format llama-seq|llama-session|mooncake|coli-v2");
-  if (in_kind == Kind::kSafetensors && out_kind == Kind::kSafetensors)
-    return UsageError("convert reads or writes a .kv file; both IN and OUT are .safetensors");
-  if (fs::exists(a.out, ec) && fs::equivalent(in, a.out, ec))
-    return UsageError(a.out + ": IN and OUT are the same file");
-  if (in_kind == Kind::kKv && out_kind == Kind::kKv && a.codes)
-    return UsageError("--codes applies to .safetensors input or output");
-  if (out_kind == Kind::kSafetensors) {
-    if (!a.keep_raw.empty()) return UsageError("--keep-raw applies to .kv output");
-    if (a.chunk_tokens) return UsageError("--chunk-tokens applies to .kv output");
-    if (a.codes && a.dtype)
-      return UsageError("--codes exports fp8 streams as stored and raw streams as stored; drop --dtype");
-    if (o.dtype && IsQuantized(*o.dtype))
-      return UsageError("--dtype " + *a.dtype + ": export decodes to bf16, f16 or f32; use --codes for codes");
-  }
-  return convert_one(out_kind);
+  p.step = p.to_llama ? kExport : kFile;
+  p.out = p.to_llama ? Kind::kLlama : KindOf(a.out, false);
+  p.same_file = fs::exists(a.out, ec) && fs::equivalent(in, a.out, ec);
+  if (int code = Refuse(a, p)) return code;
+  return convert_one();
 }
 
 }  // namespace
