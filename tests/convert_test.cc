@@ -161,5 +161,66 @@ TEST_F(ConvertTest, ProgressEndsWithTheWholeStep) {
   EXPECT_EQ(last_total, 20u);
 }
 
+// A foreign format's options where neither IN nor OUT is in that format
+// are refused (kInvalidArgument, nothing written), not ignored; where one
+// is, they are taken.
+TEST_F(ConvertTest, AForeignFormatsOptionsAreRefusedWhereTheyDoNotApply) {
+  WriteKv(P("a.kv"), 8);
+  struct Case {
+    const char* out;
+    void (*set)(ConvertOptions&);
+    const char* message;
+  };
+  const Case cases[] = {
+      {"b.kv", [](ConvertOptions& o) { o.llama.head_size = 64; },
+       "head_size, model and unrotate apply to a llama input"},
+      {"b.kv", [](ConvertOptions& o) { o.llama.model = "m.gguf"; },
+       "head_size, model and unrotate apply to a llama input"},
+      {"b.kv", [](ConvertOptions& o) { o.llama.unrotate = true; },
+       "head_size, model and unrotate apply to a llama input"},
+      {"b.safetensors", [](ConvertOptions& o) { o.llama.rotated = false; },
+       "rotated applies to a llama input or output"},
+      {"b.kv", [](ConvertOptions& o) { o.llama.session = true; },
+       "session, type, v_trans, arch and n_stream apply to a llama output"},
+      {"b.kv", [](ConvertOptions& o) { o.llama.type = "f16"; },
+       "session, type, v_trans, arch and n_stream apply to a llama output"},
+      {"b.safetensors", [](ConvertOptions& o) { o.llama.v_trans = 1; },
+       "session, type, v_trans, arch and n_stream apply to a llama output"},
+      {"b.kv", [](ConvertOptions& o) { o.llama.arch = "llama"; },
+       "session, type, v_trans, arch and n_stream apply to a llama output"},
+      {"b.kv", [](ConvertOptions& o) { o.llama.n_stream = 2; },
+       "session, type, v_trans, arch and n_stream apply to a llama output"},
+      {"b.kv", [](ConvertOptions& o) { o.mooncake.group_size = 8; }, "group_size applies to a mooncake output"},
+      {"b.coli_kv", [](ConvertOptions& o) { o.mooncake.group_size = 8; }, "group_size applies to a mooncake output"},
+      {"b.kv", [](ConvertOptions& o) { o.coli.vocab = 100; }, "vocab and v1 apply to a coli output"},
+      {"b.safetensors", [](ConvertOptions& o) { o.coli.v1 = true; }, "vocab and v1 apply to a coli output"},
+      {"b.coli_kv", [](ConvertOptions& o) { o.coli.indexer_layers = "0"; },
+       "indexer_layers applies to a coli input"},
+  };
+  for (const Case& c : cases) {
+    ConvertOptions o;
+    c.set(o);
+    Status st = Convert(P("a.kv"), P(c.out), o, nullptr);
+    EXPECT_EQ(st.code(), Status::Code::kInvalidArgument) << c.message;
+    EXPECT_EQ(st.message(), c.message);
+  }
+  EXPECT_EQ(Names(), (std::vector<std::string>{"a.kv"}));
+  // Where they apply: a Mooncake OUT's group size, a llama.cpp OUT's options.
+  ConvertOptions o;
+  o.to = Format::kMooncake;
+  o.mooncake.group_size = 16;
+  EXPECT_TRUE(Convert(P("a.kv"), P("mc"), o, nullptr).ok());
+  o = {};
+  o.to = Format::kLlamaState;
+  o.llama.session = true;
+  o.llama.type = "f16";
+  o.llama.v_trans = 1;
+  o.llama.arch = "llama";
+  o.llama.n_stream = 2;
+  o.llama.rotated = false;
+  Status st = Convert(P("a.kv"), P("b.bin"), o, nullptr);
+  EXPECT_TRUE(st.ok()) << st.message();
+}
+
 }  // namespace
 }  // namespace kvfile

@@ -212,7 +212,7 @@ Status CheckInput(const std::string& in, const Reader& r, const ConvertOptions& 
 }
 
 // What the options allow for this pair of formats (the CLI refuses the same
-// combinations of its flags before it calls Convert).
+// combinations of its flags, in its words, before it calls Convert).
 Status CheckOptions(const std::string& in, const std::string& out, Format from, Format to, const ConvertOptions& o) {
   if (o.kv_major != 1 && o.kv_major != 2)
     return Status::InvalidArgument("kv_major " + std::to_string(o.kv_major) + ": a .kv output is format 1 or 2");
@@ -232,6 +232,21 @@ Status CheckOptions(const std::string& in, const std::string& out, Format from, 
   if (to == Format::kSafetensors && o.dtype && IsQuantized(*o.dtype))
     return Status::InvalidArgument(std::string("dtype ") + DtypeName(*o.dtype) +
                                    ": an export decodes to bf16, f16 or f32; codes exports codes");
+  // A foreign format's options where neither IN nor OUT is in that format
+  // would be ignored: refused, as the command refuses its flags there.
+  const bool llama_in = from == Format::kLlamaState, llama_out = to == Format::kLlamaState;
+  if (!llama_in && (o.llama.head_size || o.llama.model || o.llama.unrotate))
+    return Status::InvalidArgument("head_size, model and unrotate apply to a llama input");
+  if (!llama_in && !llama_out && o.llama.rotated)
+    return Status::InvalidArgument("rotated applies to a llama input or output");
+  if (!llama_out && (o.llama.session || o.llama.type || o.llama.v_trans || o.llama.arch || o.llama.n_stream))
+    return Status::InvalidArgument("session, type, v_trans, arch and n_stream apply to a llama output");
+  if (to != Format::kMooncake && o.mooncake.group_size)
+    return Status::InvalidArgument("group_size applies to a mooncake output");
+  if (to != Format::kColi && (o.coli.vocab || o.coli.v1))
+    return Status::InvalidArgument("vocab and v1 apply to a coli output");
+  if (from != Format::kColi && o.coli.indexer_layers)
+    return Status::InvalidArgument("indexer_layers applies to a coli input");
   std::error_code ec;
   if (!in.starts_with("s3://") && std::filesystem::exists(out, ec) && std::filesystem::equivalent(in, out, ec))
     return Status::InvalidArgument(out + ": IN and OUT are the same file");

@@ -80,9 +80,12 @@ struct ConvertOptions {
   // ("convert IN", "import IN", "export IN"); done == total at its end.
   // nullptr: nothing reported.
   std::function<void(const std::string& label, uint64_t done, uint64_t total)> progress;
+  // Each format's own options apply where IN or OUT is of that format (llama:
+  // head_size, model and unrotate to an IN, rotated to either, the rest to an
+  // OUT); one set where it does not apply is kInvalidArgument, not ignored.
   LlamaOptions llama;
-  MooncakeOptions mooncake;
-  ColiOptions coli;
+  MooncakeOptions mooncake;  // a Mooncake OUT
+  ColiOptions coli;          // vocab, v1: a colibri OUT; indexer_layers: a colibri IN
 };
 
 struct ConvertReport {
