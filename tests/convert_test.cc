@@ -222,5 +222,18 @@ TEST_F(ConvertTest, AForeignFormatsOptionsAreRefusedWhereTheyDoNotApply) {
   EXPECT_TRUE(st.ok()) << st.message();
 }
 
+// A directory format (Mooncake) into an object store: refused before
+// anything is asked of the store (it holds objects, not directories).
+TEST_F(ConvertTest, ADirectoryOutputIsRefusedOnAnObjectStore) {
+  WriteKv(P("a.kv"), 8);
+  ConvertOptions o;
+  o.to = Format::kMooncake;
+  Status st = Convert(P("a.kv"), "s3://kvtest/o", o, nullptr);
+  EXPECT_EQ(st.code(), Status::Code::kInvalidArgument);
+  EXPECT_EQ(st.message(), "s3://kvtest/o: a mooncake output is a directory, written to a local path; an object "
+                          "store takes one file per convert");
+  EXPECT_EQ(Names(), std::vector<std::string>({"a.kv"}));
+}
+
 }  // namespace
 }  // namespace kvfile

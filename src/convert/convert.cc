@@ -335,6 +335,9 @@ Status Convert(const std::string& in, const std::string& out, const ConvertOptio
     if (!st.ok() && o.interrupted && o.interrupted()) return Status::Failed(out + ": interrupted");
     return st;
   };
+  if (dout.directory && out.starts_with("s3://"))
+    return Status::InvalidArgument(out + ": a " + FormatName(to) + " output is a directory, written to a local "
+                                   "path; an object store takes one file per convert");
   if (dout.directory) {
     // A temporary directory, put in OUT's place whole when complete.
     std::string tmp;
