@@ -122,6 +122,26 @@ TEST_F(AppendSafetensorsTest, CreatesThenExtendsAFileWithTheInputsValues) {
   ASSERT_TRUE(Reader::Open(P("s.kv"), {}, &r).ok());
   EXPECT_EQ(r->identity().model_id, "test/tiny");
   EXPECT_EQ(r->identity().fingerprint, 7u);
+  // The codes and scales are exactly what the library's quantizer makes of
+  // the input's values: those of the same bf16 sources converted to e4m3.
+  ConvertOptions q;
+  q.dtype = Dtype::kE4M3;
+  q.every_stream = true;
+  ASSERT_TRUE(Convert(P("a.src.kv"), P("a.ref.kv"), q, nullptr).ok());
+  ASSERT_TRUE(Convert(P("b.src.kv"), P("b.ref.kv"), q, nullptr).ok());
+  std::unique_ptr<Reader> ra, rb;
+  ASSERT_TRUE(Reader::Open(P("a.ref.kv"), {}, &ra).ok());
+  ASSERT_TRUE(Reader::Open(P("b.ref.kv"), {}, &rb).ok());
+  for (uint32_t l = 0; l < 2; ++l)
+    for (uint32_t k = 0; k < 2; ++k) {
+      std::vector<uint8_t> got(16 * 32), ref(16 * 32);
+      std::vector<float> got_scales(16 * 2), want_scales(16 * 2);
+      ASSERT_TRUE(r->ReadCodes(l, k, 0, 16, got.data(), got_scales.data()).ok());
+      ASSERT_TRUE(ra->ReadCodes(l, k, 0, 10, ref.data(), want_scales.data()).ok());
+      ASSERT_TRUE(rb->ReadCodes(l, k, 0, 6, ref.data() + 10 * 32, want_scales.data() + 10 * 2).ok());
+      EXPECT_EQ(got, ref) << "layer " << l << " stream " << k;
+      EXPECT_EQ(got_scales, want_scales) << "layer " << l << " stream " << k;
+    }
   // The values are the input's, within e4m3's error (the bf16 inputs hold
   // Value() exactly: multiples of 0.2 in [-2, 2.4] round to bf16 within 1%).
   std::vector<float> got(16 * 32);

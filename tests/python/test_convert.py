@@ -182,6 +182,14 @@ def test_append_safetensors_creates_extends_and_refuses_a_mismatch_untouched(tmp
         assert list(r.tokens) == list(range(100, 110)) * 2
         assert [s["dtype"] for s in r.geometry["streams"]] == ["e4m3", "e4m3"]
         k = r.read_all()["k"]
+        # The codes and scales are what the library's quantizer makes of the same bf16 values.
+        kvfile.convert(str(tmp_path / "src.kv"), str(tmp_path / "ref.kv"), "e4m3")
+        with kvfile.open(str(tmp_path / "ref.kv")) as ref:
+            for stream in ("k", "v"):
+                got, want = r.codes(stream), ref.codes(stream)
+                for part in ("codes", "scales"):
+                    g, w = getattr(got, part), getattr(want, part)
+                    assert np.array_equal(g[:, :10], w) and np.array_equal(g[:, 10:], w), (stream, part)
         # e4m3: 3 mantissa bits, a scale per row: within 1/16 of each row's largest value.
         row_max = np.abs(block["k"]).max(axis=-1, keepdims=True)
         assert np.all(np.abs(k[:, 10:] - block["k"]) <= row_max / 16 + 1e-6)
